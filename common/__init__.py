@@ -1,0 +1,1 @@
+"""Shared helpers of the single-file RL scripts: buffers, normalizers, distributed, checkpoints, envs."""
