@@ -1,0 +1,154 @@
+"""Checkpoints that survive a kill and load with `torch.load(weights_only=True)`.
+
+A checkpoint is one file holding a dict of tensors and plain Python values (never pickled
+objects): format version, algorithm, env id, args, counters, model/optimizer/normalizer state
+dicts, best eval return, the RNG states of every rank and the env state where available.
+Writes are atomic (temporary file in the same directory, fsync, rename), so a process killed
+in the middle of a save leaves the previous `last.pt` intact.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+LAST, BEST = "last.pt", "best.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, unreadable, or belongs to another run shape."""
+
+
+def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
+    """Write `state` to `path` atomically: readers see the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    # The rename is only durable once the directory entry is on disk too.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    algo: str | None = None,
+    env_id: str | None = None,
+    map_location: str | torch.device = "cpu",
+) -> dict:
+    """Load a checkpoint safely and check that it belongs to `algo` and `env_id` when given."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}: check the path, or start without --resume")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this project: it holds Python objects that a safe load refuses ({e})"
+        ) from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as e:
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({type(e).__name__}); resume from another checkpoint, e.g. best.pt"
+        ) from None
+    if not isinstance(state, dict) or "format_version" not in state:
+        raise CheckpointError(f"{path} is not a checkpoint of this project (no format_version entry)")
+    if state["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has format version {state['format_version']}, newer than this code's {FORMAT_VERSION}"
+        )
+    if algo is not None and state.get("algo") != algo:
+        raise CheckpointError(f"{path} was written by {state.get('algo')!r}, not {algo!r}: it cannot resume this script")
+    if env_id is not None and state.get("env_id") != env_id:
+        raise CheckpointError(
+            f"{path} was trained on env {state.get('env_id')!r}, not {env_id!r}: pass --env-id {state.get('env_id')}"
+        )
+    return state
+
+
+def resolve_resume(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
+    """--resume PATH -> PATH (must exist); --resume auto -> the run's last.pt if there is one."""
+    if resume is None or resume == "":
+        return None
+    if resume == "auto":
+        last = checkpoint_dir(run_dir) / LAST
+        return last if last.is_file() else None
+    path = Path(resume)
+    if path.is_dir():  # a run directory or its checkpoints/ folder
+        for candidate in (path / LAST, checkpoint_dir(path) / LAST):
+            if candidate.is_file():
+                return candidate
+    if not path.is_file():
+        raise CheckpointError(f"--resume {resume}: no such checkpoint file")
+    return path
+
+
+def capture_rng_state() -> dict:
+    """This process's RNG states (torch CPU, its CUDA device, numpy, random) as safe-to-load values."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    npst = state["numpy"]
+    np.random.set_state(
+        ("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"], npst["cached_gaussian"])
+    )
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def gather_rng_states() -> list[dict]:
+    """The RNG states of every rank, in rank order (a collective: call it on all ranks)."""
+    from common.distributed import all_gather_object
+
+    return all_gather_object(capture_rng_state())
+
+
+def restore_rank_rng_state(states: list[dict], rank: int, world_size: int) -> bool:
+    """Restore this rank's RNG from a checkpoint's per-rank list.
+
+    Returns False when the checkpoint came from another world size: its streams cannot be
+    matched to the ranks, and the caller re-derives them from the seed (and says so).
+    """
+    if len(states) != world_size:
+        return False
+    restore_rng_state(states[rank])
+    return True

@@ -1,0 +1,151 @@
+"""torchrun glue: process-group setup, parameter broadcast, gradient and statistics reduction.
+
+The same script runs as `python algos/x.py` (one process, every helper here is a no-op) and as
+`torchrun --nproc-per-node K algos/x.py` (the helpers talk to the other ranks). torchrun
+exports RANK, LOCAL_RANK and WORLD_SIZE; nothing else is needed to find the others.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    is_main: bool  # rank 0: the one process that logs, prints and writes checkpoints
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """"auto" -> this rank's GPU if there is one, else the CPU; "cuda" -> cuda:LOCAL_RANK."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: --device cuda was asked for, but torch sees no CUDA device; use --device cpu")
+        if dev.index is None:
+            dev = torch.device("cuda", local_rank)
+    return dev
+
+
+def setup(device: str = "auto", timeout_seconds: float = 600.0) -> DistInfo:
+    """Join torchrun's process group when launched by it; otherwise describe the lone process.
+
+    nccl on CUDA, gloo on CPU. `timeout_seconds` bounds every collective, so a rank that died
+    or hung makes the others fail with an error instead of waiting forever.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        kwargs = {"device_id": dev} if dev.type == "cuda" else {}
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_seconds), **kwargs)
+    return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, is_main=rank == 0)
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+@torch.no_grad()
+def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
+    """Copy rank `src`'s parameters and buffers to every rank (identical initial weights)."""
+    if not is_distributed():
+        return
+    tensors = [t for t in list(module.parameters()) + list(module.buffers())]
+    # sorted: set order follows object ids, which differ between processes
+    for dtype in sorted({t.dtype for t in tensors}, key=str):
+        group = [t for t in tensors if t.dtype == dtype]
+        flat = _flat([t.data for t in group])
+        dist.broadcast(flat, src=src)
+        _unflatten_into(flat, [t.data for t in group])
+
+
+@torch.no_grad()
+def all_reduce_gradients(params) -> None:
+    """Average the gradients of `params` over all ranks in one flat all-reduce.
+
+    One collective of the concatenated gradients instead of one per tensor: latency, not
+    bandwidth, dominates for the small networks of RL. A missing gradient counts as zero, so
+    every rank calls the collective with the same size even when a branch was unused.
+    """
+    if not is_distributed():
+        return
+    params = [p for p in params if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = _flat(grads)
+    flat /= dist.get_world_size()
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    _unflatten_into(flat, grads)
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place sum / mean / max / min of `tensor` across ranks; returns it."""
+    if not is_distributed():
+        return tensor
+    ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    dist.all_reduce(tensor, op=ops[op])
+    if op == "mean":
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's `obj` (picklable), in rank order; [obj] in a lone process."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, src: int = 0):
+    """Rank `src`'s `obj` on every rank (e.g. a decision taken on rank 0's statistics)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+

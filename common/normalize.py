@@ -1,0 +1,151 @@
+"""Running normalizers for observations and rewards, exact under torchrun.
+
+Both keep their statistics in float64 buffers, so they are saved with `state_dict()` and
+merged without the precision loss that float32 sums show after ~1e8 samples. When a process
+group is up, every `update()` merges the moments of all ranks, so every rank normalizes with
+the same statistics and a checkpoint written by rank 0 holds the global moments.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _batch_moments(x: torch.Tensor, feature_ndim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """count, mean and M2 (sum of squared deviations) of `x` over its leading batch dims, in float64."""
+    x = x.reshape(-1, *x.shape[x.ndim - feature_ndim :]).to(torch.float64)
+    count = torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
+    mean = x.mean(dim=0)
+    m2 = ((x - mean) ** 2).sum(dim=0)
+    return count, mean, m2
+
+
+def _all_reduce_moments(count, mean, m2):
+    """Exact moments of the union of every rank's batch.
+
+    Two sums: first the global count and mean, then each rank's M2 re-centred on the global
+    mean (M2_r + n_r * (mean_r - mean)^2). That is the parallel-axis form of Chan et al.'s
+    merge; centring on the global mean before summing keeps it as stable as the pairwise merge.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return count, mean, m2
+    packed = torch.cat([count.reshape(1), mean.reshape(-1) * count])
+    dist.all_reduce(packed)
+    total = packed[0]
+    global_mean = (packed[1:] / total).reshape(mean.shape)
+    m2 = m2 + count * (mean - global_mean) ** 2
+    dist.all_reduce(m2)
+    return total, global_mean, m2
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance of a stream of batches (Chan et al.'s parallel merge).
+
+    `update(x)` folds a batch in (all leading dims are batch dims, the trailing `shape` are
+    features); `normalize(x)` returns (x - mean) / sqrt(var + eps), clipped to [-clip, clip],
+    in x's dtype. The two are separate so a script decides which data feeds the statistics
+    (rollout data only, never evaluation data).
+    """
+
+    def __init__(self, shape: tuple[int, ...] | int = (), epsilon: float = 1e-8, clip: float | None = 5.0):
+        super().__init__()
+        self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.epsilon = epsilon
+        self.clip = clip
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
+        self.register_buffer("m2", torch.zeros(self.shape, dtype=torch.float64))
+        # float32 copies for the per-step normalize(): no float64 math in the rollout loop.
+        self.register_buffer("_mean32", torch.zeros(self.shape), persistent=False)
+        self.register_buffer("_inv_std32", torch.ones(self.shape), persistent=False)
+
+    @property
+    def var(self) -> torch.Tensor:
+        return self.m2 / self.count.clamp(min=1.0)
+
+    @property
+    def std(self) -> torch.Tensor:
+        return torch.sqrt(self.var + self.epsilon)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Fold a batch into the moments; under torchrun, the batches of all ranks together."""
+        count, mean, m2 = _all_reduce_moments(*_batch_moments(x, len(self.shape)))
+        total = self.count + count
+        delta = mean - self.mean
+        self.mean.add_(delta * (count / total))
+        self.m2.add_(m2 + delta**2 * (self.count * count / total))
+        self.count.copy_(total)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._mean32.copy_(self.mean)
+        self._inv_std32.copy_(1.0 / self.std)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._refresh()
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        out = (x - self._mean32.to(x.dtype)) * self._inv_std32.to(x.dtype)
+        if self.clip is not None:
+            out = out.clamp(-self.clip, self.clip)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalize(x)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}, clip={self.clip}"
+
+
+class RewardNormalizer(nn.Module):
+    """Scales rewards by the running std of the discounted return (as gymnasium's NormalizeReward).
+
+    Per env, the return G_t = gamma * G_{t-1} + r_t restarts after every episode end. The script
+    feeds a whole rollout at once: `update(rewards, dones)` with [T, N] tensors walks the T steps
+    (cheap vector ops, no host sync), then merges the T*N returns into the moments (one
+    collective per iteration under torchrun, not one per step); `normalize(rewards)` divides by
+    sqrt(var + eps) and clips. The mean is not subtracted: that would change the optimal policy.
+    """
+
+    def __init__(self, num_envs: int, gamma: float, epsilon: float = 1e-8, clip: float | None = 10.0):
+        super().__init__()
+        self.gamma = gamma
+        self.clip = clip
+        self.return_rms = RunningMeanStd((), epsilon=epsilon, clip=None)
+        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
+        """rewards, dones: [T, N] (or [N] for one step); dones[t] ends the episode after step t."""
+        if rewards.ndim == 1:
+            rewards, dones = rewards.unsqueeze(0), dones.unsqueeze(0)
+        discounted = torch.empty_like(rewards, dtype=torch.float64)
+        g = self.returns
+        for t in range(rewards.shape[0]):
+            g = g * self.gamma + rewards[t].to(torch.float64)
+            discounted[t] = g
+            g = g * (~dones[t].bool()).to(torch.float64)
+        self.returns.copy_(g)
+        self.return_rms.update(discounted)
+
+    def normalize(self, rewards: torch.Tensor) -> torch.Tensor:
+        out = rewards * self.return_rms._inv_std32.to(rewards.dtype)
+        if self.clip is not None:
+            out = out.clamp(-self.clip, self.clip)
+        return out
+
+    def forward(self, rewards: torch.Tensor) -> torch.Tensor:
+        return self.normalize(rewards)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # A resume with another num_envs or world size cannot map the per-env partial returns:
+        # restart them (they only shape the next few updates of the moments), keep the moments.
+        key = prefix + "returns"
+        if key in state_dict and state_dict[key].shape != self.returns.shape:
+            state_dict = dict(state_dict)
+            state_dict[key] = torch.zeros_like(self.returns)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
