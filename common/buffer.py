@@ -1,0 +1,244 @@
+"""GPU-resident experience storage for the single-file scripts.
+
+Two containers, both preallocated on the device and both TensorDict-based so that nested
+observations (``{"policy": ..., "critic": ...}``) need no special handling:
+
+- ``RolloutStorage``: the on-policy rollout of PPO / PQN, batch shape ``[num_steps, num_envs]``.
+- ``ReplayBuffer``: the circular off-policy buffer of TD3 / SAC, batch shape
+  ``[num_envs, capacity_per_env]``, with uniform and n-step sampling.
+
+Keys, shapes and dtypes are registered by the first write, so a script never declares its
+storage layout twice. After that, every write is one in-place copy: no allocation and no
+host-device synchronisation per step (see the performance rules in the design notes).
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+__all__ = ["RolloutStorage", "ReplayBuffer"]
+
+
+def _leaf_keys(td: TensorDictBase) -> frozenset:
+    return frozenset(td.keys(include_nested=True, leaves_only=True))
+
+
+def _allocate_like(td: TensorDictBase, batch_size: tuple[int, ...], device: torch.device) -> TensorDict:
+    """Zeros with ``td``'s keys and dtypes, its leading (env) dim replaced by ``batch_size``."""
+    return td.apply(
+        lambda x: torch.zeros(batch_size + x.shape[1:], dtype=x.dtype, device=device),
+        batch_size=batch_size,
+        device=device,
+    )
+
+
+def _check_same_keys(expected: frozenset, td: TensorDictBase, what: str) -> None:
+    # TensorDict's in-place update silently ignores unknown keys and leaves missing ones
+    # stale, so a structure change after the first write would corrupt data without an error.
+    # Comparing key sets is host-only work (no device sync) and costs microseconds.
+    got = _leaf_keys(td)
+    if got != expected:
+        raise KeyError(
+            f"{what}: keys differ from the first write; missing {sorted(map(str, expected - got))}, "
+            f"unexpected {sorted(map(str, got - expected))}. Write the same keys every step."
+        )
+
+
+class RolloutStorage:
+    """Fixed-size on-policy rollout: ``data`` has batch shape ``[num_steps, num_envs]``.
+
+    Usage::
+
+        storage = RolloutStorage(args.num_steps, args.num_envs, device)
+        for step in range(args.num_steps):
+            ...
+            storage.write(step, TensorDict(obs=obs, actions=action, logprobs=logprob,
+                                           rewards=reward, dones=done, values=value,
+                                           batch_size=[args.num_envs]))
+        batch = storage.flatten()  # [num_steps * num_envs], e.g. for minibatch indexing
+
+    ``storage.data["rewards"]`` is a plain ``[T, N]`` tensor, so GAE and friends stay in
+    the script and read it directly. Rollouts are consumed within one iteration, so the
+    storage is not checkpointed.
+    """
+
+    def __init__(self, num_steps: int, num_envs: int, device: torch.device | str):
+        self.num_steps = num_steps
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.data: TensorDict | None = None  # allocated by the first write
+        self._keys: frozenset = frozenset()
+
+    def write(self, step: int, td: TensorDictBase) -> None:
+        """Store one step for all envs; ``td`` has batch size ``[num_envs]``."""
+        if tuple(td.batch_size) != (self.num_envs,):
+            raise ValueError(f"RolloutStorage.write: expected batch size [{self.num_envs}], got {list(td.batch_size)}")
+        if self.data is None:
+            self.data = _allocate_like(td, (self.num_steps, self.num_envs), self.device)
+            self._keys = _leaf_keys(self.data)
+        else:
+            _check_same_keys(self._keys, td, "RolloutStorage.write")
+        # One copy per leaf into row `step` of the preallocated storage (a view; no allocation).
+        self.data[step].update_(td)
+
+    def flatten(self) -> TensorDict:
+        """View of the storage with batch shape ``[num_steps * num_envs]`` (step-major)."""
+        if self.data is None:
+            raise RuntimeError("RolloutStorage.flatten: nothing written yet")
+        return self.data.reshape(-1)
+
+
+class ReplayBuffer:
+    """Circular off-policy buffer, one ring per env: ``data`` has batch shape ``[num_envs, capacity]``.
+
+    All envs advance together, so one host-side ``ptr`` (next slot to write) and ``size``
+    (written slots per env) describe every ring and no device value is ever read back.
+
+    ``add(td)`` expects, per env, one transition: ``obs`` (may be nested), ``actions``,
+    ``rewards`` ([N] float), ``terminated`` / ``truncated`` ([N] bool) and ``next_obs``, the
+    TRUE next observation (``info["final_obs"]`` rows for envs that just finished, since the
+    env has already auto-reset ``obs``). Extra keys are stored and sampled like ``obs``.
+
+    ``sample(batch_size, n_step, gamma)`` returns transitions ready for the TD target::
+
+        target = batch["rewards"] + batch["discount"] * (~batch["terminated"]) * Q(batch["next_obs"])
+
+    With ``n_step=1`` this is the usual one-step target (``discount == gamma``).
+    """
+
+    # Keys read at the LAST transition of an n-step window; every other stored key (obs,
+    # actions, ...) is read at the first one. "rewards" is replaced by the discounted sum.
+    END_KEYS = ("next_obs", "terminated", "truncated")
+
+    def __init__(self, num_envs: int, capacity_per_env: int, device: torch.device | str):
+        if capacity_per_env < 1:
+            raise ValueError(f"ReplayBuffer: capacity_per_env must be >= 1, got {capacity_per_env}")
+        self.num_envs = num_envs
+        self.capacity = capacity_per_env
+        self.device = torch.device(device)
+        self.data: TensorDict | None = None  # allocated by the first add
+        self._keys: frozenset = frozenset()
+        self.ptr = 0  # slot the next add writes to
+        self.size = 0  # written slots per env, at most capacity
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, td: TensorDictBase) -> None:
+        """Write one transition for every env at the current slot (overwrites the oldest once full)."""
+        if tuple(td.batch_size) != (self.num_envs,):
+            raise ValueError(f"ReplayBuffer.add: expected batch size [{self.num_envs}], got {list(td.batch_size)}")
+        if self.data is None:
+            self._check_layout(td)
+            self.data = _allocate_like(td, (self.num_envs, self.capacity), self.device)
+            self._keys = _leaf_keys(self.data)
+        else:
+            _check_same_keys(self._keys, td, "ReplayBuffer.add")
+        self.data[:, self.ptr].update_(td)  # one copy per leaf into a strided view; no allocation
+        self.ptr = (self.ptr + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def _check_layout(self, td: TensorDictBase) -> None:
+        for key in ("rewards", "terminated", "truncated"):
+            if key not in td.keys():
+                raise KeyError(f"ReplayBuffer.add: missing key {key!r} (needed for sampling), got {sorted(td.keys())}")
+            if td[key].shape != (self.num_envs,):
+                raise ValueError(f"ReplayBuffer.add: {key!r} must have shape [{self.num_envs}], got {list(td[key].shape)}")
+        for key in ("terminated", "truncated"):
+            if td[key].dtype != torch.bool:
+                raise TypeError(f"ReplayBuffer.add: {key!r} must be bool, got {td[key].dtype}")
+        for key in _leaf_keys(td):
+            parts = key if isinstance(key, tuple) else (key,)
+            if any("." in part for part in parts):
+                # state_dict() flattens nested keys with "." as separator.
+                raise ValueError(f"ReplayBuffer.add: key {key!r} contains '.', which state_dict() reserves")
+
+    def sample(
+        self,
+        batch_size: int,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        generator: torch.Generator | None = None,
+    ) -> TensorDict:
+        """Uniformly sample ``batch_size`` (n-step) transitions; no host-device sync.
+
+        A start is drawn uniformly over (env, slot) pairs whose whole window of ``n_step``
+        transitions is written and in chronological order: the ``n_step - 1`` newest slots of
+        each ring are never starts, so a window cannot run into unwritten slots, nor, once the
+        ring has wrapped, from the newest data into the oldest. The window is cut after the
+        first transition that ends an episode (terminated or truncated). Returned keys:
+
+        - stored keys other than ``END_KEYS`` (``obs``, ``actions``, ...): at the first transition
+        - ``next_obs``, ``terminated``, ``truncated``: at the last included transition
+        - ``rewards``: ``sum_k gamma**k * r_{t+k}`` over the included transitions
+        - ``discount``: ``gamma ** effective_n``, the factor in front of ``Q(next_obs)``
+        - ``effective_n``: number of included transitions (int64, between 1 and ``n_step``)
+
+        ``generator``, if given, must live on the buffer's device.
+        """
+        if self.data is None:
+            raise RuntimeError("ReplayBuffer.sample: the buffer is empty; add transitions first")
+        num_starts = self.size - n_step + 1  # valid start slots per env
+        if n_step < 1 or num_starts < 1:
+            raise ValueError(
+                f"ReplayBuffer.sample: n_step={n_step} needs 1 <= n_step <= written steps per env "
+                f"({self.size} of capacity {self.capacity}); add more steps or lower n_step"
+            )
+        device = self.device
+        # Python-int bounds keep randint free of device reads.
+        env = torch.randint(self.num_envs, (batch_size,), generator=generator, device=device)
+        start = torch.randint(num_starts, (batch_size,), generator=generator, device=device)
+        # `start` counts from the oldest written slot, which is 0 until the ring wraps and
+        # `ptr` afterwards; the modulo maps chronological positions to physical slots.
+        oldest = (self.ptr - self.size) % self.capacity
+        offsets = torch.arange(n_step, device=device)
+        slots = (oldest + start.unsqueeze(1) + offsets) % self.capacity  # [B, n]
+        rows = env.unsqueeze(1)  # [B, 1], broadcasts against slots
+
+        rewards = self.data["rewards"][rows, slots]  # [B, n]
+        done = (self.data["terminated"][rows, slots] | self.data["truncated"][rows, slots]).long()
+        # Transition k is included iff no earlier transition of the window ended the episode
+        # (an exclusive cumulative sum of dones equal to zero).
+        included = (done.cumsum(dim=1) - done) == 0  # [B, n]; column 0 is always True
+        effective_n = included.sum(dim=1)  # [B], int64
+        powers = gamma ** offsets.to(rewards.dtype)
+        nstep_rewards = (rewards * powers * included).sum(dim=1)
+        last = slots.gather(1, (effective_n - 1).unsqueeze(1)).squeeze(1)
+
+        # Gather each key once, at the slot it is read from (exclude/select are shallow views).
+        out = self.data.exclude("rewards", *self.END_KEYS)[env, slots[:, 0]]
+        out.update(self.data.select(*self.END_KEYS, strict=False)[env, last])
+        out["rewards"] = nstep_rewards
+        out["discount"] = gamma ** effective_n.to(rewards.dtype)
+        out["effective_n"] = effective_n
+        return out
+
+    def state_dict(self) -> dict:
+        """Plain tensors and ints (loadable with ``torch.load(weights_only=True)``).
+
+        Nested keys are flattened to ``"obs.policy"``-style names. Tensors are the live
+        storage, not copies, as with ``nn.Module.state_dict()``: save them before adding more.
+        """
+        data = {} if self.data is None else dict(self.data.flatten_keys(".").items())
+        return {"num_envs": self.num_envs, "capacity": self.capacity, "ptr": self.ptr, "size": self.size, "data": data}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a buffer saved by ``state_dict()``; its num_envs and capacity must match."""
+        if state["num_envs"] != self.num_envs or state["capacity"] != self.capacity:
+            raise ValueError(
+                f"ReplayBuffer.load_state_dict: checkpoint buffer is {state['num_envs']} envs x "
+                f"{state['capacity']} slots, this run has {self.num_envs} x {self.capacity}; "
+                "resume with the same number of envs and buffer size"
+            )
+        if state["data"]:
+            flat = TensorDict(
+                {key: value.to(self.device) for key, value in state["data"].items()},
+                batch_size=(self.num_envs, self.capacity),
+                device=self.device,
+            )
+            self.data = flat.unflatten_keys(".")
+            self._keys = _leaf_keys(self.data)
+        else:
+            self.data, self._keys = None, frozenset()
+        self.ptr, self.size = int(state["ptr"]), int(state["size"])

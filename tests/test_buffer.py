@@ -1,0 +1,356 @@
+"""Tests of common/buffer.py: rollout storage layout and in-place writes, replay-buffer
+wraparound, uniform sampling over written slots, n-step targets against a brute-force
+reference, and exact state_dict round trips."""
+
+import io
+from collections import Counter
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch.overrides import TorchFunctionMode
+
+from common.buffer import ReplayBuffer, RolloutStorage
+
+
+# ----------------------------------------------------------------------------- RolloutStorage
+
+
+def rollout_step(num_envs: int, step: int) -> TensorDict:
+    """One step of a PPO-like rollout; every value encodes `step` so rows can be told apart."""
+    n = num_envs
+    return TensorDict(
+        obs=TensorDict(
+            policy=torch.full((n, 4), float(step)),
+            critic=torch.full((n, 7), float(step) + 0.5),
+            batch_size=[n],
+        ),
+        actions=torch.full((n,), step, dtype=torch.long),
+        logprobs=torch.full((n,), -float(step)),
+        rewards=torch.arange(n, dtype=torch.float32) + step,
+        dones=torch.arange(n) % 2 == step % 2,
+        batch_size=[n],
+    )
+
+
+def test_rollout_first_write_registers_nested_layout():
+    storage = RolloutStorage(num_steps=5, num_envs=3, device="cpu")
+    assert storage.data is None
+    storage.write(0, rollout_step(3, 0))
+
+    data = storage.data
+    assert data.batch_size == (5, 3)
+    assert data.device == torch.device("cpu")
+    expected = {
+        ("obs", "policy"): ((5, 3, 4), torch.float32),
+        ("obs", "critic"): ((5, 3, 7), torch.float32),
+        "actions": ((5, 3), torch.long),
+        "logprobs": ((5, 3), torch.float32),
+        "rewards": ((5, 3), torch.float32),
+        "dones": ((5, 3), torch.bool),
+    }
+    assert set(data.keys(include_nested=True, leaves_only=True)) == set(expected)
+    for key, (shape, dtype) in expected.items():
+        assert data[key].shape == shape and data[key].dtype == dtype, key
+    assert (data[0] == rollout_step(3, 0)).all()
+    # Unwritten rows are zeros, not copies of the first write.
+    assert not data[1:]["obs", "critic"].any() and not data[1:]["dones"].any()
+
+
+def test_rollout_writes_in_place_and_flattens_step_major():
+    T, N = 6, 4
+    storage = RolloutStorage(T, N, "cpu")
+    storage.write(0, rollout_step(N, 0))
+    leaves = list(storage.data.keys(include_nested=True, leaves_only=True))
+    ptrs = {key: storage.data[key].data_ptr() for key in leaves}
+
+    for step in range(T):
+        storage.write(step, rollout_step(N, step))
+    for key in leaves:
+        assert storage.data[key].data_ptr() == ptrs[key], f"{key} was reallocated"
+    for step in range(T):
+        assert (storage.data[step] == rollout_step(N, step)).all()
+
+    flat = storage.flatten()
+    assert flat.batch_size == (T * N,)
+    assert flat["obs", "policy"].shape == (T * N, 4)
+    assert flat["obs", "policy"].data_ptr() == ptrs[("obs", "policy")]  # a view, not a copy
+    assert (flat[2 * N + 1] == storage.data[2, 1]).all()
+
+
+def test_rollout_rejects_changed_layout():
+    storage = RolloutStorage(3, 2, "cpu")
+    storage.write(0, rollout_step(2, 0))
+    with pytest.raises(KeyError, match="values"):
+        storage.write(1, rollout_step(2, 1).set("values", torch.zeros(2)))
+    with pytest.raises(KeyError, match="logprobs"):
+        storage.write(1, rollout_step(2, 1).exclude("logprobs"))
+    with pytest.raises(ValueError, match="batch size"):
+        storage.write(1, rollout_step(3, 1))
+
+
+# ----------------------------------------------------------------------------- ReplayBuffer
+
+
+def marker_transition(num_envs: int, step: int, rewards=None, terminated=None, truncated=None) -> TensorDict:
+    """Transition `step` for every env, with obs/next_obs/actions that identify (env, step).
+
+    obs.policy = [env, step + 1] so that a zero (unwritten) slot never looks like a real one;
+    next_obs.policy = [env, -(step + 1)] identifies the transition its next_obs came from.
+    """
+    n = num_envs
+    env = torch.arange(n, dtype=torch.float32)
+    tag = torch.full((n,), float(step + 1))
+    zeros = torch.zeros(n, dtype=torch.bool)
+    return TensorDict(
+        obs=TensorDict(policy=torch.stack([env, tag], 1), critic=torch.stack([env, tag, tag], 1), batch_size=[n]),
+        actions=torch.stack([env, tag], 1) * 10,
+        rewards=torch.zeros(n) if rewards is None else rewards,
+        terminated=zeros if terminated is None else terminated,
+        truncated=zeros if truncated is None else truncated,
+        next_obs=TensorDict(policy=torch.stack([env, -tag], 1), critic=torch.stack([env, -tag, -tag], 1), batch_size=[n]),
+        batch_size=[n],
+    )
+
+
+def decode(batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(env, step) of each sampled start, read back from its obs marker."""
+    policy = batch["obs", "policy"]
+    return policy[:, 0].long(), policy[:, 1].long() - 1
+
+
+def test_replay_wraparound_keeps_last_capacity_steps():
+    N, C, extra = 3, 5, 3
+    buffer = ReplayBuffer(N, C, "cpu")
+    for step in range(C + extra):
+        buffer.add(marker_transition(N, step))
+    assert len(buffer) == C and buffer.capacity == C and buffer.num_envs == N
+    assert buffer.ptr == extra
+    assert buffer.data.batch_size == (N, C)
+    assert buffer.data["obs", "critic"].shape == (N, C, 3)
+
+    tags = buffer.data["obs", "policy"][..., 1].long() - 1  # step stored in each slot
+    for env in range(N):
+        assert sorted(tags[env].tolist()) == list(range(extra, C + extra))
+        # Step s lives in slot s % C, so the oldest retained step sits at ptr.
+        assert [s % C for s in tags[env].tolist()] == list(range(C))
+    assert (buffer.data["obs", "policy"][..., 0] == torch.arange(N).unsqueeze(1)).all()
+
+
+def test_replay_add_is_in_place():
+    buffer = ReplayBuffer(2, 4, "cpu")
+    buffer.add(marker_transition(2, 0))
+    ptr = buffer.data["next_obs", "critic"].data_ptr()
+    for step in range(1, 9):
+        buffer.add(marker_transition(2, step))
+    assert buffer.data["next_obs", "critic"].data_ptr() == ptr
+
+
+@pytest.mark.parametrize("num_adds", [7, 23], ids=["partial", "wrapped"])
+def test_replay_samples_written_slots_uniformly(num_adds):
+    N, C, S = 3, 10, 30_000
+    buffer = ReplayBuffer(N, C, "cpu")
+    for step in range(num_adds):
+        buffer.add(marker_transition(N, step))
+    written = {(env, step) for env in range(N) for step in range(max(0, num_adds - C), num_adds)}
+
+    batch = buffer.sample(S, generator=torch.Generator().manual_seed(0))
+    assert batch.batch_size == (S,)
+    env, step = decode(batch)
+    counts = Counter(zip(env.tolist(), step.tolist()))
+    assert set(counts) == written  # every written slot, and nothing else (no zero slots)
+    expected = S / len(written)
+    assert max(abs(c - expected) for c in counts.values()) < 0.15 * expected
+    # Fields of one sample come from the same transition.
+    assert (batch["actions"] == batch["obs", "policy"] * 10).all()
+    assert (batch["next_obs", "policy"][:, 1] == -batch["obs", "policy"][:, 1]).all()
+
+
+def nstep_reference(rewards, terminated, truncated, env, t, n, gamma):
+    """Brute-force n-step return of the window starting at step t of env, from the full history."""
+    ret, k = 0.0, 0
+    while True:
+        ret += gamma**k * rewards[t + k][env]
+        if terminated[t + k][env] or truncated[t + k][env] or k == n - 1:
+            break
+        k += 1
+    last = t + k
+    return ret, gamma ** (k + 1), bool(terminated[last][env]), bool(truncated[last][env]), last, k + 1
+
+
+@pytest.mark.parametrize("n_step", [1, 3, 5])
+@pytest.mark.parametrize("num_adds", [11, 45], ids=["partial", "wrapped"])
+def test_replay_nstep_matches_brute_force(n_step, num_adds):
+    N, C, gamma, S = 4, 16, 0.9, 6_000
+    gen = torch.Generator().manual_seed(1234)
+    buffer = ReplayBuffer(N, C, "cpu")
+    history = {"rewards": [], "terminated": [], "truncated": []}
+    for step in range(num_adds):
+        rewards = torch.randn(N, generator=gen)
+        terminated = torch.rand(N, generator=gen) < 0.15
+        truncated = torch.rand(N, generator=gen) < 0.10
+        buffer.add(marker_transition(N, step, rewards, terminated, truncated))
+        history["rewards"].append(rewards.tolist())
+        history["terminated"].append(terminated.tolist())
+        history["truncated"].append(truncated.tolist())
+
+    batch = buffer.sample(S, n_step=n_step, gamma=gamma, generator=torch.Generator().manual_seed(7))
+    env, start = decode(batch)
+    oldest = max(0, num_adds - C)
+    valid = {(e, t) for e in range(N) for t in range(oldest, num_adds - n_step + 1)}
+    starts = set(zip(env.tolist(), start.tolist()))
+    assert starts == valid  # only windows inside retained, chronological data; all of them
+    if num_adds > C and n_step > 1:
+        # Windows that cross the physical end of the ring (slot C-1 -> slot 0) were exercised.
+        assert any(t % C + n_step - 1 >= C for _, t in starts)
+
+    ref = [nstep_reference(**history, env=e, t=t, n=n_step, gamma=gamma) for e, t in zip(env.tolist(), start.tolist())]
+    ref_rewards, ref_discount, ref_term, ref_trunc, ref_last, ref_n = map(list, zip(*ref))
+    torch.testing.assert_close(batch["rewards"], torch.tensor(ref_rewards, dtype=torch.float32))
+    torch.testing.assert_close(batch["discount"], torch.tensor(ref_discount, dtype=torch.float32))
+    assert batch["terminated"].tolist() == ref_term
+    assert batch["truncated"].tolist() == ref_trunc
+    assert batch["effective_n"].tolist() == ref_n
+    assert (-batch["next_obs", "policy"][:, 1].long() - 1).tolist() == ref_last
+    assert (-batch["next_obs", "critic"][:, 2].long() - 1).tolist() == ref_last
+    assert (batch["next_obs", "policy"][:, 0].long() == env).all()
+    assert (batch["actions"] == batch["obs", "policy"] * 10).all()  # actions at the start
+    assert any(ref_term) and any(ref_trunc)  # both kinds of episode end were sampled
+    if n_step > 1:
+        # The random episodes put ends inside windows as well as windows running the full n.
+        assert 1 < len(set(ref_n))
+
+
+def test_replay_nstep_hand_example():
+    # One env, rewards 1, 2, 4, 8, 16; an episode is truncated at step 1, the next terminated at step 3.
+    buffer = ReplayBuffer(1, 8, "cpu")
+    ends = {1: "truncated", 3: "terminated"}
+    for step, reward in enumerate([1.0, 2.0, 4.0, 8.0, 16.0]):
+        flags = {key: torch.tensor([ends.get(step) == key]) for key in ("terminated", "truncated")}
+        buffer.add(marker_transition(1, step, torch.tensor([reward]), **flags))
+    batch = buffer.sample(2000, n_step=3, gamma=0.5, generator=torch.Generator().manual_seed(0))
+    _, start = decode(batch)
+    fields = ("rewards", "discount", "terminated", "truncated", "effective_n")
+    got = dict(zip(start.tolist(), zip(*(batch[key].tolist() for key in fields))))
+    assert got == {
+        0: (1 + 0.5 * 2, 0.25, False, True, 2),  # cut by the truncation at step 1, bootstraps
+        1: (2.0, 0.5, False, True, 1),  # ends immediately
+        2: (4 + 0.5 * 8, 0.25, True, False, 2),  # cut by the termination at step 3, no bootstrap
+    }  # start 3 and 4 are the n-1 newest slots: never starts
+
+
+def test_replay_sample_errors():
+    buffer = ReplayBuffer(2, 4, "cpu")
+    with pytest.raises(RuntimeError, match="empty"):
+        buffer.sample(8)
+    buffer.add(marker_transition(2, 0))
+    buffer.add(marker_transition(2, 1))
+    with pytest.raises(ValueError, match="n_step=3"):
+        buffer.sample(8, n_step=3)
+    with pytest.raises(KeyError, match="rewards"):
+        ReplayBuffer(2, 4, "cpu").add(marker_transition(2, 0).exclude("rewards"))
+    with pytest.raises(TypeError, match="bool"):
+        ReplayBuffer(2, 4, "cpu").add(marker_transition(2, 0).set("terminated", torch.zeros(2)))
+
+
+def test_replay_state_dict_round_trip(tmp_path):
+    N, C = 3, 8
+    gen = torch.Generator().manual_seed(0)
+    buffer = ReplayBuffer(N, C, "cpu")
+    for step in range(C + 3):
+        buffer.add(marker_transition(N, step, torch.randn(N, generator=gen), torch.rand(N, generator=gen) < 0.2))
+
+    path = tmp_path / "buffer.pt"
+    torch.save({"buffer": buffer.state_dict()}, path)
+    restored = ReplayBuffer(N, C, "cpu")
+    restored.load_state_dict(torch.load(path, weights_only=True)["buffer"])
+    assert (restored.ptr, restored.size, len(restored)) == (buffer.ptr, buffer.size, len(buffer))
+    assert (restored.data == buffer.data).all()
+
+    def samples(buf):
+        return buf.sample(64, n_step=3, gamma=0.9, generator=torch.Generator().manual_seed(42))
+
+    assert (samples(restored) == samples(buffer)).all()
+    # The resumed buffer keeps going exactly like the original one.
+    for step in range(C + 3, C + 8):
+        buffer.add(marker_transition(N, step))
+        restored.add(marker_transition(N, step))
+    assert (samples(restored) == samples(buffer)).all()
+
+    with pytest.raises(ValueError, match="buffer size"):
+        ReplayBuffer(N, C + 1, "cpu").load_state_dict(buffer.state_dict())
+    # An empty buffer round-trips too.
+    empty = io.BytesIO()
+    torch.save(ReplayBuffer(N, C, "cpu").state_dict(), empty)
+    empty.seek(0)
+    fresh = ReplayBuffer(N, C, "cpu")
+    fresh.load_state_dict(torch.load(empty, weights_only=True))
+    assert fresh.data is None and len(fresh) == 0
+
+
+class RecordHostReads(TorchFunctionMode):
+    """Records tensor calls that read device values back to the host (a sync on CUDA).
+
+    A CPU stand-in for CUDA's sync debug mode, so the no-sync rule is checked on any machine.
+    """
+
+    READS = {
+        torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
+        torch.Tensor.nonzero, torch.nonzero, torch.masked_select, torch.Tensor.masked_select,
+        torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
+    }
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.READS:
+            self.calls.append(func.__name__)
+        if func is torch.Tensor.__getitem__:  # boolean-mask indexing sizes its output on the host
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index):
+                self.calls.append("boolean mask indexing")
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_host_reads_after_first_write():
+    N = 4
+    storage, buffer = RolloutStorage(3, N, "cpu"), ReplayBuffer(N, 8, "cpu")
+    storage.write(0, rollout_step(N, 0))  # first writes allocate and validate: not per-step work
+    buffer.add(marker_transition(N, 0))
+    rollout = [rollout_step(N, s) for s in range(3)]
+    transitions = [marker_transition(N, s) for s in range(1, 12)]
+    gen = torch.Generator().manual_seed(0)
+    with RecordHostReads() as mode:
+        for step, td in enumerate(rollout):
+            storage.write(step, td)
+        storage.flatten()
+        for td in transitions:
+            buffer.add(td)
+        buffer.sample(32, n_step=3, gamma=0.99, generator=gen)
+    assert mode.calls == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_no_host_device_sync_on_cuda():
+    device = torch.device("cuda")
+    storage = RolloutStorage(4, 8, device)
+    buffer = ReplayBuffer(8, 16, device)
+    gen = torch.Generator(device).manual_seed(0)
+    first = marker_transition(8, 0).to(device)
+    storage.write(0, rollout_step(8, 0).to(device))  # first writes allocate: outside the check
+    buffer.add(first)
+    steps = [marker_transition(8, s).to(device) for s in range(1, 20)]
+    rollout = [rollout_step(8, s).to(device) for s in range(4)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for s in range(4):
+            storage.write(s, rollout[s])
+        storage.flatten()
+        for td in steps:
+            buffer.add(td)
+        buffer.sample(256, n_step=3, gamma=0.99, generator=gen)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
