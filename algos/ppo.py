@@ -196,9 +196,10 @@ class Agent(nn.Module):
 
     def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
         out = self.actor(policy_obs_n)
+        # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
-            return torch.distributions.Categorical(logits=out)
-        return torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
+            return torch.distributions.Categorical(logits=out, validate_args=False)
+        return torch.distributions.Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
     def log_prob_entropy(self, policy_obs_n: torch.Tensor, action: torch.Tensor):
         d = self.dist(policy_obs_n)
@@ -249,7 +250,7 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 # Evaluation: deterministic policy on separate envs, reduced over ranks
 # ----------------------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(agent: Agent, eval_envs, episodes: int, seed: int):
+def evaluate(agent: Agent, eval_envs, episodes: int, seed: int, bounds=None):
     """Mean return and length of the first `episodes` episodes of every eval env, over all ranks."""
     n, dev = eval_envs.num_envs, eval_envs.device
     obs, _ = eval_envs.reset(seed=seed)
@@ -260,7 +261,7 @@ def evaluate(agent: Agent, eval_envs, episodes: int, seed: int):
     max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000
     for step in range(max_steps * episodes + 1):
         action, _ = agent.act(obs, deterministic=True)
-        obs, reward, terminated, truncated, _ = eval_envs.step(clip_action(action, eval_envs))
+        obs, reward, terminated, truncated, _ = eval_envs.step(to_env_action(action, bounds))
         active = done_count < episodes
         ep_ret += reward.double() * active
         ep_len += active.double()
@@ -275,12 +276,16 @@ def evaluate(agent: Agent, eval_envs, episodes: int, seed: int):
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
 
 
-def clip_action(action: torch.Tensor, envs) -> torch.Tensor:
-    """Gaussian samples are unbounded: clip to the env's bounds (the log-prob keeps the raw sample)."""
-    space = envs.single_action_space
-    if isinstance(space, gym.spaces.Box) and getattr(envs, "_action_low", None) is not None:
-        return torch.clamp(action, envs._action_low, envs._action_high)
-    return action
+def action_bounds(space: gym.Space, device):
+    """(low, high) tensors of a bounded Box, else None: Gaussian samples are clipped to them
+    before they reach the env (the stored action and its log-prob keep the raw sample)."""
+    if isinstance(space, gym.spaces.Box) and space.is_bounded():
+        return torch.as_tensor(space.low, device=device), torch.as_tensor(space.high, device=device)
+    return None
+
+
+def to_env_action(action: torch.Tensor, bounds) -> torch.Tensor:
+    return action if bounds is None else torch.maximum(torch.minimum(action, bounds[1]), bounds[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,13 +342,12 @@ def main(args: Args) -> dict:
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     # --- environments: different seeds per rank; eval envs separate from training envs ---
-    envs = make_env(args.env_id, args.num_envs, device, seed=args.seed + rank * args.num_envs)
-    eval_envs = make_env(args.env_id, args.num_eval_envs, device, seed=args.seed + 10**8 + rank * args.num_eval_envs)
-    for e in (envs, eval_envs):
-        space = e.single_action_space
-        if isinstance(space, gym.spaces.Box) and space.is_bounded():
-            e._action_low = torch.as_tensor(space.low, device=device)
-            e._action_high = torch.as_tensor(space.high, device=device)
+    try:
+        envs = make_env(args.env_id, args.num_envs, device, seed=args.seed + rank * args.num_envs)
+        eval_envs = make_env(args.env_id, args.num_eval_envs, device, seed=args.seed + 10**8 + rank * args.num_eval_envs)
+    except ValueError as e:  # unknown id: the message lists the known ones
+        raise SystemExit(f"error: {e}") from None
+    bounds = action_bounds(envs.single_action_space, device)
     next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
     obs_dim = next_obs["policy"].shape[-1]
     critic_dim = next_obs["critic"].shape[-1] if args.asymmetric_critic and "critic" in next_obs.keys() else None
@@ -382,7 +386,7 @@ def main(args: Args) -> dict:
             print(f"resumed from {resume_path} at iteration {start_iteration}, global step {global_step}", flush=True)
 
     if args.eval_only:
-        ret, length = evaluate(agent_inference, eval_envs, args.eval_episodes, seed=args.seed + 10**8 + rank * args.num_eval_envs)
+        ret, length = evaluate(agent_inference, eval_envs, args.eval_episodes, seed=args.seed + 10**8 + rank * args.num_eval_envs, bounds=bounds)
         if master:
             print(json.dumps({"eval_episodic_return": ret, "eval_episodic_length": length, "checkpoint": str(resume_path)}))
         distributed.cleanup()
@@ -479,7 +483,7 @@ def main(args: Args) -> dict:
             with torch.no_grad():
                 action, logprob = policy_step(next_obs)
             obs = next_obs
-            next_obs, reward, terminated, truncated, info = envs.step(clip_action(action, envs))
+            next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, bounds))
             storage.write(step, TensorDict(
                 {"obs": obs, "final_obs": info["final_obs"], "actions": action, "logprobs": logprob,
                  "rewards": reward.float(), "terminated": terminated, "truncated": truncated},
@@ -597,7 +601,7 @@ def main(args: Args) -> dict:
         # --- evaluation, checkpoints and stop conditions (identical decisions on every rank) ---
         reached_target = False
         if args.eval_interval > 0 and (iteration % args.eval_interval == 0 or iteration == num_iterations):
-            eval_return, eval_length = evaluate(agent_inference, eval_envs, args.eval_episodes, seed=args.seed + 10**8 + rank * args.num_eval_envs + iteration)
+            eval_return, eval_length = evaluate(agent_inference, eval_envs, args.eval_episodes, seed=args.seed + 10**8 + rank * args.num_eval_envs + iteration, bounds=bounds)
             if master:
                 writer.add_scalar("eval/episodic_return", eval_return, global_step)
                 writer.add_scalar("eval/episodic_length", eval_length, global_step)
@@ -616,13 +620,16 @@ def main(args: Args) -> dict:
 
     # --- wrap up ---
     guard.restore()
+    in_sync = distributed.check_in_sync(agent)  # averaged gradients keep every rank's weights bit-identical
+    if not in_sync and master:
+        print("warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged them", flush=True)
     if progress is not None:
         progress.close()
     summary = {
         "algo": ALGO, "env_id": args.env_id, "run_dir": str(run_dir), "global_step": global_step, "iteration": iteration,
         "wall_seconds": time.time() - start_time, "sps": sps, "last_train_return": last_train_return,
         "best_eval_return": best_eval_return if best_eval_return > -math.inf else None, "stop_reason": stop_reason,
-        "world_size": world_size,
+        "world_size": world_size, "params_in_sync": in_sync,
         "checkpoints": {"last": str(checkpoint_dir(run_dir) / LAST), "best": str(checkpoint_dir(run_dir) / BEST)},
     }
     if master:

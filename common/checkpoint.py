@@ -63,6 +63,8 @@ def load_checkpoint(
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: check the path, or start without --resume")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off one has no directory
+        raise CheckpointError(f"{path} is truncated or corrupt (not a complete archive); resume from another checkpoint, e.g. best.pt")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:

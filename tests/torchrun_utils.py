@@ -25,7 +25,7 @@ def torchrun_cmd(nproc: int, script_args: list[str], extra: list[str] | None = N
     ]
 
 
-def test_env() -> dict:
+def subprocess_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores: no oversubscription
@@ -36,7 +36,7 @@ def test_env() -> dict:
 def run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `cmd` in its own process group; kill the whole group on timeout."""
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env or test_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cmd, cwd=ROOT, env=env or subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
     try:
@@ -46,3 +46,16 @@ def run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.C
         out, _ = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def load_script(name: str):
+    """Import algos/<name>.py as a module (the scripts are files, not a package)."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "algos" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
