@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from common import distributed  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.checkpoint import (  # noqa: E402
-    BEST, FORMAT_VERSION, LAST, CheckpointError, checkpoint_dir, gather_rng_states, load_checkpoint,
-    resolve_resume, restore_rank_rng_state, save_checkpoint,
+    BEST, FORMAT_VERSION, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, gather_rng_states,
+    load_checkpoint, resolve_resume, restore_rank_rng_state, save_checkpoint, stable_run_name,
 )
 from common.envs import make_env  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
@@ -65,7 +65,9 @@ class Args:
     eval_only: bool = False
     """load --resume, evaluate the deterministic policy, print the returns, and exit"""
     save_interval: int = 50
-    """iterations between writes of checkpoints/last.pt (also written at the end)"""
+    """iterations between writes of checkpoints/last.pt (also written at the end and on SIGTERM/SIGUSR1)"""
+    save_interval_seconds: float | None = None
+    """also write last.pt when this many seconds have passed since the last write"""
     eval_interval: int = 10
     """iterations between evaluations (0 disables); best.pt is written when the eval return improves"""
     eval_episodes: int = 1
@@ -88,6 +90,8 @@ class Args:
     """torch.compile the acting step, the advantage computation and the update step"""
     cudagraphs: bool = False
     """capture the acting and update steps in CUDA graphs (CUDA only)"""
+    dist_timeout: float = 600.0
+    """seconds a collective may wait for the other ranks before the run fails (a dead or hung rank)"""
 
     # --- PPO ---
     num_steps: int = 24
@@ -291,7 +295,7 @@ def to_env_action(action: torch.Tensor, bounds) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     # --- distributed setup: rank, world size, device; seed offset per rank (nanoGPT's recipe) ---
-    dist_info = distributed.setup(args.device)
+    dist_info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     rank, world_size, device, master = dist_info.rank, dist_info.world_size, dist_info.device, dist_info.is_main
     if args.anneal_lr:
         args.lr_schedule = "linear"
@@ -305,14 +309,21 @@ def main(args: Args) -> dict:
         )
     minibatch_size = batch_size // args.num_minibatches
     global_batch = batch_size * world_size
-    num_iterations = max(1, args.total_timesteps // global_batch)
+    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
+    num_iterations = total_steps // global_batch
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.torch_deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
-    # --- run directory (rank 0 names it, everyone agrees) ---
-    run_name = args.run_name or f"{args.env_id.replace(':', '-').replace('/', '-')}__{ALGO}__{args.seed}__{int(time.time())}"
+    # --- run directory: rank 0 names it (the same name after a torchrun restart), everyone agrees ---
+    run_name = args.run_name
+    if run_name is None and master:
+        default = f"{args.env_id.replace(':', '-').replace('/', '-')}__{ALGO}__{args.seed}__{int(time.time())}"
+        try:
+            run_name = default if args.eval_only else stable_run_name(default, args.output_dir)
+        except OSError:
+            run_name = default  # reported just below, with the directory
     run_name = distributed.broadcast_object(run_name)
     run_dir = Path(args.output_dir) / run_name
     if master and not args.eval_only:
@@ -321,6 +332,9 @@ def main(args: Args) -> dict:
             (run_dir / "config.json").write_text(json.dumps(asdict(args), indent=2))
         except OSError as e:
             raise SystemExit(f"error: cannot write the run directory {run_dir} ({e.strerror}); choose --output-dir") from None
+    distributed.barrier()
+    if args.resume is None and elastic_restart_count() > 0:
+        args.resume = "auto"  # torchrun restarted the workers after a fault: continue from last.pt
     resume_path = resolve_resume(args.resume, run_dir) if args.resume else None
     if args.eval_only and resume_path is None:
         raise SystemExit("error: --eval-only needs --resume PATH of a checkpoint")
@@ -337,7 +351,9 @@ def main(args: Args) -> dict:
                 project=args.wandb_project_name, entity=args.wandb_entity, name=run_name, id=run_name,
                 resume="allow", config=asdict(args), sync_tensorboard=True, dir=str(run_dir),
             )
-        writer = SummaryWriter(str(run_dir))
+        # purge_step: a resumed run drops the events logged after its checkpoint, so the curves
+        # stay one line without the repeated steps of the work lost to the fault.
+        writer = SummaryWriter(str(run_dir), purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
@@ -379,6 +395,8 @@ def main(args: Args) -> dict:
             envs.load_state_dict(env_ckpt["state"])
             next_obs = TensorDict(env_ckpt["next_obs"], batch_size=[args.num_envs]).to(device)
             ep_stats.copy_(env_ckpt["ep_stats"])
+            if reward_normalizer is not None and "reward_returns" in env_ckpt:
+                reward_normalizer.returns.copy_(env_ckpt["reward_returns"])
         elif master:
             print(f"notice: checkpoint from {checkpoint['world_size']} process(es) x {checkpoint['args']['num_envs']} envs; "
                   f"env and RNG streams re-derived from the seed (model, optimizer, normalizers restored)", flush=True)
@@ -440,21 +458,22 @@ def main(args: Args) -> dict:
         print(
             f"{ALGO} on {args.env_id}: {world_size} process(es) x {args.num_envs} envs on {device}; batch "
             f"{global_batch} per iteration ({batch_size} per process, {args.num_minibatches} minibatches of "
-            f"{minibatch_size}); {num_iterations} iterations for {args.total_timesteps} steps; run dir {run_dir}",
+            f"{minibatch_size}); {num_iterations} iterations for {total_steps} steps; run dir {run_dir}",
             flush=True,
         )
     progress = None
     if master and args.progress and not os.environ.get("CI") and sys.stderr.isatty():
         from tqdm import tqdm
 
-        progress = tqdm(total=num_iterations * global_batch, initial=global_step, unit="step", unit_scale=True, dynamic_ncols=True)
+        progress = tqdm(total=total_steps, initial=global_step, unit="step", unit_scale=True, dynamic_ncols=True)
 
     def save(path_name: str, iteration: int):
         """Every rank contributes its RNG and env state; rank 0 writes atomically."""
         rng = gather_rng_states()
-        env_state = distributed.all_gather_object(
-            {"state": envs.state_dict(), "next_obs": next_obs.cpu().to_dict(), "ep_stats": ep_stats.cpu()}
-        )
+        per_rank = {"state": envs.state_dict(), "next_obs": next_obs.cpu().to_dict(), "ep_stats": ep_stats.cpu()}
+        if reward_normalizer is not None:  # each rank's envs have their own partial discounted returns
+            per_rank["reward_returns"] = reward_normalizer.returns.cpu()
+        env_state = distributed.all_gather_object(per_rank)
         if not master:
             return None
         return save_checkpoint(
@@ -470,11 +489,14 @@ def main(args: Args) -> dict:
 
     start_time, stop_reason = time.time(), "total_timesteps"
     last_train_return, sps, iteration = float("nan"), 0.0, start_iteration
-    steps_at_start = global_step
-    for iteration in range(start_iteration + 1, num_iterations + 1):
-        iter_start = time.time()
+    steps_at_start, last_save_time = global_step, time.time()
+    # Counted in env steps, not iterations: a run resumed with another world size still ends at
+    # --total-timesteps and its linear schedule continues where it was.
+    while global_step + global_batch <= total_steps:
+        iteration += 1
+        final_iteration = global_step + 2 * global_batch > total_steps
         if args.lr_schedule == "linear":
-            lr.fill_(args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations))
+            lr.fill_(args.learning_rate * (1.0 - global_step / total_steps))
 
         # --- rollout: no host-device synchronisation in this loop ---
         rollout_start = time.time()
@@ -561,7 +583,12 @@ def main(args: Args) -> dict:
                 torch.isfinite(data["obs", "policy"]).all(), torch.isfinite(data["rewards"]).all(),
                 torch.isfinite(loss_sums).all(),
             ]).double()
-            stop_flag = torch.tensor([1.0 if guard.received else 0.0], device=device, dtype=torch.float64)
+            # Decisions from this rank's clock or signals, summed over ranks: all stop or save together.
+            now = time.time()
+            flags = [guard.received is not None,
+                     args.max_wall_seconds is not None and now - start_time >= args.max_wall_seconds,
+                     args.save_interval_seconds is not None and now - last_save_time >= args.save_interval_seconds]
+            stop_flag = torch.tensor([float(f) for f in flags], device=device, dtype=torch.float64)
             env_logs = {k: v / args.num_steps for k, v in env_log_sums.items()}
             packed = torch.cat([ep_sums, finite, stop_flag, loss_sums.double() / num_updates, explained_var.double().reshape(1),
                                 torch.stack([v.double().mean() for v in env_logs.values()]) if env_logs else torch.zeros(0, device=device, dtype=torch.float64)])
@@ -573,10 +600,10 @@ def main(args: Args) -> dict:
             raise FloatingPointError(
                 f"non-finite {', '.join(nonfinite)} at iteration {iteration}; last good checkpoint kept in {checkpoint_dir(run_dir)}"
             )
-        stop_signal = host[6] > 0
-        pg_loss, v_loss, entropy, approx_kl, clipfrac = [x / world_size for x in host[7:12]]
-        explained = host[12] / world_size
-        env_values = [x / world_size for x in host[13:]]
+        stop_signal, out_of_time, save_time_due = (x > 0 for x in host[6:9])
+        pg_loss, v_loss, entropy, approx_kl, clipfrac = [x / world_size for x in host[9:14]]
+        explained = host[14] / world_size
+        env_values = [x / world_size for x in host[15:]]
         sps = (global_step - steps_at_start) / (time.time() - start_time)
         if ep_count > 0:
             last_train_return = ep_ret_sum / ep_count
@@ -600,7 +627,7 @@ def main(args: Args) -> dict:
 
         # --- evaluation, checkpoints and stop conditions (identical decisions on every rank) ---
         reached_target = False
-        if args.eval_interval > 0 and (iteration % args.eval_interval == 0 or iteration == num_iterations):
+        if args.eval_interval > 0 and (iteration % args.eval_interval == 0 or final_iteration):
             eval_return, eval_length = evaluate(agent_inference, eval_envs, args.eval_episodes, seed=args.seed + 10**8 + rank * args.num_eval_envs + iteration, bounds=bounds)
             if master:
                 writer.add_scalar("eval/episodic_return", eval_return, global_step)
@@ -611,9 +638,10 @@ def main(args: Args) -> dict:
                 best_eval_return = eval_return
                 save(BEST, iteration)
             reached_target = args.target_return is not None and eval_return >= args.target_return
-        out_of_time = args.max_wall_seconds is not None and time.time() - start_time >= args.max_wall_seconds
-        if reached_target or out_of_time or stop_signal or iteration % args.save_interval == 0 or iteration == num_iterations:
+        save_due = iteration % args.save_interval == 0 or final_iteration or save_time_due
+        if reached_target or out_of_time or stop_signal or save_due:
             save(LAST, iteration)
+            last_save_time = time.time()
         if reached_target or out_of_time or stop_signal:
             stop_reason = "target_return" if reached_target else "max_wall_seconds" if out_of_time else f"signal:{guard.received or 'peer'}"
             break

@@ -154,3 +154,31 @@ def restore_rank_rng_state(states: list[dict], rank: int, world_size: int) -> bo
         return False
     restore_rng_state(states[rank])
     return True
+
+
+def elastic_restart_count() -> int:
+    """How many times torchrun has restarted this worker group (0 on a first launch or without torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def stable_run_name(default_name: str, output_dir: str | os.PathLike) -> str:
+    """A run name that survives torchrun restarts of the worker group.
+
+    The default name carries a timestamp, which a restarted worker would compute anew and so
+    lose its run directory. Under torchrun, the first launch records the name in a marker keyed
+    by the launch (torchrun's run id, or this host and the launcher's pid when the run id is the
+    default 'none'); restarted workers read it back. Call it on rank 0 only.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return default_name
+    if run_id in ("", "none"):
+        import socket
+
+        run_id = f"{socket.gethostname()}-{os.getppid()}"
+    marker = Path(output_dir) / ".launches" / run_id
+    if elastic_restart_count() > 0 and marker.is_file():
+        return marker.read_text().strip()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(default_name)
+    return default_name

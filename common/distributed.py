@@ -167,6 +167,7 @@ class PreemptionGuard:
         import signal
 
         self.received: str | None = None
+        self._received_at = 0.0
         self._previous = {}
         for name in self.SIGNALS:
             sig = getattr(signal, name, None)
@@ -175,10 +176,16 @@ class PreemptionGuard:
 
     def _handle(self, signum, frame):
         import signal
+        import time
 
+        now = time.monotonic()
+        # A launcher forwards the signal it got (SLURM signals every process, torchrun then signals
+        # its workers again): a repeat within a second is the same request, not an insistence.
         if self.received is not None:
-            os._exit(128 + signum)
-        self.received = signal.Signals(signum).name
+            if now - self._received_at > 1.0:
+                os._exit(128 + signum)
+            return
+        self.received, self._received_at = signal.Signals(signum).name, now
 
     def stop_requested(self, device: torch.device | str = "cpu") -> bool:
         """A collective (one tiny all-reduce) under torchrun: call it on every rank, once per iteration."""
