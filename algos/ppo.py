@@ -280,6 +280,15 @@ def evaluate(agent: Agent, eval_envs, episodes: int, seed: int, bounds=None):
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
 
 
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated by torch on CUDA; peak resident set size of the process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
 def action_bounds(space: gym.Space, device):
     """(low, high) tensors of a bounded Box, else None: Gaussian samples are clipped to them
     before they reach the env (the stored action and its log-prob keep the raw sample)."""
@@ -490,6 +499,8 @@ def main(args: Args) -> dict:
     start_time, stop_reason = time.time(), "total_timesteps"
     last_train_return, sps, iteration = float("nan"), 0.0, start_iteration
     steps_at_start, last_save_time = global_step, time.time()
+    time_totals = [0.0, 0.0]  # rollout, update seconds
+    sync_device = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its linear schedule continues where it was.
     while global_step + global_batch <= total_steps:
@@ -513,7 +524,9 @@ def main(args: Args) -> dict:
             ))
             for k, v in info.get("log", {}).items():
                 env_log_sums[k] = env_log_sums.get(k, 0.0) + v
+        sync_device()  # two syncs per iteration so the rollout/update split is GPU time, not launch time
         rollout_time = time.time() - rollout_start
+        time_totals[0] += rollout_time
         global_step += global_batch
         data = storage.data
 
@@ -572,7 +585,9 @@ def main(args: Args) -> dict:
                 epoch_kl = distributed.all_reduce(loss_sums[3:4] / num_updates, "mean")
                 if epoch_kl.item() > args.target_kl:  # one sync per epoch, only when asked for
                     break
+        sync_device()
         update_time = time.time() - update_start
+        time_totals[1] += update_time
 
         # --- once per iteration: one host sync for logging, the NaN guard and the stop signal ---
         with torch.no_grad():
@@ -658,6 +673,7 @@ def main(args: Args) -> dict:
         "wall_seconds": time.time() - start_time, "sps": sps, "last_train_return": last_train_return,
         "best_eval_return": best_eval_return if best_eval_return > -math.inf else None, "stop_reason": stop_reason,
         "world_size": world_size, "params_in_sync": in_sync,
+        "rollout_seconds": time_totals[0], "update_seconds": time_totals[1], "peak_memory_mb": peak_memory_mb(device),
         "checkpoints": {"last": str(checkpoint_dir(run_dir) / LAST), "best": str(checkpoint_dir(run_dir) / BEST)},
     }
     if master:

@@ -1,0 +1,93 @@
+"""`make_env`: one entry point for built-in torch envs and adapters to real simulators.
+
+    envs = make_env("CartPole-v1", num_envs=4096, device="cuda", seed=1)
+    obs, info = envs.reset(seed=1)
+    obs, reward, terminated, truncated, info = envs.step(action)
+
+A plain id names a built-in batched torch env with gymnasium's dynamics (see classic.py).
+An id `<prefix>:<name>` is handed to an adapter, imported only when used so that its
+simulator is an optional dependency:
+
+    gym:<id>          gymnasium env, e.g. gym:HalfCheetah-v5
+    mjlab:<task>      mjlab task, e.g. mjlab:Mjlab-Velocity-Flat-Unitree-G1
+    isaaclab:<task>   Isaac Lab task
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+
+import torch
+
+from common.envs.classic import Acrobot, CartPole, MountainCar, MountainCarContinuous, Pendulum
+from common.envs.core import TorchEnv
+
+BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
+    cls.env_id: cls for cls in (CartPole, Pendulum, MountainCarContinuous, Acrobot, MountainCar)
+}
+ADAPTER_PREFIXES = ("gym", "mjlab", "isaaclab")
+
+__all__ = ["ADAPTER_PREFIXES", "BUILTIN_ENVS", "TorchEnv", "list_envs", "make_env"]
+
+
+def list_envs() -> list[str]:
+    """Ids of the built-in envs (adapters accept any id their simulator knows)."""
+    return list(BUILTIN_ENVS)
+
+
+def _ids_help() -> str:
+    prefixes = ", ".join(f"{p}:<name>" for p in ADAPTER_PREFIXES)
+    return f"built-in ids: {', '.join(BUILTIN_ENVS)}; or an adapter id: {prefixes}"
+
+
+def make_env(
+    env_id: str,
+    num_envs: int,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    **kwargs,
+):
+    """Create `num_envs` parallel envs of `env_id` on `device`; env i is seeded `seed + i`.
+
+    Since env i of a batch uses seed `seed + i`, batches that must differ (ranks of a
+    distributed run, train vs eval envs) need disjoint ranges, e.g. `seed + rank * num_envs`.
+
+    Built-in envs accept `dtype` (default torch.float32), `max_episode_steps` (default:
+    gymnasium's registered limit) and the options of gymnasium's constructor (e.g. `g` for
+    Pendulum-v1). Adapter ids pass `kwargs` on to the adapter.
+    """
+    if ":" in env_id:
+        prefix, name = env_id.split(":", 1)
+        if not name:
+            raise ValueError(f"env id {env_id!r} names no env after the prefix; {_ids_help()}")
+        # Adapters are imported here, not at module level: their simulators are optional.
+        if prefix == "gym":
+            from common.envs.gym_adapter import make_gym_env
+
+            return make_gym_env(name, num_envs, device=device, seed=seed, **kwargs)
+        if prefix == "mjlab":
+            from common.envs.mjlab_adapter import make_mjlab_env
+
+            return make_mjlab_env(name, num_envs, device=device, seed=seed, **kwargs)
+        if prefix == "isaaclab":
+            from common.envs.isaaclab_adapter import make_isaaclab_env
+
+            return make_isaaclab_env(name, num_envs, device=device, seed=seed, **kwargs)
+        raise ValueError(f"unknown env id prefix {prefix!r} in {env_id!r}; {_ids_help()}")
+
+    cls = BUILTIN_ENVS.get(env_id)
+    if cls is None:
+        close = difflib.get_close_matches(env_id, list(BUILTIN_ENVS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown env id {env_id!r}{hint}; {_ids_help()}")
+
+    positional = ("self", "num_envs", "device", "seed")
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in positional]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise TypeError(
+            f"make_env({env_id!r}) got unexpected keyword argument(s) {', '.join(unknown)}; "
+            f"it accepts: {', '.join(accepted)}"
+        )
+    return cls(num_envs, device=device, seed=seed, **kwargs)
