@@ -325,6 +325,13 @@ def main(args: Args) -> dict:
     if args.torch_deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
+    # --- environments: different seeds per rank; eval envs separate from training envs ---
+    try:
+        envs = make_env(args.env_id, args.num_envs, device, seed=args.seed + rank * args.num_envs)
+        eval_envs = make_env(args.env_id, args.num_eval_envs, device, seed=args.seed + 10**8 + rank * args.num_eval_envs)
+    except ValueError as e:  # unknown id: the message lists the known ones
+        raise SystemExit(f"error: {e}") from None
+
     # --- run directory: rank 0 names it (the same name after a torchrun restart), everyone agrees ---
     run_name = args.run_name
     if run_name is None and master:
@@ -366,12 +373,6 @@ def main(args: Args) -> dict:
         table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-    # --- environments: different seeds per rank; eval envs separate from training envs ---
-    try:
-        envs = make_env(args.env_id, args.num_envs, device, seed=args.seed + rank * args.num_envs)
-        eval_envs = make_env(args.env_id, args.num_eval_envs, device, seed=args.seed + 10**8 + rank * args.num_eval_envs)
-    except ValueError as e:  # unknown id: the message lists the known ones
-        raise SystemExit(f"error: {e}") from None
     bounds = action_bounds(envs.single_action_space, device)
     next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
     obs_dim = next_obs["policy"].shape[-1]
@@ -390,8 +391,16 @@ def main(args: Args) -> dict:
     global_step, start_iteration, best_eval_return = 0, 0, -math.inf
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
     if checkpoint is not None:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        try:
+            agent.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            saved = checkpoint["args"]
+            raise SystemExit(
+                f"error: {resume_path} holds networks of another shape (saved with --hidden-sizes "
+                f"{' '.join(map(str, saved['hidden_sizes']))}, obs_norm={saved['obs_norm']}); resume with the same flags "
+                f"({str(e).splitlines()[0][:120]})"
+            ) from None
         lr.fill_(checkpoint["learning_rate"])
         optimizer.param_groups[0]["lr"] = lr
         if reward_normalizer is not None and "reward_normalizer" in checkpoint:

@@ -264,3 +264,11 @@ def test_nan_guard_stops_with_name_and_keeps_last_good_checkpoint(tmp_path, monk
         train(tmp_path, save_interval=1, total_timesteps=64 * 16 * 6)
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert state["iteration"] == 2 and all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_checkpoint_of_another_network_shape(tmp_path):
+    summary = train(tmp_path, env_id="Pendulum-v1", total_timesteps=64 * 16, hidden_sizes=(32, 32))
+    last = Path(summary["run_dir"]) / "checkpoints" / "last.pt"
+    out = script("--resume", str(last), "--env-id", "Pendulum-v1", "--hidden-sizes", "64", "64",
+                 "--output-dir", str(tmp_path), "--num-envs", "8")
+    assert out.returncode != 0 and "--hidden-sizes 32 32" in out.stdout and "Traceback" not in out.stdout
