@@ -384,7 +384,8 @@ def main(args: Args) -> dict:
     agent_inference = Agent(obs_dim, critic_dim, envs.single_action_space, args).to(device)
     from_module(agent).data.to_module(agent_inference)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=args.cudagraphs)
+    # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device) if args.reward_norm else None
 
     # --- resume ---

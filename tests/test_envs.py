@@ -23,10 +23,11 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
-from torch.utils._python_dispatch import TorchDispatchMode
+
 
 from common.envs import BUILTIN_ENVS, list_envs, make_env
 from common.envs.core import hash_uniform, mix64, seed_to_key
+from tests.host_sync import RecordHostSyncs
 
 ENV_IDS = list(BUILTIN_ENVS)
 TIGHT = 1e-9
@@ -378,31 +379,13 @@ def test_step_outputs_follow_the_contract(env_id):
         env.step(bad)
 
 
-class _RecordHostSyncs(TorchDispatchMode):
-    """Records the ops of a call that make the host wait for tensor values."""
-
-    SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal"}
-
-    def __init__(self):
-        super().__init__()
-        self.syncs: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        indices = args[1] if name in ("index", "index_put", "index_put_") and len(args) > 1 else ()
-        bool_index = any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in indices)
-        if name in self.SYNC_OPS or bool_index:
-            self.syncs.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_step_makes_no_host_sync(env_id):
     n = 8
     env = make_env(env_id, n, max_episode_steps=3)
     env.reset()
     action = torch.from_numpy(random_actions(env_id, env.single_action_space, np.random.default_rng(0), n))
-    recorder = _RecordHostSyncs()
+    recorder = RecordHostSyncs()
     with recorder:
         for _ in range(4):  # crosses a time limit, so the autoreset path runs
             env.step(action)

@@ -272,3 +272,17 @@ def test_checkpoint_of_another_network_shape(tmp_path):
     out = script("--resume", str(last), "--env-id", "Pendulum-v1", "--hidden-sizes", "64", "64",
                  "--output-dir", str(tmp_path), "--num-envs", "8")
     assert out.returncode != 0 and "--hidden-sizes 32 32" in out.stdout and "Traceback" not in out.stdout
+
+
+def test_rollout_makes_no_per_step_host_sync(tmp_path):
+    """Host syncs per iteration must not grow with the rollout length: none happens per env step."""
+    from tests.host_sync import RecordHostSyncs
+
+    counts = {}
+    for num_steps in (4, 16):
+        recorder = RecordHostSyncs()
+        with recorder:
+            train(tmp_path / str(num_steps), env_id="Pendulum-v1", num_envs=32, num_steps=num_steps,
+                  num_minibatches=2, total_timesteps=32 * num_steps * 3, save_interval=1000, reward_norm=True)
+        counts[num_steps] = len(recorder.syncs)
+    assert counts[4] == counts[16], counts
