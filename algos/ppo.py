@@ -90,6 +90,8 @@ class Args:
     """torch.compile the acting step, the advantage computation and the update step"""
     cudagraphs: bool = False
     """capture the acting and update steps in CUDA graphs (CUDA only)"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast (distribution math and losses stay float32)"""
     dist_timeout: float = 600.0
     """seconds a collective may wait for the other ranks before the run fails (a dead or hung rank)"""
 
@@ -196,10 +198,10 @@ class Agent(nn.Module):
         return TensorDict(out, batch_size=obs.batch_size)
 
     def value(self, obs_n: TensorDict) -> torch.Tensor:
-        return self.critic(obs_n[self.critic_key]).squeeze(-1)
+        return self.critic(obs_n[self.critic_key]).squeeze(-1).float()
 
     def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(policy_obs_n)
+        out = self.actor(policy_obs_n).float()  # float32 even under bf16 autocast
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
@@ -430,13 +432,18 @@ def main(args: Args) -> dict:
         return {"eval_return": ret}
 
     # --- the three hot functions; compiled / graph-captured on request ---
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
+
     def policy_step(obs: TensorDict):
-        return agent_inference.act(obs)
+        with autocast():
+            return agent_inference.act(obs)
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch; returns its losses for logging (on the device)."""
-        newlogprob, entropy = agent.log_prob_entropy(mb["obs_n", "policy"], mb["actions"])
-        newvalue = agent.value(mb["obs_n"])
+        with autocast():
+            newlogprob, entropy = agent.log_prob_entropy(mb["obs_n", "policy"], mb["actions"])
+            newvalue = agent.value(mb["obs_n"])
         logratio = newlogprob - mb["logprobs"]
         ratio = logratio.exp()
         with torch.no_grad():
@@ -554,9 +561,10 @@ def main(args: Args) -> dict:
         # --- values, bootstrap values and advantages, batched over the whole rollout ---
         with torch.no_grad():
             obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-            values = agent.value(obs_n)
-            final_values = agent.value(agent.normalize(data["final_obs"]))
-            next_value = agent.value(agent.normalize(next_obs))
+            with autocast():
+                values = agent.value(obs_n)
+                final_values = agent.value(agent.normalize(data["final_obs"]))
+                next_value = agent.value(agent.normalize(next_obs))
             rewards = data["rewards"]
             if reward_normalizer is not None:
                 reward_normalizer.update(rewards, dones)

@@ -286,3 +286,10 @@ def test_rollout_makes_no_per_step_host_sync(tmp_path):
                   num_minibatches=2, total_timesteps=32 * num_steps * 3, save_interval=1000, reward_norm=True)
         counts[num_steps] = len(recorder.syncs)
     assert counts[4] == counts[16], counts
+
+
+def test_bf16_autocast_runs_and_keeps_float32_storage(tmp_path):
+    summary = train(tmp_path, env_id="Pendulum-v1", bf16=True, total_timesteps=64 * 16 * 2)
+    state = torch.load(Path(summary["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    assert all(v.dtype in (torch.float32, torch.float64) for k, v in state["model"].items() if v.is_floating_point())
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
