@@ -1,0 +1,97 @@
+"""tests/bench.py runs end to end at tiny sizes and reports every field. Functional only: no figure
+is compared with a speed (speed claims come from running the benchmark, never from a test)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from tests import bench
+from tests.bench import steady_state
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture
+def run_bench(capsys):
+    """bench.main in this process (the training runs are still subprocesses): no second interpreter
+    start-up, which is most of a tiny benchmark's time. Returns (exit code, stdout)."""
+    threads = torch.get_num_threads()
+
+    def run(argv):
+        try:
+            code = bench.main(argv)
+        finally:
+            torch.set_num_threads(threads)
+        return code, capsys.readouterr().out
+
+    return run
+
+
+def test_bench_smoke_json(tmp_path, run_bench):
+    out = tmp_path / "bench.json"
+    code, stdout = run_bench(
+        ["--env-id", "Pendulum-v1", "--num-envs", "64", "--algos", "ppo",
+         "--modes", "eager", "--iterations", "2", "--warmup-iterations", "1", "--env-steps", "5", "--repeats", "1",
+         "--threads", "1", "--json", str(out), "--markdown"]
+    )
+    assert code == 0, stdout[-3000:]
+    report = json.loads(out.read_text())
+
+    assert report["date"] and report["commands"]["benchmark"].startswith("python -m tests.bench")
+    machine = report["machine"]
+    assert machine["cpu"] and machine["cpu_cores"] >= 1 and machine["torch"]
+    assert "gpu" in machine and len(report["load_average"]["start"]) == 3
+    assert report["config"] == {**report["config"], "env_id": "Pendulum-v1", "num_envs": 64, "modes": ["eager"], "algos": ["ppo"]}
+
+    assert positive(report["env_only"]["sps"])
+    inference = report["inference"]["eager"]
+    assert positive(inference["sps"]) and positive(inference["ratio_to_env_only"])
+    network = report["network"]["eager"]
+    assert positive(network["rollout_inference_seconds"]) and positive(network["bare_fwd_bwd_seconds"])
+    assert network["passes"] > 0 and network["minibatch_size"] > 0
+
+    [ppo] = report["training"]
+    assert ppo["algo"] == "ppo" and ppo["mode"] == "eager" and ppo["status"] == "ok", ppo
+    assert ppo["measured_iterations"] == 2
+    for key in ("sps", "sps_including_warmup", "rollout_seconds", "update_seconds", "iteration_seconds",
+                "peak_memory_mb", "ratio_to_env_only", "ratio_to_inference", "update_over_rollout_inference",
+                "update_over_bare_fwd_bwd"):
+        assert positive(ppo[key]), (key, ppo[key])
+    assert ppo["speedup_vs_eager"] == 1.0
+    assert ppo["command"].startswith("python algos/ppo.py") and ppo["command"] in report["commands"]["training"]
+    assert 0 < ppo["rollout_fraction"] + ppo["update_fraction"] <= 1.0 + 1e-9
+
+    # the table and the README rows
+    assert "ppo training" in stdout and "env only" in stdout
+    rows = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| machine | env | num_envs | mode | SPS |")
+    assert any("ppo training, eager" in r for r in rows[2:])
+
+
+def test_bench_reports_absent_scripts_without_failing_the_others(tmp_path, run_bench):
+    out = tmp_path / "bench.json"
+    code, stdout = run_bench(
+        ["--num-envs", "16", "--algos", "no_such_algo", "--modes", "eager",
+         "--env-steps", "2", "--repeats", "1", "--threads", "1", "--skip-training", "--json", str(out)]
+    )
+    assert code == 0, stdout[-3000:]
+    report = json.loads(out.read_text())
+    assert report["config"]["algos"] == [] and report["training"] == []
+    assert any("no_such_algo" in note for note in report["notes"])
+
+
+def test_steady_state_window_leaves_out_the_warmup():
+    # Three iterations of 100 steps: the first takes 10 s (compilation), the next two 1 s each.
+    events = {
+        "charts/SPS": [(10.0, 100, 0.0), (11.0, 200, 0.0), (12.0, 300, 0.0)],
+        "charts/rollout_seconds": [(10.0, 100, 3.0), (11.0, 200, 0.25), (12.0, 300, 0.25)],
+        "charts/update_seconds": [(10.0, 100, 7.0), (11.0, 200, 0.5), (12.0, 300, 0.5)],
+    }
+    s = steady_state(events, warmup=1)
+    assert s["sps"] == 100.0 and s["measured_iterations"] == 2
+    assert s["rollout_seconds"] == 0.25 and s["update_seconds"] == 0.5 and s["other_seconds"] == 0.25
+    assert steady_state({"charts/SPS": events["charts/SPS"][:1]}, warmup=1) is None
