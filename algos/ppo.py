@@ -48,6 +48,8 @@ class Args:
     """environment id: a built-in env (CartPole-v1, Pendulum-v1, ...) or an adapter prefix (gym:..., mjlab:...)"""
     num_envs: int = 4096
     """parallel environments per process (per GPU)"""
+    env_kwargs: str | None = None
+    """JSON object of extra make_env arguments, e.g. '{"max_episode_steps": 100}' or '{"vectorization": "async"}'"""
     total_timesteps: int = 5_000_000
     """env steps to train for, summed over all processes"""
     seed: int = 1
@@ -322,17 +324,19 @@ def main(args: Args) -> dict:
     global_batch = batch_size * world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     num_iterations = total_steps // global_batch
-    torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.torch_deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     # --- environments: different seeds per rank; eval envs separate from training envs ---
     try:
-        envs = make_env(args.env_id, args.num_envs, device, seed=args.seed + rank * args.num_envs)
-        eval_envs = make_env(args.env_id, args.num_eval_envs, device, seed=args.seed + 10**8 + rank * args.num_eval_envs)
-    except ValueError as e:  # unknown id: the message lists the known ones
+        env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+        envs = make_env(args.env_id, args.num_envs, device, seed=args.seed + rank * args.num_envs, **env_kwargs)
+        eval_envs = make_env(args.env_id, args.num_eval_envs, device, seed=args.seed + 10**8 + rank * args.num_eval_envs, **env_kwargs)
+    except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs
         raise SystemExit(f"error: {e}") from None
+
+    torch.manual_seed(args.seed + rank)  # after the envs: some simulators (mjlab) seed the global generators
 
     # --- run directory: rank 0 names it (the same name after a torchrun restart), everyone agrees ---
     run_name = args.run_name
@@ -413,11 +417,12 @@ def main(args: Args) -> dict:
         same_shape = checkpoint["world_size"] == world_size and checkpoint["args"]["num_envs"] == args.num_envs
         if same_shape and restore_rank_rng_state(checkpoint["rng"], rank, world_size) and "env" in checkpoint:
             env_ckpt = checkpoint["env"][rank]
-            envs.load_state_dict(env_ckpt["state"])
-            next_obs = TensorDict(env_ckpt["next_obs"], batch_size=[args.num_envs]).to(device)
-            ep_stats.copy_(env_ckpt["ep_stats"])
-            if reward_normalizer is not None and "reward_returns" in env_ckpt:
-                reward_normalizer.returns.copy_(env_ckpt["reward_returns"])
+            if env_ckpt["state"]:  # an env that cannot be snapshotted (gym:, mjlab:) starts fresh episodes
+                envs.load_state_dict(env_ckpt["state"])
+                next_obs = TensorDict(env_ckpt["next_obs"], batch_size=[args.num_envs]).to(device)
+                ep_stats.copy_(env_ckpt["ep_stats"])
+                if reward_normalizer is not None and "reward_returns" in env_ckpt:
+                    reward_normalizer.returns.copy_(env_ckpt["reward_returns"])
         elif master:
             print(f"notice: checkpoint from {checkpoint['world_size']} process(es) x {checkpoint['args']['num_envs']} envs; "
                   f"env and RNG streams re-derived from the seed (model, optimizer, normalizers restored)", flush=True)
@@ -528,7 +533,7 @@ def main(args: Args) -> dict:
 
         # --- rollout: no host-device synchronisation in this loop ---
         rollout_start = time.time()
-        env_log_sums: dict[str, torch.Tensor] = {}
+        env_log_sums: dict[str, list] = {}  # name -> [sum, steps on which the env reported it]
         for step in range(args.num_steps):
             with torch.no_grad():
                 action, logprob = policy_step(next_obs)
@@ -540,7 +545,8 @@ def main(args: Args) -> dict:
                 batch_size=[args.num_envs],
             ))
             for k, v in info.get("log", {}).items():
-                env_log_sums[k] = env_log_sums.get(k, 0.0) + v
+                acc = env_log_sums.setdefault(k, [0.0, 0])
+                acc[0], acc[1] = acc[0] + v, acc[1] + 1
         sync_device()  # two syncs per iteration so the rollout/update split is GPU time, not launch time
         rollout_time = time.time() - rollout_start
         time_totals[0] += rollout_time
@@ -622,11 +628,11 @@ def main(args: Args) -> dict:
                      args.max_wall_seconds is not None and now - start_time >= args.max_wall_seconds,
                      args.save_interval_seconds is not None and now - last_save_time >= args.save_interval_seconds]
             stop_flag = torch.tensor([float(f) for f in flags], device=device, dtype=torch.float64)
-            env_logs = {k: v / args.num_steps for k, v in env_log_sums.items()}
-            packed = torch.cat([ep_sums, finite, stop_flag, loss_sums.double() / num_updates, explained_var.double().reshape(1),
-                                torch.stack([v.double().mean() for v in env_logs.values()]) if env_logs else torch.zeros(0, device=device, dtype=torch.float64)])
+            packed = torch.cat([ep_sums, finite, stop_flag, loss_sums.double() / num_updates, explained_var.double().reshape(1)])
             distributed.all_reduce(packed)  # episode sums add up; the rest is averaged below
-            host = packed.tolist()
+            # The env's own metrics are rank 0's alone (ranks may report different keys); same single sync.
+            env_means = [torch.as_tensor(s / c, device=device).double().mean().reshape(1) for s, c in env_log_sums.values()]
+            host = torch.cat([packed, *env_means]).tolist()
         ep_ret_sum, ep_len_sum, ep_count = host[0:3]
         nonfinite = [name for name, ok in zip(("observations", "rewards", "losses"), host[3:6]) if ok < world_size]
         if nonfinite:
@@ -636,7 +642,7 @@ def main(args: Args) -> dict:
         stop_signal, out_of_time, save_time_due = (x > 0 for x in host[6:9])
         pg_loss, v_loss, entropy, approx_kl, clipfrac = [x / world_size for x in host[9:14]]
         explained = host[14] / world_size
-        env_values = [x / world_size for x in host[15:]]
+        env_values = host[15:]
         sps = (global_step - steps_at_start) / (time.time() - start_time)
         if ep_count > 0:
             last_train_return = ep_ret_sum / ep_count
@@ -650,7 +656,7 @@ def main(args: Args) -> dict:
             for name, value in zip(("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"), (pg_loss, v_loss, entropy, approx_kl, clipfrac)):
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance", explained, global_step)
-            for name, value in zip(env_logs.keys(), env_values):
+            for name, value in zip(env_log_sums.keys(), env_values):
                 writer.add_scalar(f"env/{name}", value, global_step)
             writer.add_scalar("charts/rollout_seconds", rollout_time, global_step)
             writer.add_scalar("charts/update_seconds", update_time, global_step)

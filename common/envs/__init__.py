@@ -10,7 +10,9 @@ simulator is an optional dependency:
 
     gym:<id>          gymnasium env, e.g. gym:HalfCheetah-v5
     mjlab:<task>      mjlab task, e.g. mjlab:Mjlab-Velocity-Flat-Unitree-G1
-    isaaclab:<task>   Isaac Lab task
+
+An Isaac Lab prefix is a small addition on top of mjlab_adapter.ManagerBasedEnvAdapter, which
+wraps any env with Isaac Lab's ManagerBasedRLEnv interface (see the README).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from common.envs.core import TorchEnv
 BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
     cls.env_id: cls for cls in (CartPole, Pendulum, MountainCarContinuous, Acrobot, MountainCar)
 }
-ADAPTER_PREFIXES = ("gym", "mjlab", "isaaclab")
+ADAPTER_PREFIXES = ("gym", "mjlab")
 
 __all__ = ["ADAPTER_PREFIXES", "BUILTIN_ENVS", "TorchEnv", "list_envs", "make_env"]
 
@@ -70,10 +72,6 @@ def make_env(
             from common.envs.mjlab_adapter import make_mjlab_env
 
             return make_mjlab_env(name, num_envs, device=device, seed=seed, **kwargs)
-        if prefix == "isaaclab":
-            from common.envs.isaaclab_adapter import make_isaaclab_env
-
-            return make_isaaclab_env(name, num_envs, device=device, seed=seed, **kwargs)
         raise ValueError(f"unknown env id prefix {prefix!r} in {env_id!r}; {_ids_help()}")
 
     cls = BUILTIN_ENVS.get(env_id)

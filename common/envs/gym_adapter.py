@@ -1,0 +1,284 @@
+"""Adapter: a gymnasium env id behind the torch env contract (`make_env("gym:<id>", ...)`).
+
+    envs = make_env("gym:HalfCheetah-v5", num_envs=16, device="cuda", seed=1)
+    envs = make_env("gym:CartPole-v1", 8, seed=1, vectorization="async", env_kwargs={"max_episode_steps": 200})
+
+Gymnasium envs simulate on the CPU in numpy, one Python object per env, so this adapter is
+for the long tail of tasks (MuJoCo, Box2D, third-party registrations), not for throughput:
+`num_envs` in the tens, not thousands. It wraps `gymnasium.make_vec` in same-step autoreset
+mode, so the true last observation of a finished episode comes back in the step that ends
+it, as the contract asks. What it adds on top of gymnasium's vector env:
+
+- all numpy <-> torch conversion happens in one place: one host buffer per step holds the
+  observations, final observations, rewards and done flags, and crosses to the device in a
+  single copy (pinned memory and a non-blocking copy when the device is CUDA);
+- observations are flattened to float32 vectors (`gymnasium.spaces.flatten`, so Dict, Tuple
+  and Discrete observation spaces work too) and returned as `TensorDict({"policy": ...})`;
+- actions are torch tensors on the device (Discrete: [N] integers in 0..n-1, Box: [N, act_dim]);
+- `info["final_obs"]` has the true last observation in the rows of finished envs and the
+  returned observation in the others; `info["log"]` is empty.
+
+Seeding: env i is seeded `seed + i` at the first `reset()` (gymnasium's vector convention);
+`reset(seed=s)` re-seeds env i with `s + i`.
+
+Checkpoints: gymnasium envs cannot be snapshotted in general (their state lives in Python
+objects, C simulators and numpy generators), so `state_dict()` is empty and a resumed run
+continues from freshly reset envs. Resume is exact only for the built-in torch envs.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.vector.utils import iterate
+from tensordict import TensorDict
+
+VECTORIZATION_MODES = ("sync", "async")
+
+
+def make_gym_env(
+    env_id: str,
+    num_envs: int,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    **kwargs,
+) -> GymVecEnv:
+    """`num_envs` copies of gymnasium's `env_id` stepped on the CPU, with tensors on `device`.
+
+    Keyword arguments:
+        vectorization: "sync" (default; all envs in this process, one after the other) or
+            "async" (one subprocess per env; worth it when one step costs more than ~0.1 ms)
+        env_kwargs: dict passed to the env constructor through `gymnasium.make_vec`,
+            e.g. {"max_episode_steps": 200} or an env's own options
+        vector_kwargs: dict passed to gymnasium's SyncVectorEnv/AsyncVectorEnv (e.g.
+            {"context": "spawn"}); the autoreset mode is always same-step
+    """
+    accepted = ("vectorization", "env_kwargs", "vector_kwargs")
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise TypeError(
+            f"gym:{env_id}: unexpected keyword argument(s) {', '.join(unknown)}; accepted: {', '.join(accepted)} "
+            f"(pass the env's own options in env_kwargs={{...}})"
+        )
+    return GymVecEnv(env_id, num_envs, device=device, seed=seed, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# Spaces
+# ---------------------------------------------------------------------------------------
+
+
+def _flat_box(space: spaces.Space) -> spaces.Box:
+    """The float32 Box that `gymnasium.spaces.flatten` maps observations of `space` into."""
+    flat = spaces.flatten_space(space)
+    if not isinstance(flat, spaces.Box):  # e.g. Graph or Sequence spaces: no fixed size
+        raise ValueError(f"observation space {space} cannot be flattened to a fixed-size vector")
+    return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
+
+
+def _batch_flattenable(space: spaces.Space) -> bool:
+    """Whether `_flatten_batch` handles `space` without going env by env."""
+    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiBinary)):
+        return True
+    if isinstance(space, spaces.Dict):
+        return all(_batch_flattenable(s) for s in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return all(_batch_flattenable(s) for s in space.spaces)
+    return False
+
+
+def _flatten_batch(space: spaces.Space, obs, n: int) -> np.ndarray:
+    """A batch of `n` observations of `space` -> [n, flat_dim], in `gymnasium.spaces.flatten`'s layout."""
+    if isinstance(space, (spaces.Box, spaces.MultiBinary)):
+        return np.asarray(obs).reshape(n, -1)
+    if isinstance(space, spaces.Discrete):  # one-hot, as gymnasium flattens a Discrete
+        return np.eye(int(space.n), dtype=np.float32)[np.asarray(obs).reshape(n) - int(space.start)]
+    if isinstance(space, spaces.Dict):  # gymnasium flattens a Dict in the order of its keys
+        return np.concatenate([_flatten_batch(s, obs[k], n) for k, s in space.spaces.items()], axis=1)
+    if isinstance(space, spaces.Tuple):
+        return np.concatenate([_flatten_batch(s, o, n) for s, o in zip(space.spaces, obs)], axis=1)
+    raise TypeError(f"no batched flatten for {space}")
+
+
+# ---------------------------------------------------------------------------------------
+# The adapter
+# ---------------------------------------------------------------------------------------
+
+
+class GymVecEnv:
+    """A gymnasium vector env (same-step autoreset) with the torch env contract's interface."""
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        vectorization: str = "sync",
+        env_kwargs: dict | None = None,
+        vector_kwargs: dict | None = None,
+    ):
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"gym:{env_id}: num_envs must be a positive int, got {num_envs!r}")
+        if vectorization not in VECTORIZATION_MODES:
+            raise ValueError(
+                f"gym:{env_id}: vectorization must be one of {', '.join(VECTORIZATION_MODES)}, got {vectorization!r}"
+            )
+        env_kwargs = dict(env_kwargs or {})
+        vector_kwargs = dict(vector_kwargs or {})
+        vector_kwargs["autoreset_mode"] = gym.vector.AutoresetMode.SAME_STEP
+        vector_kwargs.setdefault("copy", False)  # observations are copied into our own buffer at once
+        try:
+            self.envs = gym.make_vec(
+                env_id, num_envs=num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs, **env_kwargs
+            )
+        except gym.error.Error as e:  # unknown id, missing simulator (with gymnasium's install hint), ...
+            raise ValueError(f"gym:{env_id}: {e}") from None
+
+        self.env_id = f"gym:{env_id}"
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        spec = self.envs.spec  # the registered spec (make_vec also resolves "module:Env-v0" ids)
+        self.max_episode_steps: int | None = env_kwargs.get("max_episode_steps", spec.max_episode_steps)
+        self._seed: int | None = seed  # used by the first reset() that gets no seed
+        self._needs_reset = True
+
+        # Observations: flattened to one float32 vector per env.
+        self._obs_space = self.envs.single_observation_space
+        self.single_observation_space = _flat_box(self._obs_space)
+        self.obs_dim = int(self.single_observation_space.shape[0])
+        self._batch_flatten = _batch_flattenable(self._obs_space)
+
+        # Actions: Discrete(n) (a `start` offset is added here) or a Box, flattened to 1-D.
+        act_space = self.envs.single_action_space
+        if isinstance(act_space, spaces.Discrete):
+            self._action_start = int(act_space.start)
+            self.single_action_space = spaces.Discrete(int(act_space.n))
+        elif isinstance(act_space, spaces.Box):
+            self._action_shape = act_space.shape
+            self._action_dtype = act_space.dtype
+            self.single_action_space = spaces.Box(
+                act_space.low.reshape(-1), act_space.high.reshape(-1), dtype=act_space.dtype
+            )
+        else:
+            self.envs.close()
+            raise ValueError(
+                f"{self.env_id}: action space {act_space} is not supported; the scripts handle Box and Discrete actions"
+            )
+
+        # One staging buffer: [obs N*D | final_obs N*D | reward N | terminated N | truncated N] in float32.
+        n, d = num_envs, self.obs_dim
+        self._sizes = (n * d, n * d, n, n, n)
+        self._cuda = self.device.type == "cuda"
+        if self._cuda:
+            self._staging = torch.empty(sum(self._sizes), dtype=torch.float32, pin_memory=True)
+            self._copy_done = torch.cuda.Event()
+            self._copy_pending = False
+
+    # -- numpy <-> torch, in one place -------------------------------------------------------
+
+    def _flatten(self, obs) -> np.ndarray:
+        """Batched observations from gymnasium -> [N, obs_dim] (any dtype; cast on assignment)."""
+        if self._batch_flatten:
+            return _flatten_batch(self._obs_space, obs, self.num_envs)
+        batched_space = self.envs.observation_space
+        return np.stack([spaces.flatten(self._obs_space, o) for o in iterate(batched_space, obs)])
+
+    def _to_device(self, obs: np.ndarray, final_obs: np.ndarray, reward, terminated, truncated):
+        """Pack the step's arrays into one float32 host buffer and move it to the device in one copy."""
+        if self._cuda:
+            if self._copy_pending:  # the previous non-blocking copy may still read the pinned buffer
+                self._copy_done.synchronize()
+            host = self._staging
+        else:
+            host = torch.empty(sum(self._sizes), dtype=torch.float32)  # fresh: the caller may keep the tensors
+        parts = np.split(host.numpy(), np.cumsum(self._sizes)[:-1])
+        n, d = self.num_envs, self.obs_dim
+        parts[0].reshape(n, d)[:] = obs
+        parts[1].reshape(n, d)[:] = final_obs
+        parts[2][:] = reward
+        parts[3][:] = terminated
+        parts[4][:] = truncated
+        if self._cuda:
+            dev = host.to(self.device, non_blocking=True)
+            self._copy_done.record()
+            self._copy_pending = True
+        else:
+            dev = host
+        obs_t, final_t, reward_t, term_t, trunc_t = dev.split(self._sizes)
+        return obs_t.view(n, d), final_t.view(n, d), reward_t, term_t > 0.5, trunc_t > 0.5
+
+    def _actions_to_numpy(self, action) -> np.ndarray:
+        n = self.num_envs
+        if isinstance(action, torch.Tensor):
+            action = action.detach().to("cpu").numpy()  # waits for the policy: the simulator needs the values
+        action = np.asarray(action)
+        if isinstance(self.single_action_space, spaces.Discrete):
+            if action.shape == (n, 1):
+                action = action.reshape(n)
+            if action.shape != (n,):
+                raise ValueError(
+                    f"{self.env_id}: expected a Discrete action batch of shape [{n}] or [{n}, 1], got {list(action.shape)}"
+                )
+            return action.astype(np.int64) + self._action_start
+        act_dim = int(self.single_action_space.shape[0])
+        if act_dim == 1 and action.shape == (n,):
+            action = action.reshape(n, 1)
+        if action.shape != (n, act_dim):
+            raise ValueError(f"{self.env_id}: expected a Box action batch of shape [{n}, {act_dim}], got {list(action.shape)}")
+        return action.astype(self._action_dtype, copy=False).reshape(n, *self._action_shape)
+
+    def _wrap(self, x: torch.Tensor) -> TensorDict:
+        return TensorDict({"policy": x}, batch_size=[self.num_envs], device=self.device)
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None) -> tuple[TensorDict, dict]:
+        """Reset every env; `seed` re-seeds env i with `seed + i` (the first reset uses the constructor's seed)."""
+        if seed is None:
+            seed, self._seed = self._seed, None
+        obs, _ = self.envs.reset(seed=seed)
+        flat = self._flatten(obs)
+        zeros = np.zeros(self.num_envs, dtype=np.float32)
+        obs_t, _, _, _, _ = self._to_device(flat, flat, zeros, zeros, zeros)
+        self._needs_reset = False
+        return self._wrap(obs_t), {}
+
+    def step(self, action) -> tuple[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """Step every env; finished envs restart in the same call (gymnasium's SAME_STEP autoreset).
+
+        Returns (obs, reward float32 [N], terminated bool [N], truncated bool [N], info) on
+        the device, with info["final_obs"] the true last observations of finished envs.
+        """
+        if self._needs_reset:
+            raise RuntimeError(f"{self.env_id}: call reset() before step()")
+        obs, reward, terminated, truncated, info = self.envs.step(self._actions_to_numpy(action))
+        flat = self._flatten(obs)
+        final = flat
+        done_mask = info.get("_final_obs")
+        if done_mask is not None and done_mask.any():
+            final = flat.copy()
+            for i in np.flatnonzero(done_mask):
+                final[i] = spaces.flatten(self._obs_space, info["final_obs"][i])
+        obs_t, final_t, reward_t, term_t, trunc_t = self._to_device(flat, final, reward, terminated, truncated)
+        return self._wrap(obs_t), reward_t, term_t, trunc_t, {"final_obs": self._wrap(final_t), "log": {}}
+
+    def state_dict(self) -> dict:
+        """Empty: gymnasium envs cannot be snapshotted, so a resumed run starts from freshly reset envs."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Accepts only the empty dict that `state_dict()` returns (nothing to restore)."""
+        if state_dict:
+            raise ValueError(f"{self.env_id}: gymnasium envs have no restorable state; got keys {sorted(state_dict)}")
+
+    def close(self) -> None:
+        self.envs.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"GymVecEnv({self.env_id}, num_envs={self.num_envs}, device={self.device}, "
+            f"max_episode_steps={self.max_episode_steps})"
+        )

@@ -1,0 +1,276 @@
+"""The `gym:` adapter returns what gymnasium's own vector env returns, as torch tensors.
+
+Reference: `gymnasium.make_vec(..., vectorization_mode="sync")` in same-step autoreset
+mode, reset with the same seed and stepped with the same actions. The adapter must give
+the same observations, rewards, terminated/truncated flags and final observations (cast
+to float32, the contract's dtype).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from common.envs import make_env
+from common.envs.gym_adapter import GymVecEnv
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def reference_vec_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.VectorEnv:
+    return gym.make_vec(
+        env_id, num_envs=num_envs, vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **env_kwargs,
+    )
+
+
+def flat(single_space: spaces.Space, obs, n: int) -> np.ndarray:
+    """Batched gymnasium observations -> [n, D] float32, env by env with gymnasium's own flatten."""
+    batched = gym.vector.utils.batch_space(single_space, n)
+    return np.stack([spaces.flatten(single_space, o) for o in gym.vector.utils.iterate(batched, obs)]).astype(np.float32)
+
+
+def random_actions(space: spaces.Space, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Actions the adapter takes (0-based for Discrete), drawn in numpy."""
+    if isinstance(space, spaces.Discrete):
+        return rng.integers(0, space.n, size=n)
+    return rng.uniform(space.low, space.high, size=(n, *space.shape)).astype(space.dtype)
+
+
+def assert_same_as_gymnasium(env_id: str, num_envs: int, steps: int, seed: int, **env_kwargs) -> dict[str, int]:
+    """Step the adapter and the reference side by side; return counts of the done flags seen."""
+    envs = make_env(f"gym:{env_id}", num_envs, seed=seed, env_kwargs=env_kwargs)
+    ref = reference_vec_env(env_id, num_envs, **env_kwargs)
+    single_obs = ref.single_observation_space
+    start = int(getattr(ref.single_action_space, "start", 0))
+    rng = np.random.default_rng(0)
+    counts = {"terminated": 0, "truncated": 0}
+    try:
+        obs, _ = envs.reset()  # the constructor's seed
+        ref_obs, _ = ref.reset(seed=seed)
+        np.testing.assert_array_equal(obs["policy"].numpy(), flat(single_obs, ref_obs, num_envs))
+        for _ in range(steps):
+            action = random_actions(envs.single_action_space, num_envs, rng)
+            obs, reward, terminated, truncated, info = envs.step(torch.as_tensor(action))
+            ref_action = action + start if isinstance(ref.single_action_space, spaces.Discrete) else action
+            ref_obs, ref_reward, ref_term, ref_trunc, ref_info = ref.step(ref_action)
+            expected_obs = flat(single_obs, ref_obs, num_envs)
+            np.testing.assert_array_equal(obs["policy"].numpy(), expected_obs)
+            np.testing.assert_array_equal(reward.numpy(), ref_reward.astype(np.float32))
+            np.testing.assert_array_equal(terminated.numpy(), ref_term)
+            np.testing.assert_array_equal(truncated.numpy(), ref_trunc)
+            expected_final = expected_obs.copy()
+            for i in np.flatnonzero(ref_info.get("_final_obs", np.zeros(num_envs, bool))):
+                expected_final[i] = spaces.flatten(single_obs, ref_info["final_obs"][i])
+            np.testing.assert_array_equal(info["final_obs"]["policy"].numpy(), expected_final)
+            assert info["log"] == {}
+            counts["terminated"] += int(ref_term.sum())
+            counts["truncated"] += int(ref_trunc.sum())
+    finally:
+        envs.close()
+        ref.close()
+    return counts
+
+
+# ---------------------------------------------------------------------------------------
+# Step-by-step equality with gymnasium
+# ---------------------------------------------------------------------------------------
+
+
+def test_cartpole_matches_gymnasium():
+    counts = assert_same_as_gymnasium("CartPole-v1", num_envs=4, steps=120, seed=3, max_episode_steps=15)
+    assert counts["terminated"] > 0 and counts["truncated"] > 0  # both kinds of episode end were exercised
+
+
+def test_pendulum_matches_gymnasium():
+    counts = assert_same_as_gymnasium("Pendulum-v1", num_envs=3, steps=40, seed=7, max_episode_steps=9)
+    assert counts["truncated"] > 0
+
+
+class DictObsEnv(gym.Env):
+    """A toy env with a Dict observation (Box + Discrete) and a Discrete action with start=-1."""
+
+    def __init__(self):
+        self.observation_space = spaces.Dict({
+            "pos": spaces.Box(-10.0, 10.0, shape=(2,), dtype=np.float64),
+            "mode": spaces.Discrete(3, start=1),
+        })
+        self.action_space = spaces.Discrete(3, start=-1)
+
+    def _obs(self):
+        return {"pos": self.pos.copy(), "mode": int(self.mode)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = self.np_random.normal(size=2)
+        self.mode = int(self.np_random.integers(1, 4))
+        return self._obs(), {}
+
+    def step(self, action):
+        assert action in (-1, 0, 1), action
+        self.pos = self.pos + action + 0.1 * self.np_random.normal(size=2)
+        self.mode = 1 + (self.mode + int(action)) % 3
+        terminated = bool(np.abs(self.pos).max() > 3.0)
+        return self._obs(), float(self.pos.sum()), terminated, False, {}
+
+
+class MultiDiscreteActionEnv(DictObsEnv):
+    def __init__(self):
+        super().__init__()
+        self.action_space = spaces.MultiDiscrete([2, 2])
+
+
+gym.register(id="TestDictObs-v0", entry_point=DictObsEnv, max_episode_steps=6)
+gym.register(id="TestMultiDiscreteAction-v0", entry_point=MultiDiscreteActionEnv)
+
+
+def test_dict_observations_and_discrete_start_match_gymnasium():
+    envs = make_env("gym:TestDictObs-v0", 2, seed=0)
+    # flattened like gymnasium: one-hot "mode" (3) then "pos" (2), keys in sorted order
+    assert envs.single_observation_space.shape == (5,) and envs.single_observation_space.dtype == np.float32
+    assert envs.single_action_space == spaces.Discrete(3)  # 0-based for the scripts; the adapter adds start
+    envs.close()
+    counts = assert_same_as_gymnasium("TestDictObs-v0", num_envs=5, steps=40, seed=11)
+    assert counts["terminated"] > 0 and counts["truncated"] > 0
+
+
+def test_tuple_observations_match_gymnasium():
+    counts = assert_same_as_gymnasium("Blackjack-v1", num_envs=4, steps=30, seed=2)  # Tuple of Discrete
+    assert counts["terminated"] > 0
+
+
+def test_async_matches_sync():
+    n, seed = 3, 5
+    sync_env = make_env("gym:CartPole-v1", n, seed=seed, env_kwargs={"max_episode_steps": 10})
+    async_env = make_env("gym:CartPole-v1", n, seed=seed, vectorization="async", env_kwargs={"max_episode_steps": 10})
+    try:
+        a_obs, _ = async_env.reset()
+        s_obs, _ = sync_env.reset()
+        assert torch.equal(a_obs["policy"], s_obs["policy"])
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(25):
+            action = torch.randint(0, 2, (n,), generator=gen)
+            a = async_env.step(action)
+            s = sync_env.step(action)
+            for x, y in zip(a[1:4], s[1:4]):
+                assert torch.equal(x, y)
+            assert torch.equal(a[0]["policy"], s[0]["policy"])
+            assert torch.equal(a[4]["final_obs"]["policy"], s[4]["final_obs"]["policy"])
+    finally:
+        sync_env.close()
+        async_env.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Contract: types, spaces, seeding, errors
+# ---------------------------------------------------------------------------------------
+
+
+def test_contract_types_and_spaces():
+    envs = make_env("gym:Pendulum-v1", 4, device="cpu", seed=1)
+    assert isinstance(envs, GymVecEnv)
+    assert envs.num_envs == 4 and envs.device == torch.device("cpu") and envs.max_episode_steps == 200
+    assert envs.single_observation_space.dtype == np.float32 and envs.single_observation_space.shape == (3,)
+    assert isinstance(envs.single_action_space, spaces.Box) and envs.single_action_space.shape == (1,)
+    obs, info = envs.reset()
+    assert obs.batch_size == torch.Size([4]) and obs["policy"].dtype == torch.float32 and obs["policy"].shape == (4, 3)
+    obs, reward, terminated, truncated, info = envs.step(torch.zeros(4))  # [N] accepted for a 1-D Box
+    assert reward.dtype == torch.float32 and reward.shape == (4,)
+    assert terminated.dtype == torch.bool and truncated.dtype == torch.bool and terminated.shape == (4,)
+    assert set(info) == {"final_obs", "log"} and info["final_obs"]["policy"].shape == (4, 3)
+    assert envs.state_dict() == {}
+    envs.load_state_dict({})
+    envs.close()
+    assert make_env("gym:CartPole-v1", 2, env_kwargs={"max_episode_steps": 7}).max_episode_steps == 7
+
+
+def test_seeding_is_reproducible_and_reset_seed_reseeds():
+    a = make_env("gym:CartPole-v1", 3, seed=42)
+    b = make_env("gym:CartPole-v1", 3, seed=42)
+    c = make_env("gym:CartPole-v1", 3, seed=0)
+    oa, ob, oc = a.reset()[0]["policy"], b.reset()[0]["policy"], c.reset(seed=42)[0]["policy"]
+    assert torch.equal(oa, ob) and torch.equal(oa, oc)
+    assert not torch.equal(a.reset(seed=1)[0]["policy"], oa)
+    for e in (a, b, c):
+        e.close()
+
+
+def test_errors_are_clear():
+    with pytest.raises(ValueError, match="gym:NoSuchEnv-v0"):
+        make_env("gym:NoSuchEnv-v0", 2)
+    with pytest.raises(TypeError, match="env_kwargs"):
+        make_env("gym:CartPole-v1", 2, max_episode_steps=5)
+    with pytest.raises(ValueError, match="vectorization"):
+        make_env("gym:CartPole-v1", 2, vectorization="threads")
+    with pytest.raises(ValueError, match="action space"):
+        make_env("gym:TestMultiDiscreteAction-v0", 2)
+    envs = make_env("gym:CartPole-v1", 2)
+    with pytest.raises(RuntimeError, match="reset"):
+        envs.step(torch.zeros(2, dtype=torch.long))
+    envs.reset()
+    with pytest.raises(ValueError, match="shape"):
+        envs.step(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="no restorable state"):
+        envs.load_state_dict({"state": torch.zeros(1)})
+    envs.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    cpu = make_env("gym:Pendulum-v1", 4, seed=2, env_kwargs={"max_episode_steps": 5})
+    gpu = make_env("gym:Pendulum-v1", 4, device="cuda", seed=2, env_kwargs={"max_episode_steps": 5})
+    assert torch.equal(cpu.reset()[0]["policy"], gpu.reset()[0]["policy"].cpu())
+    for t in range(12):
+        action = torch.full((4, 1), 0.5 * (t % 3 - 1))
+        c = cpu.step(action)
+        g = gpu.step(action.cuda())
+        assert g[0]["policy"].device.type == "cuda" and g[1].device.type == "cuda"
+        assert torch.equal(c[0]["policy"], g[0]["policy"].cpu())
+        assert torch.equal(c[4]["final_obs"]["policy"], g[4]["final_obs"]["policy"].cpu())
+        for x, y in zip(c[1:4], g[1:4]):
+            assert torch.equal(x, y.cpu())
+
+
+# ---------------------------------------------------------------------------------------
+# PPO end to end through the adapter
+# ---------------------------------------------------------------------------------------
+
+
+def run_ppo(tmp_path: Path, *args: str, timeout: int = 300) -> dict:
+    # One intra-op thread: faster for these small networks, and immune to a busy machine's oversubscription.
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "CI": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--output-dir", str(tmp_path), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_ppo_learns_gym_cartpole(tmp_path):
+    summary = run_ppo(
+        tmp_path, "--env-id", "gym:CartPole-v1", "--num-envs", "16", "--num-steps", "64", "--seed", "1",
+        "--total-timesteps", "100000", "--num-eval-envs", "8", "--eval-interval", "5", "--target-return", "475",
+    )
+    assert summary["best_eval_return"] >= 475, summary
+
+
+def test_ppo_runs_gym_halfcheetah(tmp_path):
+    pytest.importorskip("mujoco")
+    summary = run_ppo(
+        tmp_path, "--env-id", "gym:HalfCheetah-v5", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
+        "--update-epochs", "2", "--total-timesteps", "192", "--num-eval-envs", "2", "--eval-interval", "0",
+        "--reward-norm",
+    )
+    assert summary["global_step"] == 192 and summary["iteration"] == 3
+    assert Path(summary["checkpoints"]["last"]).is_file()
