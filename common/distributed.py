@@ -56,8 +56,28 @@ def setup(device: str = "auto", timeout_seconds: float = 600.0) -> DistInfo:
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         kwargs = {"device_id": dev} if dev.type == "cuda" else {}
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_seconds), **kwargs)
+        timeout = timedelta(seconds=timeout_seconds)
+        store = _restart_scoped_store(world_size, timeout)
+        if store is not None:
+            kwargs.update(store=store, rank=rank, world_size=world_size)
+        dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, is_main=rank == 0)
+
+
+def _restart_scoped_store(world_size: int, timeout: timedelta):
+    """The launcher's key-value store, with keys scoped to this restart of the worker group.
+
+    Under torchrun the workers share the agent's store, which outlives a restart: without a
+    scope, a restarted rank can read the dead workers' addresses and fail to connect
+    ("connectFullMesh failed ... Connection refused"). None outside torchrun's agent store.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    base = dist.TCPStore(
+        host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]), world_size=world_size,
+        is_master=False, timeout=timeout,
+    )
+    return dist.PrefixStore(f"worker-group-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
 
 
 def is_distributed() -> bool:

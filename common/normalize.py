@@ -16,7 +16,7 @@ from torch import nn
 def _batch_moments(x: torch.Tensor, feature_ndim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """count, mean and M2 (sum of squared deviations) of `x` over its leading batch dims, in float64."""
     x = x.reshape(-1, *x.shape[x.ndim - feature_ndim :]).to(torch.float64)
-    count = torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
+    count = torch.full((), float(x.shape[0]), dtype=torch.float64, device=x.device)  # a fill, not a host copy
     mean = x.mean(dim=0)
     m2 = ((x - mean) ** 2).sum(dim=0)
     return count, mean, m2
@@ -82,7 +82,8 @@ class RunningMeanStd(nn.Module):
 
     def _refresh(self) -> None:
         self._mean32.copy_(self.mean)
-        self._inv_std32.copy_(1.0 / self.std)
+        # Before any data the scale stays 1 (not 1/sqrt(eps)), on a fresh module and after a load.
+        self._inv_std32.copy_(torch.where(self.count > 0, 1.0 / self.std, torch.ones_like(self.std)))
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)

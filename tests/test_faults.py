@@ -78,7 +78,7 @@ def _summary(run_dir: Path) -> dict:
 def test_sigkill_of_one_worker_is_survived_by_elastic_restart(tmp_path, jobs):
     total = 2 * 128 * 16 * 40
     cmd = torchrun_cmd(2, ["algos/ppo.py", *PPO_ARGS, "--total-timesteps", str(total), "--save-interval", "2",
-                           "--output-dir", str(tmp_path), "--run-name", "run"], extra=["--max-restarts=1"])
+                           "--output-dir", str(tmp_path), "--run-name", "run"], restarts=1)
     job = jobs(cmd, tmp_path / "log")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     job.wait_for(last.is_file, what="the first checkpoint")
@@ -97,7 +97,7 @@ def test_sigkill_of_one_worker_is_survived_by_elastic_restart(tmp_path, jobs):
 def test_run_name_is_stable_across_restarts_without_run_name(tmp_path, jobs):
     total = 2 * 128 * 16 * 30
     cmd = torchrun_cmd(2, ["algos/ppo.py", *PPO_ARGS, "--total-timesteps", str(total), "--save-interval", "2",
-                           "--output-dir", str(tmp_path)], extra=["--max-restarts=1"])
+                           "--output-dir", str(tmp_path)], restarts=1)
     job = jobs(cmd, tmp_path / "log")
     job.wait_for(lambda: list(tmp_path.glob("*/checkpoints/last.pt")), what="the first checkpoint")
     os.kill(job.workers()[0], signal.SIGKILL)

@@ -75,3 +75,12 @@ def test_reward_normalizer_clip_and_resume_with_other_num_envs():
     other.load_state_dict(norm.state_dict())  # per-env returns restart, moments carry over
     assert torch.equal(other.returns, torch.zeros(8, dtype=torch.float64))
     torch.testing.assert_close(other.return_rms.mean, norm.return_rms.mean)
+
+
+def test_unfitted_normalizer_is_identity_also_after_a_load():
+    fresh = RunningMeanStd(shape=(2,), clip=None)
+    loaded = RunningMeanStd(shape=(2,), clip=None)
+    loaded.load_state_dict(fresh.state_dict())  # a checkpoint written before any update
+    x = torch.tensor([[0.5, -3.0]])
+    torch.testing.assert_close(fresh.normalize(x), x)
+    torch.testing.assert_close(loaded.normalize(x), x)

@@ -16,13 +16,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_cmd(nproc: int, script_args: list[str], extra: list[str] | None = None) -> list[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-        *(extra or []),
-        *script_args,
-    ]
+def torchrun_cmd(nproc: int, script_args: list[str], restarts: int = 0) -> list[str]:
+    """torchrun on this machine. Elastic restarts need c10d rendezvous: the static one keeps the
+    dead workers' addresses in its store, and the restarted group cannot connect."""
+    port = free_port()
+    rendezvous = (
+        ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=test-{port}", f"--max-restarts={restarts}"]
+        if restarts
+        else ["--master-addr=127.0.0.1", f"--master-port={port}"]
+    )
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *rendezvous, *script_args]
 
 
 def subprocess_env() -> dict:
