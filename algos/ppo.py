@@ -144,8 +144,9 @@ class Args:
     """normalize observations with running statistics of the rollouts"""
     obs_clip: float = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
-    reward_norm: bool = False
-    """scale rewards by the running std of the discounted return"""
+    reward_norm: bool = True
+    """scale rewards by the running std of the discounted return (keeps the value loss O(1), so the
+    global gradient clip does not starve the policy when returns are large)"""
     reward_clip: float = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
 
