@@ -695,7 +695,8 @@ def main(args: Args) -> dict:
         progress.close()
     summary = {
         "algo": ALGO, "env_id": args.env_id, "run_dir": str(run_dir), "global_step": global_step, "iteration": iteration,
-        "wall_seconds": time.time() - start_time, "sps": sps, "last_train_return": last_train_return,
+        "wall_seconds": time.time() - start_time, "sps": sps,
+        "last_train_return": None if math.isnan(last_train_return) else last_train_return,  # strict JSON: no NaN
         "best_eval_return": best_eval_return if best_eval_return > -math.inf else None, "stop_reason": stop_reason,
         "world_size": world_size, "params_in_sync": in_sync,
         "rollout_seconds": time_totals[0], "update_seconds": time_totals[1], "peak_memory_mb": peak_memory_mb(device),
