@@ -293,3 +293,11 @@ def test_bf16_autocast_runs_and_keeps_float32_storage(tmp_path):
     state = torch.load(Path(summary["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
     assert all(v.dtype in (torch.float32, torch.float64) for k, v in state["model"].items() if v.is_floating_point())
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+@pytest.mark.slow
+def test_compiled_run_learns_cartpole_like_eager(tmp_path):
+    """--compile changes how the steps run, not what they compute: the CartPole target is met too."""
+    summary = train(tmp_path, seed=1, num_envs=4096, num_steps=24, total_timesteps=3_000_000, compile=True,
+                    eval_interval=2, num_eval_envs=64, target_return=475.0)
+    assert summary["best_eval_return"] >= 475.0, summary
