@@ -661,6 +661,7 @@ def main(args: Args) -> dict:
                 writer.add_scalar(f"env/{name}", value, global_step)
             writer.add_scalar("charts/rollout_seconds", rollout_time, global_step)
             writer.add_scalar("charts/update_seconds", update_time, global_step)
+            writer.flush()  # the curves on disk keep up with training, also for a run that gets killed
             if progress is not None:
                 progress.update(global_batch)
                 progress.set_postfix(sps=f"{sps:,.0f}", ret=f"{last_train_return:.1f}", refresh=False)

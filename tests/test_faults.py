@@ -67,6 +67,15 @@ def jobs():
         job.kill()
 
 
+def _logged_steps(run_dir: Path) -> list[int]:
+    """Steps of charts/SPS as TensorBoard reads them (it honours the purge marker of a resume)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return [e.step for e in acc.Scalars("charts/SPS")] if "charts/SPS" in acc.Tags()["scalars"] else []
+
+
 def _state(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
 
@@ -77,12 +86,15 @@ def _summary(run_dir: Path) -> dict:
 
 def test_sigkill_of_one_worker_is_survived_by_elastic_restart(tmp_path, jobs):
     total = 2 * 128 * 16 * 40
-    cmd = torchrun_cmd(2, ["algos/ppo.py", *PPO_ARGS, "--total-timesteps", str(total), "--save-interval", "2",
+    cmd = torchrun_cmd(2, ["algos/ppo.py", *PPO_ARGS, "--total-timesteps", str(total), "--save-interval", "4",
                            "--output-dir", str(tmp_path), "--run-name", "run"], restarts=1)
     job = jobs(cmd, tmp_path / "log")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     job.wait_for(last.is_file, what="the first checkpoint")
     killed_at = _state(tmp_path / "run")["iteration"]
+    # let rank 0 log iterations past the checkpoint (work that the fault will make it redo)
+    job.wait_for(lambda: _logged_steps(tmp_path / "run") and max(_logged_steps(tmp_path / "run")) > killed_at * 2 * 128 * 16,
+                 what="iterations logged after the checkpoint")
     os.kill(job.workers()[-1], signal.SIGKILL)
     assert job.finish() == 0, job.output()[-4000:]
     out = job.output()
@@ -91,6 +103,9 @@ def test_sigkill_of_one_worker_is_survived_by_elastic_restart(tmp_path, jobs):
     assert summary["global_step"] == total and summary["params_in_sync"]
     assert _state(tmp_path / "run")["global_step"] == total
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["log", "run"]  # one run dir
+    # one continuous TensorBoard curve: the steps logged after the checkpoint and redone are purged
+    steps = _logged_steps(tmp_path / "run")
+    assert steps == [2 * 128 * 16 * i for i in range(1, 41)], steps
     print(f"killed after checkpoint of iteration {killed_at}; {out.count('resumed from')} resume(s)")
 
 
