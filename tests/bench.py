@@ -66,7 +66,7 @@ import torch  # noqa: E402
 from tensordict import from_module  # noqa: E402
 
 from tests.bench_envs import bench_one  # noqa: E402
-from tests.torchrun_utils import load_script  # noqa: E402
+from tests.helpers import load_script  # noqa: E402
 
 ALL_MODES = ("eager", "compile", "compile+cudagraphs")
 # Flags a script must take to be benchmarked (the design's common flags that the runner sets).

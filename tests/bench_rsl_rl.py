@@ -59,7 +59,7 @@ if str(ROOT) not in sys.path:  # runnable as `python tests/bench_rsl_rl.py`
 import torch  # noqa: E402
 
 from tests import bench  # noqa: E402
-from tests.torchrun_utils import load_script  # noqa: E402
+from tests.helpers import load_script  # noqa: E402
 
 RESULT_MARKER = "BENCH_RSL_RL_RESULT "
 

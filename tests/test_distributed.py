@@ -1,6 +1,6 @@
 import pytest
 
-from tests.torchrun_utils import run, torchrun_cmd
+from tests.helpers import run, torchrun_cmd
 
 pytestmark = pytest.mark.distributed
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.torchrun_utils import ROOT, run, subprocess_env, torchrun_cmd
+from tests.helpers import ROOT, run, subprocess_env, torchrun_cmd
 
 pytestmark = pytest.mark.distributed
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.torchrun_utils import load_script, run, torchrun_cmd
+from tests.helpers import inject_nan_rewards, load_script, run, torchrun_cmd
 
 
 def script(algo: str, tmp_path, *args: str, timeout: float = 240):
@@ -262,25 +262,7 @@ def test_env_kwargs_reach_make_env_and_bad_ones_are_a_clear_error(tmp_path):
 
 def test_nan_guard_names_the_tensor_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     td3 = load_script("td3")
-    real_make_env = td3.make_env
-
-    class NaNRewardsAfter:
-        """Rewards turn NaN from the 30th step on (iteration 30, in the log interval ending at 35)."""
-
-        def __init__(self, env):
-            self.env, self.steps = env, 0
-
-        def __getattr__(self, name):
-            return getattr(self.env, name)
-
-        def step(self, action):
-            out = list(self.env.step(action))
-            self.steps += 1
-            if self.steps >= 30:
-                out[1] = out[1] * float("nan")
-            return tuple(out)
-
-    monkeypatch.setattr(td3, "make_env", lambda *a, **k: NaNRewardsAfter(real_make_env(*a, **k)))
+    inject_nan_rewards(td3, monkeypatch, after=30)  # in the log interval ending at iteration 35
     with pytest.raises(FloatingPointError, match=r"non-finite .*rewards.*between global steps 224 and 280 \(iteration 35\)"):
         train("td3", tmp_path, save_interval=7, total_timesteps=8 * 50)
     state = last_checkpoint(tmp_path)

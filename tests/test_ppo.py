@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.envs import make_env
-from tests.torchrun_utils import load_script, run, subprocess_env, torchrun_cmd
+from tests.helpers import inject_nan_rewards, load_script, run, subprocess_env, torchrun_cmd
 
 ppo = load_script("ppo")
 
@@ -241,25 +241,7 @@ def test_track_without_wandb(tmp_path):
 
 
 def test_nan_guard_stops_with_name_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    real_make_env = ppo.make_env
-
-    class NaNRewardsAfter:
-        """Wraps an env so that its rewards turn NaN from the 40th step on (iteration 3 of 16 steps)."""
-
-        def __init__(self, env):
-            self.env, self.steps = env, 0
-
-        def __getattr__(self, name):
-            return getattr(self.env, name)
-
-        def step(self, action):
-            out = list(self.env.step(action))
-            self.steps += 1
-            if self.steps >= 40:
-                out[1] = out[1] * float("nan")
-            return tuple(out)
-
-    monkeypatch.setattr(ppo, "make_env", lambda *a, **k: NaNRewardsAfter(real_make_env(*a, **k)))
+    inject_nan_rewards(ppo, monkeypatch, after=40)  # from iteration 3 on
     with pytest.raises(FloatingPointError, match="non-finite rewards.* at iteration 3"):
         train(tmp_path, save_interval=1, total_timesteps=64 * 16 * 6)
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)

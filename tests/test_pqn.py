@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
-from tests.torchrun_utils import ROOT, load_script, run, torchrun_cmd
+from tests.helpers import ROOT, inject_nan_rewards, load_script, run, torchrun_cmd
 
 pqn = load_script("pqn")
 
@@ -253,25 +253,7 @@ def test_checkpoint_of_another_network_shape(tmp_path):
 
 
 def test_nan_guard_stops_with_name_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    real_make_env = pqn.make_env
-
-    class NaNRewardsAfter:
-        """Wraps the training env so that its rewards turn NaN from step 20 on (iteration 3 of 8 steps)."""
-
-        def __init__(self, env):
-            self.env, self.steps = env, 0
-
-        def __getattr__(self, name):
-            return getattr(self.env, name)
-
-        def step(self, action):
-            out = list(self.env.step(action))
-            self.steps += 1
-            if self.steps >= 20:
-                out[1] = out[1] * float("nan")
-            return tuple(out)
-
-    monkeypatch.setattr(pqn, "make_env", lambda *a, **k: NaNRewardsAfter(real_make_env(*a, **k)))
+    inject_nan_rewards(pqn, monkeypatch, after=20)  # from iteration 3 on
     with pytest.raises(FloatingPointError, match="non-finite rewards.* at iteration 3"):
         train(tmp_path, save_interval=1, total_timesteps=16 * 8 * 6)
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)

@@ -1,4 +1,4 @@
-"""Launching scripts under torchrun from the tests: bounded in time, never leaving processes behind."""
+"""Helpers of the test suite: launching scripts (also under torchrun), importing them, faulty envs."""
 
 import os
 import signal
@@ -62,3 +62,27 @@ def load_script(name: str):
     sys.modules[name] = module  # dataclasses look their module up here
     spec.loader.exec_module(module)
     return module
+
+
+class NaNRewardsAfter:
+    """Wraps an env so that its rewards turn NaN from its `after`-th step on: a run's NaN guard must
+    stop it with the tensor's name and keep the last good checkpoint."""
+
+    def __init__(self, env, after: int):
+        self.env, self.after, self.steps = env, after, 0
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action):
+        out = list(self.env.step(action))
+        self.steps += 1
+        if self.steps >= self.after:
+            out[1] = out[1] * float("nan")
+        return tuple(out)
+
+
+def inject_nan_rewards(script, monkeypatch, after: int) -> None:
+    """Make every env that `script` builds turn its rewards NaN from step `after` on."""
+    real_make_env = script.make_env
+    monkeypatch.setattr(script, "make_env", lambda *a, **k: NaNRewardsAfter(real_make_env(*a, **k), after))
