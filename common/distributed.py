@@ -8,6 +8,8 @@ exports RANK, LOCAL_RANK and WORLD_SIZE; nothing else is needed to find the othe
 from __future__ import annotations
 
 import os
+import signal
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -170,22 +172,19 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
-
 class PreemptionGuard:
     """Turns SIGTERM / SIGUSR1 into a request to stop at the end of the current iteration.
 
     Cluster schedulers (SLURM, Kubernetes) send SIGTERM, or SIGUSR1 ahead of time, before they
     kill a job. The first signal only sets a flag: the training loop finishes its iteration,
     writes `last.pt` and exits 0. A second signal exits at once (status 143) for a user who
-    really means it. `stop_requested()` agrees across ranks: if any rank got the signal, every
-    rank stops after the same iteration, so no rank waits in a collective for the others.
+    really means it. Scripts fold `received` into their once-per-iteration all-reduce, so if any
+    rank got the signal every rank stops after the same iteration and none waits in a collective.
     """
 
     SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
     def __init__(self):
-        import signal
-
         self.received: str | None = None
         self._received_at = 0.0
         self._previous = {}
@@ -195,9 +194,6 @@ class PreemptionGuard:
                 self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
-        import signal
-        import time
-
         now = time.monotonic()
         # A launcher forwards the signal it got (SLURM signals every process, torchrun then signals
         # its workers again): a repeat within a second is the same request, not an insistence.
@@ -207,14 +203,7 @@ class PreemptionGuard:
             return
         self.received, self._received_at = signal.Signals(signum).name, now
 
-    def stop_requested(self, device: torch.device | str = "cpu") -> bool:
-        """A collective (one tiny all-reduce) under torchrun: call it on every rank, once per iteration."""
-        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
-        return bool(all_reduce(flag, "max").item() > 0)
-
     def restore(self) -> None:
-        import signal
-
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
