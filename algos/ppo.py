@@ -33,7 +33,7 @@ from common import distributed  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.checkpoint import (  # noqa: E402
     BEST, FORMAT_VERSION, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, gather_rng_states,
-    load_checkpoint, resolve_resume, restore_rank_rng_state, save_checkpoint, stable_run_name,
+    load_checkpoint, load_optimizer_state, resolve_resume, restore_rank_rng_state, save_checkpoint, stable_run_name,
 )
 from common.envs import make_env  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
@@ -401,7 +401,7 @@ def main(args: Args) -> dict:
     if checkpoint is not None:
         try:
             agent.load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
+            load_optimizer_state(optimizer, checkpoint["optimizer"])
         except (RuntimeError, ValueError, KeyError) as e:
             saved = checkpoint["args"]
             raise SystemExit(
@@ -410,7 +410,6 @@ def main(args: Args) -> dict:
                 f"({str(e).splitlines()[0][:120]})"
             ) from None
         lr.fill_(checkpoint["learning_rate"])
-        optimizer.param_groups[0]["lr"] = lr
         if reward_normalizer is not None and "reward_normalizer" in checkpoint:
             reward_normalizer.load_state_dict(checkpoint["reward_normalizer"])
         global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"]
@@ -481,8 +480,10 @@ def main(args: Args) -> dict:
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
 
-        policy_step = CudaGraphModule(policy_step)
-        update_minibatch = CudaGraphModule(update_minibatch)
+        warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
+
+        policy_step = CudaGraphModule(policy_step, warmup=warmup)
+        update_minibatch = CudaGraphModule(update_minibatch, warmup=warmup)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
     guard = distributed.PreemptionGuard()

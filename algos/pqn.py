@@ -38,7 +38,7 @@ from common import distributed  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.checkpoint import (  # noqa: E402
     BEST, FORMAT_VERSION, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, gather_rng_states,
-    load_checkpoint, resolve_resume, restore_rank_rng_state, save_checkpoint, stable_run_name,
+    load_checkpoint, load_optimizer_state, resolve_resume, restore_rank_rng_state, save_checkpoint, stable_run_name,
 )
 from common.envs import make_env  # noqa: E402
 from common.normalize import RunningMeanStd  # noqa: E402
@@ -338,7 +338,7 @@ def main(args: Args) -> dict:
     if checkpoint is not None:
         try:
             qnet.load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
+            load_optimizer_state(optimizer, checkpoint["optimizer"])
         except (RuntimeError, ValueError, KeyError):
             saved = {k: checkpoint["args"].get(k) for k in ("hidden_sizes", "obs_norm")}
             raise CheckpointError(
@@ -347,7 +347,6 @@ def main(args: Args) -> dict:
             ) from None
         lr.fill_(checkpoint["learning_rate"])
         lr_now = checkpoint["learning_rate"]
-        optimizer.param_groups[0]["lr"] = lr
         global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"]
         best_eval_return = checkpoint["best_eval_return"]
         same_shape = checkpoint["world_size"] == world_size and checkpoint["args"]["num_envs"] == args.num_envs
@@ -394,8 +393,10 @@ def main(args: Args) -> dict:
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
 
-        policy_step = CudaGraphModule(policy_step)
-        update_minibatch = CudaGraphModule(update_minibatch)
+        warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
+
+        policy_step = CudaGraphModule(policy_step, warmup=warmup)
+        update_minibatch = CudaGraphModule(update_minibatch, warmup=warmup)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
     guard = distributed.PreemptionGuard()

@@ -37,7 +37,7 @@ from common import distributed  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
 from common.checkpoint import (  # noqa: E402
     BEST, FORMAT_VERSION, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, gather_rng_states,
-    load_checkpoint, resolve_resume, restore_rank_rng_state, save_checkpoint, stable_run_name,
+    load_checkpoint, load_optimizer_state, resolve_resume, restore_rank_rng_state, save_checkpoint, stable_run_name,
 )
 from common.envs import make_env  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
@@ -405,8 +405,8 @@ def main(args: Args) -> dict:
     if checkpoint is not None:
         try:
             agent.load_state_dict(checkpoint["model"])
-            actor_optimizer.load_state_dict(checkpoint["optimizer"]["actor"])
-            q_optimizer.load_state_dict(checkpoint["optimizer"]["critic"])
+            load_optimizer_state(actor_optimizer, checkpoint["optimizer"]["actor"])
+            load_optimizer_state(q_optimizer, checkpoint["optimizer"]["critic"])
         except (RuntimeError, ValueError, KeyError) as e:
             saved = checkpoint["args"]
             raise SystemExit(
@@ -503,9 +503,11 @@ def main(args: Args) -> dict:
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
 
-        policy_step = CudaGraphModule(policy_step)
-        update_critic = CudaGraphModule(update_critic)
-        update_actor = CudaGraphModule(update_actor)
+        warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
+
+        policy_step = CudaGraphModule(policy_step, warmup=warmup)
+        update_critic = CudaGraphModule(update_critic, warmup=warmup)
+        update_actor = CudaGraphModule(update_actor, warmup=warmup)
 
     def sample_batch() -> TensorDict:
         """An n-step batch with normalized observations and bootstrap = discount * (1 - terminated)."""

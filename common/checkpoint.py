@@ -90,6 +90,32 @@ def load_checkpoint(
     return state
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """`optimizer.load_state_dict(state)` that keeps this run's device-dependent settings.
+
+    load_state_dict copies the saved param groups' settings over the current ones. For Adam
+    that includes `capturable`: a checkpoint written on CPU and resumed on CUDA would come back
+    non-capturable (CUDA graph capture of `step()` then fails, and every step syncs on `lr`), and
+    one written on CUDA fails on CPU. So `capturable`, `foreach` and `fused` stay as this run
+    built them, step counters move to where that setting wants them, and a tensor learning rate
+    stays the same tensor (schedules and captured graphs hold it), filled with the saved value.
+    """
+    kept = [{k: g[k] for k in ("capturable", "foreach", "fused", "lr") if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, own in zip(optimizer.param_groups, kept):
+        saved_lr = group["lr"]
+        group.update(own)
+        if torch.is_tensor(own.get("lr")):
+            own["lr"].fill_(float(saved_lr))
+        else:
+            group["lr"] = saved_lr  # a float lr: the checkpoint's value, as plain load_state_dict does
+        capturable = own.get("capturable", False)
+        for p in group["params"]:
+            s = optimizer.state.get(p, {})
+            if torch.is_tensor(s.get("step")):
+                s["step"] = s["step"].to(device=p.device if capturable else "cpu", dtype=torch.float32)
+
+
 def resolve_resume(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
     """--resume PATH -> PATH (must exist); --resume auto -> the run's last.pt if there is one."""
     if resume is None or resume == "":

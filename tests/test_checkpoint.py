@@ -14,6 +14,7 @@ from common.checkpoint import (
     CheckpointError,
     capture_rng_state,
     load_checkpoint,
+    load_optimizer_state,
     resolve_resume,
     restore_rng_state,
     save_checkpoint,
@@ -135,3 +136,38 @@ def test_save_killed_midway_keeps_previous_last(tmp_path):
     assert tmp_files, "the writer never started a temporary file"
     state = load_checkpoint(path)
     assert state["global_step"] in (1, 2)  # the old file, or a complete new one, never a torn one
+
+
+def _adam_state(**adam_kwargs):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), **adam_kwargs)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    return opt.state_dict()
+
+
+def test_optimizer_state_keeps_this_runs_capturable_setting_and_lr_tensor():
+    # A checkpoint written by a CUDA run (capturable Adam, as the scripts build it there) resumed on
+    # CPU: plain load_state_dict would take capturable=True over, and step() then refuses CPU params.
+    saved = _adam_state(lr=0.01)
+    saved["param_groups"][0]["capturable"] = True
+    saved["param_groups"][0]["lr"] = 0.003
+    model = torch.nn.Linear(3, 2)
+    lr = torch.tensor(0.01)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, capturable=False)
+    load_optimizer_state(opt, saved)
+    group = opt.param_groups[0]
+    assert group["capturable"] is False
+    assert group["lr"] is lr and lr.item() == pytest.approx(0.003)  # same tensor, the saved value
+    for state in opt.state.values():
+        assert state["step"].device.type == "cpu" and state["step"].item() == 1
+        assert state["step"].dtype == torch.float32
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()  # raises with the checkpoint's capturable=True
+    assert all(s["step"].item() == 2 for s in opt.state.values())
+
+    # The other way (a CPU checkpoint resumed by a capturable optimizer): the flag stays on.
+    opt2 = torch.optim.Adam(torch.nn.Linear(3, 2).parameters(), lr=0.5, capturable=True)
+    load_optimizer_state(opt2, _adam_state(lr=0.02))
+    assert opt2.param_groups[0]["capturable"] is True
+    assert opt2.param_groups[0]["lr"] == 0.02  # a float lr: the checkpoint's value, as load_state_dict does
