@@ -132,9 +132,6 @@ class Args:
     """global gradient-norm clip"""
     target_kl: float | None = None
     """stop the epoch loop early when the approximate KL exceeds this"""
-    update_chunk_size: int | None = None
-    """rows per forward/backward pass within a minibatch, gradients summed over the chunks before its one
-    optimizer step (the same gradient, less activation memory); default: the whole minibatch"""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """hidden layer sizes of the actor and the critic"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
@@ -325,9 +322,6 @@ def main(args: Args) -> dict:
             f"into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
         )
     minibatch_size = batch_size // args.num_minibatches
-    if args.update_chunk_size is not None and args.update_chunk_size < 1:
-        raise SystemExit(f"error: --update-chunk-size must be at least 1, got {args.update_chunk_size}")
-    chunk_size = args.update_chunk_size or minibatch_size
     global_batch = batch_size * world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     num_iterations = total_steps // global_batch
@@ -451,40 +445,32 @@ def main(args: Args) -> dict:
             return agent_inference.act(obs)
 
     def update_minibatch(mb: TensorDict):
-        """One gradient step on a minibatch; returns its losses for logging (on the device).
-
-        The minibatch goes through the networks in chunks of update_chunk_size rows whose gradients
-        add up to the minibatch's: every loss term is a sum over the chunk divided by the minibatch size.
-        """
-        n = mb.shape[0]
+        """One gradient step on a minibatch; returns its losses for logging (on the device)."""
+        with autocast():
+            newlogprob, entropy = agent.log_prob_entropy(mb["obs_n", "policy"], mb["actions"])
+            newvalue = agent.value(mb["obs_n"])
+        logratio = newlogprob - mb["logprobs"]
+        ratio = logratio.exp()
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - logratio).mean()  # k3 estimator: unbiased, always >= 0
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
         adv = mb["advantages"]
         if args.norm_adv and args.adv_norm_scope == "minibatch":
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+        if args.clip_vloss:
+            v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
+            v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
         optimizer.zero_grad(set_to_none=False)
-        stats = torch.zeros(5, device=device)  # policy loss, value loss, entropy, approx KL, clip fraction
-        for chunk, adv_chunk in zip(mb.split(chunk_size), adv.split(chunk_size)):
-            with autocast():
-                newlogprob, entropy = agent.log_prob_entropy(chunk["obs_n", "policy"], chunk["actions"])
-                newvalue = agent.value(chunk["obs_n"])
-            logratio = newlogprob - chunk["logprobs"]
-            ratio = logratio.exp()
-            pg_loss = torch.max(-adv_chunk * ratio, -adv_chunk * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).sum() / n
-            if args.clip_vloss:
-                v_clipped = chunk["values"] + (newvalue - chunk["values"]).clamp(-args.clip_coef, args.clip_coef)
-                v_loss = 0.5 * torch.max((newvalue - chunk["returns"]) ** 2, (v_clipped - chunk["returns"]) ** 2).sum() / n
-            else:
-                v_loss = 0.5 * ((newvalue - chunk["returns"]) ** 2).sum() / n
-            entropy_loss = entropy.sum() / n
-            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            loss.backward()
-            with torch.no_grad():
-                approx_kl = ((ratio - 1) - logratio).sum() / n  # k3 estimator: unbiased, always >= 0
-                clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().sum() / n
-                stats += torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac])
+        loss.backward()
         distributed.all_reduce_gradients(agent.parameters())
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
-        return stats
+        return torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac]).detach()
 
     advantages_fn = compute_advantages
     if args.compile:
@@ -495,7 +481,6 @@ def main(args: Args) -> dict:
         from tensordict.nn import CudaGraphModule
 
         warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
-
         policy_step = CudaGraphModule(policy_step, warmup=warmup)
         update_minibatch = CudaGraphModule(update_minibatch, warmup=warmup)
 

@@ -394,7 +394,6 @@ def main(args: Args) -> dict:
         from tensordict.nn import CudaGraphModule
 
         warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
-
         policy_step = CudaGraphModule(policy_step, warmup=warmup)
         update_minibatch = CudaGraphModule(update_minibatch, warmup=warmup)
 

@@ -504,7 +504,6 @@ def main(args: Args) -> dict:
         from tensordict.nn import CudaGraphModule
 
         warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
-
         policy_step = CudaGraphModule(policy_step, warmup=warmup)
         update_critic = CudaGraphModule(update_critic, warmup=warmup)
         update_actor = CudaGraphModule(update_actor, warmup=warmup)

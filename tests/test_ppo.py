@@ -270,20 +270,6 @@ def test_rollout_makes_no_per_step_host_sync(tmp_path):
     assert counts[4] == counts[16], counts
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_chunked_update_takes_the_same_gradient_steps(tmp_path, env_id):
-    """Chunks of a minibatch (uneven ones too) sum to its gradient: the trained weights agree to rounding."""
-    def trained(chunk, seed=1):
-        summary = train(tmp_path / f"{chunk}-{seed}", env_id=env_id, seed=seed, update_chunk_size=chunk, total_timesteps=64 * 16 * 2)
-        model = torch.load(summary["checkpoints"]["last"], weights_only=True)["model"]
-        return torch.cat([w.flatten() for n, w in sorted(model.items()) if "rms" not in n])
-
-    whole = trained(256)  # minibatches of 256 rows: one chunk
-    torch.testing.assert_close(trained(100), whole, rtol=1e-4, atol=1e-5)  # chunks of 100, 100 and 56
-    # The tolerance is far below what training changes: another seed's weights are nowhere near.
-    assert (trained(256, seed=2) - whole).abs().max() > 1e-2
-
-
 def test_bf16_autocast_runs_and_keeps_float32_storage(tmp_path):
     summary = train(tmp_path, env_id="Pendulum-v1", bf16=True, total_timesteps=64 * 16 * 2)
     state = torch.load(Path(summary["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
