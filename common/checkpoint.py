@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FORMAT_VERSION = 1
+# 2: per-rank state (RNG, env, ...) under "ranks", optimizers under "optimizers" (1: "rng", "env", "optimizer")
+FORMAT_VERSION = 2
 LAST, BEST = "last.pt", "best.pt"
 
 
@@ -77,9 +78,11 @@ def load_checkpoint(
         ) from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no format_version entry)")
-    if state["format_version"] > FORMAT_VERSION:
+    if state["format_version"] != FORMAT_VERSION:
+        age = "newer" if state["format_version"] > FORMAT_VERSION else "older"
         raise CheckpointError(
-            f"{path} has format version {state['format_version']}, newer than this code's {FORMAT_VERSION}"
+            f"{path} has format version {state['format_version']}, {age} than this code's {FORMAT_VERSION}: "
+            f"use the version of the scripts that wrote it"
         )
     if algo is not None and state.get("algo") != algo:
         raise CheckpointError(f"{path} was written by {state.get('algo')!r}, not {algo!r}: it cannot resume this script")
@@ -161,25 +164,6 @@ def restore_rng_state(state: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"].cpu())
-
-
-def gather_rng_states() -> list[dict]:
-    """The RNG states of every rank, in rank order (a collective: call it on all ranks)."""
-    from common.distributed import all_gather_object
-
-    return all_gather_object(capture_rng_state())
-
-
-def restore_rank_rng_state(states: list[dict], rank: int, world_size: int) -> bool:
-    """Restore this rank's RNG from a checkpoint's per-rank list.
-
-    Returns False when the checkpoint came from another world size: its streams cannot be
-    matched to the ranks, and the caller re-derives them from the seed (and says so).
-    """
-    if len(states) != world_size:
-        return False
-    restore_rng_state(states[rank])
-    return True
 
 
 def elastic_restart_count() -> int:

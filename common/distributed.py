@@ -163,6 +163,16 @@ def all_gather_object(obj) -> list:
     return out
 
 
+def gather_object(obj, dst: int = 0) -> list | None:
+    """Every rank's `obj` (picklable), in rank order, on rank `dst` only (None elsewhere); [obj] in a
+    lone process. Send CPU tensors: they arrive as CPU tensors, never rebuilt on the receiver's GPU."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
+
+
 def broadcast_object(obj, src: int = 0):
     """Rank `src`'s `obj` on every rank (e.g. a decision taken on rank 0's statistics)."""
     if not is_distributed():

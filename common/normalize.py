@@ -117,7 +117,9 @@ class RewardNormalizer(nn.Module):
         self.gamma = gamma
         self.clip = clip
         self.return_rms = RunningMeanStd((), epsilon=epsilon, clip=None)
-        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64))
+        # Each env's partial return belongs to its rank and its episodes, not to the shared statistics:
+        # not in state_dict(), so a resume starts it at zero unless the script restores its rank's own.
+        self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64), persistent=False)
 
     @torch.no_grad()
     def update(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
@@ -141,12 +143,3 @@ class RewardNormalizer(nn.Module):
 
     def forward(self, rewards: torch.Tensor) -> torch.Tensor:
         return self.normalize(rewards)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        # A resume with another num_envs or world size cannot map the per-env partial returns:
-        # restart them (they only shape the next few updates of the moments), keep the moments.
-        key = prefix + "returns"
-        if key in state_dict and state_dict[key].shape != self.returns.shape:
-            state_dict = dict(state_dict)
-            state_dict[key] = torch.zeros_like(self.returns)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)

@@ -1,0 +1,589 @@
+"""The run lifecycle every script shares, as plain functions over one small dataclass.
+
+    run = start_run(args, "ppo")               # rank, world size, device; nothing is written yet
+    envs, eval_envs = make_envs(run)         # per-rank seeds, a clear error for a bad id or kwargs
+    open_run(run)                            # run dir, config.json, resume, TensorBoard, wandb
+    ... networks, optimizers ...
+    rank_state = restore(run, envs, model, optimizers)
+    while ...:
+        ... rollout -> targets -> update ...
+        stats = reduce_iteration(run, episodes=..., means=..., checks=...)  # one all-reduce, one read
+        log(run, stats)
+        if eval_due(run, final): evaluate(run, eval_envs, act)
+        if names := checkpoints_due(run, final): save(run, names, ...)
+        if run.stop_reason: break
+    finish(run, model)
+
+Collectives: `restore` (when ranks disagree), `reduce_iteration`, `evaluate`, `save` and `finish`
+talk to the other ranks, so every rank calls them at the same points of the loop; the
+decisions that guard them (`eval_due`, `checkpoints_due`, `run.stop_reason`) are taken from
+reduced values only, so they are the same on every rank.
+
+Scripts keep what a researcher changes: Args, networks, losses, targets, the update, the
+rollout, the compile switch, the tags they log and their own checkpoint fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from common import distributed
+from common.checkpoint import (
+    BEST, FORMAT_VERSION, LAST, CheckpointError, capture_rng_state, checkpoint_dir, elastic_restart_count,
+    load_checkpoint, load_optimizer_state, resolve_resume, restore_rng_state, save_checkpoint, stable_run_name,
+)
+from common.envs import make_env
+
+__all__ = [
+    "BEST", "LAST", "CheckpointError", "Run", "RunArgs", "checkpoints_due", "eval_due", "eval_only", "evaluate",
+    "episode_sums", "finish", "log", "make_envs", "open_run", "record_env_log", "reduce_iteration", "restore",
+    "save", "start_run", "timed", "begin_training",
+]
+
+
+@dataclass
+class RunArgs:
+    """The flags of the run around the algorithm; each script's Args extends them (and may change defaults)."""
+
+    env_id: str = "CartPole-v1"
+    """environment id: a built-in env (CartPole-v1, Pendulum-v1, ...) or an adapter prefix (gym:..., mjlab:...)"""
+    num_envs: int = 4096
+    """parallel environments per process (per GPU)"""
+    env_kwargs: str | None = None
+    """JSON object of extra make_env arguments, e.g. '{"max_episode_steps": 100}' or '{"vectorization": "async"}'"""
+    total_timesteps: int = 5_000_000
+    """env steps to train for, summed over all processes"""
+    seed: int = 1
+    """seed of the experiment; rank r seeds its envs and sampling with seed + r"""
+    device: str = "auto"
+    """'auto' (this rank's GPU if any, else CPU), 'cpu', 'cuda'"""
+    torch_deterministic: bool = True
+    """use deterministic algorithms (cudnn.deterministic, deterministic kernels where they exist)"""
+    output_dir: str = "runs"
+    """where run directories are created"""
+    run_name: str | None = None
+    """name of the run directory; default {env_id}__{algo}__{seed}__{timestamp}"""
+    resume: str | None = None
+    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists)"""
+    eval_only: bool = False
+    """load --resume, evaluate the deterministic policy, print the returns, and exit"""
+    save_interval: int = 50
+    """iterations between writes of checkpoints/last.pt (also written at the end and on SIGTERM/SIGUSR1)"""
+    save_interval_seconds: float | None = None
+    """also write last.pt when this many seconds have passed since the last write"""
+    eval_interval: int = 10
+    """iterations between evaluations (0 disables); best.pt is written when the eval return improves"""
+    eval_episodes: int = 1
+    """episodes per eval env in an evaluation"""
+    num_eval_envs: int = 128
+    """eval environments per process (separate from the training envs)"""
+    target_return: float | None = None
+    """stop once the eval return reaches this value"""
+    max_wall_seconds: float | None = None
+    """stop (and save) after this many seconds of training"""
+    track: bool = False
+    """mirror the TensorBoard logs to Weights & Biases"""
+    wandb_project_name: str = "parallel-rl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb team or user"""
+    progress: bool = True
+    """show a progress bar on the main process (only on a terminal, never under CI)"""
+    compile: bool = False
+    """torch.compile the acting step and the update step(s)"""
+    cudagraphs: bool = False
+    """capture the acting and update steps in CUDA graphs (CUDA only)"""
+    dist_timeout: float = 600.0
+    """seconds a collective may wait for the other ranks before the run fails (a dead or hung rank)"""
+
+
+# Flags that change how a run is driven, not what the networks are: left out of the
+# "saved with ..." hint of a checkpoint that does not fit.
+_RUN_FLAGS = {f for f in RunArgs.__dataclass_fields__} - {"env_id", "env_kwargs"}
+
+
+@dataclass
+class Run:
+    """The handles and counters of one run, on every rank. Checkpoints carry the counters."""
+
+    args: Any
+    algo: str
+    rank: int
+    world_size: int
+    device: torch.device
+    is_main: bool  # rank 0: the one process that logs, prints and writes checkpoints
+    run_dir: Path | None = None
+    writer: Any = None  # TensorBoard SummaryWriter on rank 0
+    wandb_run: Any = None
+    checkpoint: dict | None = None  # the checkpoint this run resumes from
+    resume_path: Path | None = None
+    global_step: int = 0
+    iteration: int = 0
+    best_eval_return: float = -math.inf
+    new_best: bool = False  # the evaluation of this iteration improved on best_eval_return
+    last_train_return: float = math.nan
+    sps: float = 0.0
+    stop_reason: str | None = None  # set once every rank agrees to stop after this iteration
+    save_time_due: bool = False  # --save-interval-seconds has passed on some rank
+    seconds: dict = field(default_factory=dict)  # wall seconds per phase, summed (see `timed`)
+    last_seconds: dict = field(default_factory=dict)  # wall seconds per phase, this iteration
+    env_log: dict = field(default_factory=dict)  # the env's info["log"]: name -> [sum, steps reported]
+    start_time: float = field(default_factory=time.time)
+    last_save_time: float = field(default_factory=time.time)
+    steps_at_start: int = 0
+    reduced_step: int = 0  # global step of the last reduce_iteration
+    guard: Any = None
+    progress: Any = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Starting a run
+# ----------------------------------------------------------------------------------------------
+def start_run(args, algo: str) -> Run:
+    """Join torchrun's process group (when launched by it) and pick this rank's device. Writes nothing."""
+    info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
+    if args.cudagraphs and info.device.type != "cuda":
+        raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
+    for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    return Run(args=args, algo=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main)
+
+
+def env_seed(run: Run) -> int:
+    """Seed of this rank's training envs: env i of rank r gets seed + r * num_envs + i."""
+    return run.args.seed + run.rank * run.args.num_envs
+
+
+def eval_seed(run: Run) -> int:
+    """Seed of this rank's eval envs (an evaluation adds its iteration: each one sees new episodes)."""
+    return run.args.seed + 10**8 + run.rank * run.args.num_eval_envs
+
+
+def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
+    """This rank's training and eval envs, then the torch seed of this rank.
+
+    `action_space` (gym.spaces.Box or Discrete) is the kind the script can act in: another kind
+    stops here, before anything is written, with `hint` pointing at the scripts that can.
+    """
+    args = run.args
+    try:
+        kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+        envs = make_env(args.env_id, args.num_envs, run.device, seed=env_seed(run), **kwargs)
+        space = envs.single_action_space
+        if action_space is not None and not isinstance(space, action_space):
+            raise ValueError(f"{run.algo}.py needs {action_space.__name__} actions, but {args.env_id} has {space}; {hint}")
+        eval_envs = make_env(args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run), **kwargs)
+    except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs
+        raise SystemExit(f"error: {e}") from None
+    torch.manual_seed(args.seed + run.rank)  # after the envs: some simulators (mjlab) seed the global generators
+    return envs, eval_envs
+
+
+def open_run(run: Run) -> dict | None:
+    """The run directory (one name across torchrun restarts), config.json, the checkpoint to resume
+    from, and on rank 0 the TensorBoard writer (and wandb). Returns the checkpoint, or None."""
+    args = run.args
+    run_name = args.run_name
+    if run_name is None and run.is_main:
+        default = f"{args.env_id.replace(':', '-').replace('/', '-')}__{run.algo}__{args.seed}__{int(time.time())}"
+        try:
+            run_name = default if args.eval_only else stable_run_name(default, args.output_dir)
+        except OSError:
+            run_name = default  # reported just below, with the directory
+    run.run_dir = Path(args.output_dir) / distributed.broadcast_object(run_name)
+    if run.is_main and not args.eval_only:
+        try:
+            checkpoint_dir(run.run_dir).mkdir(parents=True, exist_ok=True)
+            (run.run_dir / "config.json").write_text(json.dumps(asdict(args), indent=2))
+        except OSError as e:
+            raise SystemExit(f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir") from None
+    distributed.barrier()
+    if args.resume is None and elastic_restart_count() > 0:
+        args.resume = "auto"  # torchrun restarted the workers after a fault: continue from last.pt
+    try:
+        run.resume_path = resolve_resume(args.resume, run.run_dir) if args.resume else None
+        if args.eval_only and run.resume_path is None:
+            raise CheckpointError("--eval-only needs --resume PATH of a checkpoint")
+        if run.resume_path is not None:
+            run.checkpoint = load_checkpoint(run.resume_path, algo=run.algo, env_id=args.env_id)
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}") from None
+    if run.checkpoint is not None:
+        run.global_step, run.iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
+        run.best_eval_return = run.checkpoint["best_eval_return"]
+    if run.is_main and not args.eval_only:
+        if args.track:
+            try:
+                import wandb
+            except ImportError:
+                raise SystemExit("error: --track needs wandb: pip install wandb (or the [wandb] extra)") from None
+            run.wandb_run = wandb.init(
+                project=args.wandb_project_name, entity=args.wandb_entity, name=run.run_dir.name, id=run.run_dir.name,
+                resume="allow", config=asdict(args), sync_tensorboard=True, dir=str(run.run_dir),
+            )
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step: a resumed run drops the events logged after its checkpoint, so each curve
+        # stays one line without the repeated steps of the work lost to a fault.
+        run.writer = SummaryWriter(str(run.run_dir), purge_step=run.global_step + 1 if run.checkpoint else None)
+        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return run.checkpoint
+
+
+def begin_training(run: Run, description: str) -> None:
+    """Print what runs, start the clocks, the signal handler and the progress bar: the loop starts next."""
+    run.guard = distributed.PreemptionGuard()
+    run.start_time = run.last_save_time = time.time()
+    run.steps_at_start = run.reduced_step = run.global_step
+    if not run.is_main:
+        return
+    print(f"{run.algo} on {run.args.env_id}: {run.world_size} process(es) x {run.args.num_envs} envs on {run.device}; "
+          f"{description}; run dir {run.run_dir}", flush=True)
+    if run.args.progress and not os.environ.get("CI") and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        run.progress = tqdm(total=run.args.total_timesteps, initial=run.global_step, unit="step", unit_scale=True,
+                            dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints: save and restore (collectives)
+# ----------------------------------------------------------------------------------------------
+def _to_cpu(x):
+    """Tensors (also inside dicts, lists and TensorDicts) as CPU tensors, the rest as is."""
+    if isinstance(x, TensorDictBase):
+        return x.detach().cpu().to_dict()
+    if torch.is_tensor(x):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+def save(run: Run, names: list[str], model: torch.nn.Module, optimizers: dict, state: dict | None = None,
+         per_rank: dict | None = None, last_only: dict | None = None) -> None:
+    """Write the checkpoints `names` (BEST and/or LAST) of this iteration. A collective: every rank calls it.
+
+    `model`, `optimizers` and `state` (schedules, normalizers) are the same on every rank: rank 0's
+    are written. `per_rank` is each rank's own state (env snapshot, next observation, episode
+    statistics, partial returns): it is gathered to rank 0 as CPU tensors, with each rank's RNG
+    states, so that no rank rebuilds another's tensors on its GPU. `last_only` per-rank entries
+    (a replay buffer) go into last.pt only. Rank 0 writes each file atomically.
+    """
+    mine = {"rng": capture_rng_state(), **(per_rank or {})}
+    if LAST in names and last_only:
+        mine.update(last_only)
+    ranks = distributed.gather_object(_to_cpu(mine))
+    if run.is_main:
+        checkpoint = {
+            "format_version": FORMAT_VERSION, "algo": run.algo, "env_id": run.args.env_id, "args": asdict(run.args),
+            "world_size": run.world_size, "global_step": run.global_step, "iteration": run.iteration,
+            "best_eval_return": run.best_eval_return, "model": model.state_dict(),
+            "optimizers": {k: opt.state_dict() for k, opt in optimizers.items()}, **(state or {}),
+        }
+        for name in names:
+            keep = ranks if name == LAST else [{k: v for k, v in r.items() if k not in (last_only or {})} for r in ranks]
+            save_checkpoint({**checkpoint, "ranks": keep}, checkpoint_dir(run.run_dir) / name)
+    if LAST in names:
+        run.last_save_time = time.time()
+
+
+def restore(run: Run, envs, model: torch.nn.Module, optimizers: dict) -> dict | None:
+    """Load the resumed checkpoint's model and optimizers, and this rank's RNG and env state.
+
+    Returns this rank's saved state (tensors on the device, "next_obs" a TensorDict) with
+    "envs_continue": True when the envs carry on their episodes exactly, False when they start
+    fresh (an env that cannot be snapshotted); None when nothing of this rank can be restored:
+    no checkpoint, or one from another world size or --num-envs (its streams are re-derived from
+    the seed, and the run says so).
+    """
+    ckpt = run.checkpoint
+    if ckpt is None:
+        return None
+    try:
+        model.load_state_dict(ckpt["model"])
+        for name, opt in optimizers.items():
+            load_optimizer_state(opt, ckpt["optimizers"][name])
+    except (RuntimeError, ValueError, KeyError) as e:
+        saved, now = ckpt["args"], asdict(run.args)
+        differ = [k for k in saved if k not in _RUN_FLAGS and saved[k] != now.get(k)]
+        flags = " ".join(f"--{k.replace('_', '-')} {_flag_value(saved[k])}" for k in differ) or "(the same flags)"
+        raise SystemExit(f"error: {run.resume_path} holds networks of another shape than this run builds; it was saved "
+                         f"with {flags}: resume with those ({str(e).splitlines()[0][:120]})") from None
+    if run.is_main:
+        print(f"resumed from {run.resume_path} at iteration {run.iteration}, global step {run.global_step}", flush=True)
+    if ckpt["world_size"] != run.world_size or ckpt["args"]["num_envs"] != run.args.num_envs:
+        if run.is_main:
+            print(f"notice: checkpoint from {ckpt['world_size']} process(es) x {ckpt['args']['num_envs']} envs; env and "
+                  f"RNG streams re-derived from the seed (networks, optimizers, normalizers restored)", flush=True)
+        return None
+    mine = ckpt["ranks"][run.rank]
+    restore_rng_state(mine["rng"])
+    out = {k: _to_device(v, run.device) for k, v in mine.items() if k != "rng"}
+    out["envs_continue"] = bool(mine.get("env"))  # an env without snapshots (gym:, mjlab:) starts fresh episodes
+    if out["envs_continue"]:
+        envs.load_state_dict(mine["env"])
+        out["next_obs"] = TensorDict(out["next_obs"], batch_size=[run.args.num_envs], device=run.device)
+    return out
+
+
+def _to_device(x, device):
+    if torch.is_tensor(x):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def _flag_value(v) -> str:
+    return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+# ----------------------------------------------------------------------------------------------
+# Inside the loop
+# ----------------------------------------------------------------------------------------------
+@contextmanager
+def timed(run: Run, phase: str):
+    """Wall seconds of a phase (summed in run.seconds, this iteration's in run.last_seconds). On
+    CUDA it waits for the device at the end, so the split is GPU time, not launch time: call it
+    once or twice per iteration, never per env step."""
+    t0 = time.time()
+    yield
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+    run.last_seconds[phase] = time.time() - t0
+    run.seconds[phase] = run.seconds.get(phase, 0.0) + run.last_seconds[phase]
+
+
+@torch.no_grad()
+def episode_sums(running: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+    """Return sum, length sum and count [3] (float64) of the episodes that finished in [T, N] steps.
+
+    `running` [2, N] holds each env's return and length so far; it is updated in place and
+    zeroed where an episode ends. On the device, without a host read.
+    """
+    sums = torch.zeros(3, device=running.device, dtype=torch.float64)
+    for t in range(rewards.shape[0]):
+        running[0] += rewards[t]
+        running[1] += 1
+        d = dones[t]
+        sums += torch.stack([(running[0] * d).sum(), (running[1] * d).sum(), d.sum().double()])
+        running *= ~d
+    return sums
+
+
+def record_env_log(run: Run, info: dict) -> None:
+    """Add the env's own metrics of one step (info["log"]) to the sums logged under env/."""
+    for k, v in info.get("log", {}).items():
+        acc = run.env_log.setdefault(k, [0.0, 0])
+        acc[0], acc[1] = acc[0] + v, acc[1] + 1
+
+
+def reduce_iteration(run: Run, episodes: torch.Tensor | None = None, means: dict | None = None,
+                     checks: dict | None = None, local: dict | None = None) -> dict[str, float]:
+    """The statistics since the last call over all ranks: one all-reduce and one host read. A collective.
+
+    - `episodes`: [3] return sum, length sum and count of finished episodes (from episode_sums),
+      summed over ranks -> charts/episodic_return and charts/episodic_length when any finished;
+    - `means`: {tag: scalar tensor}, averaged over ranks (losses/...);
+    - `checks`: {name: bool tensor} that must hold on every rank: the NaN guard. A failed one
+      raises FloatingPointError naming it, before anything is saved, so the last good
+      checkpoint stays;
+    - `local`: {tag: scalar tensor or float}, rank 0's own values (e.g. the learning rate), read
+      in the same host read, with the env's own metrics (env/<name>, rank 0's alone: ranks may
+      report different keys).
+
+    This rank's stop and save flags (a signal, --max-wall-seconds, --save-interval-seconds) ride
+    along: one rank's flag counts for all, so every rank stops or saves after the same iteration.
+    Returns {tag: float} with charts/SPS.
+    """
+    args, dev = run.args, run.device
+    means, checks, local = means or {}, checks or {}, dict(local or {})
+    local.update({f"env/{k}": torch.as_tensor(s / c, device=dev).double().mean() for k, (s, c) in run.env_log.items()})
+    run.env_log = {}
+    now = time.time()
+    flags = [run.guard is not None and run.guard.received is not None,
+             args.max_wall_seconds is not None and now - run.start_time >= args.max_wall_seconds,
+             args.save_interval_seconds is not None and now - run.last_save_time >= args.save_interval_seconds]
+    as_row = lambda v: torch.as_tensor(v, device=dev).double().reshape(-1)  # noqa: E731
+    reduced = [as_row(episodes if episodes is not None else [0.0, 0.0, 0.0]),
+               *(as_row(v) for v in means.values()), *(as_row(v.all()) for v in checks.values()),
+               torch.tensor(flags, dtype=torch.float64).to(dev)]
+    packed = distributed.all_reduce(torch.cat(reduced))
+    host = torch.cat([packed, *(as_row(v) for v in local.values())]).tolist()
+
+    ep_return, ep_length, ep_count = host[0:3]
+    values = iter(host[3:])
+    out = {tag: next(values) / run.world_size for tag in means}
+    failed = [name for name in checks if next(values) < run.world_size]
+    stop_signal, out_of_time, save_time_due = (next(values) > 0 for _ in range(3))
+    out.update({tag: next(values) for tag in local})
+    if failed:
+        raise FloatingPointError(
+            f"non-finite {', '.join(failed)} at iteration {run.iteration} (global steps {run.reduced_step:,} to "
+            f"{run.global_step:,}); last good checkpoint kept in {checkpoint_dir(run.run_dir)}"
+        )
+    run.reduced_step = run.global_step
+    run.save_time_due = save_time_due
+    if out_of_time:
+        run.stop_reason = "max_wall_seconds"
+    elif stop_signal:
+        run.stop_reason = f"signal:{(run.guard and run.guard.received) or 'peer'}"
+    run.sps = (run.global_step - run.steps_at_start) / max(time.time() - run.start_time, 1e-9)
+    out["charts/SPS"] = run.sps
+    if ep_count > 0:
+        run.last_train_return = ep_return / ep_count
+        out["charts/episodic_return"] = run.last_train_return
+        out["charts/episodic_length"] = ep_length / ep_count
+    return out
+
+
+def log(run: Run, stats: dict[str, float]) -> None:
+    """Write the scalars (tag -> value, x-axis: global step) on rank 0 and flush, so the curves on
+    disk keep up with training, also for a run that gets killed."""
+    if not run.is_main:
+        return
+    for tag, value in stats.items():
+        run.writer.add_scalar(tag, value, run.global_step)
+    for phase, seconds in run.last_seconds.items():
+        run.writer.add_scalar(f"charts/{phase}_seconds", seconds, run.global_step)
+    run.writer.flush()
+    if run.progress is not None:
+        run.progress.update(run.global_step - run.progress.n)
+        run.progress.set_postfix(sps=f"{run.sps:,.0f}", ret=f"{run.last_train_return:.1f}", refresh=False)
+
+
+def _print(run: Run, msg: str) -> None:
+    if run.is_main:
+        run.progress.write(msg) if run.progress is not None else print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation and the decisions around it
+# ----------------------------------------------------------------------------------------------
+def eval_due(run: Run, final_iteration: bool) -> bool:
+    return run.args.eval_interval > 0 and (run.iteration % run.args.eval_interval == 0 or final_iteration)
+
+
+@torch.no_grad()
+def run_episodes(eval_envs, act: Callable, episodes: int, seed: int) -> tuple[float, float]:
+    """Mean return and length of the first `episodes` episodes of every eval env, over all ranks (a collective).
+
+    `act(obs)` maps the observations to the env's actions (the deterministic policy).
+    """
+    n, dev = eval_envs.num_envs, eval_envs.device
+    obs, _ = eval_envs.reset(seed=seed)
+    running = torch.zeros(2, n, device=dev, dtype=torch.float64)  # return, length
+    done_count = torch.zeros(n, device=dev, dtype=torch.long)
+    sums = torch.zeros(3, device=dev, dtype=torch.float64)  # return sum, length sum, episodes
+    max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000
+    for step in range(max_steps * episodes + 1):
+        obs, reward, terminated, truncated, _ = eval_envs.step(act(obs))
+        active = done_count < episodes
+        running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
+        done = (terminated | truncated) & active
+        sums += torch.stack([(running[0] * done).sum(), (running[1] * done).sum(), done.double().sum()])
+        done_count += done.long()
+        running *= ~done
+        if step % 64 == 63 and bool((done_count >= episodes).all()):  # a sync every 64 steps, not every step
+            break
+    distributed.all_reduce(sums)
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+
+
+def evaluate(run: Run, eval_envs, act: Callable) -> float:
+    """Evaluate `act` on the eval envs (a collective), log eval/, keep the best return, and stop at
+    --target-return. Returns the mean eval return."""
+    ret, length = run_episodes(eval_envs, act, run.args.eval_episodes, seed=eval_seed(run) + run.iteration)
+    if run.is_main:
+        run.writer.add_scalar("eval/episodic_return", ret, run.global_step)
+        run.writer.add_scalar("eval/episodic_length", length, run.global_step)
+    _print(run, f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, "
+                f"train return {run.last_train_return:.2f}, SPS {run.sps:,.0f}")
+    run.new_best = ret > run.best_eval_return
+    run.best_eval_return = max(ret, run.best_eval_return)
+    if run.args.target_return is not None and ret >= run.args.target_return:
+        run.stop_reason = "target_return"
+    return ret
+
+
+def checkpoints_due(run: Run, final_iteration: bool) -> list[str]:
+    """best.pt after an evaluation that improved; last.pt every --save-interval iterations, at the
+    end, when --save-interval-seconds has passed, and before a stop."""
+    names = [BEST] if run.new_best else []
+    run.new_best = False
+    if run.stop_reason or final_iteration or run.save_time_due or run.iteration % run.args.save_interval == 0:
+        names.append(LAST)
+    return names
+
+
+def eval_only(run: Run, eval_envs, act: Callable) -> dict:
+    """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end."""
+    ret, length = run_episodes(eval_envs, act, run.args.eval_episodes, seed=eval_seed(run))
+    if run.is_main:
+        print(json.dumps({"eval_episodic_return": ret, "eval_episodic_length": length, "checkpoint": str(run.resume_path)}))
+    distributed.cleanup()
+    return {"eval_return": ret, "eval_length": length}
+
+
+# ----------------------------------------------------------------------------------------------
+# Finishing
+# ----------------------------------------------------------------------------------------------
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated by torch on CUDA; peak resident set size of the process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def finish(run: Run, model: torch.nn.Module) -> dict:
+    """Check that the ranks' parameters agree, write summary.json (the same fields for every
+    script), close the writers and leave the process group. A collective. Returns the summary."""
+    if run.guard is not None:
+        run.guard.restore()
+    in_sync = distributed.check_in_sync(model)  # averaged gradients keep every rank's weights bit-identical
+    if not in_sync and run.is_main:
+        print("warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged them", flush=True)
+    if run.progress is not None:
+        run.progress.close()
+    ckpts = checkpoint_dir(run.run_dir)
+    summary = {
+        "algo": run.algo, "env_id": run.args.env_id, "run_dir": str(run.run_dir), "global_step": run.global_step,
+        "iteration": run.iteration, "wall_seconds": time.time() - run.start_time, "sps": run.sps,
+        "last_train_return": None if math.isnan(run.last_train_return) else run.last_train_return,  # strict JSON
+        "best_eval_return": run.best_eval_return if run.best_eval_return > -math.inf else None,
+        "stop_reason": run.stop_reason or "total_timesteps", "world_size": run.world_size, "params_in_sync": in_sync,
+        "rollout_seconds": run.seconds.get("rollout"), "update_seconds": run.seconds.get("update"),
+        "peak_memory_mb": peak_memory_mb(run.device),
+        "checkpoints": {"last": str(ckpts / LAST), "best": str(ckpts / BEST)},
+    }
+    if run.is_main:
+        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        run.writer.close()
+        if run.wandb_run is not None:
+            run.wandb_run.finish()
+        print(json.dumps(summary), flush=True)
+    distributed.cleanup()
+    return summary
