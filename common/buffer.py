@@ -214,6 +214,13 @@ class ReplayBuffer:
         out["effective_n"] = effective_n
         return out
 
+    def end_episodes(self) -> None:
+        """Mark the newest transition of every env truncated: its env goes on with a fresh episode
+        (a resume of an env that cannot be snapshotted), so no n-step window may join the two.
+        The window stops there and bootstraps from that transition's true next observation."""
+        if self.data is not None and self.size > 0:
+            self.data["truncated"][:, (self.ptr - 1) % self.capacity] = True
+
     def state_dict(self) -> dict:
         """Plain tensors and ints (loadable with ``torch.load(weights_only=True)``).
 
