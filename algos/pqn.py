@@ -4,23 +4,22 @@
     python algos/pqn.py --env-id CartPole-v1 --device cpu --num-envs 64 --num-minibatches 4 --hidden-sizes 64 64 --reward-scale 0.1
     torchrun --nproc-per-node 8 algos/pqn.py --env-id Acrobot-v1 --num-envs 4096
 
-One file, read top to bottom: Args -> setup -> Q-network -> epsilon-greedy rollout -> Q(lambda)
-targets -> epochs of minibatch regression -> logging. No replay buffer and no target network:
-the many parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the
-bootstrapped regression stable. `--num-envs` is per process; `--total-timesteps` counts env
-steps over all processes.
+The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule and the
+rollout -> main (setup, then the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs of
+minibatch regression -> log -> eval/save). No replay buffer and no target network: the many
+parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
+regression stable. The run around it (run directory, checkpoints, torchrun, evaluation,
+logging) is common/run.py. `--num-envs` is per process; `--total-timesteps` counts env steps
+over all processes.
 References: Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (PQN);
 Watkins 1989 and Peng & Williams 1996 (Q(lambda)); CleanRL's DQN for the flag names.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -30,75 +29,29 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from tensordict import TensorDict, from_module
-from torch.utils.tensorboard import SummaryWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from common import distributed  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
-from common.checkpoint import (  # noqa: E402
-    BEST, FORMAT_VERSION, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, gather_rng_states,
-    load_checkpoint, load_optimizer_state, resolve_resume, restore_rank_rng_state, save_checkpoint, stable_run_name,
-)
-from common.envs import make_env  # noqa: E402
 from common.normalize import RunningMeanStd  # noqa: E402
+from common.run import (  # noqa: E402
+    RunArgs, begin_training, checkpoints_due, episode_sums, eval_due, eval_only, evaluate, finish, log, make_envs,
+    open_run, record_env_log, reduce_iteration, restore, save, start_run, timed,
+)
 
 ALGO = "pqn"
 
 
 @dataclass
-class Args:
-    # --- experiment ---
+class Args(RunArgs):
     env_id: str = "CartPole-v1"
     """environment id with a Discrete action space: a built-in env (CartPole-v1, Acrobot-v1, MountainCar-v0) or an adapter id"""
     num_envs: int = 1024
-    """parallel environments per process (per GPU)"""
-    env_kwargs: str | None = None
-    """JSON object of extra make_env arguments, e.g. '{"max_episode_steps": 100}' or '{"vectorization": "async"}'"""
-    total_timesteps: int = 5_000_000
-    """env steps to train for, summed over all processes"""
-    seed: int = 1
-    """seed of the experiment; rank r seeds its envs and sampling with seed + r"""
-    device: str = "auto"
-    """'auto' (this rank's GPU if any, else CPU), 'cpu', 'cuda'"""
-    torch_deterministic: bool = True
-    """use deterministic algorithms (cudnn.deterministic, deterministic kernels where they exist)"""
-    output_dir: str = "runs"
-    """where run directories are created"""
-    run_name: str | None = None
-    """name of the run directory; default {env_id}__pqn__{seed}__{timestamp}"""
-    resume: str | None = None
-    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists)"""
     eval_only: bool = False
     """load --resume, evaluate the greedy policy, print the returns, and exit"""
-    save_interval: int = 50
-    """iterations between writes of checkpoints/last.pt (also written at the end and on SIGTERM/SIGUSR1)"""
-    save_interval_seconds: float | None = None
-    """also write last.pt when this many seconds have passed since the last write"""
-    eval_interval: int = 10
-    """iterations between evaluations (0 disables); best.pt is written when the eval return improves"""
-    eval_episodes: int = 1
-    """episodes per eval env in an evaluation"""
-    num_eval_envs: int = 128
-    """eval environments per process (separate from the training envs)"""
-    target_return: float | None = None
-    """stop once the eval return reaches this value"""
-    max_wall_seconds: float | None = None
-    """stop (and save) after this many seconds of training"""
-    track: bool = False
-    """mirror the TensorBoard logs to Weights & Biases"""
-    wandb_project_name: str = "parallel-rl"
-    """wandb project"""
-    wandb_entity: str | None = None
-    """wandb team or user"""
-    progress: bool = True
-    """show a progress bar on the main process (only on a terminal, never under CI)"""
     compile: bool = False
     """torch.compile the acting step, the Q(lambda) targets and the update step"""
-    cudagraphs: bool = False
-    """capture the acting and update steps in CUDA graphs (CUDA only)"""
-    dist_timeout: float = 600.0
-    """seconds a collective may wait for the other ranks before the run fails (a dead or hung rank)"""
 
     # --- PQN ---
     num_steps: int = 16
@@ -208,39 +161,32 @@ def q_lambda_targets(rewards, next_q_max, final_q_max, terminated, truncated, ga
     return targets
 
 
-# ----------------------------------------------------------------------------------------------
-# Evaluation: greedy policy on separate envs, reduced over ranks
-# ----------------------------------------------------------------------------------------------
-@torch.no_grad()
-def evaluate(qnet: QNetwork, eval_envs, episodes: int, seed: int):
-    """Mean return and length of the first `episodes` episodes of every eval env, over all ranks."""
-    n, dev = eval_envs.num_envs, eval_envs.device
-    obs, _ = eval_envs.reset(seed=seed)
-    ep = torch.zeros(2, n, device=dev, dtype=torch.float64)  # running return, length
-    done_count = torch.zeros(n, device=dev, dtype=torch.long)
-    sums = torch.zeros(3, device=dev, dtype=torch.float64)  # return sum, length sum, episodes
-    max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000
-    for step in range(max_steps * episodes + 1):
-        obs, reward, terminated, truncated, _ = eval_envs.step(qnet.greedy(obs["policy"]))
-        active = done_count < episodes
-        ep += torch.stack([reward.double(), torch.ones_like(ep[1])]) * active
-        done = (terminated | truncated) & active
-        sums += torch.stack([(ep[0] * done).sum(), (ep[1] * done).sum(), done.double().sum()])
-        done_count += done.long()
-        ep *= ~done
-        if step % 64 == 63 and bool((done_count >= episodes).all()):  # a sync every 64 steps, not every step
-            break
-    distributed.all_reduce(sums)
-    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+def epsilon_at(step: int, total_steps: int, args: Args) -> float:
+    """Linear decay from start_e to end_e over exploration_fraction of the run, then constant."""
+    duration = args.exploration_fraction * total_steps
+    return args.end_e + (args.start_e - args.end_e) * max(0.0, 1.0 - step / duration) if duration > 0 else args.end_e
+
+
+def rollout(run, envs, policy_step, next_obs: TensorDict, epsilon: torch.Tensor, storage: RolloutStorage) -> TensorDict:
+    """storage.num_steps epsilon-greedy steps of every env, written to storage. No host sync."""
+    for step in range(storage.num_steps):
+        with torch.no_grad():
+            action = policy_step(next_obs["policy"], epsilon)
+        obs = next_obs
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        storage.write(step, TensorDict(
+            {"obs": obs["policy"], "final_obs": info["final_obs"]["policy"], "actions": action,
+             "rewards": reward.float(), "terminated": terminated, "truncated": truncated},
+            batch_size=[envs.num_envs],
+        ))
+        record_env_log(run, info)
+    return next_obs
 
 
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
-    # --- distributed setup: rank, world size, device; seed offset per rank (nanoGPT's recipe) ---
-    dist_info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
-    rank, world_size, device, master = dist_info.rank, dist_info.world_size, dist_info.device, dist_info.is_main
-    if args.cudagraphs and device.type != "cuda":
-        raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
+    run = start_run(args, ALGO)
+    device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:
         raise SystemExit(
@@ -248,69 +194,12 @@ def main(args: Args) -> dict:
             f"into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
         )
     minibatch_size = batch_size // args.num_minibatches
-    global_batch = batch_size * world_size
+    global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
-    num_iterations = total_steps // global_batch
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    envs, eval_envs = make_envs(run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py")
+    open_run(run)
 
-    # --- environments first: a continuous action space stops here, before anything is written ---
-    try:
-        env_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
-        envs = make_env(args.env_id, args.num_envs, device, seed=args.seed + rank * args.num_envs, **env_kwargs)
-    except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs
-        raise SystemExit(f"error: {e}") from None
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        raise SystemExit(
-            f"error: pqn.py needs a discrete action space, but {args.env_id} has {envs.single_action_space}; "
-            f"for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py"
-        )
-    eval_envs = make_env(args.env_id, args.num_eval_envs, device, seed=args.seed + 10**8 + rank * args.num_eval_envs, **env_kwargs)
-
-    torch.manual_seed(args.seed + rank)  # after the envs: some simulators (mjlab) seed the global generators
-
-    # --- run directory: rank 0 names it (the same name after a torchrun restart), everyone agrees ---
-    run_name = args.run_name
-    if run_name is None and master:
-        default = f"{args.env_id.replace(':', '-').replace('/', '-')}__{ALGO}__{args.seed}__{int(time.time())}"
-        try:
-            run_name = default if args.eval_only else stable_run_name(default, args.output_dir)
-        except OSError:
-            run_name = default  # reported just below, with the directory
-    run_name = distributed.broadcast_object(run_name)
-    run_dir = Path(args.output_dir) / run_name
-    if master and not args.eval_only:
-        try:
-            checkpoint_dir(run_dir).mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.json").write_text(json.dumps(asdict(args), indent=2))
-        except OSError as e:
-            raise SystemExit(f"error: cannot write the run directory {run_dir} ({e.strerror}); choose --output-dir") from None
-    distributed.barrier()
-    if args.resume is None and elastic_restart_count() > 0:
-        args.resume = "auto"  # torchrun restarted the workers after a fault: continue from last.pt
-    resume_path = resolve_resume(args.resume, run_dir) if args.resume else None
-    if args.eval_only and resume_path is None:
-        raise SystemExit("error: --eval-only needs --resume PATH of a checkpoint")
-    checkpoint = load_checkpoint(resume_path, algo=ALGO, env_id=args.env_id) if resume_path else None
-
-    writer, wandb_run = None, None
-    if master and not args.eval_only:
-        if args.track:
-            try:
-                import wandb
-            except ImportError:
-                raise SystemExit("error: --track needs wandb: pip install wandb (or the [wandb] extra)") from None
-            wandb_run = wandb.init(
-                project=args.wandb_project_name, entity=args.wandb_entity, name=run_name, id=run_name,
-                resume="allow", config=asdict(args), sync_tensorboard=True, dir=str(run_dir),
-            )
-        # purge_step: a resumed run drops the events logged after its checkpoint (one curve, no repeats)
-        writer = SummaryWriter(str(run_dir), purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
-        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
-    next_obs, _ = envs.reset(seed=args.seed + rank * args.num_envs)
+    next_obs, _ = envs.reset(seed=args.seed + run.rank * args.num_envs)
     obs_dim, num_actions = next_obs["policy"].shape[-1], int(envs.single_action_space.n)
     qnet = QNetwork(obs_dim, num_actions, args).to(device)
     distributed.broadcast_module(qnet)  # identical initial weights on every rank
@@ -318,59 +207,26 @@ def main(args: Args) -> dict:
     qnet_inference = QNetwork(obs_dim, num_actions, args).to(device)
     from_module(qnet).data.to_module(qnet_inference)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place
-    lr_now = args.learning_rate  # its host copy, for logging without a device read
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
     optimizer = torch.optim.Adam(qnet.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
-
-    # --- epsilon: a linear schedule of the global step, scaled per env (global env index) ---
-    env_index = rank * args.num_envs + torch.arange(args.num_envs, device=device)
-    eps_scale = 1.0 - args.epsilon_spread * env_index / max(1, world_size * args.num_envs - 1)
-    eps_mean_scale = 1.0 - args.epsilon_spread / 2 if world_size * args.num_envs > 1 else 1.0
+    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
+    # Per-env epsilon: the schedule's value scaled by the env's place among all envs of all ranks.
+    env_index = run.rank * args.num_envs + torch.arange(args.num_envs, device=device)
+    eps_scale = 1.0 - args.epsilon_spread * env_index / max(1, run.world_size * args.num_envs - 1)
+    eps_mean_scale = 1.0 - args.epsilon_spread / 2 if run.world_size * args.num_envs > 1 else 1.0
     epsilon = torch.empty(args.num_envs, device=device)  # one fixed buffer, refilled every iteration
 
-    def epsilon_at(step: int) -> float:
-        duration = args.exploration_fraction * total_steps
-        return args.end_e + (args.start_e - args.end_e) * max(0.0, 1.0 - step / duration) if duration > 0 else args.end_e
-
-    # --- resume ---
-    global_step, start_iteration, best_eval_return = 0, 0, -math.inf
-    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
-    if checkpoint is not None:
-        try:
-            qnet.load_state_dict(checkpoint["model"])
-            load_optimizer_state(optimizer, checkpoint["optimizer"])
-        except (RuntimeError, ValueError, KeyError):
-            saved = {k: checkpoint["args"].get(k) for k in ("hidden_sizes", "obs_norm")}
-            raise CheckpointError(
-                f"{resume_path} holds a Q-network of another shape: trained with {saved}, this run has "
-                f"{ {k: getattr(args, k) for k in saved} }; pass the checkpoint's --hidden-sizes / --obs-norm"
-            ) from None
-        lr.fill_(checkpoint["learning_rate"])
-        lr_now = checkpoint["learning_rate"]
-        global_step, start_iteration = checkpoint["global_step"], checkpoint["iteration"]
-        best_eval_return = checkpoint["best_eval_return"]
-        same_shape = checkpoint["world_size"] == world_size and checkpoint["args"]["num_envs"] == args.num_envs
-        if same_shape and restore_rank_rng_state(checkpoint["rng"], rank, world_size) and "env" in checkpoint:
-            env_ckpt = checkpoint["env"][rank]
-            if env_ckpt["state"]:  # an env that cannot be snapshotted (gym:, mjlab:) starts fresh episodes
-                envs.load_state_dict(env_ckpt["state"])
-                next_obs = TensorDict(env_ckpt["next_obs"], batch_size=[args.num_envs]).to(device)
-                ep_stats.copy_(env_ckpt["ep_stats"])
-        elif master:
-            print(f"notice: checkpoint from {checkpoint['world_size']} process(es) x {checkpoint['args']['num_envs']} envs; "
-                  f"env and RNG streams re-derived from the seed (model, optimizer, normalizer restored)", flush=True)
-        if master:
-            print(f"resumed from {resume_path} at iteration {start_iteration}, global step {global_step}", flush=True)
-
-    eval_seed = args.seed + 10**8 + rank * args.num_eval_envs
+    rank_state = restore(run, envs, qnet, {"adam": optimizer})
+    if run.checkpoint is not None:
+        lr.fill_(run.checkpoint["learning_rate"])
+    if rank_state and rank_state["envs_continue"]:
+        next_obs = rank_state["next_obs"]
+        ep_stats.copy_(rank_state["ep_stats"])
+    greedy = lambda obs: qnet_inference.greedy(obs["policy"])  # noqa: E731
     if args.eval_only:
-        ret, length = evaluate(qnet_inference, eval_envs, args.eval_episodes, seed=eval_seed)
-        if master:
-            print(json.dumps({"eval_episodic_return": ret, "eval_episodic_length": length, "checkpoint": str(resume_path)}))
-        distributed.cleanup()
-        return {"eval_return": ret}
+        return eval_only(run, eval_envs, greedy)
 
-    # --- the three hot functions; compiled / graph-captured on request ---
+    # --- the hot functions; compiled / graph-captured on request ---
     def policy_step(obs: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
         return qnet_inference.act(obs, epsilon)
 
@@ -387,8 +243,7 @@ def main(args: Args) -> dict:
 
     targets_fn = q_lambda_targets
     if args.compile:
-        policy_step = torch.compile(policy_step)
-        update_minibatch = torch.compile(update_minibatch)
+        policy_step, update_minibatch = torch.compile(policy_step), torch.compile(update_minibatch)
         targets_fn = torch.compile(q_lambda_targets)
     if args.cudagraphs:
         from tensordict.nn import CudaGraphModule
@@ -398,88 +253,27 @@ def main(args: Args) -> dict:
         update_minibatch = CudaGraphModule(update_minibatch, warmup=warmup)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    guard = distributed.PreemptionGuard()
-    if master:
-        print(
-            f"{ALGO} on {args.env_id}: {world_size} process(es) x {args.num_envs} envs on {device}; batch "
-            f"{global_batch} per iteration ({batch_size} per process, {args.num_minibatches} minibatches of "
-            f"{minibatch_size}); {num_iterations} iterations for {total_steps} steps; run dir {run_dir}",
-            flush=True,
-        )
-    progress = None
-    if master and args.progress and not os.environ.get("CI") and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        progress = tqdm(total=total_steps, initial=global_step, unit="step", unit_scale=True, dynamic_ncols=True)
-
-    def save(path_name: str, iteration: int):
-        """Every rank contributes its RNG and env state; rank 0 writes atomically."""
-        rng = gather_rng_states()
-        env_state = distributed.all_gather_object(
-            {"state": envs.state_dict(), "next_obs": next_obs.cpu().to_dict(), "ep_stats": ep_stats.cpu()}
-        )
-        if not master:
-            return None
-        return save_checkpoint(
-            {
-                "format_version": FORMAT_VERSION, "algo": ALGO, "env_id": args.env_id, "args": asdict(args),
-                "world_size": world_size, "global_step": global_step, "iteration": iteration,
-                "model": qnet.state_dict(), "optimizer": optimizer.state_dict(), "learning_rate": float(lr),
-                "epsilon": epsilon_at(global_step), "best_eval_return": best_eval_return, "rng": rng, "env": env_state,
-            },
-            checkpoint_dir(run_dir) / path_name,
-        )
-
-    start_time, stop_reason = time.time(), "total_timesteps"
-    last_train_return, sps, iteration = float("nan"), 0.0, start_iteration
-    steps_at_start, last_save_time = global_step, time.time()
-    time_totals = [0.0, 0.0]  # rollout, update seconds
-    sync_device = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
+                        f"per process); {total_steps // global_batch} iterations for {total_steps} steps")
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.
-    while global_step + global_batch <= total_steps:
-        iteration += 1
-        final_iteration = global_step + 2 * global_batch > total_steps
-        if args.anneal_lr:
-            lr_now = args.learning_rate * (1.0 - global_step / total_steps)
+    while run.global_step + global_batch <= total_steps:
+        run.iteration += 1
+        final_iteration = run.global_step + 2 * global_batch > total_steps
+        lr_now = args.learning_rate * (1.0 - run.global_step / total_steps) if args.anneal_lr else None
+        if lr_now is not None:
             lr.fill_(lr_now)
-        eps_now = epsilon_at(global_step)
+        eps_now = epsilon_at(run.global_step, total_steps, args)
         torch.mul(eps_scale, eps_now, out=epsilon)
 
-        # --- rollout: no host-device synchronisation in this loop ---
-        rollout_start = time.time()
-        env_log_sums: dict[str, list] = {}  # name -> [sum, steps on which the env reported it]
-        for step in range(args.num_steps):
-            with torch.no_grad():
-                action = policy_step(next_obs["policy"], epsilon)
-            obs = next_obs
-            next_obs, reward, terminated, truncated, info = envs.step(action)
-            storage.write(step, TensorDict(
-                {"obs": obs["policy"], "final_obs": info["final_obs"]["policy"], "actions": action,
-                 "rewards": reward.float(), "terminated": terminated, "truncated": truncated},
-                batch_size=[args.num_envs],
-            ))
-            for k, v in info.get("log", {}).items():
-                acc = env_log_sums.setdefault(k, [0.0, 0])
-                acc[0], acc[1] = acc[0] + v, acc[1] + 1
-        sync_device()  # two syncs per iteration so the rollout/update split is GPU time, not launch time
-        rollout_time = time.time() - rollout_start
-        time_totals[0] += rollout_time
-        global_step += global_batch
+        with timed(run, "rollout"):
+            next_obs = rollout(run, envs, policy_step, next_obs, epsilon, storage)
+        run.global_step += global_batch
         data = storage.data
 
+        # --- episode statistics; max-Q of next and final observations, batched; Q(lambda) targets ---
         with torch.no_grad():
-            # --- finished-episode statistics, on the device ---
-            dones = data["terminated"] | data["truncated"]
-            ep_sums = torch.zeros(3, device=device, dtype=torch.float64)  # return sum, length sum, count
-            for t in range(args.num_steps):
-                ep_stats[0] += data["rewards"][t]
-                ep_stats[1] += 1
-                d = dones[t]
-                ep_sums += torch.stack([(ep_stats[0] * d).sum(), (ep_stats[1] * d).sum(), d.sum().double()])
-                ep_stats *= ~d
-
-            # --- max-Q of next and final observations, batched over the rollout; Q(lambda) targets ---
+            ep_sums = episode_sums(ep_stats, data["rewards"], data["terminated"] | data["truncated"])
             obs_n = qnet.obs_rms(data["obs"])  # the same statistics the policy acted with
             q_max = qnet(obs_n).amax(-1)
             last_q_max = qnet(qnet.obs_rms(next_obs["policy"])).amax(-1)
@@ -491,115 +285,37 @@ def main(args: Args) -> dict:
                 qnet.obs_rms.update(data["obs"])
 
         # --- update: epochs of shuffled minibatches over the [T*N] batch ---
-        update_start = time.time()
-        batch = TensorDict(
-            {"obs_n": obs_n, "actions": data["actions"], "targets": targets}, batch_size=[args.num_steps, args.num_envs]
-        ).reshape(-1)
-        loss_sums = torch.zeros(2, device=device)
-        for epoch in range(args.update_epochs):
-            perm = torch.randperm(batch_size, device=device)
-            for start in range(0, batch_size, minibatch_size):
-                loss_sums += update_minibatch(batch[perm[start : start + minibatch_size]])
-        sync_device()
-        update_time = time.time() - update_start
-        time_totals[1] += update_time
+        with timed(run, "update"):
+            batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "targets": targets},
+                               batch_size=[args.num_steps, args.num_envs]).reshape(-1)
+            loss_sums = torch.zeros(2, device=device)
+            for epoch in range(args.update_epochs):
+                perm = torch.randperm(batch_size, device=device)
+                for start in range(0, batch_size, minibatch_size):
+                    loss_sums += update_minibatch(batch[perm[start : start + minibatch_size]])
 
-        # --- once per iteration: one host sync for logging, the NaN guard and the stop signal ---
-        with torch.no_grad():
-            finite = torch.stack([
-                torch.isfinite(data["obs"]).all(), torch.isfinite(data["rewards"]).all(),
-                torch.isfinite(targets).all(), torch.isfinite(loss_sums).all(),
-            ]).double()
-            # Decisions from this rank's clock or signals, summed over ranks: all stop or save together.
-            now = time.time()
-            flags = [guard.received is not None,
-                     args.max_wall_seconds is not None and now - start_time >= args.max_wall_seconds,
-                     args.save_interval_seconds is not None and now - last_save_time >= args.save_interval_seconds]
-            stop_flag = torch.tensor([float(f) for f in flags], device=device, dtype=torch.float64)
-            packed = torch.cat([ep_sums, finite, stop_flag, loss_sums.double() / (args.update_epochs * args.num_minibatches)])
-            distributed.all_reduce(packed)  # episode sums add up; the rest is averaged below
-            # The env's own metrics are rank 0's alone (ranks may report different keys); same single sync.
-            env_means = [torch.as_tensor(s / c, device=device).double().mean().reshape(1) for s, c in env_log_sums.values()]
-            host = torch.cat([packed, *env_means]).tolist()
-        ep_ret_sum, ep_len_sum, ep_count = host[0:3]
-        nonfinite = [name for name, ok in zip(("observations", "rewards", "targets", "losses"), host[3:7]) if ok < world_size]
-        if nonfinite:
-            raise FloatingPointError(
-                f"non-finite {', '.join(nonfinite)} at iteration {iteration}; last good checkpoint kept in {checkpoint_dir(run_dir)}"
-            )
-        stop_signal, out_of_time, save_time_due = (x > 0 for x in host[7:10])
-        td_loss, q_values = [x / world_size for x in host[10:12]]
-        env_values = host[12:]
-        sps = (global_step - steps_at_start) / (time.time() - start_time)
-        if ep_count > 0:
-            last_train_return = ep_ret_sum / ep_count
+        # --- once per iteration: one host read for the logs, the NaN guard and the stop flags ---
+        losses = loss_sums / (args.update_epochs * args.num_minibatches)
+        log(run, reduce_iteration(
+            run, episodes=ep_sums,
+            means={"losses/td_loss": losses[0], "losses/q_values": losses[1]},
+            checks={"observations": torch.isfinite(data["obs"]).all(), "rewards": torch.isfinite(data["rewards"]).all(),
+                    "targets": torch.isfinite(targets).all(), "losses": torch.isfinite(loss_sums).all()},
+            local={"charts/learning_rate": lr_now if lr_now is not None else lr,
+                   "charts/epsilon": eps_now * eps_mean_scale},  # the mean over all envs
+        ))
 
-        if master:
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/learning_rate", lr_now, global_step)
-            writer.add_scalar("charts/epsilon", eps_now * eps_mean_scale, global_step)  # mean over all envs
-            if ep_count > 0:
-                writer.add_scalar("charts/episodic_return", ep_ret_sum / ep_count, global_step)
-                writer.add_scalar("charts/episodic_length", ep_len_sum / ep_count, global_step)
-            writer.add_scalar("losses/td_loss", td_loss, global_step)
-            writer.add_scalar("losses/q_values", q_values, global_step)
-            for name, value in zip(env_log_sums.keys(), env_values):
-                writer.add_scalar(f"env/{name}", value, global_step)
-            writer.add_scalar("charts/rollout_seconds", rollout_time, global_step)
-            writer.add_scalar("charts/update_seconds", update_time, global_step)
-            if progress is not None:
-                progress.update(global_batch)
-                progress.set_postfix(sps=f"{sps:,.0f}", ret=f"{last_train_return:.1f}", eps=f"{eps_now:.2f}", refresh=False)
-
-        # --- evaluation, checkpoints and stop conditions (identical decisions on every rank) ---
-        reached_target = False
-        if args.eval_interval > 0 and (iteration % args.eval_interval == 0 or final_iteration):
-            eval_return, eval_length = evaluate(qnet_inference, eval_envs, args.eval_episodes, seed=eval_seed + iteration)
-            if master:
-                writer.add_scalar("eval/episodic_return", eval_return, global_step)
-                writer.add_scalar("eval/episodic_length", eval_length, global_step)
-                msg = (f"iteration {iteration}/{num_iterations} step {global_step:,}: eval return {eval_return:.2f}, "
-                       f"train return {last_train_return:.2f}, epsilon {eps_now:.3f}, SPS {sps:,.0f}")
-                progress.write(msg) if progress is not None else print(msg, flush=True)
-            if eval_return > best_eval_return:
-                best_eval_return = eval_return
-                save(BEST, iteration)
-            reached_target = args.target_return is not None and eval_return >= args.target_return
-        save_due = iteration % args.save_interval == 0 or final_iteration or save_time_due
-        if reached_target or out_of_time or stop_signal or save_due:
-            save(LAST, iteration)
-            last_save_time = time.time()
-        if reached_target or out_of_time or stop_signal:
-            stop_reason = "target_return" if reached_target else "max_wall_seconds" if out_of_time else f"signal:{guard.received or 'peer'}"
+        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
+        if eval_due(run, final_iteration):
+            evaluate(run, eval_envs, greedy)
+        if names := checkpoints_due(run, final_iteration):
+            save(run, names, qnet, {"adam": optimizer},
+                 state={"learning_rate": float(lr), "epsilon": epsilon_at(run.global_step, total_steps, args)},
+                 per_rank={"env": envs.state_dict(), "next_obs": next_obs, "ep_stats": ep_stats})
+        if run.stop_reason:
             break
-
-    # --- wrap up ---
-    guard.restore()
-    in_sync = distributed.check_in_sync(qnet)  # averaged gradients keep every rank's weights bit-identical
-    if not in_sync and master:
-        print("warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged them", flush=True)
-    if progress is not None:
-        progress.close()
-    summary = {
-        "algo": ALGO, "env_id": args.env_id, "run_dir": str(run_dir), "global_step": global_step, "iteration": iteration,
-        "wall_seconds": time.time() - start_time, "sps": sps,
-        "last_train_return": None if math.isnan(last_train_return) else last_train_return,  # strict JSON: no NaN
-        "best_eval_return": best_eval_return if best_eval_return > -math.inf else None, "stop_reason": stop_reason,
-        "world_size": world_size, "params_in_sync": in_sync, "rollout_seconds": time_totals[0], "update_seconds": time_totals[1],
-        "checkpoints": {"last": str(checkpoint_dir(run_dir) / LAST), "best": str(checkpoint_dir(run_dir) / BEST)},
-    }
-    if master:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        writer.close()
-        if wandb_run is not None:
-            wandb_run.finish()
-        print(json.dumps(summary), flush=True)
-    distributed.cleanup()
-    return summary
+    return finish(run, qnet)
 
 
 if __name__ == "__main__":
-    try:
-        main(tyro.cli(Args))
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}") from None
+    main(tyro.cli(Args))
