@@ -163,7 +163,9 @@ def categorical_projection(probs: torch.Tensor, rewards: torch.Tensor, bootstrap
     atoms = torch.linspace(v_min, v_max, num_atoms, device=probs.device, dtype=probs.dtype)
     shifted = (rewards.unsqueeze(-1) + bootstrap.unsqueeze(-1) * atoms).clamp(v_min, v_max)  # [B, A]
     pos = (shifted - v_min) / ((v_max - v_min) / (num_atoms - 1))  # fractional atom index in [0, A-1]
-    lower = pos.floor().clamp(0, num_atoms - 1)
+    # A NaN reward gives a NaN position: index with 0 there and let the NaN flow into the target
+    # (and the loss), where the NaN guard names it, instead of an out-of-bounds index.
+    lower = torch.nan_to_num(pos.floor(), nan=0.0).clamp(0, num_atoms - 1)
     frac = pos - lower  # share of the upper neighbour; 0 when the atom lands exactly on one
     lower_idx = lower.long().expand_as(probs)
     upper_idx = (lower.long() + 1).clamp(max=num_atoms - 1).expand_as(probs)

@@ -538,8 +538,11 @@ def checkpoints_due(run: Run, final_iteration: bool) -> list[str]:
 
 
 def eval_only(run: Run, eval_envs, act: Callable) -> dict:
-    """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end."""
-    ret, length = run_episodes(eval_envs, act, run.args.eval_episodes, seed=eval_seed(run))
+    """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end.
+
+    The eval envs get the seeds of the evaluation at the checkpoint's iteration: with the same
+    eval flags, best.pt gives back the return it was saved for (exactly, on CPU)."""
+    ret, length = run_episodes(eval_envs, act, run.args.eval_episodes, seed=eval_seed(run) + run.iteration)
     if run.is_main:
         print(json.dumps({"eval_episodic_return": ret, "eval_episodic_length": length, "checkpoint": str(run.resume_path)}))
     distributed.cleanup()

@@ -82,7 +82,9 @@ class NaNRewardsAfter:
         return tuple(out)
 
 
-def inject_nan_rewards(script, monkeypatch, after: int) -> None:
-    """Make every env that `script` builds turn its rewards NaN from step `after` on."""
-    real_make_env = script.make_env
-    monkeypatch.setattr(script, "make_env", lambda *a, **k: NaNRewardsAfter(real_make_env(*a, **k), after))
+def inject_nan_rewards(monkeypatch, after: int) -> None:
+    """Make every env that a script builds (through common.run) turn its rewards NaN from step `after` on."""
+    import common.run
+
+    real_make_env = common.run.make_env
+    monkeypatch.setattr(common.run, "make_env", lambda *a, **k: NaNRewardsAfter(real_make_env(*a, **k), after))

@@ -1,0 +1,420 @@
+"""The contract every script in algos/ keeps, checked on each of them.
+
+Resume, checkpoints, logging, the NaN guard, the host-sync rule, torchrun and faults, bad input:
+one test each, parametrized over the scripts, so that a script that drifts from the others
+fails here. Most runs call the script's main() in this process (no interpreter start-up, which
+is most of a tiny run's cost); torchrun, signals and the command line go through subprocesses.
+The scripts' own algorithms (GAE, Q(lambda), projections, learning) are tested in their files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.checkpoint import FORMAT_VERSION, save_checkpoint
+from tests.helpers import ROOT, inject_nan_rewards, load_script, run, subprocess_env, torchrun_cmd
+from tests.host_sync import RecordHostSyncs
+
+SCRIPTS = ["ppo", "pqn", "td3", "sac"]
+
+# Tiny settings per script. `steps`: env steps of one process per iteration; `sync`: iterations
+# between two host reads (the per-iteration reduction); a "unit" below is `sync` iterations.
+TINY = {
+    "ppo": dict(steps=16 * 8, sync=1, kwargs=dict(
+        env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True)),
+    "pqn": dict(steps=16 * 8, sync=1, kwargs=dict(
+        env_id="CartPole-v1", num_envs=16, num_steps=8, num_minibatches=2, obs_norm=True, epsilon_spread=0.5,
+        exploration_fraction=0.5, loss="huber")),
+    "td3": dict(steps=8, sync=4, kwargs=dict(
+        env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
+        reward_norm=True, save_buffer=True, distributional=True, v_min=-100.0, v_max=0.0)),
+    "sac": dict(steps=8, sync=4, kwargs=dict(
+        env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
+        reward_norm=True, save_buffer=True)),
+}
+COMMON = dict(device="cpu", progress=False, run_name="run", num_eval_envs=4, eval_interval=0, save_interval=10_000,
+              hidden_sizes=(32, 32), env_kwargs='{"max_episode_steps": 16}')
+TAGS = {
+    "ppo": {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
+            "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"},
+    "pqn": {"losses/td_loss", "losses/q_values", "charts/epsilon", "charts/learning_rate", "charts/rollout_seconds",
+            "charts/update_seconds"},
+    "td3": {"losses/q_loss", "losses/q_values", "losses/actor_loss"},
+    "sac": {"losses/q_loss", "losses/q_values", "losses/actor_loss", "losses/alpha", "losses/entropy"},
+}
+SUMMARY_FIELDS = {"algo", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
+                  "best_eval_return", "stop_reason", "world_size", "params_in_sync", "rollout_seconds", "update_seconds",
+                  "peak_memory_mb", "checkpoints"}
+CHECKPOINT_FIELDS = {"format_version", "algo", "env_id", "args", "world_size", "global_step", "iteration",
+                     "best_eval_return", "model", "optimizers", "ranks"}
+
+
+def units(algo: str, n: int) -> int:
+    """total_timesteps of n units of one process."""
+    return n * TINY[algo]["sync"] * TINY[algo]["steps"]
+
+
+def train(algo: str, out: Path, **overrides) -> dict:
+    """main() of algos/<algo>.py in this process with the tiny settings, on one intra-op thread
+    (as the subprocesses get: tiny networks gain nothing from more)."""
+    module = load_script(algo)
+    kwargs = {**COMMON, **TINY[algo]["kwargs"], "output_dir": str(out), **overrides}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return module.main(module.Args(**kwargs))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def checkpoint(out: Path, name: str = "last.pt", run_name: str = "run") -> dict:
+    return torch.load(out / run_name / "checkpoints" / name, weights_only=True)
+
+
+def cli_args(algo: str, out: Path, **overrides) -> list[str]:
+    """The tiny settings as command-line flags."""
+    kwargs = {**COMMON, **TINY[algo]["kwargs"], "output_dir": str(out), **overrides}
+    flags = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (tuple, list)):
+            flags += [flag, *map(str, value)]
+        elif value is not None:
+            flags += [flag, str(value)]
+    return [f"algos/{algo}.py", *flags]
+
+
+def assert_same(a, b, path="checkpoint"):
+    """Recursive bit-equality of two checkpoints' values."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{path}: {sorted(a)} != {sorted(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif torch.is_tensor(a):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, f"{path}: {a} != {b}"
+
+
+def logged_steps(run_dir: Path, tag: str = "charts/SPS") -> list[int]:
+    """Steps of a scalar as TensorBoard reads them (it honours the purge marker of a resume)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints and exact resume
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_resume_is_bit_identical_to_an_uninterrupted_run(algo, tmp_path):
+    """Stopped after the first and the second unit (a wall-time budget of 0 s) and resumed each
+    time, a run ends with every checkpoint value bit-identical to a run never stopped: networks,
+    optimizers, schedules, normalizers, RNG and env state, episode statistics, replay buffers."""
+    sync = TINY[algo]["sync"]
+    common = dict(total_timesteps=units(algo, 6), eval_interval=2 * sync)
+    full = train(algo, tmp_path / "a", **common)
+    first = train(algo, tmp_path / "b", max_wall_seconds=0.0, **common)
+    assert first["stop_reason"] == "max_wall_seconds" and first["iteration"] == sync, first
+    assert checkpoint(tmp_path / "b")["iteration"] == sync
+    assert train(algo, tmp_path / "b", resume="auto", max_wall_seconds=0.0, **common)["iteration"] == 2 * sync
+    last = train(algo, tmp_path / "b", resume="auto", **common)
+    assert last["global_step"] == full["global_step"] == units(algo, 6)
+    a, b = checkpoint(tmp_path / "a"), checkpoint(tmp_path / "b")
+    a.pop("args"), b.pop("args")  # --resume and --max-wall-seconds differ; everything else must not
+    assert_same(a, b)
+    assert full["best_eval_return"] == last["best_eval_return"]
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_checkpoints_load_weights_only_and_eval_only_gives_back_the_best_return(algo, tmp_path):
+    sync = TINY[algo]["sync"]
+    summary = train(algo, tmp_path, total_timesteps=units(algo, 4), eval_interval=2 * sync)
+    assert SUMMARY_FIELDS == set(summary), SUMMARY_FIELDS ^ set(summary)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    for name in ("last.pt", "best.pt"):
+        state = checkpoint(tmp_path, name)  # torch.load(weights_only=True): plain values and tensors only
+        assert CHECKPOINT_FIELDS <= set(state), CHECKPOINT_FIELDS - set(state)
+        assert state["algo"] == algo and state["format_version"] == FORMAT_VERSION and len(state["ranks"]) == 1
+        assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    assert checkpoint(tmp_path)["iteration"] == 4 * sync and checkpoint(tmp_path)["global_step"] == units(algo, 4)
+    best = checkpoint(tmp_path, "best.pt")
+    assert best["best_eval_return"] == summary["best_eval_return"]
+    # --eval-only of best.pt replays the evaluation that made it the best: the same return
+    result = train(algo, tmp_path, eval_only=True, resume=str(tmp_path / "run" / "checkpoints" / "best.pt"))
+    assert result["eval_return"] == pytest.approx(best["best_eval_return"], abs=1e-9)
+    if TINY[algo]["kwargs"].get("save_buffer"):  # a replay buffer goes into last.pt only
+        assert "buffer" in checkpoint(tmp_path)["ranks"][0] and "buffer" not in best["ranks"][0]
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_checkpoint_of_another_network_shape_is_a_clear_error(algo, tmp_path):
+    train(algo, tmp_path, total_timesteps=units(algo, 1))
+    with pytest.raises(SystemExit, match=r"another shape.*--hidden-sizes 32 32"):
+        train(algo, tmp_path, hidden_sizes=(16,), resume="auto")
+
+
+# --------------------------------------------------------------------------------------------
+# logging and the NaN guard
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_tensorboard_tags_on_the_global_step(algo, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sync, steps = TINY[algo]["sync"], TINY[algo]["steps"]
+    train(algo, tmp_path, total_timesteps=units(algo, 6), eval_interval=2 * sync)
+    acc = EventAccumulator(str(tmp_path / "run"))
+    acc.Reload()
+    expected = {"charts/SPS", "charts/episodic_return", "charts/episodic_length", "eval/episodic_return",
+                "eval/episodic_length"} | TAGS[algo]
+    assert expected <= set(acc.Tags()["scalars"]), expected - set(acc.Tags()["scalars"])
+    assert logged_steps(tmp_path / "run") == [sync * steps * i for i in range(1, 7)]  # x-axis: global env steps
+    assert logged_steps(tmp_path / "run", "eval/episodic_return") == [sync * steps * i for i in (2, 4, 6)]
+    assert "hyperparameters/text_summary" in acc.Tags()["tensors"]
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_nan_guard_names_the_tensor_and_keeps_the_last_good_checkpoint(algo, tmp_path, monkeypatch):
+    sync = TINY[algo]["sync"]
+    env_steps_per_iteration = TINY[algo]["kwargs"].get("num_steps", 1)
+    inject_nan_rewards(monkeypatch, after=2 * sync * env_steps_per_iteration + 1)  # in unit 3
+    with pytest.raises(FloatingPointError, match=rf"non-finite .*rewards.* at iteration {3 * sync}\b"):
+        train(algo, tmp_path, total_timesteps=units(algo, 6), save_interval=sync)
+    state = checkpoint(tmp_path)
+    assert state["iteration"] == 2 * sync
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+# --------------------------------------------------------------------------------------------
+# the performance rule: no host read per env step (nor per update)
+# --------------------------------------------------------------------------------------------
+class SyncsOutsideTheOptimizer(RecordHostSyncs):
+    """Adam keeps its step counter on the host unless capturable=True, which the scripts set on
+    CUDA (CPU does not support it): those reads are host-only on CPU and absent on CUDA, so they
+    are left out of the count."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = len(self.syncs)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if len(self.syncs) > before and any("torch/optim/" in f.filename for f in traceback.extract_stack()):
+            self.syncs.pop()
+        return out
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_no_host_sync_per_env_step(algo, tmp_path):
+    """The host reads of a unit do not grow with its number of env steps: the rollout length of
+    the on-policy scripts, the log interval of the off-policy ones."""
+    load_script(algo)  # imported outside the recorder
+    knob = "num_steps" if algo in ("ppo", "pqn") else "log_interval"
+    counts = {}
+    for value in (2, 6):  # three units of 2 and of 6 env steps per env
+        recorder = SyncsOutsideTheOptimizer()
+        with recorder:
+            train(algo, tmp_path / str(value), **{knob: value}, total_timesteps=3 * value * TINY[algo]["kwargs"]["num_envs"])
+        counts[value] = len(recorder.syncs)
+    assert counts[2] == counts[6], counts
+
+
+# --------------------------------------------------------------------------------------------
+# bad input: a clear one-line cause before training, and nothing written
+# --------------------------------------------------------------------------------------------
+WRONG_ACTIONS = {"pqn": ("Pendulum-v1", "ppo.py"), "td3": ("CartPole-v1", "pqn.py"), "sac": ("Acrobot-v1", "pqn.py")}
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"^error: unknown env id 'Nope-v0'.*CartPole-v1"):
+        train(algo, out, env_id="Nope-v0")
+    with pytest.raises(SystemExit, match=r"^error: .*max_steps"):
+        train(algo, out, env_kwargs='{"max_steps": 10}')
+    if algo in WRONG_ACTIONS:
+        env_id, pointer = WRONG_ACTIONS[algo]
+        with pytest.raises(SystemExit, match=rf"^error: {algo}\.py needs .* actions.*{pointer}"):
+            train(algo, out, env_id=env_id, env_kwargs=None)
+    assert not out.exists(), "nothing is written for a run that cannot start"
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match="cannot write the run directory"):
+        train(algo, blocker / "sub")
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x00" * 100)
+    with pytest.raises(SystemExit, match="truncated or corrupt"):
+        train(algo, out, resume=str(corrupt))
+    other = "pqn" if algo != "pqn" else "ppo"
+    foreign = tmp_path / "foreign.pt"
+    save_checkpoint({"format_version": FORMAT_VERSION, "algo": other, "env_id": "CartPole-v1"}, foreign)
+    with pytest.raises(SystemExit, match=f"written by '{other}', not '{algo}'"):
+        train(algo, out, resume=str(foreign))
+    with pytest.raises(SystemExit, match="--eval-only needs --resume"):
+        train(algo, out, eval_only=True)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # an import of wandb fails
+    with pytest.raises(SystemExit, match="--track needs wandb"):
+        train(algo, out, track=True)
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_command_line_error_is_one_line_without_traceback(algo, tmp_path):
+    result = run([sys.executable, f"algos/{algo}.py", "--env-id", "Nope-v0", "--output-dir", str(tmp_path)], timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("error: unknown env id 'Nope-v0'")
+
+
+# --------------------------------------------------------------------------------------------
+# torchrun: ranks in sync, signals, killed workers, another world size (2 processes, gloo)
+# --------------------------------------------------------------------------------------------
+class Job:
+    """A launched command in its own process group, killed with the group when the test ends."""
+
+    def __init__(self, cmd, log: Path):
+        self.log = log
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=open(log, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for(self, predicate, timeout=120.0, what="condition"):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited ({self.proc.returncode}) before {what}:\n{self.output()[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.output()[-3000:]}")
+
+    def workers(self) -> list[int]:
+        """PIDs of the processes torchrun started (its children)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def finish(self, timeout=180.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"did not finish in {timeout}s:\n{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def jobs():
+    started = []
+    yield lambda cmd, log: started.append(Job(cmd, log)) or started[-1]
+    for job in started:
+        job.kill()
+
+
+def summary_of(out: Path, run_name: str = "run") -> dict:
+    return json.loads((out / run_name / "summary.json").read_text())
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_sigterm_under_torchrun_saves_and_resumes_on_another_world_size(algo, tmp_path, jobs):
+    """SIGTERM to every worker (what a scheduler does): the ranks agree to stop after the same
+    iteration, save last.pt with both ranks' state and exit 0 with their parameters bit-identical.
+    The checkpoint then resumes in one process, which re-derives the env streams and says so."""
+    total = 2 * units(algo, 2000)  # far more than runs before the signal
+    job = jobs(torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, eval_interval=4 * TINY[algo]["sync"])),
+               tmp_path / "log")
+    job.wait_for(lambda: logged_steps(tmp_path / "run") and len(job.workers()) == 2, what="training to start")
+    for pid in job.workers():
+        os.kill(pid, signal.SIGTERM)
+    assert job.finish() == 0, job.output()[-4000:]
+    assert "Traceback" not in job.output()
+    stopped = summary_of(tmp_path)
+    assert stopped["stop_reason"].startswith("signal:SIGTERM") and stopped["global_step"] < total, stopped
+    assert stopped["world_size"] == 2 and stopped["params_in_sync"] is True
+    state = checkpoint(tmp_path)
+    assert state["global_step"] == stopped["global_step"] and len(state["ranks"]) == 2
+    first_obs = [r["next_obs"]["policy"] for r in state["ranks"]]
+    assert not torch.equal(*first_obs), "the ranks share their env streams"
+
+    total = stopped["global_step"] + units(algo, 2)  # two more units in one process
+    resumed = run([sys.executable, *cli_args(algo, tmp_path, total_timesteps=total, resume="auto")], timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert "notice: checkpoint from 2 process(es)" in resumed.stdout
+    assert f"global step {stopped['global_step']}" in resumed.stdout
+    assert summary_of(tmp_path)["global_step"] == total and summary_of(tmp_path)["world_size"] == 1
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_sigkill_of_a_worker_is_survived_by_an_elastic_restart(algo, tmp_path, jobs):
+    """kill -9 of one worker under torchrun --max-restarts 1: the restarted group resumes from
+    last.pt in the same run directory, finishes, and each TensorBoard step is logged once."""
+    sync, per_unit = TINY[algo]["sync"], 2 * units(algo, 1)
+    total = 200 * per_unit
+    job = jobs(torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, save_interval=4 * sync), restarts=1),
+               tmp_path / "log")
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    job.wait_for(last.is_file, what="the first checkpoint")
+    saved_step = checkpoint(tmp_path)["global_step"]
+    # let rank 0 log past the checkpoint: work that the fault makes it redo
+    job.wait_for(lambda: max(logged_steps(tmp_path / "run") or [0]) > saved_step, what="steps logged after the checkpoint")
+    os.kill(job.workers()[-1], signal.SIGKILL)
+    assert job.finish() == 0, job.output()[-4000:]
+    assert "resumed from" in job.output(), "the restarted workers did not resume"
+    summary = summary_of(tmp_path)
+    assert summary["global_step"] == total and summary["params_in_sync"] is True
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["log", "run"]  # one run dir
+    assert logged_steps(tmp_path / "run") == [per_unit * i for i in range(1, 201)]  # one curve: redone steps purged
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_two_process_resume_is_bit_identical(algo, tmp_path):
+    """Under torchrun too, a run stopped and resumed ends bit-identical to one never stopped
+    (each rank's RNG, env, episode and buffer state goes through rank 0's checkpoint and back)."""
+    total = 2 * units(algo, 4)
+    full = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="full", total_timesteps=total)), timeout=240)
+    assert full.returncode == 0, full.stdout[-4000:]
+    cut = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, max_wall_seconds=0.0)),
+              timeout=240)
+    assert cut.returncode == 0 and checkpoint(tmp_path, run_name="cut")["iteration"] == TINY[algo]["sync"], cut.stdout[-4000:]
+    resumed = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, resume="auto")),
+                  timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    a, b = checkpoint(tmp_path, run_name="full"), checkpoint(tmp_path, run_name="cut")
+    a.pop("args"), b.pop("args")
+    assert_same(a, b)
+    assert summary_of(tmp_path, "full")["params_in_sync"] and summary_of(tmp_path, "cut")["params_in_sync"]
+
+
+@pytest.mark.distributed
+def test_run_name_is_stable_across_restarts_without_run_name(tmp_path, jobs):
+    """The default run name carries a timestamp; restarted workers must find the same directory."""
+    total = 2 * units("ppo", 30)
+    cmd = torchrun_cmd(2, cli_args("ppo", tmp_path, run_name=None, total_timesteps=total, save_interval=2), restarts=1)
+    job = jobs(cmd, tmp_path / "log")
+    job.wait_for(lambda: list(tmp_path.glob("*/checkpoints/last.pt")), what="the first checkpoint")
+    os.kill(job.workers()[0], signal.SIGKILL)
+    assert job.finish() == 0, job.output()[-4000:]
+    runs = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert len(runs) == 1, runs
+    assert summary_of(tmp_path, runs[0].name)["global_step"] == total
