@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import sys
 import time
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -192,7 +194,11 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
         eval_envs = make_env(args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run), **kwargs)
     except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs
         raise SystemExit(f"error: {e}") from None
-    torch.manual_seed(args.seed + run.rank)  # after the envs: some simulators (mjlab) seed the global generators
+    # After the envs: some simulators (mjlab) seed the global generators. All three, as CleanRL
+    # does, so that code added to a script that draws from numpy or random is seeded too.
+    random.seed(args.seed + run.rank)
+    np.random.seed(args.seed + run.rank)
+    torch.manual_seed(args.seed + run.rank)
     return envs, eval_envs
 
 

@@ -116,6 +116,8 @@ def logged_steps(run_dir: Path, tag: str = "charts/SPS") -> list[int]:
     """Steps of a scalar as TensorBoard reads them (it honours the purge marker of a resume)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    if not list(run_dir.glob("events.out.tfevents.*")):
+        return []
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     return [e.step for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
