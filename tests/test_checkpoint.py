@@ -85,6 +85,11 @@ def test_missing_truncated_and_foreign_files_give_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="no format_version"):
         load_checkpoint(other)
 
+    for version, word in ((FORMAT_VERSION - 1, "older"), (FORMAT_VERSION + 1, "newer")):
+        path = save_checkpoint({**_state(), "format_version": version}, tmp_path / f"v{version}.pt")
+        with pytest.raises(CheckpointError, match=f"format version {version}, {word} than this code's {FORMAT_VERSION}"):
+            load_checkpoint(path)
+
     with pytest.raises(CheckpointError, match="written by 'ppo', not 'sac'"):
         load_checkpoint(good, algo="sac")
     with pytest.raises(CheckpointError, match="--env-id CartPole-v1"):

@@ -448,3 +448,32 @@ def test_float32_tracks_float64():
             o64, r64, *_ = e64.step(a)
         torch.testing.assert_close(o32["policy"].double(), o64["policy"], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(r32.double(), r64, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# the mjlab adapter's auto_reset switch (no mjlab needed)
+# --------------------------------------------------------------------------------------------
+def test_mjlab_auto_reset_is_set_only_on_a_config_that_has_the_field():
+    """On an mjlab whose env config has no `auto_reset` field, setting it would create an attribute
+    mjlab never reads: auto-reset would stay on and "terminal" final observations would silently
+    be the next episode's first ones. The adapter refuses instead."""
+    from dataclasses import dataclass
+
+    from common.envs.mjlab_adapter import set_auto_reset
+
+    @dataclass
+    class WithField:
+        auto_reset: bool = True
+
+    @dataclass
+    class WithoutField:
+        episode_length_s: float = 10.0
+
+    cfg = WithField()
+    set_auto_reset(cfg, False, "Task")
+    assert cfg.auto_reset is False
+    with pytest.raises(ValueError, match=r"mjlab:Task: .* has no cfg.auto_reset.*mjlab==1\.6\.\*.*pre_step"):
+        set_auto_reset(WithoutField(), False, "Task")
+    old = WithoutField()
+    set_auto_reset(old, True, "Task")  # "pre_step": mjlab's own auto-reset, which such a version always runs
+    assert not hasattr(old, "auto_reset")

@@ -71,10 +71,12 @@ def test_reward_normalizer_clip_and_resume_with_other_num_envs():
     norm = RewardNormalizer(4, gamma=0.99, clip=2.0)
     norm.update(torch.full((10, 4), 0.01), torch.zeros(10, 4, dtype=torch.bool))
     assert norm.normalize(torch.tensor([1e6])).item() == 2.0
-    other = RewardNormalizer(8, gamma=0.99, clip=2.0)
-    other.load_state_dict(norm.state_dict())  # per-env returns restart, moments carry over
-    assert torch.equal(other.returns, torch.zeros(8, dtype=torch.float64))
-    torch.testing.assert_close(other.return_rms.mean, norm.return_rms.mean)
+    assert "returns" not in norm.state_dict()  # each rank's own envs' partial returns: not shared state
+    for num_envs in (4, 8):  # the same or another number of envs: partial returns restart, moments carry over
+        other = RewardNormalizer(num_envs, gamma=0.99, clip=2.0)
+        other.load_state_dict(norm.state_dict())
+        assert torch.equal(other.returns, torch.zeros(num_envs, dtype=torch.float64))
+        torch.testing.assert_close(other.return_rms.mean, norm.return_rms.mean)
 
 
 def test_unfitted_normalizer_is_identity_also_after_a_load():

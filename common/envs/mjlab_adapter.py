@@ -46,6 +46,7 @@ a resumed run starts from freshly reset envs (resume is exact only for the built
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from typing import Any, Callable
@@ -98,6 +99,16 @@ def make_mjlab_env(
             f"mjlab:{task} needs mjlab ({e}); install it with: pip install mjlab (see the README for a CPU-only torch)"
         ) from None
 
+    try:
+        from importlib.metadata import version
+
+        installed = version("mjlab")
+    except Exception:  # not installed as a distribution (a source checkout)
+        installed = None
+    if final_obs == "terminal" and installed is not None and not installed.startswith(CHECKED_MJLAB + "."):
+        print(f"notice: mjlab {installed}: the true final observations were checked with mjlab {CHECKED_MJLAB}.x "
+              f"(its reset(env_ids) must leave the other envs' observations alone); run tests/test_mjlab_adapter.py",
+              flush=True)
     tasks = list_tasks()
     if task not in tasks:
         close = difflib.get_close_matches(task, tasks, n=1)
@@ -109,7 +120,7 @@ def make_mjlab_env(
         configure(cfg)
     cfg.scene.num_envs = num_envs
     cfg.seed = int(seed)
-    cfg.auto_reset = final_obs == "pre_step"
+    set_auto_reset(cfg, final_obs == "pre_step", task)
     if clip_actions is None:
         clip_actions = getattr(load_rl_cfg(task), "clip_actions", None)
     env = ManagerBasedRlEnv(cfg, device=str(torch.device(device)))
@@ -131,6 +142,37 @@ def _flat_box(space) -> spaces.Box:
 
 def _find_group(available: list[str], names: tuple[str, ...]) -> str | None:
     return next((n for n in names if n in available), None)
+
+
+# mjlab releases whose behaviour "terminal" relies on, checked by tests/test_mjlab_adapter.py: the
+# env config has an `auto_reset` field, and `reset(env_ids)` leaves the other envs' observations
+# (and observation history) alone.
+CHECKED_MJLAB = "1.6"
+
+
+def set_auto_reset(cfg, auto_reset: bool, task: str) -> None:
+    """Set mjlab's `cfg.auto_reset`, refusing a config that has no such field.
+
+    The config is a plain dataclass: assigning an unknown field would create an attribute that
+    mjlab never reads, its auto-reset would stay on, and "terminal" final observations would
+    silently be the next episode's first ones.
+    """
+    names = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set(vars(cfg))
+    if "auto_reset" not in names:
+        try:
+            from importlib.metadata import version
+
+            installed = f"mjlab {version('mjlab')}"
+        except Exception:  # not installed as a distribution (a source checkout, a stand-in)
+            installed = "this mjlab"
+        if not auto_reset:
+            raise ValueError(
+                f"mjlab:{task}: {installed} has no cfg.auto_reset, so the true final observations cannot be taken; "
+                f"install mjlab {CHECKED_MJLAB}.x (pip install 'mjlab=={CHECKED_MJLAB}.*') or pass "
+                f"--env-kwargs '{{\"final_obs\": \"pre_step\"}}'"
+            )
+        return  # no field: mjlab always auto-resets, which is what "pre_step" asks for
+    cfg.auto_reset = auto_reset
 
 
 class ManagerBasedEnvAdapter:
