@@ -1,4 +1,4 @@
-"""tests/bench.py runs end to end at tiny sizes and reports every field. Functional only: no figure
+"""tests/benchmarks/bench.py runs end to end at tiny sizes and reports every field. Functional only: no figure
 is compared with a speed (speed claims come from running the benchmark, never from a test)."""
 
 import json
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from tests import bench
-from tests.bench import steady_state
+from tests.benchmarks import bench
+from tests.benchmarks.bench import steady_state
 
 
 def positive(x) -> bool:
@@ -41,7 +41,7 @@ def test_bench_smoke_json(tmp_path, run_bench):
     assert code == 0, stdout[-3000:]
     report = json.loads(out.read_text())
 
-    assert report["date"] and report["commands"]["benchmark"].startswith("python -m tests.bench")
+    assert report["date"] and report["commands"]["benchmark"].startswith("python -m tests.benchmarks.bench")
     machine = report["machine"]
     assert machine["cpu"] and machine["cpu_cores"] >= 1 and machine["torch"]
     assert "gpu" in machine and len(report["load_average"]["start"]) == 3

@@ -1,13 +1,13 @@
 """Speed of the training scripts next to the speed of the env they train on, in one invocation.
 
-    python -m tests.bench --env-id Pendulum-v1 --num-envs 4096 --device cpu
+    python -m tests.benchmarks.bench --env-id Pendulum-v1 --num-envs 4096 --device cpu
         [--algos ppo pqn ...] [--modes eager compile compile+cudagraphs] [--iterations K]
         [--warmup-iterations W] [--hidden-sizes 64 64] [--json PATH | --json -] [--markdown]
 
 A benchmark, not a test: pytest does not collect it (no test_ prefix), and nothing here asserts
 a speed. For one env id, num_envs and device it measures, side by side:
 
-1. env only: `env.step` with random actions (tests/bench_envs.py's `bench_one`), eager;
+1. env only: `env.step` with random actions (tests/benchmarks/envs.py's `bench_one`), eager;
 2. env + inference: PPO's acting step (the `Agent` of algos/ppo.py, default Args and
    --hidden-sizes, acting through a grad-free twin as the script does) feeding `env.step`,
    per mode (eager, torch.compile, + CUDA graphs on CUDA);
@@ -58,14 +58,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # also runnable as `python tests/bench.py`
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # also runnable as `python tests/benchmarks/bench.py`
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from tensordict import from_module  # noqa: E402
 
-from tests.bench_envs import bench_one  # noqa: E402
+from tests.benchmarks.envs import bench_one  # noqa: E402
 from tests.helpers import load_script  # noqa: E402
 
 ALL_MODES = ("eager", "compile", "compile+cudagraphs")
@@ -173,7 +173,7 @@ def timed(device: torch.device, fn) -> float:
 # penalising whichever ran last.
 # ----------------------------------------------------------------------------------------------
 def prepare_env_only(env_id: str, num_envs: int, device: torch.device, steps: int, warmup: int):
-    """tests/bench_envs.py's measurement: random actions, env.step only, eager."""
+    """tests/benchmarks/envs.py's measurement: random actions, env.step only, eager."""
 
     def sample() -> float:
         return bench_one(env_id, num_envs, device, steps, warmup, use_compile=False)["seconds"]
@@ -622,7 +622,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     notes += overload_notes()
 
     report = {
-        "benchmark": "tests.bench",
+        "benchmark": "tests.benchmarks.bench",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(device),
         "load_average": {"start": load_average(), "end": None},
@@ -632,7 +632,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
             "hidden_sizes": args.hidden_sizes, "env_steps": args.env_steps, "repeats": args.repeats,
             "threads": args.threads, "script_args": args.script_args,
         },
-        "commands": {"benchmark": shlex.join(["python", "-m", "tests.bench", *argv]), "training": []},
+        "commands": {"benchmark": shlex.join(["python", "-m", "tests.benchmarks.bench", *argv]), "training": []},
         "env_only": {}, "inference": {}, "network": {}, "training": [], "notes": notes,
     }
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))

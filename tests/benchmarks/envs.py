@@ -1,6 +1,6 @@
 """Throughput of the built-in torch envs: env steps per second, env only, random actions.
 
-    python -m tests.bench_envs [--device cpu] [--num-envs 4096 65536] [--steps 200] [--threads T]
+    python -m tests.benchmarks.envs [--device cpu] [--num-envs 4096 65536] [--steps 200] [--threads T]
                                [--compile] [--json]
 
 A benchmark, not a test: pytest does not collect it (no test_ prefix). Actions are drawn

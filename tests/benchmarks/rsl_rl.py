@@ -1,7 +1,7 @@
 """algos/ppo.py next to rsl_rl's PPO on the same env, batch and networks: training SPS and their ratio.
 
     pip install --no-deps rsl-rl-lib && pip install GitPython   # --no-deps: keep the installed torch
-    python tests/bench_rsl_rl.py [--env-id Pendulum-v1] [--num-envs 4096] [--hidden-sizes 64 64]
+    python -m tests.benchmarks.rsl_rl [--env-id Pendulum-v1] [--num-envs 4096] [--hidden-sizes 64 64]
         [--num-steps 24] [--update-epochs 5] [--num-minibatches 4] [--modes eager compile]
         [--iterations 10] [--warmup-iterations 2] [--rounds 1] [--no-obs-norm] [--json PATH | --json -]
 
@@ -35,7 +35,7 @@ So logging favours rsl_rl, if anything.
 
 Timing is the same for both: wall-clock time between the end of warm-up iteration W and the end
 of iteration W+K, divided into the env steps in between (for ours from its TensorBoard event
-times, see tests/bench.py; for rsl_rl from a hook on its per-iteration log call). The phase split
+times, see tests/benchmarks/bench.py; for rsl_rl from a hook on its per-iteration log call). The phase split
 differs: ours reports rollout and update (GAE apart); rsl_rl reports collection and learning,
 where learning includes its return computation.
 """
@@ -52,13 +52,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable as `python tests/bench_rsl_rl.py`
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # runnable as `python -m tests.benchmarks.rsl_rl`
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from tests import bench  # noqa: E402
+from tests.benchmarks import bench  # noqa: E402
 from tests.helpers import load_script  # noqa: E402
 
 RESULT_MARKER = "BENCH_RSL_RL_RESULT "
@@ -198,7 +198,7 @@ def rsl_rl_config(ours, env, cfg: dict) -> dict:
             "use_clipped_value_loss": ours.clip_vloss,
             "schedule": "adaptive" if ours.lr_schedule == "adaptive" else "fixed",
             "desired_kl": ours.desired_kl,
-            "normalize_advantage_per_mini_batch": ours.adv_norm_scope == "minibatch",
+            "normalize_advantage_per_mini_batch": ours.adv_norm == "minibatch",
             "rnd_cfg": None,
             "symmetry_cfg": None,
         },
@@ -279,7 +279,7 @@ def bench_peak_memory_mb(device: torch.device) -> float:
 
 
 def run_rsl_rl(cfg: dict, timeout: float, threads: int | None) -> dict:
-    cmd = [sys.executable, "tests/bench_rsl_rl.py", "--worker", json.dumps(cfg)]
+    cmd = [sys.executable, "-m", "tests.benchmarks.rsl_rl", "--worker", json.dumps(cfg)]
     record = {"impl": "rsl_rl", "mode": cfg["mode"], "command": bench.display_command(cmd)}
     rc, output = bench.run_command(cmd, timeout, bench.subprocess_env(threads))
     lines = [line for line in output.splitlines() if line.startswith(RESULT_MARKER)]
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
     report = {
-        "benchmark": "tests.bench_rsl_rl",
+        "benchmark": "tests.benchmarks.rsl_rl",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": bench.machine_info(device),
         "load_average": {"start": bench.load_average(), "end": None},
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             "obs_norm": args.obs_norm, "modes": args.modes, "iterations": args.iterations,
             "warmup_iterations": args.warmup_iterations, "rounds": args.rounds, "rsl_rl_version": rsl_rl_version(),
         },
-        "commands": {"benchmark": shlex.join(["python", "tests/bench_rsl_rl.py", *argv]), "runs": []},
+        "commands": {"benchmark": shlex.join(["python", "-m", "tests.benchmarks.rsl_rl", *argv]), "runs": []},
         "results": {},
         "notes": bench.overload_notes(),
     }

@@ -1,0 +1,1 @@
+"""Speed and results commands (benchmarks, never timed tests): python -m tests.benchmarks.<name>."""
