@@ -49,15 +49,11 @@ class Args(RunArgs):
     num_envs: int = 1024
     total_timesteps: int = 10_000_000
     save_interval: int = 2000
-    save_interval_seconds: float | None = None
-    """also write last.pt when this many seconds have passed since the last write (checked every --log-interval)"""
     save_buffer: bool = False
     """store every rank's replay buffer in last.pt, so that --resume continues bit-exactly (large files)"""
     eval_interval: int = 500
     log_interval: int = 100
     """iterations between log writes, NaN checks, stop checks and normalizer updates (the loop's host reads)"""
-    max_wall_seconds: float | None = None
-    """stop (and save) after this many seconds of training, checked every --log-interval iterations"""
     bf16: bool = False
     """run the networks under bfloat16 autocast (losses, targets and parameters stay float32)"""
 
@@ -286,12 +282,21 @@ def fold_statistics(agent: Agent, buffer: ReplayBuffer, reward_normalizer: Rewar
         reward_normalizer.update(window["rewards"].T, (window["terminated"] | window["truncated"]).T)
 
 
-# ----------------------------------------------------------------------------------------------
-def main(args: Args) -> dict:
-    run = start_run(args, ALGO)
-    device = run.device
-    batch_size = args.batch_size or (32768 if device.type == "cuda" else 1024)
-    capacity = args.buffer_size // args.num_envs  # slots per env
+def restore_buffer(run, buffer: ReplayBuffer, rank_state: dict | None) -> None:
+    """This rank's replay buffer from the checkpoint (written with --save-buffer), if it holds one."""
+    if rank_state and "buffer" in rank_state:
+        try:
+            buffer.load_state_dict(rank_state["buffer"])
+        except ValueError as e:  # another --buffer-size
+            raise SystemExit(f"error: {e}") from None
+        if not rank_state["envs_continue"]:
+            buffer.end_episodes()  # the envs start fresh episodes: no n-step window across the join
+    if run.checkpoint is not None and len(buffer) == 0 and run.is_main and not run.args.eval_only:
+        print("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume", flush=True)
+
+
+def check_args(args: Args, batch_size: int, capacity: int) -> None:
+    """Flags that cannot work together: a clear error before anything runs."""
     for name, value in (("batch_size", batch_size), ("n_step", args.n_step), ("policy_frequency", args.policy_frequency),
                         ("log_interval", args.log_interval)):
         if value < 1:
@@ -303,6 +308,15 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: need 0 <= --std-min <= --std-max, got {args.std_min} and {args.std_max}")
     if args.distributional and (args.num_atoms < 2 or args.v_min >= args.v_max):
         raise SystemExit(f"error: --distributional needs --num-atoms >= 2 and --v-min < --v-max, got {args.num_atoms}, {args.v_min}, {args.v_max}")
+
+
+# ----------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    run = start_run(args, ALGO)
+    device = run.device
+    batch_size = args.batch_size or (32768 if device.type == "cuda" else 1024)
+    capacity = args.buffer_size // args.num_envs  # slots per env
+    check_args(args, batch_size, capacity)
     steps_per_iteration = args.num_envs * run.world_size
     total_steps = max(args.total_timesteps, steps_per_iteration)  # at least one iteration
     envs, eval_envs = make_envs(run, gym.spaces.Box, hint="use algos/ppo.py or algos/pqn.py for discrete actions")
@@ -340,15 +354,7 @@ def main(args: Args) -> dict:
         ep_stats.copy_(rank_state["ep_stats"])
         reward_normalizer.returns.copy_(rank_state["reward_returns"])  # this rank's envs, not rank 0's
         noise_std.copy_(rank_state["noise_std"])
-    if rank_state and "buffer" in rank_state:
-        try:
-            buffer.load_state_dict(rank_state["buffer"])
-        except ValueError as e:  # another --buffer-size
-            raise SystemExit(f"error: {e}") from None
-        if not rank_state["envs_continue"]:
-            buffer.end_episodes()  # the envs start fresh episodes: no n-step window across the join
-    if run.checkpoint is not None and len(buffer) == 0 and run.is_main and not args.eval_only:
-        print("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume", flush=True)
+    restore_buffer(run, buffer, rank_state)
     deterministic = lambda obs: agent_inference.to_env(agent_inference.act(obs))  # noqa: E731
     if args.eval_only:
         return eval_only(run, eval_envs, deterministic)

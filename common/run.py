@@ -83,7 +83,7 @@ class RunArgs:
     save_interval: int = 50
     """iterations between writes of checkpoints/last.pt (also written at the end and on SIGTERM/SIGUSR1)"""
     save_interval_seconds: float | None = None
-    """also write last.pt when this many seconds have passed since the last write"""
+    """also write last.pt when this many seconds have passed since the last write (checked when the statistics are logged)"""
     eval_interval: int = 10
     """iterations between evaluations (0 disables); best.pt is written when the eval return improves"""
     eval_episodes: int = 1
@@ -93,7 +93,7 @@ class RunArgs:
     target_return: float | None = None
     """stop once the eval return reaches this value"""
     max_wall_seconds: float | None = None
-    """stop (and save) after this many seconds of training"""
+    """stop (and save) after this many seconds of training (checked when the statistics are logged)"""
     track: bool = False
     """mirror the TensorBoard logs to Weights & Biases"""
     wandb_project_name: str = "parallel-rl"
