@@ -131,6 +131,11 @@ class Agent(nn.Module):
         self.critic = mlp(critic_obs_dim or obs_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
+        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
+        # The env's action bounds: Gaussian samples are clipped to them before they reach the env
+        # (the stored action and its log-prob keep the raw sample). Not learned: not checkpointed.
+        self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
+        self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
         norm = args.obs_norm
         self.obs_rms = RunningMeanStd(obs_dim, clip=args.obs_clip) if norm else nn.Identity()
         self.critic_obs_rms = RunningMeanStd(critic_obs_dim, clip=args.obs_clip) if norm and critic_obs_dim else nn.Identity()
@@ -157,24 +162,23 @@ class Agent(nn.Module):
             return d.log_prob(action), d.entropy()
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
 
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        if self.action_low.numel() == 0:
+            return action
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
+        """The evaluated (and exported) policy on raw observations: the most likely action, or the
+        Gaussian mean clipped to the action bounds."""
+        out = self.actor(self.obs_rms(policy_obs)).float()
+        return out.argmax(-1) if self.discrete else self.to_env(out)
+
     def act(self, obs: TensorDict, deterministic: bool = False):
         """One acting step: normalize, sample (or take the mode), return the action and its log-prob."""
         d = self.dist(self.obs_rms(obs["policy"]))
         action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else d.sample()
         logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
         return action, logprob
-
-
-def action_bounds(space: gym.Space, device):
-    """(low, high) tensors of a bounded Box, else None: Gaussian samples are clipped to them
-    before they reach the env (the stored action and its log-prob keep the raw sample)."""
-    if isinstance(space, gym.spaces.Box) and space.is_bounded():
-        return torch.as_tensor(space.low, device=device), torch.as_tensor(space.high, device=device)
-    return None
-
-
-def to_env_action(action: torch.Tensor, bounds) -> torch.Tensor:
-    return action if bounds is None else torch.maximum(torch.minimum(action, bounds[1]), bounds[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,13 +245,13 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
 LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
 
-def rollout(run, envs, policy_step, next_obs: TensorDict, storage: RolloutStorage, bounds) -> TensorDict:
+def rollout(run, envs, policy_step, to_env, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
     for step in range(storage.num_steps):
         with torch.no_grad():
             action, logprob = policy_step(next_obs)
         obs = next_obs
-        next_obs, reward, terminated, truncated, info = envs.step(to_env_action(action, bounds))
+        next_obs, reward, terminated, truncated, info = envs.step(to_env(action))
         storage.write(step, TensorDict(
             {"obs": obs, "final_obs": info["final_obs"], "actions": action, "logprobs": logprob,
              "rewards": reward.float(), "terminated": terminated, "truncated": truncated},
@@ -275,7 +279,6 @@ def main(args: Args) -> dict:
     envs, eval_envs = make_envs(run)
     open_run(run)
 
-    bounds = action_bounds(envs.single_action_space, device)
     next_obs, _ = envs.reset(seed=args.seed + run.rank * args.num_envs)
     obs_dim = next_obs["policy"].shape[-1]
     critic_dim = next_obs["critic"].shape[-1] if args.asymmetric_critic and "critic" in next_obs.keys() else None
@@ -298,9 +301,8 @@ def main(args: Args) -> dict:
         next_obs = rank_state["next_obs"]
         ep_stats.copy_(rank_state["ep_stats"])
         reward_normalizer.returns.copy_(rank_state["reward_returns"])  # this rank's envs' partial returns
-    deterministic = lambda obs: to_env_action(agent_inference.act(obs, deterministic=True)[0], bounds)  # noqa: E731
     if args.eval_only:
-        return eval_only(run, eval_envs, deterministic)
+        return eval_only(run, eval_envs, agent_inference)
 
     # --- the hot functions; compiled / graph-captured on request ---
     def policy_step(obs: TensorDict):
@@ -340,7 +342,7 @@ def main(args: Args) -> dict:
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
 
         with timed(run, "rollout"):
-            next_obs = rollout(run, envs, policy_step, next_obs, storage, bounds)
+            next_obs = rollout(run, envs, policy_step, agent_inference.to_env, next_obs, storage)
         run.global_step += global_batch
         data = storage.data
 
@@ -401,7 +403,7 @@ def main(args: Args) -> dict:
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
         if eval_due(run, final_iteration):
-            evaluate(run, eval_envs, deterministic)
+            evaluate(run, eval_envs, agent_inference)
         if names := checkpoints_due(run, final_iteration):
             save(run, names, agent, {"adam": optimizer},
                  state={"learning_rate": float(lr), "reward_normalizer": reward_normalizer.state_dict()},

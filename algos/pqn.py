@@ -124,7 +124,8 @@ class QNetwork(nn.Module):
     def forward(self, obs_n: torch.Tensor) -> torch.Tensor:  # Q-values [..., num_actions] of normalized obs
         return self.q(obs_n)
 
-    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The evaluated (and exported) policy on raw observations: the greedy action."""
         return self.q(self.obs_rms(obs)).argmax(-1)
 
     def act(self, obs: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
@@ -222,9 +223,8 @@ def main(args: Args) -> dict:
     if rank_state and rank_state["envs_continue"]:
         next_obs = rank_state["next_obs"]
         ep_stats.copy_(rank_state["ep_stats"])
-    greedy = lambda obs: qnet_inference.greedy(obs["policy"])  # noqa: E731
     if args.eval_only:
-        return eval_only(run, eval_envs, greedy)
+        return eval_only(run, eval_envs, qnet_inference)
 
     # --- the hot functions; compiled / graph-captured on request ---
     def policy_step(obs: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
@@ -307,7 +307,7 @@ def main(args: Args) -> dict:
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
         if eval_due(run, final_iteration):
-            evaluate(run, eval_envs, greedy)
+            evaluate(run, eval_envs, qnet_inference)
         if names := checkpoints_due(run, final_iteration):
             save(run, names, qnet, {"adam": optimizer},
                  state={"learning_rate": float(lr), "epsilon": epsilon_at(run.global_step, total_steps, args)},

@@ -35,7 +35,8 @@ from common import distributed  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, checkpoints_due, episode_sums, eval_due, eval_only, evaluate, finish, log, make_envs,
+    RunArgs, begin_training, checkpoints_due, episode_sums, eval_due, eval_only, evaluate, finish, host_read_due, log,
+    make_envs,
     open_run, record_env_log, reduce_iteration, restore, save, start_run,
 )
 
@@ -215,6 +216,10 @@ class Agent(nn.Module):
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         return action * self.action_scale + self.action_bias
 
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
+        """The evaluated (and exported) policy on raw observations: the actor's action in the env's units."""
+        return self.to_env(self.actor(self.obs_rms(policy_obs)).float())
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,9 +360,8 @@ def main(args: Args) -> dict:
         reward_normalizer.returns.copy_(rank_state["reward_returns"])  # this rank's envs, not rank 0's
         noise_std.copy_(rank_state["noise_std"])
     restore_buffer(run, buffer, rank_state)
-    deterministic = lambda obs: agent_inference.to_env(agent_inference.act(obs))  # noqa: E731
     if args.eval_only:
-        return eval_only(run, eval_envs, deterministic)
+        return eval_only(run, eval_envs, agent_inference)
 
     # --- the hot functions; compiled / graph-captured on request ---
     def policy_step(obs: TensorDict, noise_std: torch.Tensor):
@@ -445,8 +449,7 @@ def main(args: Args) -> dict:
                     actor_updates += 1
 
         # --- once per log interval (and before evals and saves): one host read ---
-        eval_now = eval_due(run, final_iteration)
-        if not (run.iteration % args.log_interval == 0 or eval_now or run.iteration % args.save_interval == 0 or final_iteration):
+        if not (run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration)):
             continue
         means = {f"losses/{k}": critic_sums[i] / critic_updates for i, k in enumerate(CRITIC_STATS)} if critic_updates else {}
         means.update({f"losses/{k}": actor_sums[i] / actor_updates for i, k in enumerate(ACTOR_STATS)} if actor_updates else {})
@@ -460,8 +463,8 @@ def main(args: Args) -> dict:
         critic_updates = actor_updates = 0
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if eval_now:
-            evaluate(run, eval_envs, deterministic)
+        if eval_due(run, final_iteration):
+            evaluate(run, eval_envs, agent_inference)
         if names := checkpoints_due(run, final_iteration):
             save(run, names, agent, optimizers,
                  state={"reward_normalizer": reward_normalizer.state_dict(), "update_count": update_count, "last_fold": last_fold},

@@ -40,16 +40,17 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from common import distributed
+from common import distributed, video
 from common.checkpoint import (
     BEST, FORMAT_VERSION, LAST, CheckpointError, capture_rng_state, checkpoint_dir, elastic_restart_count,
     load_checkpoint, load_optimizer_state, resolve_resume, restore_rng_state, save_checkpoint, stable_run_name,
 )
 from common.envs import make_env
+from common.export import export_policy
 
 __all__ = [
     "BEST", "LAST", "CheckpointError", "Run", "RunArgs", "checkpoints_due", "eval_due", "eval_only", "evaluate",
-    "episode_sums", "finish", "log", "make_envs", "open_run", "record_env_log", "reduce_iteration", "restore",
+    "episode_sums", "finish", "host_read_due", "log", "make_envs", "open_run", "record_env_log", "reduce_iteration", "restore",
     "save", "start_run", "timed", "begin_training",
 ]
 
@@ -90,6 +91,22 @@ class RunArgs:
     """episodes per eval env in an evaluation"""
     num_eval_envs: int = 128
     """eval environments per process (separate from the training envs)"""
+    eval_env_kwargs: str | None = None
+    """JSON object merged over --env-kwargs for the eval envs only (evaluate on a differently configured env)"""
+    capture_video: bool = False
+    """record the episodes of the first --video-envs eval envs at every evaluation: TensorBoard (videos/eval),
+    wandb, and videos/step_<global_step>.mp4 in the run directory (needs the [video] extra)"""
+    video_envs: int = 1
+    """eval envs whose episodes --capture-video records (their videos follow one another)"""
+    checkpoint_interval: int = 0
+    """also keep checkpoints/step_<global_step>.pt every this many iterations (0: only last.pt and best.pt)"""
+    keep_checkpoints: int = 0
+    """keep only the newest this many step_<global_step>.pt files (0: all)"""
+    export: str | None = None
+    """with --eval-only: write the checkpoint's deterministic policy to this directory (policy.pt TorchScript,
+    policy.onnx, policy.json), observation normalization included"""
+    export_best: bool = False
+    """export the policy to {run_dir}/export/ every time best.pt is written"""
     target_return: float | None = None
     """stop once the eval return reaches this value"""
     max_wall_seconds: float | None = None
@@ -147,6 +164,8 @@ class Run:
     reduced_step: int = 0  # global step of the last reduce_iteration
     guard: Any = None
     progress: Any = None
+    observation_space: Any = None  # of one env's "policy" observations (for export)
+    action_space: Any = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -157,9 +176,13 @@ def start_run(args, algo: str) -> Run:
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     if args.cudagraphs and info.device.type != "cuda":
         raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
-    for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes"):
+    for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes", "video_envs"):
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.export is not None and not args.eval_only:
+        raise SystemExit("error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)")
+    if args.capture_video:
+        video.check_dependencies(builtin_env=":" not in args.env_id)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.torch_deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -184,22 +207,30 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
     """
     args = run.args
     try:
-        kwargs = json.loads(args.env_kwargs) if args.env_kwargs else {}
-        if not isinstance(kwargs, dict):
-            raise ValueError(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+        kwargs, eval_kwargs = (_json_object(flag, getattr(args, flag)) for flag in ("env_kwargs", "eval_env_kwargs"))
         envs = make_env(args.env_id, args.num_envs, run.device, seed=env_seed(run), **kwargs)
         space = envs.single_action_space
         if action_space is not None and not isinstance(space, action_space):
             raise ValueError(f"{run.algo}.py needs {action_space.__name__} actions, but {args.env_id} has {space}; {hint}")
-        eval_envs = make_env(args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run), **kwargs)
-    except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs
+        render = "rgb_array" if args.capture_video else None
+        eval_envs = make_env(args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run), render_mode=render,
+                             **{**kwargs, **eval_kwargs})
+    except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs (JSON too)
         raise SystemExit(f"error: {e}") from None
+    run.observation_space, run.action_space = envs.single_observation_space, envs.single_action_space
     # After the envs: some simulators (mjlab) seed the global generators. All three, as CleanRL
     # does, so that code added to a script that draws from numpy or random is seeded too.
     random.seed(args.seed + run.rank)
     np.random.seed(args.seed + run.rank)
     torch.manual_seed(args.seed + run.rank)
     return envs, eval_envs
+
+
+def _json_object(flag: str, text: str | None) -> dict:
+    value = json.loads(text) if text else {}
+    if not isinstance(value, dict):
+        raise ValueError(f"--{flag.replace('_', '-')} must be a JSON object, got {text!r}")
+    return value
 
 
 def open_run(run: Run) -> dict | None:
@@ -310,6 +341,12 @@ def save(run: Run, names: list[str], model: torch.nn.Module, optimizers: dict, s
         for name in names:
             keep = ranks if name == LAST else [{k: v for k, v in r.items() if k not in (last_only or {})} for r in ranks]
             save_checkpoint({**checkpoint, "ranks": keep}, checkpoint_dir(run.run_dir) / name)
+        if run.args.keep_checkpoints > 0:  # the newest M numbered checkpoints stay
+            numbered = sorted(checkpoint_dir(run.run_dir).glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
+            for old in numbered[: -run.args.keep_checkpoints]:
+                old.unlink()
+        if BEST in names and run.args.export_best:
+            export_policy(run.run_dir / "export", model, run.observation_space, run.action_space, _export_info(run, BEST))
     if LAST in names:
         run.last_save_time = time.time()
 
@@ -492,43 +529,80 @@ def eval_due(run: Run, final_iteration: bool) -> bool:
 
 
 @torch.no_grad()
-def run_episodes(eval_envs, act: Callable, episodes: int, seed: int) -> tuple[float, float]:
-    """Mean return and length of the first `episodes` episodes of every eval env, over all ranks (a collective).
+def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, record: int = 0) -> dict:
+    """The first `episodes` episodes of every eval env with `model.deterministic(obs)`, reduced over
+    all ranks (a collective): mean return and length, the success rate where the env reports
+    per-env success at episode ends (info["success"]), and the frames of the first `record` envs.
 
-    `act(obs)` maps the observations to the env's actions (the deterministic policy).
+    Recording reads the recorded envs' state to the host at every step: evaluation only.
     """
     n, dev = eval_envs.num_envs, eval_envs.device
     obs, _ = eval_envs.reset(seed=seed)
     running = torch.zeros(2, n, device=dev, dtype=torch.float64)  # return, length
     done_count = torch.zeros(n, device=dev, dtype=torch.long)
-    sums = torch.zeros(3, device=dev, dtype=torch.float64)  # return sum, length sum, episodes
+    sums = torch.zeros(5, device=dev, dtype=torch.float64)  # returns, lengths, episodes, successes, reported
+    recorded = list(range(min(record, n)))
+    frames = {i: f for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
+    frames = {i: [f] for i, f in frames.items()}
     max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000
     for step in range(max_steps * episodes + 1):
-        obs, reward, terminated, truncated, _ = eval_envs.step(act(obs))
+        obs, reward, terminated, truncated, info = eval_envs.step(model.deterministic(obs["policy"]))
         active = done_count < episodes
         running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
         done = (terminated | truncated) & active
-        sums += torch.stack([(running[0] * done).sum(), (running[1] * done).sum(), done.double().sum()])
+        ended = done.double().sum()
+        success = info.get("success")  # per env, valid where an episode ended
+        succeeded = (success.bool() & done).double().sum() if success is not None else torch.zeros_like(ended)
+        reported = ended if success is not None else torch.zeros_like(ended)
+        sums += torch.stack([(running[0] * done).sum(), (running[1] * done).sum(), ended, succeeded, reported])
         done_count += done.long()
         running *= ~done
+        if recorded:  # the recorded envs that are still within their episodes: one host read per step
+            alive = [i for i, c in zip(recorded, done_count[recorded].tolist()) if c < episodes]
+            for i, f in zip(alive, eval_envs.render(alive) if alive else []):
+                frames[i].append(f)
+            recorded = alive
         if step % 64 == 63 and bool((done_count >= episodes).all()):  # a sync every 64 steps, not every step
             break
     distributed.all_reduce(sums)
-    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+    ret, length, count, succ, rep = sums.tolist()
+    return {"return": ret / count, "length": length / count, "success_rate": succ / rep if rep > 0 else None,
+            "frames": [frame for i in sorted(frames) for frame in frames[i]]}
 
 
-def evaluate(run: Run, eval_envs, act: Callable) -> float:
-    """Evaluate `act` on the eval envs (a collective), log eval/, keep the best return, and stop at
-    --target-return. Returns the mean eval return."""
-    ret, length = run_episodes(eval_envs, act, run.args.eval_episodes, seed=eval_seed(run) + run.iteration)
+def _record_video(run: Run, eval_envs, frames: list, writer=None) -> Path:
+    """The recorded frames as videos/step_<global_step>.mp4 (and in TensorBoard and wandb)."""
+    fps = getattr(eval_envs, "render_fps", 30)
+    path = video.write_mp4(run.run_dir / "videos" / f"step_{run.global_step}.mp4", frames, fps)
+    if writer is not None:
+        video.add_video(writer, "videos/eval", frames, run.global_step, fps)
+    if run.wandb_run is not None:
+        import wandb
+
+        run.wandb_run.log({"videos/eval": wandb.Video(str(path), format="mp4")}, step=run.global_step)
+    return path
+
+
+def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
+    """Evaluate `model.deterministic` on the eval envs (a collective), log eval/ (and a video with
+    --capture-video), keep the best return, and stop at --target-return. Returns the mean return."""
+    args = run.args
+    record = args.video_envs if args.capture_video and run.is_main else 0  # rank 0's envs are the ones shown
+    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run) + run.iteration, record=record)
+    ret = result["return"]
     if run.is_main:
         run.writer.add_scalar("eval/episodic_return", ret, run.global_step)
-        run.writer.add_scalar("eval/episodic_length", length, run.global_step)
+        run.writer.add_scalar("eval/episodic_length", result["length"], run.global_step)
+        if result["success_rate"] is not None:
+            run.writer.add_scalar("eval/success_rate", result["success_rate"], run.global_step)
+        if result["frames"]:
+            _record_video(run, eval_envs, result["frames"], run.writer)
+        run.writer.flush()
     _print(run, f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, "
                 f"train return {run.last_train_return:.2f}, SPS {run.sps:,.0f}")
     run.new_best = ret > run.best_eval_return
     run.best_eval_return = max(ret, run.best_eval_return)
-    if run.args.target_return is not None and ret >= run.args.target_return:
+    if args.target_return is not None and ret >= args.target_return:
         run.stop_reason = "target_return"
     return ret
 
@@ -540,19 +614,48 @@ def checkpoints_due(run: Run, final_iteration: bool) -> list[str]:
     run.new_best = False
     if run.stop_reason or final_iteration or run.save_time_due or run.iteration % run.args.save_interval == 0:
         names.append(LAST)
+    if run.args.checkpoint_interval > 0 and run.iteration % run.args.checkpoint_interval == 0:
+        names.append(f"step_{run.global_step}.pt")
     return names
 
 
-def eval_only(run: Run, eval_envs, act: Callable) -> dict:
-    """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end.
+def host_read_due(run: Run, final_iteration: bool) -> bool:
+    """Whether this iteration evaluates or may save, so that its statistics must be reduced first
+    (for scripts that reduce every --log-interval iterations only)."""
+    args = run.args
+    return (final_iteration or eval_due(run, final_iteration) or run.iteration % args.save_interval == 0
+            or (args.checkpoint_interval > 0 and run.iteration % args.checkpoint_interval == 0))
+
+
+def _export_info(run: Run, source: str) -> dict:
+    return {"algo": run.algo, "env_id": run.args.env_id, "global_step": run.global_step, "iteration": run.iteration,
+            "checkpoint": str(source)}
+
+
+def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
+    """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end;
+    with --capture-video also record it (videos/ of the checkpoint's run directory), with --export
+    also write the exported policy.
 
     The eval envs get the seeds of the evaluation at the checkpoint's iteration: with the same
     eval flags, best.pt gives back the return it was saved for (exactly, on CPU)."""
-    ret, length = run_episodes(eval_envs, act, run.args.eval_episodes, seed=eval_seed(run) + run.iteration)
+    args = run.args
+    record = args.video_envs if args.capture_video and run.is_main else 0
+    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run) + run.iteration, record=record)
+    out = {"eval_episodic_return": result["return"], "eval_episodic_length": result["length"],
+           "checkpoint": str(run.resume_path)}
+    if result["success_rate"] is not None:
+        out["eval_success_rate"] = result["success_rate"]
+    if run.is_main and result["frames"]:
+        run.run_dir = run.resume_path.resolve().parent.parent  # the checkpoint's run directory
+        out["video"] = str(_record_video(run, eval_envs, result["frames"]))
+    if run.is_main and args.export is not None:
+        out["export"] = str(export_policy(args.export, model, run.observation_space, run.action_space,
+                                          _export_info(run, run.resume_path)))
     if run.is_main:
-        print(json.dumps({"eval_episodic_return": ret, "eval_episodic_length": length, "checkpoint": str(run.resume_path)}))
+        print(json.dumps(out))
     distributed.cleanup()
-    return {"eval_return": ret, "eval_length": length}
+    return {"eval_return": result["return"], "eval_length": result["length"], **out}
 
 
 # ----------------------------------------------------------------------------------------------

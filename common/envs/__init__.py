@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 
 import torch
 
@@ -48,6 +49,7 @@ def make_env(
     num_envs: int,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    render_mode: str | None = None,
     **kwargs,
 ):
     """Create `num_envs` parallel envs of `env_id` on `device`; env i is seeded `seed + i`.
@@ -58,7 +60,16 @@ def make_env(
     Built-in envs accept `dtype` (default torch.float32), `max_episode_steps` (default:
     gymnasium's registered limit) and the options of gymnasium's constructor (e.g. `g` for
     Pendulum-v1). Adapter ids pass `kwargs` on to the adapter.
+
+    `render_mode="rgb_array"` asks for envs whose `render(env_ids)` returns frames (for recorded
+    evaluation); built-in envs always can, `gym:` envs are built for it, other adapters say they
+    cannot.
     """
+    if render_mode not in (None, "rgb_array"):
+        raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+    if render_mode is not None:  # gymnasium's renderers draw with pygame: off-screen, silent
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     if ":" in env_id:
         prefix, name = env_id.split(":", 1)
         if not name:
@@ -67,8 +78,11 @@ def make_env(
         if prefix == "gym":
             from common.envs.gym_adapter import make_gym_env
 
-            return make_gym_env(name, num_envs, device=device, seed=seed, **kwargs)
+            return make_gym_env(name, num_envs, device=device, seed=seed, render_mode=render_mode, **kwargs)
         if prefix == "mjlab":
+            if render_mode is not None:
+                raise ValueError(f"{env_id}: this adapter cannot render frames (mjlab's offscreen renderer is not "
+                                 f"wired in); run without --capture-video")
             from common.envs.mjlab_adapter import make_mjlab_env
 
             return make_mjlab_env(name, num_envs, device=device, seed=seed, **kwargs)

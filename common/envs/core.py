@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
 import torch
 from gymnasium import spaces
 from tensordict import TensorDict
@@ -273,8 +274,30 @@ class TorchEnv:
         info = {"final_obs": self._wrap_obs(final_obs), "log": {}}
         return self._wrap_obs(obs), reward, terminated, truncated, info
 
+    def render(self, env_ids: list[int]) -> list[np.ndarray]:
+        """Frames (uint8 [H, W, 3]) of the envs `env_ids` as they are now, drawn by gymnasium's own
+        renderer of this env id from `state` (same layout as gymnasium's), so a video looks exactly
+        like gymnasium's. Reads those envs' states to the host: for recorded evaluation only.
+        Needs pygame (the `[video]` extra)."""
+        renderers = self.__dict__.setdefault("_renderers", {})
+        states = self.state[env_ids].detach().to("cpu", torch.float64).numpy()
+        frames = []
+        for i, state in zip(env_ids, states):
+            if i not in renderers:
+                import gymnasium
+
+                renderers[i] = gymnasium.make(self.env_id, render_mode="rgb_array").unwrapped
+            renderer = renderers[i]
+            renderer.state = state.copy()
+            renderer.last_u = None  # Pendulum draws the last torque when it has one
+            frames.append(renderer.render())
+            self.render_fps = renderer.metadata.get("render_fps", 30)
+        return frames
+
     def close(self) -> None:
-        """Nothing to release; present so scripts can close any env the same way."""
+        """Closes the renderers, if any frames were drawn."""
+        for renderer in self.__dict__.pop("_renderers", {}).values():
+            renderer.close()
 
     # -- checkpointing --------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ def make_gym_env(
         vector_kwargs: dict passed to gymnasium's SyncVectorEnv/AsyncVectorEnv (e.g.
             {"context": "spawn"}); the autoreset mode is always same-step
     """
-    accepted = ("vectorization", "env_kwargs", "vector_kwargs")
+    accepted = ("vectorization", "env_kwargs", "vector_kwargs", "render_mode")
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
         raise TypeError(
@@ -119,6 +119,7 @@ class GymVecEnv:
         vectorization: str = "sync",
         env_kwargs: dict | None = None,
         vector_kwargs: dict | None = None,
+        render_mode: str | None = None,
     ):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"gym:{env_id}: num_envs must be a positive int, got {num_envs!r}")
@@ -127,6 +128,8 @@ class GymVecEnv:
                 f"gym:{env_id}: vectorization must be one of {', '.join(VECTORIZATION_MODES)}, got {vectorization!r}"
             )
         env_kwargs = dict(env_kwargs or {})
+        if render_mode is not None:
+            env_kwargs["render_mode"] = render_mode
         vector_kwargs = dict(vector_kwargs or {})
         vector_kwargs["autoreset_mode"] = gym.vector.AutoresetMode.SAME_STEP
         vector_kwargs.setdefault("copy", False)  # observations are copied into our own buffer at once
@@ -143,6 +146,7 @@ class GymVecEnv:
         spec = self.envs.spec  # the registered spec (make_vec also resolves "module:Env-v0" ids)
         self.max_episode_steps: int | None = env_kwargs.get("max_episode_steps", spec.max_episode_steps)
         self._seed: int | None = seed  # used by the first reset() that gets no seed
+        self.render_fps = self.envs.metadata.get("render_fps") or 30
         self._needs_reset = True
 
         # Observations: flattened to one float32 vector per env.
@@ -264,6 +268,13 @@ class GymVecEnv:
                 final[i] = spaces.flatten(self._obs_space, info["final_obs"][i])
         obs_t, final_t, reward_t, term_t, trunc_t = self._to_device(flat, final, reward, terminated, truncated)
         return self._wrap(obs_t), reward_t, term_t, trunc_t, {"final_obs": self._wrap(final_t), "log": {}}
+
+    def render(self, env_ids: list[int]) -> list[np.ndarray]:
+        """Frames of the envs `env_ids` (built with render_mode="rgb_array"), from gymnasium's renderers."""
+        if isinstance(self.envs, gym.vector.SyncVectorEnv):
+            return [self.envs.envs[i].render() for i in env_ids]
+        frames = self.envs.call("render")  # async: every env renders
+        return [frames[i] for i in env_ids]
 
     def state_dict(self) -> dict:
         """Empty: gymnasium envs cannot be snapshotted, so a resumed run starts from freshly reset envs."""

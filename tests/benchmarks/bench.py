@@ -198,8 +198,7 @@ def build_ppo_policy(env, device: torch.device, hidden_sizes):
     agent = ppo.Agent(obs_dim, critic_dim, env.single_action_space, args).to(device)
     twin = ppo.Agent(obs_dim, critic_dim, env.single_action_space, args).to(device)
     from_module(agent).data.to_module(twin)
-    bounds = ppo.action_bounds(env.single_action_space, device)
-    return ppo, args, agent, twin, obs, bounds
+    return ppo, args, agent, twin, obs
 
 
 def prepare_inference(env_id, num_envs, device, mode, steps, warmup, hidden_sizes):
@@ -207,7 +206,7 @@ def prepare_inference(env_id, num_envs, device, mode, steps, warmup, hidden_size
     from common.envs import make_env
 
     env = make_env(env_id, num_envs, device=device, seed=0)
-    ppo, _, _, twin, obs, bounds = build_ppo_policy(env, device, hidden_sizes)
+    ppo, _, _, twin, obs = build_ppo_policy(env, device, hidden_sizes)
     policy_step = wrap_mode(lambda o: twin.act(o), mode)
     state = {"obs": obs}
 
@@ -216,7 +215,7 @@ def prepare_inference(env_id, num_envs, device, mode, steps, warmup, hidden_size
         o = state["obs"]
         for _ in range(n):
             action, _ = policy_step(o)
-            o, _, _, _, _ = env.step(ppo.to_env_action(action, bounds))
+            o, _, _, _, _ = env.step(twin.to_env(action))
         state["obs"] = o
 
     run(warmup)
@@ -228,7 +227,7 @@ def prepare_network(env_id, num_envs, device, mode, hidden_sizes):
     from common.envs import make_env
 
     env = make_env(env_id, num_envs, device=device, seed=0)
-    _, args, agent, twin, obs, _ = build_ppo_policy(env, device, hidden_sizes)
+    _, args, agent, twin, obs = build_ppo_policy(env, device, hidden_sizes)
     minibatch = num_envs * args.num_steps // args.num_minibatches
     passes = args.update_epochs * args.num_minibatches
     policy_step = wrap_mode(lambda o: twin.act(o), mode)

@@ -1,0 +1,73 @@
+"""The trained policy out of the training script: TorchScript, ONNX and a JSON of its interface.
+
+    python algos/ppo.py --eval-only --resume runs/RUN/checkpoints/best.pt --export exported/
+
+writes `policy.pt` (TorchScript), `policy.onnx` and `policy.json`. Both models map a batch of
+raw "policy" observations [B, obs_dim] (float32) to the env's actions: the observation
+normalization is folded in, and the action is the script's deterministic one (PPO: the Gaussian
+mean clipped to the bounds, or the most likely action; TD3/SAC: the squashed action scaled to
+the bounds; PQN: the greedy action). Each script's model provides it as `deterministic(obs)`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import torch
+import torch.nn as nn
+
+
+class DeterministicPolicy(nn.Module):
+    """`model.deterministic(obs)` as a module's forward: what gets traced and exported."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.model.deterministic(obs)
+
+
+def _finite_or_none(values) -> list:
+    return [float(v) if math.isfinite(float(v)) else None for v in values]  # strict JSON: no inf
+
+
+def space_json(space: gym.Space) -> dict:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "dtype": "int64"}
+    return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
+            "low": _finite_or_none(space.low.reshape(-1)), "high": _finite_or_none(space.high.reshape(-1))}
+
+
+@torch.no_grad()
+def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.Space, action_space: gym.Space,
+                  info: dict) -> Path:
+    """Write policy.pt, policy.onnx and policy.json of `model.deterministic` to `out_dir` (on CPU)."""
+    import copy
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    policy = DeterministicPolicy(copy.deepcopy(model).cpu().float()).eval()
+    example = torch.as_tensor(observation_space.sample(), dtype=torch.float32).reshape(1, -1).repeat(4, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer and exporter deprecation notices
+        traced = torch.jit.trace(policy, example)
+        traced.save(str(out / "policy.pt"))
+        kwargs = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
+        torch.onnx.export(policy, (example,), str(out / "policy.onnx"), input_names=["obs"], output_names=["action"],
+                          dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, **kwargs)
+    meta = {
+        **info,
+        "files": {"torchscript": "policy.pt", "onnx": "policy.onnx"},
+        "input": {"name": "obs", "key": "policy", "batch_dim": 0, "observation_space": space_json(observation_space),
+                  "normalization": "included: pass raw observations"},
+        "output": {"name": "action", "action_space": space_json(action_space),
+                   "note": "deterministic action in the env's units, within its bounds"},
+    }
+    (out / "policy.json").write_text(json.dumps(meta, indent=2))
+    return out
