@@ -183,6 +183,11 @@ def start_run(args, algo: str) -> Run:
         raise SystemExit("error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)")
     if args.capture_video:
         video.check_dependencies(builtin_env=":" not in args.env_id)
+    if args.export is not None or args.export_best:
+        try:
+            import onnx  # noqa: F401
+        except ImportError:
+            raise SystemExit('error: --export needs onnx: pip install -e ".[export]"') from None
     torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.torch_deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)

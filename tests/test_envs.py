@@ -477,3 +477,27 @@ def test_mjlab_auto_reset_is_set_only_on_a_config_that_has_the_field():
     old = WithoutField()
     set_auto_reset(old, True, "Task")  # "pre_step": mjlab's own auto-reset, which such a version always runs
     assert not hasattr(old, "auto_reset")
+
+
+# --------------------------------------------------------------------------------------------
+# rendering (recorded evaluation)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_render_draws_what_gymnasium_draws_for_the_same_state(env_id):
+    pytest.importorskip("pygame")
+    env = make_env(env_id, 3, seed=0, dtype=torch.float64, render_mode="rgb_array")
+    env.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(7):
+        env.step(torch.from_numpy(random_actions(env_id, env.single_action_space, rng, 3)))
+    frames = env.render([0, 2])
+    for i, frame in zip((0, 2), frames):
+        reference = gym.make(env_id, render_mode="rgb_array")
+        reference.reset(seed=0)
+        reference.unwrapped.state = env.state[i].numpy().copy()
+        expected = reference.render()
+        assert frame.dtype == np.uint8 and frame.shape == expected.shape and frame.shape[-1] == 3
+        assert np.array_equal(frame, expected)
+        reference.close()
+    assert not np.array_equal(frames[0], frames[1])  # two envs in two states
+    env.close()

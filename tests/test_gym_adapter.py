@@ -274,3 +274,17 @@ def test_ppo_runs_gym_halfcheetah(tmp_path):
     )
     assert summary["global_step"] == 192 and summary["iteration"] == 3
     assert Path(summary["checkpoints"]["last"]).is_file()
+
+
+def test_render_returns_the_frames_of_the_chosen_envs():
+    pytest.importorskip("pygame")
+    envs = make_env("gym:CartPole-v1", 3, seed=4, render_mode="rgb_array")
+    envs.reset()
+    frames = envs.render([2])
+    reference = gym.make("CartPole-v1", render_mode="rgb_array")
+    reference.reset(seed=4 + 2)  # env i is seeded seed + i
+    assert len(frames) == 1 and np.array_equal(frames[0], reference.render())
+    assert envs.render_fps == reference.metadata["render_fps"]
+    envs.close()
+    with pytest.raises(ValueError, match="render_mode"):
+        make_env("gym:CartPole-v1", 1, render_mode="human")

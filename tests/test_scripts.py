@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -446,3 +447,144 @@ def test_run_name_is_stable_across_restarts_without_run_name(tmp_path, jobs):
     runs = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert len(runs) == 1, runs
     assert summary_of(tmp_path, runs[0].name)["global_step"] == total
+
+
+# --------------------------------------------------------------------------------------------
+# outputs: videos, exported policies, numbered checkpoints, evaluation options
+# --------------------------------------------------------------------------------------------
+def mp4_frames(path: Path) -> list:
+    import imageio.v3 as iio
+
+    return list(iio.imiter(path))
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_capture_video_writes_the_episode_to_mp4_and_tensorboard(algo, tmp_path):
+    pytest.importorskip("imageio_ffmpeg")
+    pytest.importorskip("pygame")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sync, steps = TINY[algo]["sync"], TINY[algo]["steps"]
+    summary = train(algo, tmp_path, total_timesteps=units(algo, 2), eval_interval=2 * sync, capture_video=True,
+                    num_eval_envs=1)
+    step = summary["global_step"]
+    path = tmp_path / "run" / "videos" / f"step_{step}.mp4"
+    frames = mp4_frames(path)
+    acc = EventAccumulator(str(tmp_path / "run"))
+    acc.Reload()
+    [length] = [e.value for e in acc.Scalars("eval/episodic_length")]
+    assert len(frames) == length > 1  # one frame per step of the recorded episode
+    assert any(not np_equal(frames[0], f) for f in frames[1:]), "the frames do not change"
+    assert [e.step for e in acc.Images("videos/eval")] == [step]
+    # --eval-only --capture-video records a checkpoint's policy into its run directory
+    path.unlink()
+    result = train(algo, tmp_path, eval_only=True, capture_video=True, num_eval_envs=1,
+                   resume=str(tmp_path / "run" / "checkpoints" / "last.pt"))
+    assert Path(result["video"]) == path and len(mp4_frames(path)) == length
+
+
+def np_equal(a, b) -> bool:
+    return bool(np.array_equal(a, b))
+
+
+def test_capture_video_without_the_extra_stops_before_training(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "imageio", None)
+    with pytest.raises(SystemExit, match=r'^error: --capture-video needs imageio: pip install -e "\.\[video\]"$'):
+        train("ppo", tmp_path, capture_video=True)
+    assert not (tmp_path / "run").exists()
+
+
+def build_model(algo: str, state: dict, env):
+    """The script's own model with the checkpoint's weights (what the script evaluates)."""
+    module = load_script(algo)
+    args = module.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["args"].items()})
+    obs_dim, space = env.single_observation_space.shape[0], env.single_action_space
+    if algo == "ppo":
+        model = module.Agent(obs_dim, None, space, args)
+    elif algo == "pqn":
+        model = module.QNetwork(obs_dim, int(space.n), args)
+    else:
+        low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high))
+        model = module.Agent(obs_dim, None, low, high, args)
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from common.envs import make_env
+
+    train(algo, tmp_path, total_timesteps=units(algo, 4))
+    result = train(algo, tmp_path, eval_only=True, export=str(tmp_path / "export"),
+                   resume=str(tmp_path / "run" / "checkpoints" / "last.pt"))
+    assert Path(result["export"]) == tmp_path / "export"
+    state = checkpoint(tmp_path)
+    env = make_env(TINY[algo]["kwargs"]["env_id"], 64, seed=5)
+    model = build_model(algo, state, env)
+    assert model.obs_rms.count > 0, "the run had observation normalization"
+    obs = [env.reset(seed=5)[0]["policy"]]
+    for _ in range(3):  # observations of a few steps, and some far outside the data
+        actions = np.stack([env.single_action_space.sample() for _ in range(64)])
+        obs.append(env.step(torch.as_tensor(actions))[0]["policy"])
+    obs = torch.cat([*obs, torch.randn(64, obs[0].shape[-1]) * 5])
+    with torch.no_grad():
+        expected = model.deterministic(obs)
+    torchscript = torch.jit.load(str(tmp_path / "export" / "policy.pt"))
+    onnx = onnxruntime.InferenceSession(str(tmp_path / "export" / "policy.onnx"))
+    got_ts = torchscript(obs)
+    got_onnx = torch.as_tensor(onnx.run(None, {"obs": obs.numpy()})[0])
+    assert got_ts.dtype == got_onnx.dtype == expected.dtype
+    torch.testing.assert_close(got_ts, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_onnx, expected, rtol=0, atol=1e-5)
+    # the normalizer is inside: without it, the same weights act differently on these observations
+    model.obs_rms = torch.nn.Identity()
+    with torch.no_grad():
+        assert not torch.equal(model.deterministic(obs), expected)
+    meta = json.loads((tmp_path / "export" / "policy.json").read_text())
+    assert meta["algo"] == algo and meta["global_step"] == state["global_step"]
+    assert meta["input"]["observation_space"]["shape"] == [obs.shape[-1]]
+    kind = type(env.single_action_space).__name__
+    assert meta["output"]["action_space"]["type"] == kind
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_numbered_checkpoints_on_a_schedule_keep_the_newest(algo, tmp_path):
+    sync, steps = TINY[algo]["sync"], TINY[algo]["steps"]
+    train(algo, tmp_path, total_timesteps=units(algo, 6), checkpoint_interval=sync, keep_checkpoints=2)
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*.pt"))
+    assert kept == sorted(f"step_{sync * steps * i}.pt" for i in (5, 6)), kept
+    assert checkpoint(tmp_path, f"step_{sync * steps * 5}.pt")["iteration"] == 5 * sync
+
+
+class ReportsSuccess:
+    """Wraps an env so that it reports info["success"]: true for the even-numbered envs."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action):
+        out = self.env.step(action)
+        out[4]["success"] = torch.arange(self.env.num_envs) % 2 == 0
+        return out
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_eval_env_kwargs_and_success_rate(algo, tmp_path, monkeypatch):
+    """--eval-env-kwargs configures the eval envs alone; an env that reports per-env success gets
+    eval/success_rate."""
+    import common.run
+
+    real_make_env = common.run.make_env
+    monkeypatch.setattr(common.run, "make_env", lambda *a, **k: ReportsSuccess(real_make_env(*a, **k)))
+    sync = TINY[algo]["sync"]
+    train(algo, tmp_path, total_timesteps=units(algo, 6), eval_interval=6 * sync, num_eval_envs=4,
+          eval_env_kwargs='{"max_episode_steps": 5}')
+    curves = scalars(tmp_path / "run")
+    [(_, length)] = curves["eval/episodic_length"]
+    assert length <= 5 and max(v for _, v in curves["charts/episodic_length"]) > 5  # training envs: 16 steps
+    [(_, rate)] = curves["eval/success_rate"]
+    assert rate == 0.5
