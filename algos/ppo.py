@@ -279,7 +279,7 @@ def main(args: Args) -> dict:
     envs, eval_envs = make_envs(run)
     open_run(run)
 
-    next_obs, _ = envs.reset(seed=args.seed + run.rank * args.num_envs)
+    next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_dim = next_obs["policy"].shape[-1]
     critic_dim = next_obs["critic"].shape[-1] if args.asymmetric_critic and "critic" in next_obs.keys() else None
     agent = Agent(obs_dim, critic_dim, envs.single_action_space, args).to(device)

@@ -200,7 +200,7 @@ def main(args: Args) -> dict:
     envs, eval_envs = make_envs(run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py")
     open_run(run)
 
-    next_obs, _ = envs.reset(seed=args.seed + run.rank * args.num_envs)
+    next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_dim, num_actions = next_obs["policy"].shape[-1], int(envs.single_action_space.n)
     qnet = QNetwork(obs_dim, num_actions, args).to(device)
     distributed.broadcast_module(qnet)  # identical initial weights on every rank

@@ -306,7 +306,7 @@ def main(args: Args) -> dict:
     space = envs.single_action_space
     if not space.is_bounded():
         raise SystemExit(f"error: {ALGO}.py scales a tanh policy to the action bounds, but {args.env_id}'s action space {space} is unbounded")
-    next_obs, _ = envs.reset(seed=args.seed + run.rank * args.num_envs)
+    next_obs, _ = envs.reset()  # the seeds make_envs gave them
     open_run(run)
 
     # --- agent, optimizers, normalizers, replay buffer ---

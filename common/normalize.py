@@ -44,15 +44,21 @@ class RunningMeanStd(nn.Module):
     """Running mean and variance of a stream of batches (Chan et al.'s parallel merge).
 
     `update(x)` folds a batch in (all leading dims are batch dims, the trailing `shape` are
-    features); `normalize(x)` returns (x - mean) / sqrt(var + eps), clipped to [-clip, clip],
+    features); `normalize(x)` returns (x - mean) / max(std, min_std), clipped to [-clip, clip],
     in x's dtype. The two are separate so a script decides which data feeds the statistics
     (rollout data only, never evaluation data).
+
+    `min_std` (1e-2, rsl_rl's constant): a feature that is (nearly) constant in the first data
+    (a velocity at rest, a flag that has not fired yet) would otherwise be scaled by up to 1e4
+    (with the usual 1e-8 in the square root) and sit at +-clip long after it starts to move;
+    with the floor its gain stays at most 100, and every feature whose std exceeds 1e-2 is
+    standardized exactly as before.
     """
 
-    def __init__(self, shape: tuple[int, ...] | int = (), epsilon: float = 1e-8, clip: float | None = 5.0):
+    def __init__(self, shape: tuple[int, ...] | int = (), min_std: float = 1e-2, clip: float | None = 5.0):
         super().__init__()
         self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        self.epsilon = epsilon
+        self.min_std = min_std
         self.clip = clip
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
@@ -67,7 +73,7 @@ class RunningMeanStd(nn.Module):
 
     @property
     def std(self) -> torch.Tensor:
-        return torch.sqrt(self.var + self.epsilon)
+        return torch.sqrt(self.var).clamp(min=self.min_std)
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
@@ -82,7 +88,7 @@ class RunningMeanStd(nn.Module):
 
     def _refresh(self) -> None:
         self._mean32.copy_(self.mean)
-        # Before any data the scale stays 1 (not 1/sqrt(eps)), on a fresh module and after a load.
+        # Before any data the scale stays 1 (not 1/min_std), on a fresh module and after a load.
         self._inv_std32.copy_(torch.where(self.count > 0, 1.0 / self.std, torch.ones_like(self.std)))
 
     def _load_from_state_dict(self, *args, **kwargs):
@@ -109,14 +115,14 @@ class RewardNormalizer(nn.Module):
     feeds a whole rollout at once: `update(rewards, dones)` with [T, N] tensors walks the T steps
     (cheap vector ops, no host sync), then merges the T*N returns into the moments (one
     collective per iteration under torchrun, not one per step); `normalize(rewards)` divides by
-    sqrt(var + eps) and clips. The mean is not subtracted: that would change the optimal policy.
+    max(std, min_std) and clips. The mean is not subtracted: that would change the optimal policy.
     """
 
-    def __init__(self, num_envs: int, gamma: float, epsilon: float = 1e-8, clip: float | None = 10.0):
+    def __init__(self, num_envs: int, gamma: float, min_std: float = 1e-2, clip: float | None = 10.0):
         super().__init__()
         self.gamma = gamma
         self.clip = clip
-        self.return_rms = RunningMeanStd((), epsilon=epsilon, clip=None)
+        self.return_rms = RunningMeanStd((), min_std=min_std, clip=None)
         # Each env's partial return belongs to its rank and its episodes, not to the shared statistics:
         # not in state_dict(), so a resume starts it at zero unless the script restores its rank's own.
         self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64), persistent=False)

@@ -25,6 +25,7 @@ rollout, the compile switch, the tags they log and their own checkpoint fields.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -68,7 +69,7 @@ class RunArgs:
     total_timesteps: int = 5_000_000
     """env steps to train for, summed over all processes"""
     seed: int = 1
-    """seed of the experiment; rank r seeds its envs and sampling with seed + r"""
+    """seed of the experiment; every env stream and generator of every rank derives from a hash of (seed, rank, stream)"""
     device: str = "auto"
     """'auto' (this rank's GPU if any, else CPU), 'cpu', 'cuda'"""
     torch_deterministic: bool = True
@@ -194,14 +195,28 @@ def start_run(args, algo: str) -> Run:
     return Run(args=args, algo=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main)
 
 
+def derive_seed(run: Run, stream: str) -> int:
+    """A 62-bit seed for one random stream of this rank, hashed from (--seed, rank, stream).
+
+    Env i of a batch seeded s gets seed s + i, so with seeds like `seed + rank * num_envs` the
+    runs --seed 1 and --seed 2 would share all but one env stream, and ranks would overlap the
+    same way. Hashed bases put every (seed, rank, stream) at an unrelated place in a 2**62
+    range: two runs, two ranks, or the training and eval envs share a stream only if their bases
+    fall within num_envs of each other (probability about num_envs / 2**62).
+    """
+    digest = hashlib.blake2b(f"{run.args.seed}/{run.rank}/{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
 def env_seed(run: Run) -> int:
-    """Seed of this rank's training envs: env i of rank r gets seed + r * num_envs + i."""
-    return run.args.seed + run.rank * run.args.num_envs
+    """Seed of this rank's training envs (env i gets env_seed + i)."""
+    return derive_seed(run, "envs")
 
 
-def eval_seed(run: Run) -> int:
-    """Seed of this rank's eval envs (an evaluation adds its iteration: each one sees new episodes)."""
-    return run.args.seed + 10**8 + run.rank * run.args.num_eval_envs
+def eval_seed(run: Run, iteration: int) -> int:
+    """Seed of this rank's eval envs for the evaluation at `iteration`: each evaluation sees new
+    episodes, and --eval-only of a checkpoint replays the evaluation of its iteration."""
+    return derive_seed(run, f"eval/{iteration}")
 
 
 def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
@@ -218,16 +233,16 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
         if action_space is not None and not isinstance(space, action_space):
             raise ValueError(f"{run.algo}.py needs {action_space.__name__} actions, but {args.env_id} has {space}; {hint}")
         render = "rgb_array" if args.capture_video else None
-        eval_envs = make_env(args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run), render_mode=render,
+        eval_envs = make_env(args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run, 0), render_mode=render,
                              **{**kwargs, **eval_kwargs})
     except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs (JSON too)
         raise SystemExit(f"error: {e}") from None
     run.observation_space, run.action_space = envs.single_observation_space, envs.single_action_space
     # After the envs: some simulators (mjlab) seed the global generators. All three, as CleanRL
     # does, so that code added to a script that draws from numpy or random is seeded too.
-    random.seed(args.seed + run.rank)
-    np.random.seed(args.seed + run.rank)
-    torch.manual_seed(args.seed + run.rank)
+    random.seed(derive_seed(run, "random"))
+    np.random.seed(derive_seed(run, "numpy") % 2**32)
+    torch.manual_seed(derive_seed(run, "torch"))
     return envs, eval_envs
 
 
@@ -593,7 +608,7 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
     --capture-video), keep the best return, and stop at --target-return. Returns the mean return."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0  # rank 0's envs are the ones shown
-    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run) + run.iteration, record=record)
+    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record)
     ret = result["return"]
     if run.is_main:
         run.writer.add_scalar("eval/episodic_return", ret, run.global_step)
@@ -646,7 +661,7 @@ def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
     eval flags, best.pt gives back the return it was saved for (exactly, on CPU)."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0
-    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run) + run.iteration, record=record)
+    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record)
     out = {"eval_episodic_return": result["return"], "eval_episodic_length": result["length"],
            "checkpoint": str(run.resume_path)}
     if result["success_rate"] is not None:

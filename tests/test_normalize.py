@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from common.normalize import RewardNormalizer, RunningMeanStd
@@ -29,7 +30,7 @@ def test_running_mean_std_leading_dims_and_normalize_clip():
     out = rms.normalize(x)
     assert out.dtype == x.dtype
     assert out.abs().max() <= 1.5
-    manual = ((x.double() - flat.mean(0)) / torch.sqrt(flat.var(0, unbiased=False) + 1e-8)).clamp(-1.5, 1.5)
+    manual = ((x.double() - flat.mean(0)) / flat.var(0, unbiased=False).sqrt().clamp(min=1e-2)).clamp(-1.5, 1.5)
     torch.testing.assert_close(out.double(), manual, atol=1e-5, rtol=1e-5)
 
 
@@ -61,7 +62,7 @@ def test_reward_normalizer_matches_direct_discounted_return_std():
             returns.append(g)
             if dones[t, n]:
                 g = 0.0
-    expected_std = np.sqrt(np.var(returns) + 1e-8)
+    expected_std = max(np.sqrt(np.var(returns)), 1e-2)
     np.testing.assert_allclose(norm.return_rms.std.item(), expected_std, rtol=1e-10)
     r = torch.tensor([1.0, -2.0])
     torch.testing.assert_close(norm.normalize(r), r / float(expected_std))
@@ -86,3 +87,19 @@ def test_unfitted_normalizer_is_identity_also_after_a_load():
     x = torch.tensor([[0.5, -3.0]])
     torch.testing.assert_close(fresh.normalize(x), x)
     torch.testing.assert_close(loaded.normalize(x), x)
+
+
+def test_a_nearly_constant_feature_keeps_a_bounded_gain():
+    """A feature constant in the first data (std 1e-6) must not be scaled by 1/sqrt(1e-8) = 1e4
+    and pinned at the clip once it moves: the floor of the std (1e-2) caps the gain at 100."""
+    rms = RunningMeanStd(shape=(2,), clip=10.0)
+    x = torch.randn(4096, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x[:, 1] = x[:, 1] * 1e-6 + 3.0  # feature 1: nearly constant at 3.0
+    rms.update(x)
+    moved = torch.tensor([[0.0, 3.05]])  # feature 1 starts to move: 0.05 away from its mean
+    out = rms.normalize(moved)
+    assert out[0, 1] == pytest.approx(5.0, rel=1e-3)  # 0.05 / 1e-2, inside the clip
+    wide = torch.tensor([[0.0, 3.0 + 1.0]])
+    assert rms.normalize(wide)[0, 1] == 10.0  # far away: clipped as any feature would be
+    # a feature with a real spread is standardized exactly as before
+    torch.testing.assert_close(out[0, 0], ((0.0 - rms.mean[0]) / rms.var[0].sqrt()).float())

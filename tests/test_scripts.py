@@ -202,6 +202,39 @@ def test_checkpoint_of_another_network_shape_is_a_clear_error(algo, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
+# seeds
+# --------------------------------------------------------------------------------------------
+def test_seeds_ranks_and_eval_envs_share_no_random_stream():
+    """Every env stream and generator comes from a hash of (seed, rank, stream): the runs --seed 1
+    and --seed 2, two ranks of a run, and its training and eval envs start no episode alike."""
+    import common.run
+    from common.envs import make_env
+
+    def run_of(seed: int, rank: int):
+        return common.run.Run(args=load_script("ppo").Args(seed=seed), algo="ppo", rank=rank, world_size=2,
+                              device=torch.device("cpu"), is_main=rank == 0)
+
+    def initial_states(seed: int, resets: int = 5) -> set:
+        envs = make_env("CartPole-v1", 512, seed=seed)
+        return {tuple(row) for _ in range(resets) for row in envs.reset()[0]["policy"].tolist()}
+
+    streams = {
+        "seed 1": initial_states(common.run.env_seed(run_of(1, 0))),
+        "seed 2": initial_states(common.run.env_seed(run_of(2, 0))),
+        "seed 1, rank 1": initial_states(common.run.env_seed(run_of(1, 1))),
+        "seed 1, eval": initial_states(common.run.eval_seed(run_of(1, 0), 0)),
+        "seed 1, eval at iteration 10": initial_states(common.run.eval_seed(run_of(1, 0), 10)),
+    }
+    names = list(streams)
+    for i, a in enumerate(names):
+        assert len(streams[a]) == 5 * 512
+        for b in names[i + 1 :]:
+            assert not streams[a] & streams[b], f"{a} and {b} share initial states"
+    torch_seeds = {common.run.derive_seed(run_of(s, r), "torch") for s in (1, 2) for r in (0, 1)}
+    assert len(torch_seeds) == 4
+
+
+# --------------------------------------------------------------------------------------------
 # logging and the NaN guard
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algo", SCRIPTS)
