@@ -1,0 +1,224 @@
+"""Learning results: scripts x envs x seeds, run with their default flags, into a table and figures.
+
+    python -m tests.benchmarks.learning --out results            # every experiment, seeds 1-5
+    python -m tests.benchmarks.learning --experiments ppo:CartPole-v1 --seeds 1 2 3 --jobs 2
+
+Each run is `python algos/<algo>.py --env-id <env> --seed <s>` with the experiment's budget (and
+flags, if any) in a subprocess of its own; runs go `--jobs` at a time (one torch thread each).
+From each run's TensorBoard events it takes the eval curve and writes, under --out:
+
+- `learning.json`: every run's eval curve (env steps, training seconds, return) and summary;
+- `learning.md`: per script and env, the env steps and training seconds until the eval return
+  first reached the target (median and range over the seeds that reached it), how many seeds
+  did, the final and the best eval return (mean +- std), the command and the hardware;
+- `learning_steps.png`, `learning_time.png`: eval return against env steps and against training
+  wall time, mean over seeds with a min-max band, one panel per env (needs matplotlib: the
+  `[plot]` extra).
+
+Training seconds count from the start of the training loop (after start-up and compilation)
+and include the evaluations. The README's Results section is this command's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.benchmarks.bench import machine_info, machine_label  # noqa: E402
+
+# script:env -> target eval return, env-step budget, extra flags (the defaults otherwise)
+EXPERIMENTS = {
+    "ppo:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
+    "ppo:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
+    "ppo:Pendulum-v1": dict(target=-200.0, budget=8_000_000, flags=[]),
+    "ppo:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=[]),
+    "pqn:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
+    "pqn:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
+    "td3:Pendulum-v1": dict(target=-200.0, budget=1_000_000, flags=[]),
+    "sac:Pendulum-v1": dict(target=-200.0, budget=1_000_000, flags=[]),
+}
+
+
+def run_command(algo: str, env_id: str, seed: int, budget: int, flags: list[str], out: Path) -> list[str]:
+    return ["python", f"algos/{algo}.py", "--env-id", env_id, "--seed", str(seed), "--total-timesteps", str(budget),
+            *flags, "--no-progress", "--output-dir", str(out), "--run-name", f"{algo}__{env_id}__{seed}"]
+
+
+def read_curve(run_dir: Path) -> dict:
+    """The eval curve of a run: env steps, training seconds and returns, from its events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    sps = acc.Scalars("charts/SPS")
+    # SPS = steps / (now - start of the training loop), so its first event dates the start.
+    start = sps[0].wall_time - sps[0].step / sps[0].value if sps and sps[0].value > 0 else None
+    evals = acc.Scalars("eval/episodic_return") if "eval/episodic_return" in acc.Tags()["scalars"] else []
+    return {"steps": [e.step for e in evals], "seconds": [e.wall_time - start for e in evals] if start else [],
+            "returns": [e.value for e in evals]}
+
+
+def run_one(job: dict) -> dict:
+    cmd = job["command"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
+    record = {**{k: job[k] for k in ("algo", "env_id", "seed", "target", "budget")}, "command": shlex.join(cmd),
+              "returncode": proc.returncode, "process_seconds": time.time() - t0}
+    run_dir = Path(job["out"]) / cmd[-1]
+    if proc.returncode != 0 or not (run_dir / "summary.json").exists():
+        record["error"] = (proc.stdout + proc.stderr)[-2000:]
+        return record
+    record["summary"] = json.loads((run_dir / "summary.json").read_text())
+    record["curve"] = read_curve(run_dir)
+    reached = [i for i, r in enumerate(record["curve"]["returns"]) if r >= job["target"]]
+    record["steps_to_target"] = record["curve"]["steps"][reached[0]] if reached else None
+    record["seconds_to_target"] = record["curve"]["seconds"][reached[0]] if reached and record["curve"]["seconds"] else None
+    return record
+
+
+def fmt(x, spec: str = ",.0f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def median_range(values: list, spec: str) -> str:
+    if not values:
+        return "-"
+    return f"{fmt(statistics.median(values), spec)} ({fmt(min(values), spec)}-{fmt(max(values), spec)})"
+
+
+def mean_std(values: list) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.mean(values):,.1f} ± {statistics.pstdev(values):,.1f}"
+
+
+def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list[str]:
+    rows = ["| script | env | target | budget (env steps) | seeds at target | env steps to target, median (range) "
+            "| training s to target, median (range) | final eval return | best eval return |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name in experiments:
+        algo, env_id = name.split(":", 1)
+        runs = [r for r in records if r["algo"] == algo and r["env_id"] == env_id and "summary" in r]
+        hit = [r for r in runs if r["steps_to_target"] is not None]
+        final = [r["curve"]["returns"][-1] for r in runs if r["curve"]["returns"]]
+        best = [max(r["curve"]["returns"]) for r in runs if r["curve"]["returns"]]
+        failed = len([r for r in records if r["algo"] == algo and r["env_id"] == env_id]) - len(runs)
+        spec = EXPERIMENTS.get(name, {})
+        budgets = sorted({r["budget"] for r in records if r["algo"] == algo and r["env_id"] == env_id})
+        rows.append(
+            f"| {algo} | {env_id} | {fmt(spec.get('target'), 'g')} | {', '.join(fmt(b) for b in budgets)} | {len(hit)}/{len(seeds)}"
+            f"{f' ({failed} failed)' if failed else ''} | {median_range([r['steps_to_target'] for r in hit], ',.0f')} "
+            f"| {median_range([r['seconds_to_target'] for r in hit if r['seconds_to_target'] is not None], '.1f')} "
+            f"| {mean_std(final)} | {mean_std(best)} |"
+        )
+    return rows
+
+
+def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path]:
+    """Eval return against env steps and against training seconds: mean and min-max band over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = []
+    for axis, label, filename in (("steps", "env steps", "learning_steps.png"),
+                                  ("seconds", "training wall time (s)", "learning_time.png")):
+        cols = min(4, len(experiments))
+        rows = math.ceil(len(experiments) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
+        for ax, name in zip(axes.flat, experiments):
+            algo, env_id = name.split(":", 1)
+            runs = [r for r in records if r["algo"] == algo and r["env_id"] == env_id and r.get("curve", {}).get("returns")]
+            if runs:
+                n = min(len(r["curve"]["returns"]) for r in runs)  # the evaluations every seed has
+                x = np.mean([r["curve"][axis][:n] for r in runs], axis=0) if axis == "seconds" else runs[0]["curve"]["steps"][:n]
+                y = np.array([r["curve"]["returns"][:n] for r in runs])
+                ax.fill_between(x, y.min(0), y.max(0), alpha=0.25, linewidth=0)
+                ax.plot(x, y.mean(0), linewidth=1.5, marker="o" if n < 8 else None, markersize=3)
+            target = EXPERIMENTS.get(name, {}).get("target")
+            if target is not None:
+                ax.axhline(target, color="gray", linestyle="--", linewidth=0.8)
+            ax.set_title(f"{algo} {env_id}", fontsize=9)
+            ax.set_xlabel(label, fontsize=8)
+            ax.tick_params(labelsize=7)
+            if axis == "steps":
+                ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+                ax.xaxis.get_offset_text().set_fontsize(7)
+        for ax in list(axes.flat)[len(experiments):]:
+            ax.axis("off")
+        axes[0][0].set_ylabel("eval return", fontsize=8)
+        fig.tight_layout()
+        path = out / filename
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), help="script:env ids, e.g. ppo:CartPole-v1")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at a time, one thread each")
+    parser.add_argument("--budget", type=int, default=None, help="env steps of every run (default: each experiment's)")
+    parser.add_argument("--out", default="results", help="directory of the runs, the JSON, the table and the figures")
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags passed on to every run")
+    args = parser.parse_args(argv)
+    unknown = [e for e in args.experiments if e not in EXPERIMENTS and ":" not in e]
+    if unknown:
+        parser.error(f"unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)} (or any script:env)")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for name in args.experiments:
+        algo, env_id = name.split(":", 1)
+        spec = EXPERIMENTS.get(name, dict(target=math.inf, budget=1_000_000, flags=[]))
+        budget = args.budget or spec["budget"]
+        for seed in args.seeds:
+            jobs.append(dict(algo=algo, env_id=env_id, seed=seed, target=spec["target"], budget=budget, out=str(out / "runs"),
+                             command=run_command(algo, env_id, seed, budget, [*spec["flags"], *args.extra], out / "runs")))
+    started = time.time()
+    records = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for record in pool.map(run_one, jobs):
+            status = "failed" if "error" in record else f"steps to target {fmt(record['steps_to_target'])}"
+            print(f"{record['algo']} {record['env_id']} seed {record['seed']}: {status}", flush=True)
+            records.append(record)
+    machine = machine_info(__import__("torch").device("cpu"))
+    command = shlex.join(["python", "-m", "tests.benchmarks.learning", *(argv if argv is not None else sys.argv[1:])])
+    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": command, "machine": machine,
+              "jobs": args.jobs, "wall_seconds": time.time() - started, "experiments": {n: EXPERIMENTS.get(n) for n in args.experiments},
+              "runs": records}
+    (out / "learning.json").write_text(json.dumps(report, indent=1))
+    lines = [f"`{command}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
+             f"{args.jobs} run(s) at a time, one thread each):", "", *table(records, args.experiments, args.seeds)]
+    try:
+        for path in figures(records, args.experiments, out):
+            lines += ["", f"![{path.stem}]({path.name})"]
+    except ImportError:
+        lines += ["", '(no figures: matplotlib is missing: pip install -e ".[plot]")']
+    (out / "learning.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all("error" not in r for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
