@@ -1,6 +1,7 @@
 """tests/benchmarks/bench.py runs end to end at tiny sizes and reports every field. Functional only: no figure
 is compared with a speed (speed claims come from running the benchmark, never from a test)."""
 
+import importlib.util
 import json
 import math
 
@@ -95,3 +96,31 @@ def test_steady_state_window_leaves_out_the_warmup():
     assert s["sps"] == 100.0 and s["measured_iterations"] == 2
     assert s["rollout_seconds"] == 0.25 and s["update_seconds"] == 0.5 and s["other_seconds"] == 0.25
     assert steady_state({"charts/SPS": events["charts/SPS"][:1]}, warmup=1) is None
+
+
+def test_learning_results_command_writes_curves_table_and_figures(tmp_path):
+    """tests/benchmarks/learning.py end to end at a tiny budget: two seeds of one experiment."""
+    from tests.benchmarks import learning
+
+    threads = torch.get_num_threads()
+    try:
+        code = learning.main(["--experiments", "ppo:CartPole-v1", "--seeds", "1", "2", "--jobs", "2",
+                              "--budget", str(4096 * 24 * 2), "--out", str(tmp_path), "--extra", "--eval-interval", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    report = json.loads((tmp_path / "learning.json").read_text())
+    runs = report["runs"]
+    assert sorted(r["seed"] for r in runs) == [1, 2] and report["command"].startswith("python -m tests.benchmarks.learning")
+    for r in runs:
+        curve = r["curve"]
+        assert curve["steps"] == [4096 * 24, 4096 * 24 * 2]  # an eval every iteration
+        assert len(curve["returns"]) == len(curve["seconds"]) == 2 and 0 < curve["seconds"][0] < curve["seconds"][1]
+        assert r["summary"]["global_step"] == 4096 * 24 * 2
+    assert runs[0]["curve"]["returns"] != runs[1]["curve"]["returns"]  # two seeds, two runs
+    table = (tmp_path / "learning.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| ppo | CartPole-v1"))
+    final = [r["curve"]["returns"][-1] for r in runs]
+    assert f"{sum(final) / 2:,.1f} ±" in row and "196,608" in row
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "learning_steps.png").stat().st_size > 0 and (tmp_path / "learning_time.png").stat().st_size > 0

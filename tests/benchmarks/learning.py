@@ -4,7 +4,8 @@
     python -m tests.benchmarks.learning --experiments ppo:CartPole-v1 --seeds 1 2 3 --jobs 2
 
 Each run is `python algos/<algo>.py --env-id <env> --seed <s>` with the experiment's budget (and
-flags, if any) in a subprocess of its own; runs go `--jobs` at a time (one torch thread each).
+flags, if any) in a subprocess of its own; runs go `--jobs` at a time, with cores / jobs torch
+threads each.
 From each run's TensorBoard events it takes the eval curve and writes, under --out:
 
 - `learning.json`: every run's eval curve (env steps, training seconds, return) and summary;
@@ -40,22 +41,41 @@ if str(ROOT) not in sys.path:
 
 from tests.benchmarks.bench import machine_info, machine_label  # noqa: E402
 
-# script:env -> target eval return, env-step budget, extra flags (the defaults otherwise)
+CPU_OFF_POLICY = ["--num-envs", "64", "--num-updates", "4", "--batch-size", "512", "--hidden-sizes", "64", "64",
+                  "--q-lr", "3e-3", "--policy-lr", "3e-3", "--tau", "0.05", "--learning-starts", "3200",
+                  "--eval-interval", "25", "--log-interval", "25"]
+
+# script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise)
 EXPERIMENTS = {
     "ppo:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
-    "ppo:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
+    "ppo:Acrobot-v1": dict(target=-100.0, budget=5_000_000, flags=[]),
     "ppo:Pendulum-v1": dict(target=-200.0, budget=8_000_000, flags=[]),
     "ppo:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=[]),
     "pqn:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "pqn:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
     "td3:Pendulum-v1": dict(target=-200.0, budget=1_000_000, flags=[]),
     "sac:Pendulum-v1": dict(target=-200.0, budget=1_000_000, flags=[]),
+    # TD3 and SAC with the small-batch settings that suit a CPU (their defaults are FastTD3's, for GPUs)
+    "td3:Pendulum-v1@cpu": dict(target=-200.0, budget=50_000, flags=CPU_OFF_POLICY),
+    "sac:Pendulum-v1@cpu": dict(target=-200.0, budget=50_000, flags=CPU_OFF_POLICY),
+    # the fastest CartPole settings found for a 2-core CPU (run with --jobs 1: both cores for one run)
+    "ppo:CartPole-v1@fast": dict(target=475.0, budget=1_000_000,
+                                 flags=["--num-envs", "1024", "--num-steps", "16", "--eval-interval", "2"]),
 }
 
 
-def run_command(algo: str, env_id: str, seed: int, budget: int, flags: list[str], out: Path) -> list[str]:
+def split_name(name: str) -> tuple[str, str, str]:
+    """'ppo:CartPole-v1@fast' -> ('ppo', 'CartPole-v1', 'fast')."""
+    algo, rest = name.split(":", 1)
+    env_id, _, label = rest.partition("@")
+    return algo, env_id, label
+
+
+def run_command(name: str, seed: int, budget: int, flags: list[str], out: Path) -> list[str]:
+    algo, env_id, label = split_name(name)
+    run_name = f"{algo}__{env_id}{'__' + label if label else ''}__{seed}"
     return ["python", f"algos/{algo}.py", "--env-id", env_id, "--seed", str(seed), "--total-timesteps", str(budget),
-            *flags, "--no-progress", "--output-dir", str(out), "--run-name", f"{algo}__{env_id}__{seed}"]
+            *flags, "--no-progress", "--output-dir", str(out), "--run-name", run_name]
 
 
 def read_curve(run_dir: Path) -> dict:
@@ -74,13 +94,14 @@ def read_curve(run_dir: Path) -> dict:
 
 def run_one(job: dict) -> dict:
     cmd = job["command"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]), PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.time()
     proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
-    record = {**{k: job[k] for k in ("algo", "env_id", "seed", "target", "budget")}, "command": shlex.join(cmd),
+    record = {**{k: job[k] for k in ("name", "algo", "env_id", "seed", "target", "budget", "threads")},
+              "command": shlex.join(cmd),
               "returncode": proc.returncode, "process_seconds": time.time() - t0}
-    run_dir = Path(job["out"]) / cmd[-1]
+    run_dir = ROOT / job["out"] / cmd[-1]  # the runs write relative to the project root, their cwd
     if proc.returncode != 0 or not (run_dir / "summary.json").exists():
         record["error"] = (proc.stdout + proc.stderr)[-2000:]
         return record
@@ -113,16 +134,17 @@ def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list
             "| training s to target, median (range) | final eval return | best eval return |",
             "|---|---|---|---|---|---|---|---|---|"]
     for name in experiments:
-        algo, env_id = name.split(":", 1)
-        runs = [r for r in records if r["algo"] == algo and r["env_id"] == env_id and "summary" in r]
+        algo, env_id, label = split_name(name)
+        runs = [r for r in records if r["name"] == name and "summary" in r]
         hit = [r for r in runs if r["steps_to_target"] is not None]
         final = [r["curve"]["returns"][-1] for r in runs if r["curve"]["returns"]]
         best = [max(r["curve"]["returns"]) for r in runs if r["curve"]["returns"]]
-        failed = len([r for r in records if r["algo"] == algo and r["env_id"] == env_id]) - len(runs)
+        failed = len([r for r in records if r["name"] == name]) - len(runs)
         spec = EXPERIMENTS.get(name, {})
-        budgets = sorted({r["budget"] for r in records if r["algo"] == algo and r["env_id"] == env_id})
+        budgets = sorted({r["budget"] for r in records if r["name"] == name})
+        flags = f" `{' '.join(spec['flags'])}`" if spec.get("flags") else ""
         rows.append(
-            f"| {algo} | {env_id} | {fmt(spec.get('target'), 'g')} | {', '.join(fmt(b) for b in budgets)} | {len(hit)}/{len(seeds)}"
+            f"| {algo} | {env_id}{flags} | {fmt(spec.get('target'), 'g')} | {', '.join(fmt(b) for b in budgets)} | {len(hit)}/{len(seeds)}"
             f"{f' ({failed} failed)' if failed else ''} | {median_range([r['steps_to_target'] for r in hit], ',.0f')} "
             f"| {median_range([r['seconds_to_target'] for r in hit if r['seconds_to_target'] is not None], '.1f')} "
             f"| {mean_std(final)} | {mean_std(best)} |"
@@ -145,8 +167,8 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
         rows = math.ceil(len(experiments) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
         for ax, name in zip(axes.flat, experiments):
-            algo, env_id = name.split(":", 1)
-            runs = [r for r in records if r["algo"] == algo and r["env_id"] == env_id and r.get("curve", {}).get("returns")]
+            algo, env_id, label = split_name(name)
+            runs = [r for r in records if r["name"] == name and r.get("curve", {}).get("returns")]
             if runs:
                 n = min(len(r["curve"]["returns"]) for r in runs)  # the evaluations every seed has
                 x = np.mean([r["curve"][axis][:n] for r in runs], axis=0) if axis == "seconds" else runs[0]["curve"]["steps"][:n]
@@ -156,7 +178,7 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
             target = EXPERIMENTS.get(name, {}).get("target")
             if target is not None:
                 ax.axhline(target, color="gray", linestyle="--", linewidth=0.8)
-            ax.set_title(f"{algo} {env_id}", fontsize=9)
+            ax.set_title(f"{algo} {env_id}{' (' + label + ')' if label else ''}", fontsize=9)
             ax.set_xlabel(label, fontsize=8)
             ax.tick_params(labelsize=7)
             if axis == "steps":
@@ -177,24 +199,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), help="script:env ids, e.g. ppo:CartPole-v1")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
-    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)), help="runs at a time, one thread each")
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)),
+                        help="runs at a time; each gets cores // jobs torch threads")
     parser.add_argument("--budget", type=int, default=None, help="env steps of every run (default: each experiment's)")
-    parser.add_argument("--out", default="results", help="directory of the runs, the JSON, the table and the figures")
+    parser.add_argument("--out", default="results", help="directory of the JSON, the table and the figures")
+    parser.add_argument("--runs-dir", default=None, help="directory of the runs' own outputs (default: OUT/runs)")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags passed on to every run")
     args = parser.parse_args(argv)
     unknown = [e for e in args.experiments if e not in EXPERIMENTS and ":" not in e]
     if unknown:
         parser.error(f"unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)} (or any script:env)")
-    out = Path(args.out).resolve()
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    runs_dir = Path(args.runs_dir) if args.runs_dir else Path(args.out) / "runs"  # as given: commands stay portable
     jobs = []
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
     for name in args.experiments:
-        algo, env_id = name.split(":", 1)
+        algo, env_id, _ = split_name(name)
         spec = EXPERIMENTS.get(name, dict(target=math.inf, budget=1_000_000, flags=[]))
         budget = args.budget or spec["budget"]
         for seed in args.seeds:
-            jobs.append(dict(algo=algo, env_id=env_id, seed=seed, target=spec["target"], budget=budget, out=str(out / "runs"),
-                             command=run_command(algo, env_id, seed, budget, [*spec["flags"], *args.extra], out / "runs")))
+            jobs.append(dict(name=name, algo=algo, env_id=env_id, seed=seed, target=spec["target"], budget=budget,
+                             threads=threads, out=str(runs_dir),
+                             command=run_command(name, seed, budget, [*spec["flags"], *args.extra], runs_dir)))
     started = time.time()
     records = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -209,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
               "runs": records}
     (out / "learning.json").write_text(json.dumps(report, indent=1))
     lines = [f"`{command}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
-             f"{args.jobs} run(s) at a time, one thread each):", "", *table(records, args.experiments, args.seeds)]
+             f"{args.jobs} run(s) at a time with {threads} thread(s) each):", "", *table(records, args.experiments, args.seeds)]
     try:
         for path in figures(records, args.experiments, out):
             lines += ["", f"![{path.stem}]({path.name})"]
