@@ -161,8 +161,8 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
     import numpy as np
 
     paths = []
-    for axis, label, filename in (("steps", "env steps", "learning_steps.png"),
-                                  ("seconds", "training wall time (s)", "learning_time.png")):
+    for axis, xlabel, filename in (("steps", "env steps", "learning_steps.png"),
+                                   ("seconds", "training wall time (s)", "learning_time.png")):
         cols = min(4, len(experiments))
         rows = math.ceil(len(experiments) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
@@ -179,7 +179,7 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
             if target is not None:
                 ax.axhline(target, color="gray", linestyle="--", linewidth=0.8)
             ax.set_title(f"{algo} {env_id}{' (' + label + ')' if label else ''}", fontsize=9)
-            ax.set_xlabel(label, fontsize=8)
+            ax.set_xlabel(xlabel, fontsize=8)
             ax.tick_params(labelsize=7)
             if axis == "steps":
                 ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
@@ -204,8 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=None, help="env steps of every run (default: each experiment's)")
     parser.add_argument("--out", default="results", help="directory of the JSON, the table and the figures")
     parser.add_argument("--runs-dir", default=None, help="directory of the runs' own outputs (default: OUT/runs)")
+    parser.add_argument("--report", default=None, help="no runs: rewrite the table and figures of a learning.json")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags passed on to every run")
     args = parser.parse_args(argv)
+    if args.report:
+        report = json.loads(Path(args.report).read_text())
+        names = list(report["experiments"])
+        seeds = sorted({r["seed"] for r in report["runs"]})
+        write_report(report, names, seeds, Path(args.report).parent, report.get("threads", 1))
+        return 0
     unknown = [e for e in args.experiments if e not in EXPERIMENTS and ":" not in e]
     if unknown:
         parser.error(f"unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)} (or any script:env)")
@@ -233,18 +240,24 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "tests.benchmarks.learning", *(argv if argv is not None else sys.argv[1:])])
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": command, "machine": machine,
               "jobs": args.jobs, "wall_seconds": time.time() - started, "experiments": {n: EXPERIMENTS.get(n) for n in args.experiments},
-              "runs": records}
+              "threads": threads, "runs": records}
     (out / "learning.json").write_text(json.dumps(report, indent=1))
-    lines = [f"`{command}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
-             f"{args.jobs} run(s) at a time with {threads} thread(s) each):", "", *table(records, args.experiments, args.seeds)]
+    write_report(report, args.experiments, args.seeds, out, threads)
+    return 0 if all("error" not in r for r in records) else 1
+
+
+def write_report(report: dict, experiments: list[str], seeds: list[int], out: Path, threads: int) -> None:
+    """learning.md (the command, the hardware, the table) and the figures, from a report."""
+    records, machine = report["runs"], report["machine"]
+    lines = [f"`{report['command']}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
+             f"{report['jobs']} run(s) at a time with {threads} thread(s) each):", "", *table(records, experiments, seeds)]
     try:
-        for path in figures(records, args.experiments, out):
+        for path in figures(records, experiments, out):
             lines += ["", f"![{path.stem}]({path.name})"]
     except ImportError:
         lines += ["", '(no figures: matplotlib is missing: pip install -e ".[plot]")']
     (out / "learning.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if all("error" not in r for r in records) else 1
 
 
 if __name__ == "__main__":
