@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -570,10 +571,20 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     assert got_ts.dtype == got_onnx.dtype == expected.dtype
     torch.testing.assert_close(got_ts, expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(got_onnx, expected, rtol=0, atol=1e-5)
-    # the normalizer is inside: without it, the same weights act differently on these observations
-    model.obs_rms = torch.nn.Identity()
-    with torch.no_grad():
-        assert not torch.equal(model.deterministic(obs), expected)
+    # the normalizer is inside: its statistics are constants of the exported graph...
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(tmp_path / "export" / "policy.onnx")).graph
+    constants = [numpy_helper.to_array(t) for t in graph.initializer] + [
+        numpy_helper.to_array(a.t) for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    for statistic in (model.obs_rms._mean32, model.obs_rms._inv_std32):
+        assert any(c.shape == tuple(statistic.shape) and np.allclose(c, statistic.numpy()) for c in constants)
+    # ...and continuous actions of the same weights without it differ on these observations
+    if not isinstance(env.single_action_space, gym.spaces.Discrete):
+        model.obs_rms = torch.nn.Identity()
+        with torch.no_grad():
+            assert not torch.equal(model.deterministic(obs), expected)
     meta = json.loads((tmp_path / "export" / "policy.json").read_text())
     assert meta["algo"] == algo and meta["global_step"] == state["global_step"]
     assert meta["input"]["observation_space"]["shape"] == [obs.shape[-1]]
