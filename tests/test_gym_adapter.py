@@ -288,3 +288,39 @@ def test_render_returns_the_frames_of_the_chosen_envs():
     envs.close()
     with pytest.raises(ValueError, match="render_mode"):
         make_env("gym:CartPole-v1", 1, render_mode="human")
+
+
+class _ReportsSuccess(gym.Env):
+    """Episodes of 3 steps; at the end, info["is_success"] says whether the last action was 1."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= 3
+        return np.zeros(2, np.float32), 1.0, done, False, ({"is_success": bool(action == 1)} if done else {})
+
+
+def test_success_at_episode_end_reaches_the_eval_success_rate():
+    from common.run import run_episodes
+
+    gym.register("ReportsSuccess-v0", entry_point=_ReportsSuccess)
+    envs = make_env("gym:ReportsSuccess-v0", 4, seed=0)
+    envs.reset()
+    for _ in range(2):
+        assert "success" not in envs.step(torch.ones(4, dtype=torch.long))[4]
+    info = envs.step(torch.tensor([1, 0, 1, 1]))[4]
+    assert info["success"].tolist() == [True, False, True, True]
+
+    class EvenEnvsSucceed(torch.nn.Module):
+        def deterministic(self, obs):
+            return (torch.arange(obs.shape[0]) % 2 == 0).long()
+
+    result = run_episodes(envs, EvenEnvsSucceed(), episodes=2, seed=1)
+    assert result["success_rate"] == 0.5 and result["length"] == 3

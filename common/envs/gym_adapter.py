@@ -267,7 +267,15 @@ class GymVecEnv:
             for i in np.flatnonzero(done_mask):
                 final[i] = spaces.flatten(self._obs_space, info["final_obs"][i])
         obs_t, final_t, reward_t, term_t, trunc_t = self._to_device(flat, final, reward, terminated, truncated)
-        return self._wrap(obs_t), reward_t, term_t, trunc_t, {"final_obs": self._wrap(final_t), "log": {}}
+        out = {"final_obs": self._wrap(final_t), "log": {}}
+        # Per-env success at episode end (gymnasium's robotics envs say "is_success"): evaluation's success rate.
+        final_info = info.get("final_info", {})
+        for key in ("success", "is_success"):
+            if key in final_info:
+                reported = np.asarray(final_info.get("_" + key, True), dtype=bool)
+                out["success"] = torch.as_tensor(np.asarray(final_info[key], dtype=bool) & reported, device=self.device)
+                break
+        return self._wrap(obs_t), reward_t, term_t, trunc_t, out
 
     def render(self, env_ids: list[int]) -> list[np.ndarray]:
         """Frames of the envs `env_ids` (built with render_mode="rgb_array"), from gymnasium's renderers."""
