@@ -237,6 +237,14 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
                              **{**kwargs, **eval_kwargs})
     except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs (JSON too)
         raise SystemExit(f"error: {e}") from None
+    if args.capture_video:  # one frame now: a renderer that cannot work (no GL, no display) stops the run here
+        try:
+            eval_envs.reset()
+            eval_envs.render([0])
+        except Exception as e:
+            raise SystemExit(f"error: --capture-video: {args.env_id} cannot render frames here ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); MuJoCo envs on a machine without a display need "
+                             f"MUJOCO_GL=egl or osmesa; or run without --capture-video") from None
     run.observation_space, run.action_space = envs.single_observation_space, envs.single_action_space
     # After the envs: some simulators (mjlab) seed the global generators. All three, as CleanRL
     # does, so that code added to a script that draws from numpy or random is seeded too.

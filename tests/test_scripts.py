@@ -528,6 +528,24 @@ def test_capture_video_without_the_extra_stops_before_training(tmp_path, monkeyp
     assert not (tmp_path / "run").exists()
 
 
+def test_capture_video_of_an_env_that_cannot_render_stops_before_training(tmp_path, monkeypatch):
+    """A renderer that fails (no GL, no display) is found at start, not at the first evaluation."""
+    pytest.importorskip("imageio_ffmpeg")
+    pytest.importorskip("pygame")
+    import common.run
+
+    class CannotRender(ReportsSuccess):
+        def render(self, env_ids):
+            raise RuntimeError("no OpenGL context\nmore detail")
+
+    real_make_env = common.run.make_env
+    monkeypatch.setattr(common.run, "make_env", lambda *a, **k: CannotRender(real_make_env(*a, **k)))
+    with pytest.raises(SystemExit, match=r"^error: --capture-video: Pendulum-v1 cannot render frames here "
+                                         r"\(RuntimeError: no OpenGL context\); MuJoCo envs"):
+        train("ppo", tmp_path, capture_video=True)
+    assert not list((tmp_path / "run").glob("events.out.tfevents.*")), "nothing trained"
+
+
 def build_model(algo: str, state: dict, env):
     """The script's own model with the checkpoint's weights (what the script evaluates)."""
     module = load_script(algo)
