@@ -407,7 +407,7 @@ def main(args: Args) -> dict:
             real_next_obs = torch.where(done, info["final_obs"], next_obs)
             buffer.add(TensorDict({"obs": obs, "actions": action, "rewards": reward.float(), "terminated": terminated,
                                    "truncated": truncated, "next_obs": real_next_obs}, batch_size=[args.num_envs]))
-            ep_sums += episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0))
+            episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=ep_sums)
             finite &= torch.stack([torch.isfinite(real_next_obs["policy"]).all(), torch.isfinite(reward).all()])
             record_env_log(run, info)
         run.global_step += steps_per_iteration

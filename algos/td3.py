@@ -426,7 +426,7 @@ def main(args: Args) -> dict:
                                    "truncated": truncated, "next_obs": real_next_obs}, batch_size=[args.num_envs]))
             fresh_std = torch.rand(args.num_envs, 1, device=device) * (args.std_max - args.std_min) + args.std_min
             noise_std = torch.where(done.unsqueeze(-1), fresh_std, noise_std)  # a new noise scale per episode
-            ep_sums += episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0))
+            episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=ep_sums)
             finite &= torch.stack([torch.isfinite(real_next_obs["policy"]).all(), torch.isfinite(reward).all()])
             record_env_log(run, info)
         run.global_step += steps_per_iteration

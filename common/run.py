@@ -447,13 +447,16 @@ def timed(run: Run, phase: str):
 
 
 @torch.no_grad()
-def episode_sums(running: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
-    """Return sum, length sum and count [3] (float64) of the episodes that finished in [T, N] steps.
+def episode_sums(running: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor,
+                 sums: torch.Tensor | None = None) -> torch.Tensor:
+    """Return sum, length sum and count [3] (float64) of the episodes that finished in [T, N] steps,
+    added into `sums` when given (a per-step caller keeps one accumulator: nothing allocated per step).
 
     `running` [2, N] holds each env's return and length so far; it is updated in place and
     zeroed where an episode ends. On the device, without a host read.
     """
-    sums = torch.zeros(3, device=running.device, dtype=torch.float64)
+    if sums is None:
+        sums = torch.zeros(3, device=running.device, dtype=torch.float64)
     for t in range(rewards.shape[0]):
         running[0] += rewards[t]
         running[1] += 1
@@ -570,8 +573,7 @@ def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, re
     done_count = torch.zeros(n, device=dev, dtype=torch.long)
     sums = torch.zeros(5, device=dev, dtype=torch.float64)  # returns, lengths, episodes, successes, reported
     recorded = list(range(min(record, n)))
-    frames = {i: f for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
-    frames = {i: [f] for i, f in frames.items()}
+    frames = {i: [f] for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
     max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000
     for step in range(max_steps * episodes + 1):
         obs, reward, terminated, truncated, info = eval_envs.step(model.deterministic(obs["policy"]))
