@@ -172,9 +172,17 @@ class Run:
 # ----------------------------------------------------------------------------------------------
 # Starting a run
 # ----------------------------------------------------------------------------------------------
-def start_run(args, algo: str) -> Run:
-    """Join torchrun's process group (when launched by it) and pick this rank's device. Writes nothing."""
+def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) -> Run:
+    """Join torchrun's process group (when launched by it) and pick this rank's device. Writes nothing.
+
+    `device_defaults` {flag: (on CUDA, elsewhere)} fills the flags left at None once the device is
+    known (sizes that suit a GPU starve a CPU of gradient steps); the resolved values are what the
+    run's config.json and checkpoints record.
+    """
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
+    for name, (on_cuda, elsewhere) in (device_defaults or {}).items():
+        if getattr(args, name) is None:
+            setattr(args, name, on_cuda if info.device.type == "cuda" else elsewhere)
     if args.cudagraphs and info.device.type != "cuda":
         raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
     for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes", "video_envs"):

@@ -113,6 +113,20 @@ def test_td3_categorical_projection_preserves_mass_and_matches_brute_force():
     torch.testing.assert_close(mean_out[:, inside], (rewards + bootstrap * mean_in)[:, inside], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_sizes_left_unset_take_the_devices_defaults(algo, tmp_path):
+    """--num-envs and --batch-size left at None resolve to the CPU sizes (32 envs, batch 512); the
+    resolved values are what config.json and the checkpoint record, and a flag given wins."""
+    module = load_script(algo)
+    assert module.DEVICE_DEFAULTS == {"num_envs": (1024, 32), "batch_size": (32768, 512)}
+    train(algo, tmp_path, num_envs=None, batch_size=None, total_timesteps=32 * 4, learning_starts=32 * 2)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["num_envs"], config["batch_size"]) == (32, 512)
+    assert last_checkpoint(tmp_path)["args"]["num_envs"] == 32 and last_checkpoint(tmp_path)["global_step"] == 128
+    train(algo, tmp_path, run_name="given", num_envs=None, batch_size=64, total_timesteps=32)
+    assert json.loads((tmp_path / "given" / "config.json").read_text())["batch_size"] == 64
+
+
 # --------------------------------------------------------------------------------------------
 # learning
 # --------------------------------------------------------------------------------------------
