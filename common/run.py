@@ -475,10 +475,24 @@ def episode_sums(running: torch.Tensor, rewards: torch.Tensor, dones: torch.Tens
 
 
 def record_env_log(run: Run, info: dict) -> None:
-    """Add the env's own metrics of one step (info["log"]) to the sums logged under env/."""
+    """Add the env's own metrics of one step (info["log"]: name -> number or 0-d tensor) to the sums
+    logged under env/ (each name: the mean over the steps that reported it, read by reduce_iteration).
+
+    Numbers are summed on the host as floats; a tensor is summed on its device, into a float64
+    running sum of our own (in place after the first report of the interval): no host read and no
+    host-to-device copy per step.
+    """
     for k, v in info.get("log", {}).items():
-        acc = run.env_log.setdefault(k, [0.0, 0])
-        acc[0], acc[1] = acc[0] + v, acc[1] + 1
+        acc = run.env_log.get(k)
+        if acc is None:  # a copy, never the env's tensor: the sum is updated in place
+            run.env_log[k] = [v.detach().to(torch.float64, copy=True) if isinstance(v, torch.Tensor) else float(v), 1]
+            continue
+        s = acc[0]
+        if isinstance(s, torch.Tensor) and (not isinstance(v, torch.Tensor) or v.shape == s.shape):
+            s += v.detach() if isinstance(v, torch.Tensor) else v
+        else:
+            acc[0] = s + (v.detach() if isinstance(v, torch.Tensor) else v)
+        acc[1] += 1
 
 
 def reduce_iteration(run: Run, episodes: torch.Tensor | None = None, means: dict | None = None,

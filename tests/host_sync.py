@@ -25,3 +25,36 @@ class RecordHostSyncs(TorchDispatchMode):
         if name in self.SYNC_OPS or bool_index:
             self.syncs.append(name)
         return func(*args, **(kwargs or {}))
+
+
+class RecordHostSyncsByOwner(RecordHostSyncs):
+    """Also charges every recorded sync to the code that made it: walking the Python stack from the
+    innermost frame outwards, the first frame whose file one of `owners` claims (name -> predicate on
+    the file name) is the owner; "other" when none does. So syncs that a simulator makes inside its
+    own step are told apart from those of the adapter around it (or of a hook it calls back)."""
+
+    def __init__(self, owners: dict):
+        super().__init__()
+        self.owners = owners
+        self.charged: list[tuple[str, str]] = []  # (op, owner), in order
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = len(self.syncs)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if len(self.syncs) > before:
+            self.charged.append((self.syncs[-1], self._owner()))
+        return out
+
+    def _owner(self) -> str:
+        import sys
+
+        frame = sys._getframe(2)
+        while frame is not None:
+            for name, claims in self.owners.items():
+                if claims(frame.f_code.co_filename):
+                    return name
+            frame = frame.f_back
+        return "other"
+
+    def of(self, owner: str) -> list[str]:
+        return [op for op, who in self.charged if who == owner]

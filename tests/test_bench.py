@@ -124,3 +124,47 @@ def test_learning_results_command_writes_curves_table_and_figures(tmp_path):
     assert f"{sum(final) / 2:,.1f} ±" in row and "196,608" in row
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "learning_steps.png").stat().st_size > 0 and (tmp_path / "learning_time.png").stat().st_size > 0
+
+
+def test_mjlab_benchmark_stops_with_the_cause_without_mjlab(monkeypatch):
+    from tests.benchmarks import mjlab as mjlab_bench
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mjlab" else real(name, *a))
+    with pytest.raises(SystemExit, match=r"^error: tests.benchmarks.mjlab needs mjlab, .*pip install 'mjlab==1\.6\.\*'"):
+        mjlab_bench.main(["--device", "cpu"])
+    present = {"mjlab": object(), "rsl_rl": None}  # mjlab there, rsl_rl not
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: present[name] if name in present else real(name, *a))
+    with pytest.raises(SystemExit, match=r"^error: tests.benchmarks.mjlab needs rsl-rl-lib"):
+        mjlab_bench.main(["--device", "cpu"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason="needs mjlab")
+def test_mjlab_benchmark_smoke(tmp_path, capsys):
+    """tests/benchmarks/mjlab.py end to end on CPU at tiny sizes: every row measured, the table printed."""
+    from tests.benchmarks import mjlab as mjlab_bench
+
+    out = tmp_path / "mjlab.json"
+    threads = torch.get_num_threads()
+    try:
+        code = mjlab_bench.main(["--device", "cpu", "--task", "Mjlab-Cartpole-Balance", "--num-envs", "8", "--iterations", "2",
+                                 "--warmup-iterations", "1", "--env-steps", "3", "--env-warmup-steps", "1", "--repeats", "1",
+                                 "--threads", "1", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["learner"] for r in report["env_only"]] == [
+        "env only: mjlab (its auto-reset)", "env only: adapter, final_obs=terminal", "env only: adapter, final_obs=pre_step"]
+    assert all(positive(r["sps"]) for r in report["env_only"])
+    learners = [r["learner"] for r in report["training"]]
+    assert learners == ["algos/ppo.py, final_obs=terminal", "algos/ppo.py, final_obs=pre_step", "mjlab PPO (rsl_rl)"]
+    for r in report["training"]:
+        assert r["status"] == "ok", r
+        for key in ("sps", "rollout_seconds", "update_seconds", "ratio_to_mjlab_ppo"):
+            assert positive(r[key]), (r["learner"], key, r.get(key))
+    assert "--hidden-sizes 64 64" in report["training"][0]["command"]  # the task's networks (Cartpole: 64, 64)
+    rows = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| learner | SPS | rollout/collection s | update s | x mjlab PPO |" and len(rows) == 1 + 6  # the header and six learners

@@ -453,29 +453,28 @@ def test_float32_tracks_float64():
 # --------------------------------------------------------------------------------------------
 # the mjlab adapter's auto_reset switch (no mjlab needed)
 # --------------------------------------------------------------------------------------------
-def test_mjlab_auto_reset_is_set_only_on_a_config_that_has_the_field():
-    """On an mjlab whose env config has no `auto_reset` field, setting it would create an attribute
-    mjlab never reads: auto-reset would stay on and "terminal" final observations would silently
-    be the next episode's first ones. The adapter refuses instead."""
+def test_mjlab_auto_reset_is_switched_on_only_on_a_config_that_has_the_field():
+    """Both final_obs modes let mjlab reset finished envs inside its step (the terminal mode takes the
+    last observation there, see common/envs/mjlab_adapter.py): a config's auto_reset=False, e.g. from
+    a configure hook, is switched back on; a config without the field (an mjlab that always resets)
+    gets no new attribute that mjlab would never read."""
     from dataclasses import dataclass
 
-    from common.envs.mjlab_adapter import set_auto_reset
+    from common.envs.mjlab_adapter import enable_auto_reset
 
     @dataclass
     class WithField:
-        auto_reset: bool = True
+        auto_reset: bool = False
 
     @dataclass
     class WithoutField:
         episode_length_s: float = 10.0
 
     cfg = WithField()
-    set_auto_reset(cfg, False, "Task")
-    assert cfg.auto_reset is False
-    with pytest.raises(ValueError, match=r"mjlab:Task: .* has no cfg.auto_reset.*mjlab==1\.6\.\*.*pre_step"):
-        set_auto_reset(WithoutField(), False, "Task")
+    enable_auto_reset(cfg)
+    assert cfg.auto_reset is True
     old = WithoutField()
-    set_auto_reset(old, True, "Task")  # "pre_step": mjlab's own auto-reset, which such a version always runs
+    enable_auto_reset(old)
     assert not hasattr(old, "auto_reset")
 
 

@@ -224,6 +224,24 @@ def test_errors_are_clear():
     envs.close()
 
 
+def test_returned_tensors_are_never_rewritten_by_later_steps():
+    """One host buffer per step is copied to the device (or, on CPU, returned): what a step returned
+    keeps its values while later steps run, episode ends and final observations included."""
+    envs = make_env("gym:CartPole-v1", 3, seed=0, env_kwargs={"max_episode_steps": 4})
+    envs.reset()
+    kept, ended = [], 0
+    for t in range(10):
+        obs, reward, terminated, truncated, info = envs.step(torch.tensor([t % 2, 1, 0]))
+        tensors = [obs["policy"], info["final_obs"]["policy"], reward, terminated, truncated]
+        kept.append([(x, x.clone()) for x in tensors])
+        ended += int((terminated | truncated).sum())
+    assert ended > 0
+    for pairs in kept:
+        for x, copy in pairs:
+            assert torch.equal(x, copy)
+    envs.close()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     cpu = make_env("gym:Pendulum-v1", 4, seed=2, env_kwargs={"max_episode_steps": 5})

@@ -1,29 +1,365 @@
-"""The `mjlab:` adapter: contract shapes and dtypes, true final observations, PPO end to end.
+"""The `mjlab:` adapter: true final observations, no host sync of its own, the contract.
 
-Skipped when mjlab is not installed. The light task is Mjlab-Cartpole-Balance (5-dim actor and
-critic observations, 1 action); on CPU, MuJoCo Warp compiles its kernels on first use (about a
-minute, cached on disk afterwards), then a step of a few envs takes tens of milliseconds.
+Two halves:
+- with `tests/fake_mjlab.py`, a CPU stand-in for mjlab 1.6's env with the same step and reset
+  structure (always run): the terminal mode against mjlab's explicit reset flow (auto_reset off,
+  then reset(env_ids)) bit for bit, the final observation against an env whose episode never
+  ends, the other envs untouched, no host read of the adapter per step, returned tensors never
+  rewritten, episode statistics, and the refusals;
+- with real mjlab (skipped when it is not installed): the same equalities on
+  Mjlab-Cartpole-Balance (5-dim actor and critic observations, 1 action), the contract, and PPO
+  end to end. On CPU, MuJoCo Warp compiles its kernels on first use (about a minute, cached on
+  disk afterwards), then a step of a few envs takes milliseconds.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("mjlab")
-
-from common.envs import make_env  # noqa: E402
-from common.envs.mjlab_adapter import ManagerBasedEnvAdapter  # noqa: E402
+from common.envs import mjlab_adapter
+from common.envs.mjlab_adapter import ManagerBasedEnvAdapter
+from common.run import Run, record_env_log, reduce_iteration
+from tests import fake_mjlab
+from tests.fake_mjlab import FakeEnvCfg, FakeManagerBasedRlEnv
+from tests.host_sync import RecordHostSyncsByOwner
 
 ROOT = Path(__file__).resolve().parents[1]
-TASK = "mjlab:Mjlab-Cartpole-Balance"
+requires_mjlab = pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason="needs mjlab")
+
+
+# --------------------------------------------------------------------------------------------
+# shared helpers
+# --------------------------------------------------------------------------------------------
+def flat_groups(obs: dict, groups: dict[str, str], n: int) -> dict[str, torch.Tensor]:
+    """The contract's view of a raw observation dict, computed here independently of the adapter."""
+    out = {}
+    for key, group in groups.items():
+        value = obs[group]
+        if isinstance(value, dict):
+            value = torch.cat([v.reshape(n, -1) for v in value.values()], dim=-1)
+        out[key] = value.reshape(n, -1).float().clone()
+    return out
+
+
+def explicit_reset_flow(env, actions: torch.Tensor, groups: dict[str, str]) -> list[dict]:
+    """mjlab's documented way to the true final observations: an env with auto_reset off returns the
+    terminal observations from step, and the caller resets the finished envs with reset(env_ids)."""
+    n, out = env.num_envs, []
+    for action in actions:
+        obs, reward, terminated, truncated, extras = env.step(action)
+        log = dict(extras["log"])
+        final = flat_groups(obs, groups, n)
+        done = terminated | truncated
+        ids = done.nonzero().squeeze(-1)
+        nxt = dict(final)
+        if len(ids) > 0:
+            reset_obs, reset_extras = env.reset(env_ids=ids)
+            log.update(reset_extras["log"])
+            fresh = flat_groups(reset_obs, groups, n)
+            nxt = {k: torch.where(done[:, None], fresh[k], final[k]) for k in final}
+        out.append({"obs": nxt, "final_obs": final, "reward": reward.clone(), "terminated": terminated.clone(),
+                    "truncated": truncated.clone(), "log": log})
+    return out
+
+
+def adapter_flow(envs: ManagerBasedEnvAdapter, actions: torch.Tensor) -> list[dict]:
+    out = []
+    for action in actions:
+        obs, reward, terminated, truncated, info = envs.step(action)
+        out.append({"obs": {k: obs[k].clone() for k in obs.keys()},
+                    "final_obs": {k: info["final_obs"][k].clone() for k in obs.keys()},
+                    "reward": reward.clone(), "terminated": terminated.clone(), "truncated": truncated.clone(),
+                    "log": dict(info["log"])})
+    return out
+
+
+def assert_same_steps(ours: list[dict], reference: list[dict]) -> None:
+    for t, (a, b) in enumerate(zip(ours, reference, strict=True)):
+        for field in ("obs", "final_obs"):
+            for key in b[field]:
+                assert torch.equal(a[field][key], b[field][key]), f"step {t}: {field}[{key!r}] differs"
+        for field in ("reward", "terminated", "truncated"):
+            assert torch.equal(a[field], b[field]), f"step {t}: {field} differs"
+        assert set(a["log"]) == set(b["log"]), f"step {t}: log keys differ"
+        for key, value in b["log"].items():
+            assert float(a["log"][key]) == pytest.approx(float(value), rel=1e-6, abs=1e-7), f"step {t}: log {key}"
+
+
+def reset_pattern(steps: list[dict]) -> tuple[int, int, int]:
+    """(steps without a finished episode, steps where some but not all envs finished, steps where all did)."""
+    counts = [0, 0, 0]
+    for s in steps:
+        done = s["terminated"] | s["truncated"]
+        counts[0 if not done.any() else 2 if done.all() else 1] += 1
+    return tuple(counts)
+
+
+def owners(simulator_files) -> dict:
+    adapter_file = mjlab_adapter.__file__
+    return {"adapter": lambda f: f == adapter_file, "simulator": lambda f: any(f.startswith(p) for p in simulator_files)}
+
+
+def keep_and_check(envs, actions: torch.Tensor) -> None:
+    """Every tensor a step returns keeps its values through all later steps (the caller owns it)."""
+    kept = []
+    for action in actions:
+        obs, reward, terminated, truncated, info = envs.step(action)
+        tensors = [obs[k] for k in obs.keys()] + [info["final_obs"][k] for k in obs.keys()] + [reward, terminated, truncated]
+        kept.append([(x, x.clone()) for x in tensors])
+    for t, pairs in enumerate(kept):
+        for x, copy in pairs:
+            assert torch.equal(x, copy), f"a tensor returned at step {t} was rewritten by a later step"
+
+
+# --------------------------------------------------------------------------------------------
+# with the CPU stand-in
+# --------------------------------------------------------------------------------------------
+GROUPS = {"policy": "actor", "critic": "critic"}
+STEPS_COLUMN = 2  # the actor group's episode step counter
+
+
+def fake_env(**cfg) -> FakeManagerBasedRlEnv:
+    return FakeManagerBasedRlEnv(FakeEnvCfg(**cfg))
+
+
+def fake_adapter(final_obs: str = "terminal", copy_obs: bool = False, **cfg) -> ManagerBasedEnvAdapter:
+    return ManagerBasedEnvAdapter(fake_env(**cfg), "fake", final_obs=final_obs, copy_obs=copy_obs)
+
+
+def fake_actions(n: int, steps: int, seed: int = 0) -> torch.Tensor:
+    """A push of its own per env (so that envs fall at different steps) plus noise."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.linspace(-3.0, 3.0, n)[None, :, None] + torch.rand(steps, n, 1, generator=gen) - 0.5
+
+
+def test_terminal_is_the_explicit_reset_flow_bit_for_bit():
+    """Same seed, same actions: the hook inside the env's step gives what an env with auto_reset off
+    and reset(env_ids) after the step gives (observations and their noise, history, commands,
+    rewards, flags, episode statistics), on steps with no, some and all episodes ending."""
+    n, steps = 6, 40
+    actions = fake_actions(n, steps)
+    envs = fake_adapter()
+    envs.reset(seed=3)
+    ours = adapter_flow(envs, actions)
+    reference_env = fake_env(auto_reset=False)
+    reference_env.reset(seed=3)
+    reference = explicit_reset_flow(reference_env, actions, GROUPS)
+    assert_same_steps(ours, reference)
+    none, some, all_ = reset_pattern(reference)
+    assert none > 0 and some > 0, (none, some, all_)
+    assert any(s["log"] for s in ours)
+
+
+def test_terminal_final_obs_is_the_last_observation_and_the_other_envs_are_untouched():
+    """Against an env whose episodes never end (no noise; commands do not depend on draws): up to
+    the end of its first episode every env sees the same observations in both; at that step the
+    final observation is the one the never-ending env sees (its step counter, its command, its
+    whole history) and the returned one is a new episode's first. Envs that go on meanwhile keep
+    matching the never-ending env, while others are reset beside them."""
+    n, steps = 6, 12
+    actions = fake_actions(n, steps)
+    short = fake_adapter(noise=0.0, episode_steps=8)
+    endless = fake_adapter(noise=0.0, episode_steps=10**6, fall_at=float("inf"))
+    short.reset(seed=5)
+    endless.reset(seed=5)
+    first_end = torch.full((n,), -1)
+    continued_beside_a_reset = 0
+    for t, action in enumerate(actions):
+        obs, _, terminated, truncated, info = short.step(action)
+        ref, *_ = endless.step(action)
+        done = terminated | truncated
+        for i in range(n):
+            if first_end[i] >= 0:
+                continue  # past its first episode: the two envs' states differ from here on
+            for key in ("policy", "critic"):
+                assert torch.equal(info["final_obs"][key][i], ref[key][i]), (t, i, key)
+            if done[i]:
+                first_end[i] = t
+                policy = obs["policy"][i]
+                assert policy[STEPS_COLUMN] == 0 and info["final_obs"]["policy"][i, STEPS_COLUMN] == t + 1
+                assert torch.all(policy[-3:] == policy[-1])  # history backfilled with the first frame
+                assert not torch.equal(info["final_obs"]["policy"][i, -3:], policy[-3:])
+            else:
+                for key in ("policy", "critic"):
+                    assert torch.equal(obs[key][i], ref[key][i]), (t, i, key)
+                continued_beside_a_reset += int(done.any())
+    assert (first_end >= 0).all() and len(set(first_end.tolist())) > 1, first_end
+    assert continued_beside_a_reset > 0
+
+
+def test_pre_step_final_obs_is_the_previous_observation():
+    n = 6
+    envs = fake_adapter(final_obs="pre_step")
+    prev, _ = envs.reset(seed=1)
+    seen_done = 0
+    for action in fake_actions(n, 20):
+        obs, _, terminated, truncated, info = envs.step(action)
+        done = terminated | truncated
+        for key in ("policy", "critic"):
+            expected = torch.where(done[:, None], prev[key], obs[key])
+            assert torch.equal(info["final_obs"][key], expected)
+        assert (obs["policy"][done, STEPS_COLUMN] == 0).all()  # mjlab reset them: a new episode's first
+        seen_done += int(done.sum())
+        prev = obs
+    assert seen_done > 0
+
+
+def test_finite_horizon_time_limit_is_terminal():
+    envs = fake_adapter(fall_at=float("inf"), episode_steps=3, is_finite_horizon=True)
+    envs.reset()
+    for action in fake_actions(6, 3):
+        _, _, terminated, truncated, info = envs.step(action)
+    assert terminated.all() and truncated.all()
+    assert (info["final_obs"]["policy"][:, STEPS_COLUMN] == 3).all()
+
+
+@pytest.mark.parametrize("final_obs", ["terminal", "pre_step"])
+def test_no_host_sync_of_the_adapter_per_step(final_obs, monkeypatch):
+    """The adapter reads nothing back: every host sync during its steps is the simulator's own (its
+    nonzero of finished envs, its .item() statistics), including those in the passes the terminal
+    hook runs through the simulator's managers. The recorder does catch a sync in the adapter."""
+    envs = fake_adapter(final_obs)
+    envs.reset(seed=2)
+    actions = fake_actions(6, 30)
+    recorder = RecordHostSyncsByOwner(owners([fake_mjlab.__file__]))
+    with recorder:
+        for action in actions:
+            envs.step(action)
+    assert recorder.of("adapter") == [] and recorder.of("other") == [], recorder.charged
+    assert len(recorder.of("simulator")) >= len(actions)  # at least the env's own nonzero per step
+
+    def log_with_a_read(self, extras):  # a host read per step, the kind of thing the rule forbids
+        torch.ones(1).sum().item()
+        return {}
+
+    monkeypatch.setattr(ManagerBasedEnvAdapter, "_log", log_with_a_read)
+    recorder = RecordHostSyncsByOwner(owners([fake_mjlab.__file__]))
+    with recorder:
+        for action in actions[:3]:
+            envs.step(action)
+    assert len(recorder.of("adapter")) + len(recorder.of("other")) == 3
+
+
+@pytest.mark.parametrize("final_obs", ["terminal", "pre_step"])
+def test_returned_tensors_are_never_rewritten(final_obs):
+    """Observations pass through without copies (the simulator builds new ones at every compute);
+    rewards and flags, which it rewrites in place, are copied."""
+    envs = fake_adapter(final_obs)
+    envs.reset(seed=4)
+    keep_and_check(envs, fake_actions(6, 15))
+
+
+def test_observations_of_a_simulator_that_rewrites_them_are_copied():
+    """copy_obs (the default for an env other than mjlab's) protects the caller from a simulator
+    that writes its observations into the same tensor at every step; without it they change."""
+    envs = ManagerBasedEnvAdapter(fake_env(reuse_obs_buffers=True), "fake")  # copy_obs=True
+    envs.reset(seed=4)
+    keep_and_check(envs, fake_actions(6, 10))
+    unsafe = fake_adapter(reuse_obs_buffers=True, copy_obs=False)
+    unsafe.reset(seed=4)
+    with pytest.raises(AssertionError, match="rewritten"):
+        keep_and_check(unsafe, fake_actions(6, 10))
+
+
+def test_episode_statistics_stay_where_they_are_and_average_as_before():
+    """Tensors stay 0-d float32 on the device, numbers stay Python floats (no host-to-device copy);
+    env/<name> is the mean over the steps that reported <name>, as before."""
+    envs = fake_adapter()
+    envs.reset(seed=6)
+    logs = []
+    for action in fake_actions(6, 30):
+        logs.append(envs.step(action)[4]["log"])
+    reported = [log for log in logs if log]
+    assert 1 < len(reported) < len(logs)
+    for log in reported:
+        assert isinstance(log["Metrics/command/error"], float) and isinstance(log["Episode_Termination/time_out"], float)
+        assert log["Episode_Reward/alive"].dtype == torch.float32 and log["Episode_Reward/alive"].shape == ()
+
+    run = Run(args=SimpleNamespace(max_wall_seconds=None, save_interval_seconds=None), algo="test", rank=0,
+              world_size=1, device=torch.device("cpu"), is_main=True)
+    extra = [{"log": {"only_once": torch.tensor(3.0), "mixed": 1.0}}, {"log": {"mixed": torch.tensor(2.0)}}]
+    kept = {k: v.clone() for k, v in reported[0].items() if isinstance(v, torch.Tensor)}
+    for log in logs:
+        record_env_log(run, {"log": log})
+    for info in extra:
+        record_env_log(run, info)
+    for key, value in kept.items():
+        assert torch.equal(reported[0][key], value)  # the sums are ours: the env's tensors are not added into
+    stats = reduce_iteration(run)
+    names = {k for log in reported for k in log}
+    for name in names:
+        values = [float(log[name]) for log in reported if name in log]
+        assert stats[f"env/{name}"] == pytest.approx(np.mean(values), rel=1e-6)
+    assert stats["env/only_once"] == 3.0 and stats["env/mixed"] == 1.5
+    assert run.env_log == {}  # the next interval starts afresh
+
+
+def test_terminal_refuses_an_env_without_what_it_relies_on():
+    """One line each: the cause, then the ways out (mjlab 1.6.x or pre_step); pre_step accepts them."""
+
+    class StepWithoutResetIdx(FakeManagerBasedRlEnv):
+        def step(self, action):
+            return FakeManagerBasedRlEnv.step(self, action)
+
+    no_env_ids = fake_env()
+    no_env_ids.observation_manager.compute = lambda update_history=False: {}
+    cases = {
+        "observation_manager.compute takes no env_ids argument": no_env_ids,
+        "step never calls self._reset_idx(...)": StepWithoutResetIdx(FakeEnvCfg()),
+        "built with cfg.auto_reset=False": fake_env(auto_reset=False),
+    }
+    for cause, env in cases.items():
+        with pytest.raises(ValueError) as err:
+            ManagerBasedEnvAdapter(env, "mjlab:Task", final_obs="terminal")
+        message = str(err.value)
+        assert "\n" not in message and message.startswith("mjlab:Task: final_obs='terminal'")
+        assert cause in message, message
+        assert "pip install 'mjlab==1.6.*'" in message and '"final_obs": "pre_step"' in message
+        ManagerBasedEnvAdapter(env, "mjlab:Task", final_obs="pre_step")
+
+
+def test_a_step_that_no_longer_computes_after_the_reset_is_caught():
+    envs = fake_adapter(skip_post_reset_observations=True)
+    envs.reset(seed=1)
+    with pytest.raises(RuntimeError, match=r"did not call observation_manager.compute.*pre_step"):
+        for action in fake_actions(6, 20):
+            envs.step(action)
+    # the redirect did not linger: the manager's own compute again
+    assert "compute" not in vars(envs.env.observation_manager) and "compute" not in vars(envs.env.command_manager)
+
+
+def test_hook_lives_on_the_instance_and_leaves_with_close():
+    envs = fake_adapter()
+    env = envs.env
+    assert "_reset_idx" in vars(env)
+    obs, _ = envs.reset(seed=0)  # env.reset() runs _reset_idx through the hook: nothing captured there
+    assert envs._terminal_obs is None and (obs["policy"][:, STEPS_COLUMN] == 0).all()
+    envs.close()
+    assert "_reset_idx" not in vars(env) and env.closed
+    assert "_reset_idx" not in vars(fake_adapter(final_obs="pre_step").env)
+
+
+def test_seeds_are_folded_into_the_simulators_range():
+    """The scripts derive 62-bit seeds; mjlab seeds numpy (32-bit) and warp (int32) with them."""
+    envs = fake_adapter()
+    envs.reset(seed=2**61 + 5)
+    assert envs.env.last_seed == (2**61 + 5) % 2**31
+
+
+# --------------------------------------------------------------------------------------------
+# with real mjlab
+# --------------------------------------------------------------------------------------------
+TASK = "Mjlab-Cartpole-Balance"
 STEP_DT = 0.05  # the task's control period (timestep 0.01 s, decimation 5)
 
 
@@ -37,14 +373,57 @@ def episode_steps(steps: int, finite_horizon: bool = False):
     return configure
 
 
-def actions(num_envs: int, steps: int) -> torch.Tensor:
+def with_history_delay_and_term_groups(steps: int):
+    """Episodes of `steps` steps, an actor term with a 3-frame history and one with a 1-2 step delay,
+    and a critic group whose terms are not concatenated: what a second observation pass would disturb."""
+
+    def configure(cfg):
+        episode_steps(steps)(cfg)
+        terms = cfg.observations["actor"].terms
+        names = list(terms)
+        terms[names[0]].history_length = 3
+        terms[names[1]].delay_min_lag, terms[names[1]].delay_max_lag = 1, 2
+        cfg.observations["critic"].concatenate_terms = False
+
+    return configure
+
+
+def mjlab_actions(num_envs: int, steps: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)
     return torch.rand(steps, num_envs, 1, generator=gen) * 2 - 1
 
 
-def test_contract_shapes_and_dtypes():
+def raw_mjlab_env(num_envs: int, seed: int, configure, auto_reset: bool, task: str = TASK):
+    import mjlab.tasks  # noqa: F401
+    from mjlab.envs import ManagerBasedRlEnv
+    from mjlab.tasks.registry import load_env_cfg
+
+    cfg = load_env_cfg(task)
+    configure(cfg)
+    cfg.scene.num_envs, cfg.seed, cfg.auto_reset = num_envs, seed, auto_reset
+    return ManagerBasedRlEnv(cfg, device="cpu")
+
+
+def stagger(env, num_envs: int, length: int) -> None:
+    """Start the envs at different points of their episodes, so that they end at different steps."""
+    env.episode_length_buf[:] = torch.arange(num_envs) % length
+
+
+def mjlab_files() -> list[str]:
+    files = []
+    for name in ("mjlab", "mujoco_warp", "warp"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            files += [str(Path(p)) + os.sep for p in spec.submodule_search_locations]
+    return files
+
+
+@requires_mjlab
+def test_mjlab_contract_shapes_and_dtypes():
+    from common.envs import make_env
+
     n = 3
-    envs = make_env(TASK, n, seed=1, configure=episode_steps(4))
+    envs = make_env(f"mjlab:{TASK}", n, seed=1, configure=episode_steps(4))
     try:
         assert isinstance(envs, ManagerBasedEnvAdapter)
         assert envs.num_envs == n and envs.device == torch.device("cpu") and envs.max_episode_steps == 4
@@ -62,7 +441,7 @@ def test_contract_shapes_and_dtypes():
             assert set(info) == {"final_obs", "log"}
             assert set(info["final_obs"].keys()) == {"policy", "critic"} and info["final_obs"]["critic"].shape == (n, 5)
             for key, value in info["log"].items():
-                assert isinstance(value, torch.Tensor) and value.shape == () and value.dtype == torch.float32
+                assert isinstance(value, float) or (value.shape == () and value.dtype == torch.float32), key
             seen_log.update(info["log"])
         assert truncated.all() and not terminated.any()  # the time limit of 4 steps, bootstrapped
         assert "Episode_Reward/smooth_reward" in seen_log  # episode statistics forwarded at the reset
@@ -74,7 +453,7 @@ def test_contract_shapes_and_dtypes():
         envs.close()
 
 
-def rollout(envs, acts: torch.Tensor):
+def mjlab_rollout(envs, acts: torch.Tensor):
     envs.reset(seed=7)  # re-seeds the generators mjlab draws from: both runs see the same draws
     out = []
     for a in acts:
@@ -83,16 +462,19 @@ def rollout(envs, acts: torch.Tensor):
     return out
 
 
-def test_terminal_final_obs_is_the_true_last_observation():
+@requires_mjlab
+def test_mjlab_terminal_final_obs_is_the_true_last_observation():
     """An env whose episodes end after 4 steps reports, as final_obs, exactly the observation an
     env without the time limit sees after step 4; its returned obs is the new episode's first."""
+    from common.envs import make_env
+
     n, steps = 3, 4
-    acts = actions(n, steps)
-    short = make_env(TASK, n, seed=1, configure=episode_steps(steps))
-    short_run = rollout(short, acts)
+    acts = mjlab_actions(n, steps)
+    short = make_env(f"mjlab:{TASK}", n, seed=1, configure=episode_steps(steps))
+    short_run = mjlab_rollout(short, acts)
     short.close()
-    long = make_env(TASK, n, seed=1, configure=episode_steps(100))
-    long_run = rollout(long, acts)
+    long = make_env(f"mjlab:{TASK}", n, seed=1, configure=episode_steps(100))
+    long_run = mjlab_rollout(long, acts)
     long.close()
     for t in range(steps - 1):
         assert not short_run[t][2].any()
@@ -105,12 +487,71 @@ def test_terminal_final_obs_is_the_true_last_observation():
         assert not torch.allclose(obs[key], final_obs[key])  # reset: a new episode's first observation
 
 
-def test_pre_step_final_obs_is_the_previous_observation():
+@requires_mjlab
+def test_mjlab_terminal_is_the_explicit_reset_flow_bit_for_bit():
+    """mjlab with auto_reset=False and reset(env_ids) after each step (its documented way to the
+    terminal observation) against the adapter's hook inside mjlab's own auto-reset, with staggered
+    episode ends, observation history, delays, noise and a group of separate terms."""
+    n, length, steps = 4, 5, 14
+    configure = with_history_delay_and_term_groups(length)
+    acts = mjlab_actions(n, steps)
+    envs = ManagerBasedEnvAdapter(raw_mjlab_env(n, 1, configure, auto_reset=True), f"mjlab:{TASK}", copy_obs=False)
+    reference_env = raw_mjlab_env(n, 1, configure, auto_reset=False)
+    try:
+        envs.reset(seed=9)
+        stagger(envs.env, n, length)
+        ours = adapter_flow(envs, acts)
+        reference_env.reset(seed=9)
+        stagger(reference_env, n, length)
+        reference = explicit_reset_flow(reference_env, acts, GROUPS)
+    finally:
+        envs.close()
+        reference_env.close()
+    assert_same_steps(ours, reference)
+    none, some, _ = reset_pattern(reference)
+    assert some > 0 and any(s["log"] for s in ours)
+
+
+@requires_mjlab
+def test_mjlab_terminal_with_commands_is_the_explicit_reset_flow_bit_for_bit():
+    """The same on the G1 velocity task, which has what Cartpole lacks: a velocity command with timers and
+    metrics, a curriculum, contact sensors, falls. Episodes end at different steps (four start near their
+    time limit) and some command timers run out inside the window."""
+    task, n, steps = "Mjlab-Velocity-Flat-Unitree-G1", 6, 12
+    acts = torch.randn(steps, n, 29, generator=torch.Generator().manual_seed(0))
+
+    def start(env):
+        limit = env.max_episode_length
+        env.episode_length_buf[:] = torch.tensor([limit - 2, limit - 4, limit - 6, limit - 8, 0, 3])
+        env.command_manager.get_term("twist").time_left[:] = torch.tensor([0.06, 0.1, 0.2, 5.0, 5.0, 0.04])
+
+    envs = ManagerBasedEnvAdapter(raw_mjlab_env(n, 1, lambda cfg: None, True, task), task, copy_obs=False)
+    reference_env = raw_mjlab_env(n, 1, lambda cfg: None, False, task)
+    try:
+        envs.reset(seed=9)
+        start(envs.env)
+        ours = adapter_flow(envs, acts)
+        reference_env.reset(seed=9)
+        start(reference_env)
+        reference = explicit_reset_flow(reference_env, acts, GROUPS)
+    finally:
+        envs.close()
+        reference_env.close()
+    assert_same_steps(ours, reference)
+    none, some, _ = reset_pattern(reference)
+    assert none > 0 and some > 0
+    assert any(k.startswith("Metrics/twist/") for s in ours for k in s["log"])
+
+
+@requires_mjlab
+def test_mjlab_pre_step_final_obs_is_the_previous_observation():
+    from common.envs import make_env
+
     n = 2
-    envs = make_env(TASK, n, seed=1, configure=episode_steps(3), final_obs="pre_step")
+    envs = make_env(f"mjlab:{TASK}", n, seed=1, configure=episode_steps(3), final_obs="pre_step")
     try:
         prev, _ = envs.reset(seed=3)
-        for a in actions(n, 3):
+        for a in mjlab_actions(n, 3):
             obs, _, _, truncated, info = envs.step(a)
             expected = prev["critic"] if truncated.all() else obs["critic"]
             assert torch.equal(info["final_obs"]["critic"], expected)
@@ -120,27 +561,56 @@ def test_pre_step_final_obs_is_the_previous_observation():
         envs.close()
 
 
-def test_finite_horizon_time_limit_is_terminal():
-    envs = make_env(TASK, 2, seed=1, configure=episode_steps(2, finite_horizon=True))
+@requires_mjlab
+def test_mjlab_finite_horizon_time_limit_is_terminal():
+    from common.envs import make_env
+
+    envs = make_env(f"mjlab:{TASK}", 2, seed=1, configure=episode_steps(2, finite_horizon=True))
     try:
         envs.reset()
-        for a in actions(2, 2):
+        for a in mjlab_actions(2, 2):
             _, _, terminated, truncated, _ = envs.step(a)
         assert terminated.all()  # no bootstrap at a finite horizon
     finally:
         envs.close()
 
 
-def test_errors_are_clear():
+@requires_mjlab
+@pytest.mark.parametrize("final_obs", ["terminal", "pre_step"])
+def test_mjlab_no_host_sync_of_the_adapter_and_tensors_kept(final_obs):
+    from common.envs import make_env
+
+    n, length = 4, 3
+    envs = make_env(f"mjlab:{TASK}", n, seed=1, configure=with_history_delay_and_term_groups(length), final_obs=final_obs)
+    try:
+        envs.reset(seed=2)
+        stagger(envs.env, n, length)
+        acts = mjlab_actions(n, 8)
+        recorder = RecordHostSyncsByOwner(owners(mjlab_files()))
+        with recorder:
+            for a in acts:
+                envs.step(a)
+        assert recorder.of("adapter") == [] and recorder.of("other") == [], recorder.charged
+        assert len(recorder.of("simulator")) >= len(acts)  # mjlab's own reads (its nonzero of finished envs)
+        keep_and_check(envs, acts)
+    finally:
+        envs.close()
+
+
+@requires_mjlab
+def test_mjlab_errors_are_clear():
+    from common.envs import make_env
+
     with pytest.raises(ValueError, match="Mjlab-Cartpole-Balance"):
         make_env("mjlab:Mjlab-Cartpole-Balanse", 2)
     with pytest.raises(ValueError, match="final_obs"):
-        make_env(TASK, 2, final_obs="exact")
+        make_env(f"mjlab:{TASK}", 2, final_obs="exact")
 
 
+@requires_mjlab
 def test_ppo_runs_mjlab_with_asymmetric_critic(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--env-id", TASK, "--num-envs", "4", "--num-steps", "8",
+        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--env-id", f"mjlab:{TASK}", "--num-envs", "4", "--num-steps", "8",
          "--num-minibatches", "2", "--total-timesteps", "64", "--num-eval-envs", "2", "--eval-interval", "0",
          "--output-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,

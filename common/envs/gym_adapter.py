@@ -9,9 +9,12 @@ for the long tail of tasks (MuJoCo, Box2D, third-party registrations), not for t
 mode, so the true last observation of a finished episode comes back in the step that ends
 it, as the contract asks. What it adds on top of gymnasium's vector env:
 
-- all numpy <-> torch conversion happens in one place: one host buffer per step holds the
-  observations, final observations, rewards and done flags, and crosses to the device in a
-  single copy (pinned memory and a non-blocking copy when the device is CUDA);
+- all numpy <-> torch conversion happens in one place, one copy each way per step: the actions
+  come to the host in one copy (into a pinned buffer reused every step when the device is
+  CUDA); one host buffer holds the observations, final observations, rewards, done flags (and
+  success flags) and crosses to the device in a single copy (on CUDA: a pinned staging buffer
+  reused every step and a non-blocking copy; the flags are bytes of the same buffer, viewed as
+  bool on the device, not converted there);
 - observations are flattened to float32 vectors (`gymnasium.spaces.flatten`, so Dict, Tuple
   and Discrete observation spaces work too) and returned as `TensorDict({"policy": ...})`;
 - actions are torch tensors on the device (Discrete: [N] integers in 0..n-1, Box: [N, act_dim]);
@@ -172,12 +175,18 @@ class GymVecEnv:
                 f"{self.env_id}: action space {act_space} is not supported; the scripts handle Box and Discrete actions"
             )
 
-        # One staging buffer: [obs N*D | final_obs N*D | reward N | terminated N | truncated N] in float32.
+        # One staging buffer of bytes: float32 [obs N*D | final_obs N*D | reward N], then bool
+        # [terminated N | truncated N | success N]. Viewed as float32 and bool arrays on the host and
+        # as tensors of those dtypes on the device: no conversion kernels after the copy.
         n, d = num_envs, self.obs_dim
-        self._sizes = (n * d, n * d, n, n, n)
+        self._float_sizes = (n * d, n * d, n)
+        self._float_bytes = 4 * sum(self._float_sizes)
+        self._nbytes = self._float_bytes + 3 * n
         self._cuda = self.device.type == "cuda"
+        self._action_host: torch.Tensor | None = None  # CUDA: pinned host buffer the actions are copied into
         if self._cuda:
-            self._staging = torch.empty(sum(self._sizes), dtype=torch.float32, pin_memory=True)
+            self._staging = torch.empty(self._nbytes, dtype=torch.uint8, pin_memory=True)
+            self._staging_views = self._host_views(self._staging)
             self._copy_done = torch.cuda.Event()
             self._copy_pending = False
 
@@ -190,34 +199,49 @@ class GymVecEnv:
         batched_space = self.envs.observation_space
         return np.stack([spaces.flatten(self._obs_space, o) for o in iterate(batched_space, obs)])
 
-    def _to_device(self, obs: np.ndarray, final_obs: np.ndarray, reward, terminated, truncated):
-        """Pack the step's arrays into one float32 host buffer and move it to the device in one copy."""
+    def _host_buffer(self) -> tuple[torch.Tensor, tuple[np.ndarray, ...]]:
+        """The byte buffer this step's results are written into on the host, and its typed views."""
         if self._cuda:
             if self._copy_pending:  # the previous non-blocking copy may still read the pinned buffer
                 self._copy_done.synchronize()
-            host = self._staging
-        else:
-            host = torch.empty(sum(self._sizes), dtype=torch.float32)  # fresh: the caller may keep the tensors
-        parts = np.split(host.numpy(), np.cumsum(self._sizes)[:-1])
+            return self._staging, self._staging_views
+        host = torch.empty(self._nbytes, dtype=torch.uint8)  # fresh: the returned tensors are views of it
+        return host, self._host_views(host)
+
+    def _host_views(self, host: torch.Tensor) -> tuple[np.ndarray, ...]:
+        """(obs [N, D], final_obs [N, D], reward [N], terminated [N], truncated [N], success [N]) numpy views of `host`."""
         n, d = self.num_envs, self.obs_dim
-        parts[0].reshape(n, d)[:] = obs
-        parts[1].reshape(n, d)[:] = final_obs
-        parts[2][:] = reward
-        parts[3][:] = terminated
-        parts[4][:] = truncated
+        raw = host.numpy()
+        floats = raw[: self._float_bytes].view(np.float32)
+        flags = raw[self._float_bytes :].view(np.bool_)
+        return (floats[: n * d].reshape(n, d), floats[n * d : 2 * n * d].reshape(n, d), floats[2 * n * d :],
+                flags[:n], flags[n : 2 * n], flags[2 * n :])
+
+    def _to_device(self, host: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The filled host buffer on the device, in one copy; the typed views of `_host_views` as tensors."""
         if self._cuda:
-            dev = host.to(self.device, non_blocking=True)
+            dev = host.to(self.device, non_blocking=True)  # a new device tensor: the caller may keep the results
             self._copy_done.record()
             self._copy_pending = True
         else:
             dev = host
-        obs_t, final_t, reward_t, term_t, trunc_t = dev.split(self._sizes)
-        return obs_t.view(n, d), final_t.view(n, d), reward_t, term_t > 0.5, trunc_t > 0.5
+        n, d = self.num_envs, self.obs_dim
+        floats = dev[: self._float_bytes].view(torch.float32)
+        flags = dev[self._float_bytes :].view(torch.bool)
+        return (floats[: n * d].view(n, d), floats[n * d : 2 * n * d].view(n, d), floats[2 * n * d :],
+                flags[:n], flags[n : 2 * n], flags[2 * n :])
 
     def _actions_to_numpy(self, action) -> np.ndarray:
         n = self.num_envs
         if isinstance(action, torch.Tensor):
-            action = action.detach().to("cpu").numpy()  # waits for the policy: the simulator needs the values
+            action = action.detach()
+            if action.device.type != "cpu":  # one copy into a reused pinned buffer; waits for the policy
+                if (self._action_host is None or self._action_host.shape != action.shape
+                        or self._action_host.dtype != action.dtype):
+                    self._action_host = torch.empty(action.shape, dtype=action.dtype, pin_memory=True)
+                action = self._action_host.copy_(action)
+            # A view, not a copy: gymnasium's envs copy actions into their simulators within step.
+            action = action.numpy()
         action = np.asarray(action)
         if isinstance(self.single_action_space, spaces.Discrete):
             if action.shape == (n, 1):
@@ -226,7 +250,8 @@ class GymVecEnv:
                 raise ValueError(
                     f"{self.env_id}: expected a Discrete action batch of shape [{n}] or [{n}, 1], got {list(action.shape)}"
                 )
-            return action.astype(np.int64) + self._action_start
+            action = action.astype(np.int64, copy=False)
+            return action + self._action_start if self._action_start else action
         act_dim = int(self.single_action_space.shape[0])
         if act_dim == 1 and action.shape == (n,):
             action = action.reshape(n, 1)
@@ -244,9 +269,9 @@ class GymVecEnv:
         if seed is None:
             seed, self._seed = self._seed, None
         obs, _ = self.envs.reset(seed=seed)
-        flat = self._flatten(obs)
-        zeros = np.zeros(self.num_envs, dtype=np.float32)
-        obs_t, _, _, _, _ = self._to_device(flat, flat, zeros, zeros, zeros)
+        host, views = self._host_buffer()
+        views[0][:] = self._flatten(obs)
+        obs_t = self._to_device(host)[0]
         self._needs_reset = False
         return self._wrap(obs_t), {}
 
@@ -259,22 +284,26 @@ class GymVecEnv:
         if self._needs_reset:
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
         obs, reward, terminated, truncated, info = self.envs.step(self._actions_to_numpy(action))
-        flat = self._flatten(obs)
-        final = flat
+        host, (h_obs, h_final, h_reward, h_term, h_trunc, h_success) = self._host_buffer()
+        h_obs[:] = self._flatten(obs)
+        h_final[:] = h_obs  # the returned observation, then the true last one in the rows of finished envs
         done_mask = info.get("_final_obs")
         if done_mask is not None and done_mask.any():
-            final = flat.copy()
             for i in np.flatnonzero(done_mask):
-                final[i] = spaces.flatten(self._obs_space, info["final_obs"][i])
-        obs_t, final_t, reward_t, term_t, trunc_t = self._to_device(flat, final, reward, terminated, truncated)
-        out = {"final_obs": self._wrap(final_t), "log": {}}
+                h_final[i] = spaces.flatten(self._obs_space, info["final_obs"][i])
+        h_reward[:] = reward
+        h_term[:] = terminated
+        h_trunc[:] = truncated
         # Per-env success at episode end (gymnasium's robotics envs say "is_success"): evaluation's success rate.
         final_info = info.get("final_info", {})
-        for key in ("success", "is_success"):
-            if key in final_info:
-                reported = np.asarray(final_info.get("_" + key, True), dtype=bool)
-                out["success"] = torch.as_tensor(np.asarray(final_info[key], dtype=bool) & reported, device=self.device)
-                break
+        success_key = next((key for key in ("success", "is_success") if key in final_info), None)
+        if success_key is not None:
+            reported = np.asarray(final_info.get("_" + success_key, True), dtype=bool)
+            h_success[:] = np.asarray(final_info[success_key], dtype=bool) & reported
+        obs_t, final_t, reward_t, term_t, trunc_t, success_t = self._to_device(host)
+        out = {"final_obs": self._wrap(final_t), "log": {}}
+        if success_key is not None:
+            out["success"] = success_t
         return self._wrap(obs_t), reward_t, term_t, trunc_t, out
 
     def render(self, env_ids: list[int]) -> list[np.ndarray]:

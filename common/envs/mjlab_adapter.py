@@ -6,7 +6,7 @@
 mjlab (https://github.com/mujocolab/mjlab) is Isaac Lab's manager-based API on MuJoCo Warp:
 all envs of a task live in one batched simulator on the device, like the built-in envs here.
 Its `ManagerBasedRlEnv` has Isaac Lab's shape, which is all `ManagerBasedEnvAdapter` below
-relies on:
+relies on in "pre_step" mode:
 
     obs_dict, extras = env.reset(seed=...)
     obs_dict, reward, terminated, truncated, extras = env.step(action)   # torch tensors
@@ -22,16 +22,81 @@ Lab's name) or "actor" (mjlab's); "critic" <- "critic" when the task has privile
 inputs. Groups whose terms are not concatenated are flattened and concatenated in term order.
 Other groups (cameras, ...) are not passed on; `obs_groups` picks them explicitly.
 
-Final observations (`final_obs`):
-- "terminal" (default, mjlab only): the env runs with `cfg.auto_reset = False`, so `step`
-  returns the true last observation of finished envs; the adapter then resets those envs
-  with `env.reset(env_ids=...)`, which is the same sequence mjlab's own auto-reset runs.
-  Cost: one extra forward/sense/observation pass of the simulator on steps where an episode
-  ends, and a host sync to list the finished envs (mjlab's step already syncs for the same
-  reason).
-- "pre_step": mjlab's auto-reset; `info["final_obs"]` of a finished env is its observation
-  *before* the final step, the approximation rsl_rl makes when it bootstraps time-outs with
-  V(s_{T-1}) in place of V(s_T). Fastest, slightly biased on truncation.
+Final observations (`final_obs`)
+--------------------------------
+- "terminal" (default, mjlab only): `info["final_obs"]` holds the true last observation of the
+  envs whose episode ended: the observation of the state the step ended in, before the reset.
+- "pre_step": `info["final_obs"]` of a finished env is its observation *before* the final step,
+  the approximation rsl_rl makes when it bootstraps time-outs with V(s_{T-1}) in place of V(s_T).
+  Works with any Isaac Lab-shaped env; slightly biased on truncation.
+
+How "terminal" gets the last observation. mjlab 1.6's `ManagerBasedRlEnv.step`
+(src/mjlab/envs/manager_based_rl_env.py) runs, after the physics and the rewards:
+
+    reset_env_ids = reset_buf.nonzero()                        # the simulator's own host sync
+    if auto_reset and any: self._reset_idx(reset_env_ids)      # resets the finished envs' state
+    sim.forward(); command_manager.compute(dt=...); sim.sense()
+    obs_buf = observation_manager.compute(update_history=True)
+
+so with its auto-reset on, the observation of a finished env's last state is never computed:
+the single forward/observation pass sees the new episode. With `cfg.auto_reset = False`, step
+computes every env's observation at the state the step ended in and the caller resets the
+finished envs with `reset(env_ids)`, whose second half is the same pass scoped to those envs:
+`sim.forward(); command_manager.compute(dt=0.0, env_ids); sim.sense();
+observation_manager.compute(update_history=True, env_ids)` (the `env_ids` forms backfill only the
+reset envs' observation history and delay buffers and advance only their commands, so the other
+envs' observation timelines, command timers and history stay as the step left them).
+
+The adapter runs that explicit sequence *inside* mjlab's step, with mjlab's auto-reset on, so it
+needs neither the caller's list of finished envs (a host sync) nor a second call into mjlab:
+a hook on the env instance replaces `env._reset_idx`, which step calls only when episodes ended,
+with the ids it has already read back. When called from the adapter's step, the hook
+
+1. computes the terminal observations as the auto_reset=False step would: `sim.forward()`,
+   `command_manager.compute(dt=step_dt)`, `sim.sense()`,
+   `observation_manager.compute(update_history=True)` (history and delay buffers advance once,
+   observation noise is drawn once, exactly as in a step without reset);
+2. calls mjlab's own `_reset_idx(env_ids)` (curriculum, sim/scene reset, reset events, the
+   managers' resets with their `extras["log"]` statistics);
+3. arms two one-shot redirects, so that the rest of mjlab's step (its forward and sensing run
+   unchanged) computes the commands and observations as `reset(env_ids)` does:
+   `command_manager.compute(dt=0.0, env_ids)` and
+   `observation_manager.compute(update_history=True, env_ids)`.
+
+The result is, call for call and random draw for random draw, the auto_reset=False step
+followed by `reset(env_ids)` (tests/test_mjlab_adapter.py checks them equal, bit for bit; only
+mjlab's recorders also get the pre-reset call of its auto-reset path): the
+returned obs of a finished env is its new episode's first observation, `final_obs` its terminal
+one, and the other envs' rows are the step's observations. On steps where no episode ends,
+mjlab does not call `_reset_idx` and the hook costs nothing. Why a hook and not a copy of
+mjlab's step: the step (physics, rewards, events, recorders, metrics) stays mjlab's own, and the
+hook touches only the three calls whose arguments the reset path changes.
+
+Cost against mjlab's own auto-reset, on steps where some episode ends: one more forward,
+sensing, command and observation pass over all envs (mjlab's auto-reset saves it by never
+computing the terminal observation; any true final observation needs the forward kinematics of
+the terminal state). No host sync of the adapter's own: the ids are the ones mjlab's step read
+back; mjlab's managers keep their own (the resampling check of command timers, the `.item()` of
+some reset statistics), one of them in the extra command pass. On those steps mjlab's command
+metrics (`Metrics/<command>/...`, logging only) of the continuing envs are refreshed twice, as
+in mjlab's own `reset(env_ids)` path. The plain alternative, auto_reset=False and the adapter
+calling `env.reset(env_ids)` after each step, runs the same passes plus two host syncs per step
+(the adapter's `done.nonzero()` to list the finished envs, and mjlab's check for pending manual
+resets at the start of its step) and a second round of Python through mjlab's reset.
+
+What "terminal" relies on is checked when the adapter is built (`terminal_hook_problems`):
+`_reset_idx`, `sim.forward`/`sim.sense`, the `env_ids` forms of the two `compute` methods, and
+the order of those calls in `step`; after every step the adapter checks that both redirects
+were consumed. Another mjlab version that fails a check is refused with the cause and the way
+out (mjlab 1.6.x, or `final_obs="pre_step"`); `CHECKED_MJLAB` is the version it was checked on.
+
+Per-step work of the adapter: no host reads, no per-step tensors from host values. mjlab 1.6
+builds new observation tensors at every `compute` (a `torch.cat` per concatenated group, a
+clone per term), so they are passed on without copies (`copy_obs=False`); reward and done flags
+live in buffers mjlab rewrites in place, so they are copied. `extras["log"]` values that are
+tensors stay on the device (0-d float32), numbers stay Python floats: no host-to-device copy
+per value and step. Returned tensors belong to the caller: neither mjlab nor the adapter writes
+them again.
 
 Episodes that hit the time limit are `truncated` (bootstrapped) unless the task declares a
 finite horizon (`cfg.is_finite_horizon`), in which case the time limit is terminal and the
@@ -39,16 +104,19 @@ adapter reports them as `terminated`, as mjlab's rsl_rl wrapper does.
 
 Seeding and checkpoints: mjlab draws its randomness (resets, domain randomisation, noise)
 from the process-wide torch/numpy/warp generators, so `seed` (at construction and in
-`reset(seed=...)`) re-seeds those global generators, exactly as mjlab does. The simulator
-and manager state cannot be snapshotted through mjlab's API, so `state_dict()` is empty and
-a resumed run starts from freshly reset envs (resume is exact only for the built-in envs).
+`reset(seed=...)`) re-seeds those global generators, exactly as mjlab does; numpy and warp
+take 32-bit seeds, so a seed is folded to `seed % 2**31` first (the scripts derive 62-bit ones).
+The simulator and manager state cannot be snapshotted through mjlab's API, so `state_dict()` is
+empty and a resumed run starts from freshly reset envs (resume is exact only for the built-in envs).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import math
+import numbers
 from typing import Any, Callable
 
 import numpy as np
@@ -59,6 +127,10 @@ from tensordict import TensorDict
 FINAL_OBS_MODES = ("terminal", "pre_step")
 POLICY_GROUPS = ("policy", "actor")  # Isaac Lab's name, then mjlab's
 CRITIC_GROUPS = ("critic",)
+
+# The mjlab release whose step and reset path "terminal" was checked against (see the module
+# docstring; tests/test_mjlab_adapter.py compares it with mjlab's explicit reset flow).
+CHECKED_MJLAB = "1.6"
 
 
 def make_mjlab_env(
@@ -99,15 +171,10 @@ def make_mjlab_env(
             f"mjlab:{task} needs mjlab ({e}); install it with: pip install mjlab (see the README for a CPU-only torch)"
         ) from None
 
-    try:
-        from importlib.metadata import version
-
-        installed = version("mjlab")
-    except Exception:  # not installed as a distribution (a source checkout)
-        installed = None
+    installed = _mjlab_version()
     if final_obs == "terminal" and installed is not None and not installed.startswith(CHECKED_MJLAB + "."):
         print(f"notice: mjlab {installed}: the true final observations were checked with mjlab {CHECKED_MJLAB}.x "
-              f"(its reset(env_ids) must leave the other envs' observations alone); run tests/test_mjlab_adapter.py",
+              f"(they take the observation inside its step, before its auto-reset); run tests/test_mjlab_adapter.py",
               flush=True)
     tasks = list_tasks()
     if task not in tasks:
@@ -119,14 +186,87 @@ def make_mjlab_env(
     if configure is not None:
         configure(cfg)
     cfg.scene.num_envs = num_envs
-    cfg.seed = int(seed)
-    set_auto_reset(cfg, final_obs == "pre_step", task)
+    cfg.seed = sim_seed(seed)
+    enable_auto_reset(cfg)
     if clip_actions is None:
         clip_actions = getattr(load_rl_cfg(task), "clip_actions", None)
     env = ManagerBasedRlEnv(cfg, device=str(torch.device(device)))
-    return ManagerBasedEnvAdapter(
-        env, f"mjlab:{task}", final_obs=final_obs, obs_groups=obs_groups, clip_actions=clip_actions
-    )
+    try:
+        # copy_obs=False: mjlab builds new observation tensors at every compute (see the module doc).
+        return ManagerBasedEnvAdapter(env, f"mjlab:{task}", final_obs=final_obs, obs_groups=obs_groups,
+                                      clip_actions=clip_actions, copy_obs=False)
+    except Exception:
+        env.close()
+        raise
+
+
+def sim_seed(seed: int) -> int:
+    """`seed` folded into the range the simulator's generators accept (numpy's 32-bit, warp's int32)."""
+    return int(seed) % 2**31
+
+
+def _mjlab_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("mjlab")
+    except Exception:  # not installed as a distribution (a source checkout, a stand-in)
+        return None
+
+
+def enable_auto_reset(cfg) -> None:
+    """mjlab resets finished envs inside `step` (both modes rely on it): `cfg.auto_reset = True`
+    where the config has the field (mjlab >= 1.6; older configs have none and always reset)."""
+    names = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set(vars(cfg))
+    if "auto_reset" in names:
+        cfg.auto_reset = True
+
+
+def _parameters(fn) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def terminal_hook_problems(env) -> list[str]:
+    """What `final_obs="terminal"` needs from the env and does not find there (empty: all found).
+
+    Checked once, when the adapter is built: the hook points (see the module docstring), the
+    reset-path forms of the two `compute` methods, and that `step` calls `_reset_idx` before it
+    computes commands and observations (read from the source of the env class's `step`).
+    """
+    problems = []
+    cfg = getattr(env, "cfg", None)
+    if not getattr(cfg, "auto_reset", True):
+        problems.append("the env was built with cfg.auto_reset=False (it must reset finished envs inside step)")
+    if not callable(getattr(type(env), "_reset_idx", None)):
+        problems.append("the env has no _reset_idx(env_ids) method")
+    sim = getattr(env, "sim", None)
+    if not (callable(getattr(sim, "forward", None)) and callable(getattr(sim, "sense", None))):
+        problems.append("the env has no sim.forward() and sim.sense()")
+    for manager, needed in (("observation_manager", {"update_history", "env_ids"}), ("command_manager", {"dt", "env_ids"})):
+        method = getattr(getattr(env, manager, None), "compute", None)
+        missing = needed - _parameters(method)
+        if missing:
+            problems.append(f"{manager}.compute takes no {', '.join(sorted(missing))} argument")
+    if not hasattr(env, "step_dt"):
+        problems.append("the env has no step_dt")
+    try:
+        source = inspect.getsource(type(env).step)
+    except (OSError, TypeError):
+        source = None
+    if source is None:
+        problems.append("the source of the env's step cannot be read to check the order of its calls")
+    else:
+        reset = source.find("self._reset_idx(")
+        if reset < 0:
+            problems.append("the env's step never calls self._reset_idx(...)")
+        else:
+            for call in ("self.command_manager.compute(", "self.observation_manager.compute("):
+                if source.find(call, reset) < 0:
+                    problems.append(f"the env's step does not call {call}...) after self._reset_idx(...)")
+    return problems
 
 
 def _flat_dim(space) -> int:
@@ -144,39 +284,12 @@ def _find_group(available: list[str], names: tuple[str, ...]) -> str | None:
     return next((n for n in names if n in available), None)
 
 
-# mjlab releases whose behaviour "terminal" relies on, checked by tests/test_mjlab_adapter.py: the
-# env config has an `auto_reset` field, and `reset(env_ids)` leaves the other envs' observations
-# (and observation history) alone.
-CHECKED_MJLAB = "1.6"
-
-
-def set_auto_reset(cfg, auto_reset: bool, task: str) -> None:
-    """Set mjlab's `cfg.auto_reset`, refusing a config that has no such field.
-
-    The config is a plain dataclass: assigning an unknown field would create an attribute that
-    mjlab never reads, its auto-reset would stay on, and "terminal" final observations would
-    silently be the next episode's first ones.
-    """
-    names = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set(vars(cfg))
-    if "auto_reset" not in names:
-        try:
-            from importlib.metadata import version
-
-            installed = f"mjlab {version('mjlab')}"
-        except Exception:  # not installed as a distribution (a source checkout, a stand-in)
-            installed = "this mjlab"
-        if not auto_reset:
-            raise ValueError(
-                f"mjlab:{task}: {installed} has no cfg.auto_reset, so the true final observations cannot be taken; "
-                f"install mjlab {CHECKED_MJLAB}.x (pip install 'mjlab=={CHECKED_MJLAB}.*') or pass "
-                f"--env-kwargs '{{\"final_obs\": \"pre_step\"}}'"
-            )
-        return  # no field: mjlab always auto-resets, which is what "pre_step" asks for
-    cfg.auto_reset = auto_reset
-
-
 class ManagerBasedEnvAdapter:
-    """Wraps an Isaac Lab-shaped manager-based env (mjlab's ManagerBasedRlEnv) in the torch env contract."""
+    """Wraps an Isaac Lab-shaped manager-based env (mjlab's ManagerBasedRlEnv) in the torch env contract.
+
+    `copy_obs`: copy the observation tensors the env returns before handing them on (needed for an
+    env that rewrites them in place on its next step); `make_mjlab_env` passes False.
+    """
 
     def __init__(
         self,
@@ -185,14 +298,20 @@ class ManagerBasedEnvAdapter:
         final_obs: str = "terminal",
         obs_groups: dict[str, str] | None = None,
         clip_actions: float | None = None,
+        copy_obs: bool = True,
     ):
         if final_obs not in FINAL_OBS_MODES:
             raise ValueError(f"{env_id}: final_obs must be one of {', '.join(FINAL_OBS_MODES)}, got {final_obs!r}")
-        if final_obs == "terminal" and getattr(env.cfg, "auto_reset", True):
-            raise ValueError(
-                f"{env_id}: final_obs='terminal' needs an env built with cfg.auto_reset=False "
-                f"(only mjlab has it); use final_obs='pre_step'"
-            )
+        if final_obs == "terminal":
+            problems = terminal_hook_problems(env)
+            if problems:
+                version = _mjlab_version() if type(env).__module__.split(".")[0] == "mjlab" else None
+                found = f"mjlab {version}" if version else "this env"
+                raise ValueError(
+                    f"{env_id}: final_obs='terminal' cannot take the true final observations from {found}: "
+                    f"{problems[0]}; install mjlab {CHECKED_MJLAB}.x (pip install 'mjlab=={CHECKED_MJLAB}.*') "
+                    f"or pass --env-kwargs '{{\"final_obs\": \"pre_step\"}}'"
+                )
         self.env = env
         self.env_id = env_id
         self.final_obs_mode = final_obs
@@ -200,8 +319,10 @@ class ManagerBasedEnvAdapter:
         self.device = torch.device(env.device)
         self.max_episode_steps: int | None = int(env.max_episode_length)
         self._finite_horizon = bool(getattr(env.cfg, "is_finite_horizon", False))
+        self._copy_obs = bool(copy_obs)
+        self._batch_size = torch.Size([self.num_envs])
         self._needs_reset = True
-        self._last_obs: TensorDict | None = None
+        self._last_obs: TensorDict | None = None  # "pre_step": the observations returned by the last call
 
         # Which task groups feed "policy" and "critic".
         available = list(env.single_observation_space.spaces.keys())
@@ -229,29 +350,73 @@ class ManagerBasedEnvAdapter:
         bound = math.inf if clip_actions is None else float(clip_actions)
         self.single_action_space = spaces.Box(-bound, bound, shape=(act_dim,), dtype=np.float32)
 
+        # "terminal": the hook on the env instance (see the module docstring).
+        self._in_step = False  # the hook acts only inside this adapter's step, not in env.reset()
+        self._terminal_obs: dict | None = None  # taken by the hook in this step: the finished envs ended
+        self._reset_ids: torch.Tensor | None = None
+        self._armed: set[str] = set()  # redirects not yet consumed in this step
+        if final_obs == "terminal":
+            env._reset_idx = self._reset_idx_hook  # an instance attribute shadows the class's method
+
+    # -- the hook ("terminal") ------------------------------------------------------------------
+
+    def _reset_idx_hook(self, env_ids: torch.Tensor) -> None:
+        """Stands in for `env._reset_idx`: terminal observations first, then mjlab's reset, then the
+        redirects that make the rest of the step compute commands and observations as reset(env_ids)."""
+        env = self.env
+        if not self._in_step:  # env.reset(): nothing to capture
+            return type(env)._reset_idx(env, env_ids)
+        env.sim.forward()
+        env.command_manager.compute(dt=env.step_dt)
+        env.sim.sense()
+        self._terminal_obs = env.observation_manager.compute(update_history=True)
+        type(env)._reset_idx(env, env_ids)
+        self._reset_ids = env_ids
+        env.command_manager.compute = self._command_compute_for_reset
+        env.observation_manager.compute = self._observation_compute_for_reset
+        self._armed = {"command_manager", "observation_manager"}
+
+    def _command_compute_for_reset(self, dt=None, env_ids=None):
+        """One shot, in place of mjlab's `command_manager.compute(dt=per-env dt)` after the reset."""
+        manager = self._disarm("command_manager")
+        return manager.compute(dt=0.0, env_ids=self._reset_ids)
+
+    def _observation_compute_for_reset(self, update_history=False, env_ids=None):
+        """One shot, in place of mjlab's `observation_manager.compute(update_history=True)` after the reset."""
+        manager = self._disarm("observation_manager")
+        return manager.compute(update_history=True, env_ids=self._reset_ids)
+
+    def _disarm(self, name: str):
+        manager = getattr(self.env, name)
+        manager.__dict__.pop("compute", None)  # the class's method again
+        self._armed.discard(name)
+        return manager
+
     # -- conversions ---------------------------------------------------------------------
 
     def _group_tensor(self, value) -> torch.Tensor:
         n = self.num_envs
-        if isinstance(value, dict):  # a group whose terms are not concatenated: flatten each, in term order
-            return torch.cat([v.reshape(n, -1) for v in value.values()], dim=-1).float()
-        return value.reshape(n, -1).float()
+        if isinstance(value, dict):  # a group whose terms are not concatenated: flatten each, in term order (new tensor)
+            return torch.cat([v.reshape(n, -1) for v in value.values()], dim=-1).to(torch.float32)
+        value = value.reshape(n, -1).to(torch.float32)
+        return value.clone() if self._copy_obs else value
 
     def _convert_obs(self, obs: dict) -> TensorDict:
         return TensorDict(
             {key: self._group_tensor(obs[group]) for key, group in self.obs_groups.items()},
-            batch_size=[self.num_envs], device=self.device,
+            batch_size=self._batch_size, device=self.device,
         )
 
-    def _log(self, extras: dict) -> dict[str, torch.Tensor]:
-        """Scalar episode statistics from extras["log"], as 0-d float32 tensors on the device."""
+    def _log(self, extras: dict) -> dict[str, torch.Tensor | float]:
+        """Scalar episode statistics from extras["log"]: tensors as 0-d float32 on the device (no host
+        read), numbers as Python floats (no host-to-device copy); other values are left out."""
         out = {}
         for key, value in (extras.get("log") or {}).items():
             if isinstance(value, torch.Tensor):
                 if value.numel() == 1:
                     out[key] = value.detach().reshape(()).to(self.device, torch.float32)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                out[key] = torch.tensor(float(value), device=self.device)
+            elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+                out[key] = float(value)
         return out
 
     def _check_action(self, action) -> torch.Tensor:
@@ -267,7 +432,7 @@ class ManagerBasedEnvAdapter:
 
     def reset(self, seed: int | None = None) -> tuple[TensorDict, dict]:
         """Reset every env; `seed` re-seeds the simulator's (process-wide) generators first."""
-        obs, _ = self.env.reset(seed=seed) if seed is not None else self.env.reset()
+        obs, _ = self.env.reset(seed=sim_seed(seed)) if seed is not None else self.env.reset()
         self._last_obs = self._convert_obs(obs)
         self._needs_reset = False
         return self._last_obs, {}
@@ -276,36 +441,49 @@ class ManagerBasedEnvAdapter:
         """Step every env; finished envs restart in the same call, `info["final_obs"]` as chosen by final_obs."""
         if self._needs_reset:
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
-        obs, reward, terminated, truncated, extras = self.env.step(self._check_action(action))
-        # Copies: the simulator reuses its reward and done buffers in place on the next step.
+        action = self._check_action(action)
+        self._in_step, self._terminal_obs = True, None
+        try:
+            obs, reward, terminated, truncated, extras = self.env.step(action)
+        finally:
+            self._in_step = False
+            leftover = sorted(self._armed)
+            for name in leftover:
+                self._disarm(name)
+        if leftover:
+            raise RuntimeError(
+                f"{self.env_id}: mjlab's step reset envs but did not call {leftover[0]}.compute afterwards, which "
+                f"final_obs='terminal' relies on (checked with mjlab {CHECKED_MJLAB}.x); use final_obs='pre_step'"
+            )
+        # Copies: the simulator rewrites its reward and done buffers in place on the next step.
         reward = reward.to(torch.float32, copy=True)
-        terminated, truncated = terminated.to(torch.bool, copy=True), truncated.to(torch.bool, copy=True)
+        truncated = truncated.to(torch.bool, copy=True)
         if self._finite_horizon:  # the time limit ends the task: no bootstrap
-            terminated = terminated | truncated
-        done = terminated | truncated
+            terminated = terminated.to(torch.bool) | truncated
+        else:
+            terminated = terminated.to(torch.bool, copy=True)
         step_obs = self._convert_obs(obs)
         log = self._log(extras)
 
         if self.final_obs_mode == "terminal":
-            final_obs = step_obs  # true last observations; the rows of running envs are their current ones
-            env_ids = done.nonzero().squeeze(-1)
-            if env_ids.numel() > 0:
-                reset_obs, reset_extras = self.env.reset(env_ids=env_ids)
-                log.update(self._log(reset_extras))  # episode statistics come from the reset
-                fresh = self._convert_obs(reset_obs)
+            if self._terminal_obs is None:  # no episode ended in this step: everyone's current observation
+                next_obs = final_obs = step_obs
+            else:  # the step's obs hold the reset envs' first observations; the hook kept everyone's terminal ones
+                final_obs = self._convert_obs(self._terminal_obs)
+                self._terminal_obs = self._reset_ids = None
+                done = (terminated | truncated).unsqueeze(-1)
                 next_obs = TensorDict(
-                    {k: torch.where(done[:, None], fresh[k], step_obs[k]) for k in step_obs.keys()},
-                    batch_size=[self.num_envs], device=self.device,
+                    {k: torch.where(done, step_obs[k], final_obs[k]) for k in self.obs_groups},
+                    batch_size=self._batch_size, device=self.device,
                 )
-            else:
-                next_obs = step_obs
         else:  # mjlab already reset the finished envs; fall back on their pre-step observations
+            done = (terminated | truncated).unsqueeze(-1)
             next_obs = step_obs
             final_obs = TensorDict(
-                {k: torch.where(done[:, None], self._last_obs[k], step_obs[k]) for k in step_obs.keys()},
-                batch_size=[self.num_envs], device=self.device,
+                {k: torch.where(done, self._last_obs[k], step_obs[k]) for k in self.obs_groups},
+                batch_size=self._batch_size, device=self.device,
             )
-        self._last_obs = next_obs
+            self._last_obs = next_obs
         return next_obs, reward, terminated, truncated, {"final_obs": final_obs, "log": log}
 
     def state_dict(self) -> dict:
@@ -318,6 +496,7 @@ class ManagerBasedEnvAdapter:
             raise ValueError(f"{self.env_id}: this env has no restorable state; got keys {sorted(state_dict)}")
 
     def close(self) -> None:
+        self.env.__dict__.pop("_reset_idx", None)  # the hook goes with the adapter
         self.env.close()
 
     def __repr__(self) -> str:
