@@ -1,7 +1,7 @@
 """Parallel Q-learning (PQN) for massively parallel, GPU-resident environments, discrete actions.
 
     python algos/pqn.py --env-id CartPole-v1 --num-envs 1024
-    python algos/pqn.py --env-id CartPole-v1 --device cpu --num-envs 64 --num-minibatches 4 --hidden-sizes 64 64 --reward-scale 0.1
+    python algos/pqn.py --env-id CartPole-v1 --device cpu --num-envs 64 --num-minibatches 4 --hidden-sizes 64 64
     torchrun --nproc-per-node 8 algos/pqn.py --env-id Acrobot-v1 --num-envs 4096
 
 The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule and the
@@ -68,8 +68,9 @@ class Args(RunArgs):
     """discount factor"""
     q_lambda: float = 0.65
     """lambda of the Q(lambda) targets (0: one-step Q-learning, 1: Monte-Carlo returns within the rollout)"""
-    reward_scale: float = 1.0
-    """rewards are multiplied by this in the targets (the Q-values learn scaled returns; logged returns stay raw)"""
+    reward_scale: float = 0.1
+    """rewards are multiplied by this in the targets (the Q-values learn scaled returns; logged returns stay raw):
+    Q-values of O(10), not O(100), for the last Linear after a LayerNorm to regress"""
     loss: Literal["mse", "huber"] = "mse"
     """regression loss of Q(s, a) on the targets: 0.5 * squared error, or Huber (delta 1)"""
     max_grad_norm: float = 10.0
@@ -86,8 +87,9 @@ class Args(RunArgs):
     """hidden layer sizes of the Q-network (each Linear -> LayerNorm -> activation)"""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """activation of the hidden layers"""
-    obs_norm: bool = False
-    """normalize observations with running statistics of the rollouts"""
+    obs_norm: bool = True
+    """normalize observations with running statistics of the rollouts (Acrobot's velocities reach 28, its
+    angles' sines 1: unnormalized, the velocities dominate the first LayerNorm)"""
     obs_clip: float = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
 
