@@ -51,6 +51,7 @@ EXPERIMENTS = {
     # policy settles on standing still. A longer discount keeps it; a wider start to the exploration
     # noise lets every seed find it.
     "ppo:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=["--gamma", "0.999", "--init-log-std", "0.5"]),
+    "ppo:MountainCarContinuous-v0@defaults": dict(target=90.0, budget=3_000_000, flags=[]),
     "pqn:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "pqn:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
     # TD3 and SAC: their defaults depend on the device (32 envs and batches of 512 on a CPU)
