@@ -431,6 +431,20 @@ def failure_reason(output: str) -> str:
     return (errors or lines or ["(no output)"])[-1][:300]
 
 
+def run_worker(module: str, cfg: dict, marker: str, record: dict, timeout: float, threads: int | None) -> dict:
+    """`python -m <module> --worker <cfg>` in a subprocess; `record` updated with the JSON it prints
+    after `marker` (its last such line), or with the cause of its failure."""
+    cmd = [sys.executable, "-m", module, "--worker", json.dumps(cfg)]
+    record["command"] = display_command(cmd)
+    rc, output = run_command(cmd, timeout, subprocess_env(threads))
+    lines = [line for line in output.splitlines() if line.startswith(marker)]
+    if rc != 0 or not lines:
+        record.update(status="failed", error=failure_reason(output), returncode=rc)
+        return record
+    record.update(json.loads(lines[-1][len(marker):]))
+    return record
+
+
 def run_training(algo: str, args_cls, env_id: str, num_envs: int, device: str, mode: str, iterations: int,
                  warmup: int, hidden_sizes=None, extra_args: list[str] | None = None, threads: int | None = None,
                  timeout: float = 3600.0, workdir: Path | None = None, seed: int = 1) -> dict:

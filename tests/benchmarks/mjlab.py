@@ -66,7 +66,7 @@ if str(ROOT) not in sys.path:  # runnable as `python -m tests.benchmarks.mjlab` 
 import torch  # noqa: E402
 
 from tests.benchmarks import bench  # noqa: E402
-from tests.benchmarks.rsl_rl import bench_peak_memory_mb, rsl_rl_version  # noqa: E402
+from tests.benchmarks.rsl_rl import rsl_rl_version, time_runner  # noqa: E402
 from tests.helpers import load_script  # noqa: E402
 
 RESULT_MARKER = "BENCH_MJLAB_RESULT "
@@ -206,52 +206,15 @@ def run_mjlab_worker(cfg: dict) -> dict:
     runner_cls = load_runner_cls(task) or MjlabOnPolicyRunner
     with tempfile.TemporaryDirectory(prefix="bench-mjlab-") as log_dir:
         runner = runner_cls(env, dataclasses.asdict(agent_cfg), log_dir if cfg["logging"] else None, str(device))
-        marks = []  # (wall time, collection seconds, learning seconds) at the end of every iteration
-        inner_log = runner.logger.log
-
-        def log(**kwargs):
-            inner_log(**kwargs)
-            marks.append((time.perf_counter(), kwargs["collect_time"], kwargs["learn_time"]))
-
-        runner.logger.log = log
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
-        runner.learn(num_learning_iterations=cfg["warmup"] + cfg["iterations"], init_at_random_ep_len=False)
-        total_seconds = time.perf_counter() - start
+        steps_per_iteration = cfg["num_envs"] * int(agent_cfg.num_steps_per_env)
+        figures = time_runner(runner, device, cfg["warmup"], cfg["iterations"], steps_per_iteration,
+                              init_at_random_ep_len=False)
     env.close()
-
-    steps_per_iteration = cfg["num_envs"] * int(agent_cfg.num_steps_per_env)
-    window = marks[cfg["warmup"] - 1 :]
-    per_iter = [b[0] - a[0] for a, b in zip(window, window[1:])]
-    median_iter = statistics.median(per_iter)
-    collect = statistics.median(m[1] for m in window[1:])
-    learn = statistics.median(m[2] for m in window[1:])
-    return {
-        "status": "ok",
-        "runner": f"{runner_cls.__module__}.{runner_cls.__name__}",
-        "sps": steps_per_iteration * len(per_iter) / (window[-1][0] - window[0][0]),
-        "sps_median_iteration": steps_per_iteration / median_iter,
-        "sps_including_warmup": steps_per_iteration * len(marks) / total_seconds,
-        "measured_iterations": len(per_iter),
-        "iteration_seconds": median_iter,
-        "rollout_seconds": collect,
-        "update_seconds": learn,
-        "other_seconds": max(median_iter - collect - learn, 0.0),
-        "peak_memory_mb": bench_peak_memory_mb(device),
-    }
+    return {"status": "ok", "runner": f"{runner_cls.__module__}.{runner_cls.__name__}", **figures}
 
 
 def run_mjlab_ppo(cfg: dict, timeout: float, threads: int | None) -> dict:
-    cmd = [sys.executable, "-m", "tests.benchmarks.mjlab", "--worker", json.dumps(cfg)]
-    record = {"learner": "mjlab PPO (rsl_rl)", "command": bench.display_command(cmd)}
-    rc, output = bench.run_command(cmd, timeout, bench.subprocess_env(threads))
-    lines = [line for line in output.splitlines() if line.startswith(RESULT_MARKER)]
-    if rc != 0 or not lines:
-        record.update(status="failed", error=bench.failure_reason(output), returncode=rc)
-        return record
-    record.update(json.loads(lines[-1][len(RESULT_MARKER) :]))
-    return record
+    return bench.run_worker("tests.benchmarks.mjlab", cfg, RESULT_MARKER, {"learner": "mjlab PPO (rsl_rl)"}, timeout, threads)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -232,7 +232,15 @@ def run_rsl_rl_worker(cfg: dict) -> dict:
     env = make_rsl_rl_env(cfg["env_id"], cfg["num_envs"], cfg["device"], cfg["seed"])
     runner = OnPolicyRunner(env, rsl_rl_config(ours, env, cfg), log_dir=None, device=cfg["device"])
 
-    device = torch.device(cfg["device"])
+    steps_per_iteration = cfg["num_envs"] * cfg["num_steps"]
+    figures = time_runner(runner, torch.device(cfg["device"]), cfg["warmup"], cfg["iterations"], steps_per_iteration)
+    return {"status": "ok", "rsl_rl_version": version, **figures}
+
+
+def time_runner(runner, device: torch.device, warmup: int, iterations: int, steps_per_iteration: int,
+                **learn_kwargs) -> dict:
+    """`runner.learn` (an rsl_rl runner) for warmup + iterations iterations, each timed at its logger's
+    log call (where rsl_rl reports its collection and learning seconds): steady-state figures."""
     marks = []  # (wall time, collection seconds, learning seconds) at the end of every iteration
     inner_log = runner.logger.log
 
@@ -244,18 +252,15 @@ def run_rsl_rl_worker(cfg: dict) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    runner.learn(num_learning_iterations=cfg["warmup"] + cfg["iterations"])
+    runner.learn(num_learning_iterations=warmup + iterations, **learn_kwargs)
     total_seconds = time.perf_counter() - start
 
-    steps_per_iteration = cfg["num_envs"] * cfg["num_steps"]
-    window = marks[cfg["warmup"] - 1 :]
+    window = marks[warmup - 1 :]
     per_iter = [b[0] - a[0] for a, b in zip(window, window[1:])]
     median_iter = statistics.median(per_iter)
     collect = statistics.median(m[1] for m in window[1:])
     learn = statistics.median(m[2] for m in window[1:])
     return {
-        "status": "ok",
-        "rsl_rl_version": version,
         "sps": steps_per_iteration * len(per_iter) / (window[-1][0] - window[0][0]),
         "sps_median_iteration": steps_per_iteration / median_iter,
         "sps_including_warmup": steps_per_iteration * len(marks) / total_seconds,
@@ -279,15 +284,7 @@ def bench_peak_memory_mb(device: torch.device) -> float:
 
 
 def run_rsl_rl(cfg: dict, timeout: float, threads: int | None) -> dict:
-    cmd = [sys.executable, "-m", "tests.benchmarks.rsl_rl", "--worker", json.dumps(cfg)]
-    record = {"impl": "rsl_rl", "mode": cfg["mode"], "command": bench.display_command(cmd)}
-    rc, output = bench.run_command(cmd, timeout, bench.subprocess_env(threads))
-    lines = [line for line in output.splitlines() if line.startswith(RESULT_MARKER)]
-    if rc != 0 or not lines:
-        record.update(status="failed", error=bench.failure_reason(output), returncode=rc)
-        return record
-    record.update(json.loads(lines[-1][len(RESULT_MARKER) :]))
-    return record
+    return bench.run_worker("tests.benchmarks.rsl_rl", cfg, RESULT_MARKER, {"impl": "rsl_rl", "mode": cfg["mode"]}, timeout, threads)
 
 
 # ----------------------------------------------------------------------------------------------
