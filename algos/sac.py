@@ -106,6 +106,7 @@ class Args(RunArgs):
     reward_clip: float = 10.0
     """clip normalized (n-step) rewards to [-reward_clip, reward_clip]"""
 
+
 # Sizes resolved once the device is known: (on CUDA, elsewhere). The CUDA ones are FastTD3's; on
 # a CPU, where the env steps and the updates share the cores, 32 envs and batches of 512 give 32
 # replayed transitions per env step (the README's MuJoCo command).
