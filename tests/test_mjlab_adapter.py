@@ -487,6 +487,23 @@ def test_mjlab_terminal_final_obs_is_the_true_last_observation():
         assert not torch.allclose(obs[key], final_obs[key])  # reset: a new episode's first observation
 
 
+def both_flows(envs: ManagerBasedEnvAdapter, reference_env, actions: torch.Tensor, prepare) -> tuple[list, list]:
+    """The adapter's steps and mjlab's explicit reset flow from the same seed and start (`prepare(env)`),
+    checked equal step for step; both envs closed."""
+    try:
+        envs.reset(seed=9)
+        prepare(envs.env)
+        ours = adapter_flow(envs, actions)
+        reference_env.reset(seed=9)
+        prepare(reference_env)
+        reference = explicit_reset_flow(reference_env, actions, GROUPS)
+    finally:
+        envs.close()
+        reference_env.close()
+    assert_same_steps(ours, reference)
+    return ours, reference
+
+
 @requires_mjlab
 def test_mjlab_terminal_is_the_explicit_reset_flow_bit_for_bit():
     """mjlab with auto_reset=False and reset(env_ids) after each step (its documented way to the
@@ -497,17 +514,7 @@ def test_mjlab_terminal_is_the_explicit_reset_flow_bit_for_bit():
     acts = mjlab_actions(n, steps)
     envs = ManagerBasedEnvAdapter(raw_mjlab_env(n, 1, configure, auto_reset=True), f"mjlab:{TASK}", copy_obs=False)
     reference_env = raw_mjlab_env(n, 1, configure, auto_reset=False)
-    try:
-        envs.reset(seed=9)
-        stagger(envs.env, n, length)
-        ours = adapter_flow(envs, acts)
-        reference_env.reset(seed=9)
-        stagger(reference_env, n, length)
-        reference = explicit_reset_flow(reference_env, acts, GROUPS)
-    finally:
-        envs.close()
-        reference_env.close()
-    assert_same_steps(ours, reference)
+    ours, reference = both_flows(envs, reference_env, acts, lambda env: stagger(env, n, length))
     none, some, _ = reset_pattern(reference)
     assert some > 0 and any(s["log"] for s in ours)
 
@@ -527,17 +534,7 @@ def test_mjlab_terminal_with_commands_is_the_explicit_reset_flow_bit_for_bit():
 
     envs = ManagerBasedEnvAdapter(raw_mjlab_env(n, 1, lambda cfg: None, True, task), task, copy_obs=False)
     reference_env = raw_mjlab_env(n, 1, lambda cfg: None, False, task)
-    try:
-        envs.reset(seed=9)
-        start(envs.env)
-        ours = adapter_flow(envs, acts)
-        reference_env.reset(seed=9)
-        start(reference_env)
-        reference = explicit_reset_flow(reference_env, acts, GROUPS)
-    finally:
-        envs.close()
-        reference_env.close()
-    assert_same_steps(ours, reference)
+    ours, reference = both_flows(envs, reference_env, acts, start)
     none, some, _ = reset_pattern(reference)
     assert none > 0 and some > 0
     assert any(k.startswith("Metrics/twist/") for s in ours for k in s["log"])

@@ -171,7 +171,7 @@ def make_mjlab_env(
             f"mjlab:{task} needs mjlab ({e}); install it with: pip install mjlab (see the README for a CPU-only torch)"
         ) from None
 
-    installed = _mjlab_version()
+    installed = mjlab_version()
     if final_obs == "terminal" and installed is not None and not installed.startswith(CHECKED_MJLAB + "."):
         print(f"notice: mjlab {installed}: the true final observations were checked with mjlab {CHECKED_MJLAB}.x "
               f"(they take the observation inside its step, before its auto-reset); run tests/test_mjlab_adapter.py",
@@ -205,7 +205,8 @@ def sim_seed(seed: int) -> int:
     return int(seed) % 2**31
 
 
-def _mjlab_version() -> str | None:
+def mjlab_version() -> str | None:
+    """The installed mjlab distribution's version, or None (a source checkout, a stand-in)."""
     try:
         from importlib.metadata import version
 
@@ -305,7 +306,7 @@ class ManagerBasedEnvAdapter:
         if final_obs == "terminal":
             problems = terminal_hook_problems(env)
             if problems:
-                version = _mjlab_version() if type(env).__module__.split(".")[0] == "mjlab" else None
+                version = mjlab_version() if type(env).__module__.split(".")[0] == "mjlab" else None
                 found = f"mjlab {version}" if version else "this env"
                 raise ValueError(
                     f"{env_id}: final_obs='terminal' cannot take the true final observations from {found}: "

@@ -65,12 +65,12 @@ if str(ROOT) not in sys.path:  # runnable as `python -m tests.benchmarks.mjlab` 
 
 import torch  # noqa: E402
 
+from common.envs.mjlab_adapter import FINAL_OBS_MODES, mjlab_version  # noqa: E402
 from tests.benchmarks import bench  # noqa: E402
 from tests.benchmarks.rsl_rl import rsl_rl_version, time_runner  # noqa: E402
 from tests.helpers import load_script  # noqa: E402
 
 RESULT_MARKER = "BENCH_MJLAB_RESULT "
-FINAL_OBS_MODES = ("terminal", "pre_step")
 
 
 def require_mjlab() -> None:
@@ -81,15 +81,6 @@ def require_mjlab() -> None:
     ):
         if importlib.util.find_spec(module) is None:
             raise SystemExit(f"error: tests.benchmarks.mjlab needs {package}, which is not installed; {hint}")
-
-
-def mjlab_version() -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version("mjlab")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def task_sizes(task: str) -> dict:
