@@ -32,8 +32,8 @@ from common import distributed  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, checkpoints_due, episode_sums, eval_due, eval_only, evaluate, finish, log, make_envs,
-    open_run, record_env_log, reduce_iteration, restore, save, start_run, timed,
+    RunArgs, begin_training, captured, checkpoints_due, compiled, episode_sums, eval_due, eval_only, evaluate, finish,
+    host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save, start_run, timed,
 )
 
 ALGO = "ppo"
@@ -242,30 +242,83 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
     return loss, torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac]).detach()
 
 
-LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
+LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
 
 
-def rollout(run, envs, policy_step, to_env, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
+# ----------------------------------------------------------------------------------------------
+# One iteration: rollout -> targets -> update. Each is a function of tensors that live as long as
+# the run, so that on CUDA each one is compiled and captured whole (a CUDA graph per function:
+# a built-in env's T steps, and all epochs and minibatches of the update), and the host only
+# launches three graphs per iteration. `stats` gathers, on the device, what the logs read every
+# --log-interval iterations: episodes [3], loss sums, and counts of non-finite values.
+# ----------------------------------------------------------------------------------------------
+def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
     for step in range(storage.num_steps):
-        with torch.no_grad():
-            action, logprob = policy_step(next_obs)
-        obs = next_obs
-        next_obs, reward, terminated, truncated, info = envs.step(to_env(action))
-        storage.write(step, TensorDict(
-            {"obs": obs, "final_obs": info["final_obs"], "actions": action, "logprobs": logprob,
-             "rewards": reward.float(), "terminated": terminated, "truncated": truncated},
-            batch_size=[envs.num_envs],
-        ))
+        next_obs, transition, info = env_step(next_obs)
+        storage.write(step, transition)
         record_env_log(run, info)
     return next_obs
+
+
+def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict,
+            ep_stats: torch.Tensor, stats: dict, args: Args) -> TensorDict:
+    """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation
+    statistics for the next one; returns the flat batch the update reads."""
+    dones = data["terminated"] | data["truncated"]
+    episode_sums(ep_stats, data["rewards"], dones, sums=stats["episodes"])
+    stats["nonfinite"][:2] += torch.stack([(~torch.isfinite(data["obs", "policy"])).sum(),
+                                            (~torch.isfinite(data["rewards"])).sum()])
+    obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
+    with torch.autocast(data.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        values = agent.value(obs_n)
+        final_values = agent.value(agent.normalize(data["final_obs"]))
+        next_value = agent.value(agent.normalize(next_obs))
+    rewards = data["rewards"]
+    if args.reward_norm:
+        reward_normalizer.update(rewards, dones)
+        rewards = reward_normalizer.normalize(rewards)
+    advantages, returns = compute_advantages(rewards, values, next_value, final_values, data["terminated"],
+                                             data["truncated"], args.gamma, args.gae_lambda)
+    if args.adv_norm == "batch":
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
+        agent.obs_rms.update(data["obs", "policy"])
+        if agent.critic_key == "critic":
+            agent.critic_obs_rms.update(data["obs", "critic"])
+    var_y = returns.var()
+    stats["losses"][-1] += torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
+    return TensorDict({"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
+                       "advantages": advantages, "returns": returns}, batch_size=values.shape, device=data.device).reshape(-1)
+
+
+def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
+    """Epochs of shuffled minibatches over the batch; the adaptive learning rate after each
+    minibatch from the ranks' mean KL (the same lr on every rank). Adds the mean losses to stats."""
+    batch_size = batch.shape[0]
+    minibatch_size = batch_size // args.num_minibatches
+    loss_sums, num_updates = torch.zeros(len(LOSS_NAMES) - 1, device=batch.device), 0
+    for epoch in range(args.update_epochs):
+        perm = torch.randperm(batch_size, device=batch.device)
+        for start in range(0, batch_size, minibatch_size):
+            minibatch_stats = update_minibatch(batch[perm[start : start + minibatch_size]])
+            loss_sums += minibatch_stats
+            num_updates += 1
+            if args.lr_schedule == "adaptive":
+                adapt_learning_rate(lr, distributed.all_reduce(minibatch_stats[3].clone(), "mean"), args.desired_kl)
+        if args.target_kl is not None:  # one host read per epoch, only when asked for (the update is not captured whole)
+            if distributed.all_reduce(loss_sums[3] / num_updates, "mean").item() > args.target_kl:
+                break
+    losses = loss_sums / num_updates
+    stats["losses"][:-1] += losses
+    stats["nonfinite"][2] += (~torch.isfinite(losses)).sum()
 
 
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     if args.anneal_lr:
         args.lr_schedule = "linear"
-    run = start_run(args, ALGO)
+    run = start_run(args, ALGO, {"log_interval": (10, 1)})
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:
@@ -304,35 +357,53 @@ def main(args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
-    # --- the hot functions; compiled / graph-captured on request ---
-    def policy_step(obs: TensorDict):
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-            return agent_inference.act(obs)
+    # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
+    def env_step(obs: TensorDict):
+        """Act and step every env once: (next observation, the transition to store, the env's info)."""
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            action, logprob = policy_step(obs)
+        next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
+        return next_obs, TensorDict(
+            {"obs": obs, "final_obs": info["final_obs"], "actions": action, "logprobs": logprob,
+             "rewards": reward.float(), "terminated": terminated, "truncated": truncated}, batch_size=[envs.num_envs],
+        ), info
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch (gradients averaged over ranks); returns its losses."""
-        loss, stats = ppo_loss(agent, mb, args)
+        loss, losses = ppo_loss(agent, mb, args)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         distributed.all_reduce_gradients(agent.parameters())
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
-        return stats
+        return losses
 
-    advantages_fn = compute_advantages
-    if args.compile:
-        policy_step, update_minibatch = torch.compile(policy_step), torch.compile(update_minibatch)
-        advantages_fn = torch.compile(compute_advantages)
-    if args.cudagraphs:
-        from tensordict.nn import CudaGraphModule
-
-        warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
-        policy_step = CudaGraphModule(policy_step, warmup=warmup)
-        update_minibatch = CudaGraphModule(update_minibatch, warmup=warmup)
-
+    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
+    # cannot be captured: its step runs eagerly between the captured acting steps.
+    whole_rollout = getattr(envs, "capturable", False)
+    policy_step = agent_inference.act
+    if whole_rollout:
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+    update_minibatch = compiled(run, update_minibatch)
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: capture the minibatch step alone
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64),
+             "losses": torch.zeros(len(LOSS_NAMES), device=device), "nonfinite": torch.zeros(3, device=device)}
+    rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
+    targets_fn = captured(run, "targets", compiled(run, lambda obs: targets(
+        agent, reward_normalizer, storage.data, obs, ep_stats, stats, args)))
+    update_fn = captured(run, "update", lambda batch: update(update_minibatch, batch, lr, stats, args),
+                         capture=args.target_kl is None)
+    graphs = "off" if not args.cudagraphs else (
+        f"{'the whole rollout' if whole_rollout else 'each acting step'}, targets, "
+        f"{'the whole update' if args.target_kl is None else 'each minibatch update'}")
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process); {total_steps // global_batch} iterations for {total_steps} steps")
+                        f"per process); {total_steps // global_batch} iterations for {total_steps} steps; compile "
+                        f"{'on' if args.compile else 'off'}, CUDA graphs: {graphs}")
+    iterations_in_stats = 0
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its linear schedule continues where it was.
     while run.global_step + global_batch <= total_steps:
@@ -341,65 +412,26 @@ def main(args: Args) -> dict:
         if args.lr_schedule == "linear":
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
 
-        with timed(run, "rollout"):
-            next_obs = rollout(run, envs, policy_step, agent_inference.to_env, next_obs, storage)
+        with timed(run, "rollout"), torch.no_grad():
+            next_obs = rollout_fn(next_obs)
         run.global_step += global_batch
-        data = storage.data
-
-        # --- episode statistics, values and advantages, batched over the whole rollout ---
-        with torch.no_grad():
-            dones = data["terminated"] | data["truncated"]
-            ep_sums = episode_sums(ep_stats, data["rewards"], dones)
-            obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                values = agent.value(obs_n)
-                final_values = agent.value(agent.normalize(data["final_obs"]))
-                next_value = agent.value(agent.normalize(next_obs))
-            rewards = data["rewards"]
-            if args.reward_norm:
-                reward_normalizer.update(rewards, dones)
-                rewards = reward_normalizer.normalize(rewards)
-            advantages, returns = advantages_fn(rewards, values, next_value, final_values, data["terminated"],
-                                                data["truncated"], args.gamma, args.gae_lambda)
-            if args.adv_norm == "batch":
-                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-            if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
-                agent.obs_rms.update(data["obs", "policy"])
-                if agent.critic_key == "critic":
-                    agent.critic_obs_rms.update(data["obs", "critic"])
-
-        # --- update: epochs of shuffled minibatches over the [T*N] batch ---
         with timed(run, "update"):
-            batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
-                                "advantages": advantages, "returns": returns},
-                               batch_size=[args.num_steps, args.num_envs], device=device).reshape(-1)
-            loss_sums, num_updates = torch.zeros(len(LOSS_NAMES), device=device), 0
-            for epoch in range(args.update_epochs):
-                perm = torch.randperm(batch_size, device=device)
-                for start in range(0, batch_size, minibatch_size):
-                    stats = update_minibatch(batch[perm[start : start + minibatch_size]])
-                    loss_sums += stats
-                    num_updates += 1
-                    if args.lr_schedule == "adaptive":  # the ranks' mean KL: the same lr on every rank
-                        adapt_learning_rate(lr, distributed.all_reduce(stats[3].clone(), "mean"), args.desired_kl)
-                if args.target_kl is not None:  # one host read per epoch, only when asked for
-                    if distributed.all_reduce(loss_sums[3] / num_updates, "mean").item() > args.target_kl:
-                        break
+            with torch.no_grad():
+                batch = targets_fn(next_obs)
+            update_fn(batch)
+        iterations_in_stats += 1
 
-        # --- once per iteration: one host read for the logs, the NaN guard and the stop flags ---
-        with torch.no_grad():
-            y_true = returns.reshape(-1)
-            var_y = y_true.var()
-            explained_var = torch.where(var_y > 0, 1 - (y_true - values.reshape(-1)).var() / var_y, torch.nan)
-        losses = loss_sums / num_updates
-        log(run, reduce_iteration(
-            run, episodes=ep_sums,
-            means={**{f"losses/{name}": losses[i] for i, name in enumerate(LOSS_NAMES)},
-                   "losses/explained_variance": explained_var},
-            checks={"observations": torch.isfinite(data["obs", "policy"]).all(),
-                    "rewards": torch.isfinite(data["rewards"]).all(), "losses": torch.isfinite(losses).all()},
-            local={"charts/learning_rate": lr},
-        ))
+        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
+        if run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration):
+            log(run, reduce_iteration(
+                run, episodes=stats["episodes"],
+                means={f"losses/{name}": stats["losses"][i] / iterations_in_stats for i, name in enumerate(LOSS_NAMES)},
+                checks={name: stats["nonfinite"][i] == 0 for i, name in enumerate(("observations", "rewards", "losses"))},
+                local={"charts/learning_rate": lr},
+            ))
+            for t in stats.values():
+                t.zero_()
+            iterations_in_stats = 0
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
         if eval_due(run, final_iteration):

@@ -75,6 +75,10 @@ class RunningMeanStd(nn.Module):
     def std(self) -> torch.Tensor:
         return torch.sqrt(self.var).clamp(min=self.min_std)
 
+    # Kept out of torch.compile (a graph break in a compiled caller; captured in CUDA graphs all the
+    # same): inductor drops in-place writes to 0-d float64 tensors such as `count` (torch 2.13 on
+    # CPU: `c.add_(1)` leaves c at 0), so a compiled update would never count a sample.
+    @torch.compiler.disable
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         """Fold a batch into the moments; under torchrun, the batches of all ranks together."""
@@ -127,6 +131,7 @@ class RewardNormalizer(nn.Module):
         # not in state_dict(), so a resume starts it at zero unless the script restores its rank's own.
         self.register_buffer("returns", torch.zeros(num_envs, dtype=torch.float64), persistent=False)
 
+    @torch.compiler.disable  # see RunningMeanStd.update
     @torch.no_grad()
     def update(self, rewards: torch.Tensor, dones: torch.Tensor) -> None:
         """rewards, dones: [T, N] (or [N] for one step); dones[t] ends the episode after step t."""

@@ -25,6 +25,7 @@ rollout, the compile switch, the tags they log and their own checkpoint fields.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -35,7 +36,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
@@ -120,10 +121,14 @@ class RunArgs:
     """wandb team or user"""
     progress: bool = True
     """show a progress bar on the main process (only on a terminal, never under CI)"""
-    compile: bool = False
-    """torch.compile the acting step and the update step(s)"""
-    cudagraphs: bool = False
-    """capture the acting and update steps in CUDA graphs (CUDA only)"""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile the hot functions (acting with the env step, targets, update): True, False, or auto (on CUDA)"""
+    cudagraphs: bool | Literal["auto"] = "auto"
+    """capture the hot functions in CUDA graphs (a built-in env's whole rollout, the whole update): True, False,
+    or auto (on CUDA)"""
+    log_interval: int | None = None
+    """iterations between two reductions of the statistics (logs, NaN guard, stop flags: one host read each);
+    default by device"""
     dist_timeout: float = 600.0
     """seconds a collective may wait for the other ranks before the run fails (a dead or hung rank)"""
 
@@ -157,6 +162,7 @@ class Run:
     stop_reason: str | None = None  # set once every rank agrees to stop after this iteration
     save_time_due: bool = False  # --save-interval-seconds has passed on some rank
     seconds: dict = field(default_factory=dict)  # wall seconds per phase, summed (see `timed`)
+    compile_seconds: dict = field(default_factory=dict)  # wall seconds until compiled and captured, per function
     last_seconds: dict = field(default_factory=dict)  # wall seconds per phase, this iteration
     env_log: dict = field(default_factory=dict)  # the env's info["log"]: name -> [sum, steps reported]
     start_time: float = field(default_factory=time.time)
@@ -180,12 +186,16 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     run's config.json and checkpoints record.
     """
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
-    for name, (on_cuda, elsewhere) in (device_defaults or {}).items():
-        if getattr(args, name) is None:
-            setattr(args, name, on_cuda if info.device.type == "cuda" else elsewhere)
+    cuda = info.device.type == "cuda"
+    # compile and CUDA graphs pay for their start-up within a minute on a GPU; on a CPU eager is faster
+    defaults = {"compile": ("auto", True, False), "cudagraphs": ("auto", True, False), **{
+        name: (None, *values) for name, values in {"log_interval": (1, 1), **(device_defaults or {})}.items()}}
+    for name, (unset, on_cuda, elsewhere) in defaults.items():
+        if getattr(args, name) == unset:
+            setattr(args, name, on_cuda if cuda else elsewhere)
     if args.cudagraphs and info.device.type != "cuda":
         raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
-    for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes", "video_envs"):
+    for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes", "video_envs", "log_interval"):
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.export is not None and not args.eval_only:
@@ -454,6 +464,56 @@ def timed(run: Run, phase: str):
     run.seconds[phase] = run.seconds.get(phase, 0.0) + run.last_seconds[phase]
 
 
+def compiled(run: Run, fn: Callable) -> Callable:
+    """`fn` under `torch.compile` with --compile, else `fn`: for the per-step functions (acting and
+    the env step, a minibatch's update) whose loops `captured` then takes whole."""
+    return torch.compile(fn) if run.args.compile else fn
+
+
+def captured(run: Run, name: str, fn: Callable, capture: bool = True) -> Callable:
+    """`fn` captured in one CUDA graph with --cudagraphs (tensordict's CudaGraphModule: eager warm-up
+    calls, one capture, then one replay per call); `capture=False` for a function that cannot be.
+
+    What a captured `fn` may do: take and return tensors and TensorDicts (copied into and out of
+    the graph's own buffers at every call) and change tensors that live as long as the graph
+    (parameters, optimizer state, normalizers, an env's state, preallocated storage) in place;
+    never read a tensor on the host, rebind an attribute to a new tensor, or keep Python state
+    that must change between calls (a replay runs the kernels of the capture call, nothing else).
+    The warm-up and capture calls do their work like any other, so no step is wasted.
+
+    With --compile or --cudagraphs, the wall time of the calls until `fn` runs at full speed
+    (compiling what it calls, warm-up, capture, the work of those calls included) goes to
+    run.compile_seconds[name], summary.json and one printed line.
+    """
+    args = run.args
+    do_capture = bool(args.cudagraphs) and capture
+    if not (args.compile or do_capture):
+        return fn
+    calls = 2  # a compiled function traces on its first call and may specialise once more on its second
+    if do_capture:
+        from tensordict.nn import CudaGraphModule
+
+        warmup = 3 if args.compile else 2  # eager calls before the capture
+        fn, calls = CudaGraphModule(fn, warmup=warmup), warmup + 1
+    left = [calls]
+
+    def timed_until_ready(*a, **k):
+        if not left[0]:
+            return fn(*a, **k)
+        t0 = time.perf_counter()
+        out = fn(*a, **k)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        run.compile_seconds[name] = run.compile_seconds.get(name, 0.0) + time.perf_counter() - t0
+        left[0] -= 1
+        if not left[0]:
+            how = " and ".join(w for w, on in (("compiled", args.compile), ("captured", do_capture)) if on)
+            _print(run, f"{name}: {how} in {run.compile_seconds[name]:.1f} s (its first {calls} calls, work included)")
+        return out
+
+    return timed_until_ready
+
+
 @torch.no_grad()
 def episode_sums(running: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor,
                  sums: torch.Tensor | None = None) -> torch.Tensor:
@@ -581,42 +641,85 @@ def eval_due(run: Run, final_iteration: bool) -> bool:
     return run.args.eval_interval > 0 and (run.iteration % run.args.eval_interval == 0 or final_iteration)
 
 
+EVAL_CHUNK = 64  # eval steps between two host reads ("has every env finished?"); one graph with --cudagraphs
+
+
+def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> TensorDict:
+    """One deterministic step of every eval env; the first `episodes` episodes of each env are
+    added into `acc` in place (running return/length, episodes done, and the sums of returns,
+    lengths, episodes, successes and success reports)."""
+    obs, reward, terminated, truncated, info = eval_envs.step(model.deterministic(obs["policy"]))
+    running, done_count = acc["running"], acc["done_count"]
+    active = done_count < episodes
+    running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
+    done = (terminated | truncated) & active
+    ended = done.double().sum()
+    success = info.get("success")  # per env, valid where an episode ended
+    succeeded = (success.bool() & done).double().sum() if success is not None else torch.zeros_like(ended)
+    reported = ended if success is not None else torch.zeros_like(ended)
+    acc["sums"] += torch.stack([(running[0] * done).sum(), (running[1] * done).sum(), ended, succeeded, reported])
+    done_count += done.long()
+    running *= ~done
+    return obs
+
+
+def _eval_chunk(run: Run | None, eval_envs, model, episodes: int):
+    """EVAL_CHUNK eval steps as one function over accumulators that live as long as it does:
+    compiled and captured (a built-in env) once per run, model and eval envs. Returns (chunk, acc)."""
+    n, dev = eval_envs.num_envs, eval_envs.device
+    key = (id(eval_envs), id(model), episodes)
+    cache = run.__dict__.setdefault("_eval_chunks", {}) if run is not None else {}
+    if key not in cache:
+        acc = {"running": torch.zeros(2, n, device=dev, dtype=torch.float64),  # return, length
+               "done_count": torch.zeros(n, device=dev, dtype=torch.long),
+               "sums": torch.zeros(5, device=dev, dtype=torch.float64)}
+        step = functools.partial(_eval_step, eval_envs, model, episodes, acc)
+        capturable = getattr(eval_envs, "capturable", False)
+        if run is not None and capturable:
+            step = compiled(run, step)
+
+        def chunk(obs: TensorDict) -> TensorDict:
+            for _ in range(EVAL_CHUNK):
+                obs = step(obs)
+            return obs
+
+        cache[key] = (captured(run, "evaluation", chunk, capture=capturable) if run is not None else chunk, acc)
+    return cache[key]
+
+
 @torch.no_grad()
-def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, record: int = 0) -> dict:
+def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, record: int = 0,
+                 run: Run | None = None) -> dict:
     """The first `episodes` episodes of every eval env with `model.deterministic(obs)`, reduced over
     all ranks (a collective): mean return and length, the success rate where the env reports
     per-env success at episode ends (info["success"]), and the frames of the first `record` envs.
 
-    Recording reads the recorded envs' state to the host at every step: evaluation only.
+    Without recording, the steps run EVAL_CHUNK at a time, with one host read after each chunk
+    (compiled and captured as the run's flags ask, given `run` and a built-in env). Recording
+    reads the recorded envs' state to the host at every step: evaluation only.
     """
-    n, dev = eval_envs.num_envs, eval_envs.device
+    chunk, acc = _eval_chunk(run, eval_envs, model, episodes)
+    for t in acc.values():
+        t.zero_()
     obs, _ = eval_envs.reset(seed=seed)
-    running = torch.zeros(2, n, device=dev, dtype=torch.float64)  # return, length
-    done_count = torch.zeros(n, device=dev, dtype=torch.long)
-    sums = torch.zeros(5, device=dev, dtype=torch.float64)  # returns, lengths, episodes, successes, reported
-    recorded = list(range(min(record, n)))
+    recorded = list(range(min(record, eval_envs.num_envs)))
     frames = {i: [f] for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
     max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000
-    for step in range(max_steps * episodes + 1):
-        obs, reward, terminated, truncated, info = eval_envs.step(model.deterministic(obs["policy"]))
-        active = done_count < episodes
-        running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
-        done = (terminated | truncated) & active
-        ended = done.double().sum()
-        success = info.get("success")  # per env, valid where an episode ended
-        succeeded = (success.bool() & done).double().sum() if success is not None else torch.zeros_like(ended)
-        reported = ended if success is not None else torch.zeros_like(ended)
-        sums += torch.stack([(running[0] * done).sum(), (running[1] * done).sum(), ended, succeeded, reported])
-        done_count += done.long()
-        running *= ~done
-        if recorded:  # the recorded envs that are still within their episodes: one host read per step
-            alive = [i for i, c in zip(recorded, done_count[recorded].tolist()) if c < episodes]
-            for i, f in zip(alive, eval_envs.render(alive) if alive else []):
-                frames[i].append(f)
-            recorded = alive
-        if step % 64 == 63 and bool((done_count >= episodes).all()):  # a sync every 64 steps, not every step
+    done_count = acc["done_count"]
+    for start in range(0, max_steps * episodes + 1, EVAL_CHUNK):  # the steps past an env's episodes add nothing
+        if not recorded:
+            obs = chunk(obs)
+        else:
+            for _ in range(EVAL_CHUNK):
+                obs = _eval_step(eval_envs, model, episodes, acc, obs)
+                # the recorded envs that are still within their episodes: one host read per step
+                alive = [i for i, c in zip(recorded, done_count[recorded].tolist()) if c < episodes]
+                for i, f in zip(alive, eval_envs.render(alive) if alive else []):
+                    frames[i].append(f)
+                recorded = alive
+        if bool((done_count >= episodes).all()):  # one sync per chunk, not per step
             break
-    distributed.all_reduce(sums)
+    sums = distributed.all_reduce(acc["sums"].clone())
     ret, length, count, succ, rep = sums.tolist()
     return {"return": ret / count, "length": length / count, "success_rate": succ / rep if rep > 0 else None,
             "frames": [frame for i in sorted(frames) for frame in frames[i]]}
@@ -640,7 +743,7 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
     --capture-video), keep the best return, and stop at --target-return. Returns the mean return."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0  # rank 0's envs are the ones shown
-    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record)
+    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run)
     ret = result["return"]
     if run.is_main:
         run.writer.add_scalar("eval/episodic_return", ret, run.global_step)
@@ -693,7 +796,7 @@ def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
     eval flags, best.pt gives back the return it was saved for (exactly, on CPU)."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0
-    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record)
+    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run)
     out = {"eval_episodic_return": result["return"], "eval_episodic_length": result["length"],
            "checkpoint": str(run.resume_path)}
     if result["success_rate"] is not None:

@@ -15,6 +15,11 @@ Nothing in `step` reads a tensor value on the host (no .item(), nonzero(), boole
 indexing, Python `if` on tensors): finished envs are reset with `torch.where`, so a step
 is the same fixed sequence of kernels whatever happens, which is what lets a GPU run
 ahead of the Python loop and lets the step be compiled or captured in a CUDA graph.
+
+The env's tensors (`state`, `episode_steps`, the RNG keys and counters) are allocated once
+and only ever written in place (`reset`, `step` and `load_state_dict` copy into them): a CUDA
+graph replays its kernels on the addresses it was captured with, so a captured rollout keeps
+stepping the env's live state, and a reset or a resume between replays is seen by the next.
 """
 
 from __future__ import annotations
@@ -111,6 +116,10 @@ def hash_uniform(key: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> 
 class TorchEnv:
     """Batch of `num_envs` independent copies of a task, stepped together on `device`.
 
+    `capturable`: `step` is a fixed sequence of kernels on tensors that stay where they are, so
+    a rollout of many steps can be captured whole in one CUDA graph (the scripts check this
+    attribute to pick that path; adapters to other simulators do not have it).
+
     Subclasses set the class attributes below and `single_observation_space` /
     `single_action_space` (gymnasium spaces) in their `__init__`, then call ours.
     """
@@ -119,6 +128,7 @@ class TorchEnv:
     state_dim: int = 0
     num_reset_uniforms: int = 0  # uniforms an initial state is drawn from
     default_max_episode_steps: int = 0  # gymnasium's registered time limit
+    capturable: bool = True
 
     single_observation_space: spaces.Box
     single_action_space: spaces.Box | spaces.Discrete
@@ -152,10 +162,13 @@ class TorchEnv:
         # Computed as (key_i + c * stride) + k * golden, it costs a single op on [N, k].
         self._rng_stride = _as_int64(self.num_reset_uniforms * _GOLDEN_U64 % (1 << 64))
         self._rng_lane_offsets = torch.arange(self.num_reset_uniforms, device=self.device) * _GOLDEN
+        # Allocated once, written in place from here on (see the module docstring).
+        n, i64 = self.num_envs, dict(dtype=torch.int64, device=self.device)
+        self._seeds, self._rng_key, self._rng_counter = (torch.zeros(n, **i64) for _ in range(3))
         self._set_seeds(seed)
         # Valid placeholders until reset() draws the first episode's states.
-        self.state = torch.zeros(self.num_envs, self.state_dim, dtype=dtype, device=self.device)
-        self.episode_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self.state = torch.zeros(n, self.state_dim, dtype=dtype, device=self.device)
+        self.episode_steps = torch.zeros(n, **i64)
         self._needs_reset = True
 
     # -- subclass hooks -------------------------------------------------------------------
@@ -187,9 +200,9 @@ class TorchEnv:
             seeds = int(seed) + torch.arange(n, dtype=torch.int64, device=self.device)
         else:
             raise TypeError(f"{self.env_id}: seed must be an int or an int tensor, got {seed!r}")
-        self._seeds = seeds
-        self._rng_key = seed_to_key(seeds)
-        self._rng_counter = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self._seeds.copy_(seeds)
+        self._rng_key.copy_(seed_to_key(seeds))
+        self._rng_counter.zero_()
 
     def _draw_initial_state(self) -> torch.Tensor:
         """Initial state of every env's next episode, from its current reset counter."""
@@ -210,9 +223,9 @@ class TorchEnv:
         """
         if seed is not None:
             self._set_seeds(seed)
-        self.state = self._draw_initial_state()
-        self._rng_counter = self._rng_counter + 1
-        self.episode_steps = torch.zeros_like(self.episode_steps)
+        self.state.copy_(self._draw_initial_state())
+        self._rng_counter.add_(1)
+        self.episode_steps.zero_()
         self._needs_reset = False
         return self._wrap_obs(self._observe(self.state)), {}
 
@@ -266,9 +279,9 @@ class TorchEnv:
         # the episode ended. Only finished envs advance their reset counter, so an env's
         # random stream depends on its own history alone.
         fresh = self._draw_initial_state()
-        self._rng_counter = self._rng_counter + done
-        self.state = torch.where(done[:, None], fresh, next_state)
-        self.episode_steps = steps.masked_fill(done, 0)
+        self._rng_counter.add_(done)
+        self.state.copy_(torch.where(done[:, None], fresh, next_state))
+        self.episode_steps.copy_(steps.masked_fill(done, 0))
         obs = self._observe(self.state)
 
         info = {"final_obs": self._wrap_obs(final_obs), "log": {}}
@@ -326,10 +339,10 @@ class TorchEnv:
                     f"{self.env_id}: env state_dict entry {name!r} has shape {list(sd[name].shape)}, "
                     f"expected {list(shape)} (was it saved with another num_envs?)"
                 )
-        self.state = sd["state"].to(device=self.device, dtype=self.dtype).clone()
-        self.episode_steps = sd["episode_steps"].to(device=self.device, dtype=torch.int64).clone()
+        self.state.copy_(sd["state"])
+        self.episode_steps.copy_(sd["episode_steps"])
         self._set_seeds(sd["rng_seed"])
-        self._rng_counter = sd["rng_counter"].to(device=self.device, dtype=torch.int64).clone()
+        self._rng_counter.copy_(sd["rng_counter"])
         self._needs_reset = False
 
     def __repr__(self) -> str:
