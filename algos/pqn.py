@@ -36,8 +36,8 @@ from common import distributed  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.normalize import RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, checkpoints_due, episode_sums, eval_due, eval_only, evaluate, finish, log, make_envs,
-    open_run, record_env_log, reduce_iteration, restore, save, start_run, timed,
+    RunArgs, begin_training, captured, checkpoints_due, compiled, episode_sums, eval_due, eval_only, evaluate, finish,
+    host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save, start_run, timed,
 )
 
 ALGO = "pqn"
@@ -50,8 +50,6 @@ class Args(RunArgs):
     num_envs: int = 1024
     eval_only: bool = False
     """load --resume, evaluate the greedy policy, print the returns, and exit"""
-    compile: bool = False
-    """torch.compile the acting step, the Q(lambda) targets and the update step"""
 
     # --- PQN ---
     num_steps: int = 16
@@ -170,25 +168,57 @@ def epsilon_at(step: int, total_steps: int, args: Args) -> float:
     return args.end_e + (args.start_e - args.end_e) * max(0.0, 1.0 - step / duration) if duration > 0 else args.end_e
 
 
-def rollout(run, envs, policy_step, next_obs: TensorDict, epsilon: torch.Tensor, storage: RolloutStorage) -> TensorDict:
+# ----------------------------------------------------------------------------------------------
+# One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
+# run, so that on CUDA each one is compiled and captured whole (with a built-in env, all T steps
+# of the rollout are one CUDA graph; all epochs and minibatches of the update are one). `stats`
+# gathers on the device what the logs read every --log-interval iterations.
+# ----------------------------------------------------------------------------------------------
+def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps epsilon-greedy steps of every env, written to storage. No host sync."""
     for step in range(storage.num_steps):
-        with torch.no_grad():
-            action = policy_step(next_obs["policy"], epsilon)
-        obs = next_obs
-        next_obs, reward, terminated, truncated, info = envs.step(action)
-        storage.write(step, TensorDict(
-            {"obs": obs["policy"], "final_obs": info["final_obs"]["policy"], "actions": action,
-             "rewards": reward.float(), "terminated": terminated, "truncated": truncated},
-            batch_size=[envs.num_envs],
-        ))
+        next_obs, transition, info = env_step(next_obs)
+        storage.write(step, transition)
         record_env_log(run, info)
     return next_obs
 
 
+def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, stats: dict,
+            args: Args) -> TensorDict:
+    """Episode statistics; max-Q of the next and final observations, batched; the Q(lambda) targets;
+    then the observation statistics for the next rollout. Returns the flat batch the update reads."""
+    episode_sums(ep_stats, data["rewards"], data["terminated"] | data["truncated"], sums=stats["episodes"])
+    obs_n = qnet.obs_rms(data["obs"])  # the same statistics the policy acted with
+    q_max = qnet(obs_n).amax(-1)
+    last_q_max = qnet(qnet.obs_rms(next_obs["policy"])).amax(-1)
+    next_q_max = torch.cat([q_max[1:], last_q_max.unsqueeze(0)])
+    final_q_max = qnet(qnet.obs_rms(data["final_obs"])).amax(-1)
+    rewards = data["rewards"] * args.reward_scale
+    q_targets = q_lambda_targets(rewards, next_q_max, final_q_max, data["terminated"], data["truncated"], args.gamma,
+                                 args.q_lambda)
+    stats["nonfinite"][:3] += torch.stack([(~torch.isfinite(x)).sum() for x in (data["obs"], data["rewards"], q_targets)])
+    if args.obs_norm:  # statistics for the next rollout come from this rollout's data only
+        qnet.obs_rms.update(data["obs"])
+    return TensorDict({"obs_n": obs_n, "actions": data["actions"], "targets": q_targets},
+                      batch_size=rewards.shape, device=rewards.device).reshape(-1)
+
+
+def update(update_minibatch, batch: TensorDict, stats: dict, args: Args) -> None:
+    """Epochs of shuffled minibatches over the [T*N] batch; adds the mean loss and Q to stats."""
+    batch_size = batch.shape[0]
+    minibatch_size = batch_size // args.num_minibatches
+    loss_sums = torch.zeros(2, device=batch.device)
+    for epoch in range(args.update_epochs):
+        perm = torch.randperm(batch_size, device=batch.device)
+        for start in range(0, batch_size, minibatch_size):
+            loss_sums += update_minibatch(batch[perm[start : start + minibatch_size]])
+    stats["losses"] += loss_sums / (args.update_epochs * args.num_minibatches)
+    stats["nonfinite"][3] += (~torch.isfinite(loss_sums)).sum()
+
+
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
-    run = start_run(args, ALGO)
+    run = start_run(args, ALGO, {"log_interval": (10, 1)})
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:
@@ -228,9 +258,15 @@ def main(args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, qnet_inference)
 
-    # --- the hot functions; compiled / graph-captured on request ---
-    def policy_step(obs: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
-        return qnet_inference.act(obs, epsilon)
+    # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
+    def env_step(obs: TensorDict):
+        """Act epsilon-greedily and step every env once: (next observation, the transition to store, the env's info)."""
+        action = policy_step(obs["policy"], epsilon)
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        return next_obs, TensorDict(
+            {"obs": obs["policy"], "final_obs": info["final_obs"]["policy"], "actions": action,
+             "rewards": reward.float(), "terminated": terminated, "truncated": truncated}, batch_size=[envs.num_envs],
+        ), info
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch; returns its loss and mean Q for logging (on the device)."""
@@ -243,20 +279,27 @@ def main(args: Args) -> dict:
         optimizer.step()
         return torch.stack([loss, q.mean()]).detach()
 
-    targets_fn = q_lambda_targets
-    if args.compile:
-        policy_step, update_minibatch = torch.compile(policy_step), torch.compile(update_minibatch)
-        targets_fn = torch.compile(q_lambda_targets)
-    if args.cudagraphs:
-        from tensordict.nn import CudaGraphModule
-
-        warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
-        policy_step = CudaGraphModule(policy_step, warmup=warmup)
-        update_minibatch = CudaGraphModule(update_minibatch, warmup=warmup)
-
+    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
+    # cannot be captured: its step runs eagerly between the captured acting steps.
+    whole_rollout = getattr(envs, "capturable", False)
+    policy_step = qnet_inference.act
+    if whole_rollout:
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+    update_minibatch = compiled(run, update_minibatch)
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": torch.zeros(2, device=device),
+             "nonfinite": torch.zeros(4, device=device)}
+    rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
+    targets_fn = captured(run, "targets", compiled(run, lambda obs: targets(qnet, storage.data, obs, ep_stats, stats, args)))
+    update_fn = captured(run, "update", lambda batch: update(update_minibatch, batch, stats, args))
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process); {total_steps // global_batch} iterations for {total_steps} steps")
+                        f"per process); {total_steps // global_batch} iterations for {total_steps} steps; compile "
+                        f"{'on' if args.compile else 'off'}, CUDA graphs: "
+                        f"{'off' if not args.cudagraphs else 'the whole rollout' if whole_rollout else 'each acting step'}"
+                        f"{', targets, the whole update' if args.cudagraphs else ''}")
+    iterations_in_stats = 0
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.
     while run.global_step + global_batch <= total_steps:
@@ -268,44 +311,29 @@ def main(args: Args) -> dict:
         eps_now = epsilon_at(run.global_step, total_steps, args)
         torch.mul(eps_scale, eps_now, out=epsilon)
 
-        with timed(run, "rollout"):
-            next_obs = rollout(run, envs, policy_step, next_obs, epsilon, storage)
+        with timed(run, "rollout"), torch.no_grad():
+            next_obs = rollout_fn(next_obs)
         run.global_step += global_batch
-        data = storage.data
-
-        # --- episode statistics; max-Q of next and final observations, batched; Q(lambda) targets ---
-        with torch.no_grad():
-            ep_sums = episode_sums(ep_stats, data["rewards"], data["terminated"] | data["truncated"])
-            obs_n = qnet.obs_rms(data["obs"])  # the same statistics the policy acted with
-            q_max = qnet(obs_n).amax(-1)
-            last_q_max = qnet(qnet.obs_rms(next_obs["policy"])).amax(-1)
-            next_q_max = torch.cat([q_max[1:], last_q_max.unsqueeze(0)])
-            final_q_max = qnet(qnet.obs_rms(data["final_obs"])).amax(-1)
-            rewards = data["rewards"] * args.reward_scale
-            targets = targets_fn(rewards, next_q_max, final_q_max, data["terminated"], data["truncated"], args.gamma, args.q_lambda)
-            if args.obs_norm:  # statistics for the next rollout come from this rollout's data only
-                qnet.obs_rms.update(data["obs"])
-
-        # --- update: epochs of shuffled minibatches over the [T*N] batch ---
         with timed(run, "update"):
-            batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "targets": targets},
-                               batch_size=[args.num_steps, args.num_envs]).reshape(-1)
-            loss_sums = torch.zeros(2, device=device)
-            for epoch in range(args.update_epochs):
-                perm = torch.randperm(batch_size, device=device)
-                for start in range(0, batch_size, minibatch_size):
-                    loss_sums += update_minibatch(batch[perm[start : start + minibatch_size]])
+            with torch.no_grad():
+                batch = targets_fn(next_obs)
+            update_fn(batch)
+        iterations_in_stats += 1
 
-        # --- once per iteration: one host read for the logs, the NaN guard and the stop flags ---
-        losses = loss_sums / (args.update_epochs * args.num_minibatches)
-        log(run, reduce_iteration(
-            run, episodes=ep_sums,
-            means={"losses/td_loss": losses[0], "losses/q_values": losses[1]},
-            checks={"observations": torch.isfinite(data["obs"]).all(), "rewards": torch.isfinite(data["rewards"]).all(),
-                    "targets": torch.isfinite(targets).all(), "losses": torch.isfinite(loss_sums).all()},
-            local={"charts/learning_rate": lr_now if lr_now is not None else lr,
-                   "charts/epsilon": eps_now * eps_mean_scale},  # the mean over all envs
-        ))
+        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
+        if run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration):
+            log(run, reduce_iteration(
+                run, episodes=stats["episodes"],
+                means={"losses/td_loss": stats["losses"][0] / iterations_in_stats,
+                       "losses/q_values": stats["losses"][1] / iterations_in_stats},
+                checks={name: stats["nonfinite"][i] == 0
+                        for i, name in enumerate(("observations", "rewards", "targets", "losses"))},
+                local={"charts/learning_rate": lr_now if lr_now is not None else lr,
+                       "charts/epsilon": eps_now * eps_mean_scale},  # the mean over all envs
+            ))
+            for t in stats.values():
+                t.zero_()
+            iterations_in_stats = 0
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
         if eval_due(run, final_iteration):

@@ -843,6 +843,9 @@ def finish(run: Run, model: torch.nn.Module) -> dict:
         "best_eval_return": run.best_eval_return if run.best_eval_return > -math.inf else None,
         "stop_reason": run.stop_reason or "total_timesteps", "world_size": run.world_size, "params_in_sync": in_sync,
         "rollout_seconds": run.seconds.get("rollout"), "update_seconds": run.seconds.get("update"),
+        # until each hot function ran compiled and captured (its first calls, their work included)
+        "compile_seconds": sum(run.compile_seconds.values()), "compile_seconds_by_function": run.compile_seconds,
+        "compile": bool(run.args.compile), "cudagraphs": bool(run.args.cudagraphs),
         "peak_memory_mb": peak_memory_mb(run.device),
         "checkpoints": {"last": str(ckpts / LAST), "best": str(ckpts / BEST)},
     }
