@@ -743,7 +743,9 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
     --capture-video), keep the best return, and stop at --target-return. Returns the mean return."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0  # rank 0's envs are the ones shown
+    t0 = time.time()
     result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run)
+    run.seconds["evaluation"] = run.seconds.get("evaluation", 0.0) + time.time() - t0  # ends with a host read
     ret = result["return"]
     if run.is_main:
         run.writer.add_scalar("eval/episodic_return", ret, run.global_step)
@@ -843,6 +845,7 @@ def finish(run: Run, model: torch.nn.Module) -> dict:
         "best_eval_return": run.best_eval_return if run.best_eval_return > -math.inf else None,
         "stop_reason": run.stop_reason or "total_timesteps", "world_size": run.world_size, "params_in_sync": in_sync,
         "rollout_seconds": run.seconds.get("rollout"), "update_seconds": run.seconds.get("update"),
+        "evaluation_seconds": run.seconds.get("evaluation", 0.0),
         # until each hot function ran compiled and captured (its first calls, their work included)
         "compile_seconds": sum(run.compile_seconds.values()), "compile_seconds_by_function": run.compile_seconds,
         "compile": bool(run.args.compile), "cudagraphs": bool(run.args.cudagraphs),

@@ -58,7 +58,8 @@ TAGS = {
 }
 SUMMARY_FIELDS = {"algo", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
                   "best_eval_return", "stop_reason", "world_size", "params_in_sync", "rollout_seconds", "update_seconds",
-                  "peak_memory_mb", "checkpoints", "compile_seconds", "compile_seconds_by_function", "compile", "cudagraphs"}
+                  "peak_memory_mb", "checkpoints", "compile_seconds", "compile_seconds_by_function", "compile", "cudagraphs",
+                  "evaluation_seconds"}
 CHECKPOINT_FIELDS = {"format_version", "algo", "env_id", "args", "world_size", "global_step", "iteration",
                      "best_eval_return", "model", "optimizers", "ranks"}
 
@@ -297,6 +298,22 @@ def test_no_host_sync_per_env_step(algo, tmp_path):
             train(algo, tmp_path / str(value), **{knob: value}, total_timesteps=3 * value * TINY[algo]["kwargs"]["num_envs"])
         counts[value] = len(recorder.syncs)
     assert counts[2] == counts[6], counts
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_path):
+    """--log-interval k: the statistics of k iterations, gathered on the device, are read once; the
+    training is untouched and the logged losses are the means of the k iterations'."""
+    every, k = tmp_path / "every", tmp_path / "k"
+    train(algo, every, total_timesteps=units(algo, 8), log_interval=1)
+    train(algo, k, total_timesteps=units(algo, 8), log_interval=4)
+    assert_same(checkpoint(every)["model"], checkpoint(k)["model"])
+    steps = TINY[algo]["steps"]
+    curves_every, curves_k = scalars(every / "run"), scalars(k / "run")
+    loss = "losses/value_loss" if algo == "ppo" else "losses/td_loss"
+    assert [s for s, _ in curves_k[loss]] == [4 * steps, 8 * steps]
+    per_iteration = [v for _, v in curves_every[loss]]
+    assert [v for _, v in curves_k[loss]] == pytest.approx([np.mean(per_iteration[:4]), np.mean(per_iteration[4:])], rel=1e-5)
 
 
 class ReplaySignature(TorchDispatchMode):

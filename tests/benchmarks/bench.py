@@ -331,9 +331,17 @@ def flag_value(flags: list[str], name: str) -> str | None:
     return None
 
 
-def script_plan(args_cls, num_envs: int, iterations: int, warmup: int, extra_args: list[str]) -> tuple[int, list[str]]:
-    """(--total-timesteps for warmup + iterations logged iterations, flags this script takes for a quiet timed run)."""
+def script_plan(args_cls, num_envs: int, iterations: int, warmup: int, extra_args: list[str],
+                device: str = "cpu") -> tuple[int, list[str]]:
+    """(--total-timesteps for warmup + iterations logged iterations, flags this script takes for a quiet timed run).
+
+    A --log-interval the script leaves to the device (None) is set explicitly to the script's
+    default there (10 on CUDA, 1 elsewhere): a logged iteration is then the same on every run."""
     defaults = {f.name: f.default for f in dataclasses.fields(args_cls)}
+    flags = []
+    if "log_interval" in defaults and defaults["log_interval"] is None and flag_value(extra_args, "--log-interval") is None:
+        defaults["log_interval"] = 10 if device.startswith("cuda") else 1
+        flags += ["--log-interval", str(defaults["log_interval"])]
 
     def setting(name: str) -> int:  # the run's value: from the extra flags, else the script's default
         given = flag_value(extra_args, "--" + name.replace("_", "-"))
@@ -341,7 +349,6 @@ def script_plan(args_cls, num_envs: int, iterations: int, warmup: int, extra_arg
 
     steps_per_iteration = num_envs * setting("num_steps")
     steps_per_event = steps_per_iteration * setting("log_interval")
-    flags = []
     if "eval_interval" in defaults:
         flags += ["--eval-interval", "0"]
     if "save_interval" in defaults:
@@ -449,7 +456,7 @@ def run_training(algo: str, args_cls, env_id: str, num_envs: int, device: str, m
                  warmup: int, hidden_sizes=None, extra_args: list[str] | None = None, threads: int | None = None,
                  timeout: float = 3600.0, workdir: Path | None = None, seed: int = 1) -> dict:
     """Train `algo` for warmup + iterations logged iterations in a subprocess; its steady-state figures."""
-    total, flags = script_plan(args_cls, num_envs, iterations, warmup, extra_args or [])
+    total, flags = script_plan(args_cls, num_envs, iterations, warmup, extra_args or [], device)
     run_name = f"{algo}-{mode.replace('+', '-')}-{env_id.replace(':', '-').replace('/', '-')}-{num_envs}"
     with tempfile.TemporaryDirectory(prefix="bench-", dir=workdir) as out_dir:
         script_args = [
@@ -458,10 +465,8 @@ def run_training(algo: str, args_cls, env_id: str, num_envs: int, device: str, m
         ]
         if hidden_sizes is not None and "hidden_sizes" in {f.name for f in dataclasses.fields(args_cls)}:
             script_args += ["--hidden-sizes", *map(str, hidden_sizes)]
-        if "compile" in mode:
-            script_args.append("--compile")
-        if "cudagraphs" in mode:
-            script_args.append("--cudagraphs")
+        # explicit: the scripts' default ("auto") turns both on under CUDA
+        script_args += ["--compile", str("compile" in mode), "--cudagraphs", str("cudagraphs" in mode)]
         script_args += extra_args or []
         cmd = [sys.executable, f"algos/{algo}.py", *script_args]
         record = {"algo": algo, "mode": mode, "command": display_command(cmd).replace(out_dir, "<tmpdir>")}

@@ -1,0 +1,84 @@
+"""The captured path on a GPU: what only CUDA can check. Skipped without CUDA (CI runs on CPU).
+
+On CPU, tests/test_scripts.py checks what capture needs (the same ops on the same live tensors in
+every call after warm-up, no host sync per step); here the graphs themselves run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import load_script
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def train(algo: str, out, **overrides) -> dict:
+    module = load_script(algo)
+    kwargs = dict(device="cuda", progress=False, run_name="run", output_dir=str(out), save_interval=10_000)
+    return module.main(module.Args(**{**kwargs, **overrides}))
+
+
+def model_of(summary: dict) -> dict:
+    return torch.load(summary["checkpoints"]["last"], weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_graph_replays_compute_what_eager_computes(algo, tmp_path):
+    """Without torch.compile the captured graphs replay eager's own kernels, and the CUDA RNG hands a
+    replay the offsets eager would use: a few iterations end with the same parameters."""
+    settings = dict(env_id="Pendulum-v1" if algo == "ppo" else "CartPole-v1", num_envs=256, num_steps=16,
+                    total_timesteps=256 * 16 * 6, eval_interval=3, num_eval_envs=16, log_interval=2, compile=False)
+    eager = train(algo, tmp_path / "eager", cudagraphs=False, **settings)
+    graphs = train(algo, tmp_path / "graphs", cudagraphs=True, **settings)
+    assert graphs["compile_seconds_by_function"].keys() >= {"rollout", "targets", "update", "evaluation"}
+    a, b = model_of(eager), model_of(graphs)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert graphs["best_eval_return"] == pytest.approx(eager["best_eval_return"], rel=1e-4)
+
+
+@pytest.mark.parametrize("env_id, target, steps", [("CartPole-v1", 475.0, 3_000_000), ("Pendulum-v1", -200.0, 8_000_000)])
+def test_default_cuda_path_learns(env_id, target, steps, tmp_path):
+    """The defaults on CUDA (compile and CUDA graphs on, 4096 envs) reach the targets eager reaches."""
+    summary = train("ppo", tmp_path, env_id=env_id, total_timesteps=steps, target_return=target)
+    assert summary["compile"] and summary["cudagraphs"]
+    assert summary["best_eval_return"] >= target, summary
+
+
+def test_gaussian_acting_step_captures_in_a_plain_cuda_graph():
+    """The Gaussian policy's acting step (sample, log-prob, clip to the bounds) in a plain
+    torch.cuda.graph: warmed up on a side stream first, as capture requires of every op that
+    initialises state on first use (the CUDA generator among them)."""
+    ppo = load_script("ppo")
+    from common.envs import make_env
+
+    envs = make_env("Pendulum-v1", 1024, device="cuda", seed=1)
+    obs, _ = envs.reset()
+    args = ppo.Args()
+    agent = ppo.Agent(obs["policy"].shape[-1], None, envs.single_action_space, args).cuda()
+    static_obs = obs["policy"].clone()
+
+    def act():
+        with torch.no_grad():
+            d = agent.dist(agent.obs_rms(static_obs))
+            action = d.sample()
+            return agent.to_env(action), d.log_prob(action).sum(-1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            act()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        action, logprob = act()
+    first = []
+    for _ in range(2):
+        graph.replay()
+        first.append(action.clone())
+    torch.cuda.synchronize()
+    assert torch.isfinite(logprob).all() and (action.abs() <= 2.0).all()
+    assert not torch.equal(first[0], first[1]), "each replay must draw new noise"
