@@ -92,8 +92,14 @@ class RolloutStorage:
 class ReplayBuffer:
     """Circular off-policy buffer, one ring per env: ``data`` has batch shape ``[num_envs, capacity]``.
 
-    All envs advance together, so one host-side ``ptr`` (next slot to write) and ``size``
-    (written slots per env) describe every ring and no device value is ever read back.
+    All envs advance together, so one pointer (next slot to write) and one fill level (written
+    slots per env) describe every ring. They live twice: as int64 tensors on the device
+    (``device_ptr``, ``device_size``, shape [1], advanced in place by every write, so that a write
+    and a sample can run inside a CUDA graph, whose replays run no Python) and as host ints
+    (``ptr``, ``size``, ``len(buffer)``) for the decisions a script takes on the host (is the
+    buffer ready for updates?). Both advance by one slot per write, so the host copy never reads
+    the device. ``add(td)`` does both; a captured function calls ``write(td)`` (device only) and
+    its caller ``advance_host()`` once per call, outside the graph.
 
     ``add(td)`` expects, per env, one transition: ``obs`` (may be nested), ``actions``,
     ``rewards`` ([N] float), ``terminated`` / ``truncated`` ([N] bool) and ``next_obs``, the
@@ -105,21 +111,31 @@ class ReplayBuffer:
         target = batch["rewards"] + batch["discount"] * (~batch["terminated"]) * Q(batch["next_obs"])
 
     With ``n_step=1`` this is the usual one-step target (``discount == gamma``).
+
+    ``capturable=True`` draws the sampled slots against the device fill level, so that a graph
+    captured while the buffer fills samples from every written slot at each replay; the default
+    draws against the host one with ``torch.randint(num_starts)``, the same random stream as
+    before the device pointers existed (CPU runs stay bit-identical to earlier versions).
     """
 
     # Keys read at the LAST transition of an n-step window; every other stored key (obs,
     # actions, ...) is read at the first one. "rewards" is replaced by the discounted sum.
     END_KEYS = ("next_obs", "terminated", "truncated")
 
-    def __init__(self, num_envs: int, capacity_per_env: int, device: torch.device | str):
+    def __init__(self, num_envs: int, capacity_per_env: int, device: torch.device | str, capturable: bool = False):
         if capacity_per_env < 1:
             raise ValueError(f"ReplayBuffer: capacity_per_env must be >= 1, got {capacity_per_env}")
         self.num_envs = num_envs
         self.capacity = capacity_per_env
         self.device = torch.device(device)
-        self.data: TensorDict | None = None  # allocated by the first add
+        self.capturable = capturable
+        self.data: TensorDict | None = None  # allocated by the first write
         self._keys: frozenset = frozenset()
-        self.ptr = 0  # slot the next add writes to
+        # On the device, written in place (never rebound): what writes and samples read.
+        self.device_ptr = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.device_size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        # On the host, advanced alongside (advance_host): what the host reads.
+        self.ptr = 0  # slot the next write goes to
         self.size = 0  # written slots per env, at most capacity
 
     def __len__(self) -> int:
@@ -127,6 +143,12 @@ class ReplayBuffer:
 
     def add(self, td: TensorDictBase) -> None:
         """Write one transition for every env at the current slot (overwrites the oldest once full)."""
+        self.write(td)
+        self.advance_host()
+
+    def write(self, td: TensorDictBase) -> None:
+        """The device half of `add`: the transition into slot `device_ptr`, then the device pointer and
+        fill level advance, all in place (capturable). The host copy stays: call `advance_host()`."""
         if tuple(td.batch_size) != (self.num_envs,):
             raise ValueError(f"ReplayBuffer.add: expected batch size [{self.num_envs}], got {list(td.batch_size)}")
         if self.data is None:
@@ -135,7 +157,14 @@ class ReplayBuffer:
             self._keys = _leaf_keys(self.data)
         else:
             _check_same_keys(self._keys, td, "ReplayBuffer.add")
-        self.data[:, self.ptr].update_(td)  # one copy per leaf into a strided view; no allocation
+        for key in self._keys:  # one copy per leaf into the slot; no allocation, no host read
+            leaf = self.data.get(key)
+            leaf.index_copy_(1, self.device_ptr, td.get(key).unsqueeze(1).to(leaf.dtype))
+        self.device_ptr.add_(1).remainder_(self.capacity)
+        self.device_size.add_(1).clamp_(max=self.capacity)
+
+    def advance_host(self) -> None:
+        """The host half of `add`: the host pointer and fill level follow one `write`."""
         self.ptr = (self.ptr + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
@@ -186,12 +215,15 @@ class ReplayBuffer:
                 f"({self.size} of capacity {self.capacity}); add more steps or lower n_step"
             )
         device = self.device
-        # Python-int bounds keep randint free of device reads.
         env = torch.randint(self.num_envs, (batch_size,), generator=generator, device=device)
-        start = torch.randint(num_starts, (batch_size,), generator=generator, device=device)
         # `start` counts from the oldest written slot, which is 0 until the ring wraps and
         # `ptr` afterwards; the modulo maps chronological positions to physical slots.
-        oldest = (self.ptr - self.size) % self.capacity
+        if self.capturable:  # bounds from the device: the same kernels whatever the fill level
+            start = torch.randint(1 << 62, (batch_size,), generator=generator, device=device) % (self.device_size - n_step + 1)
+            oldest = (self.device_ptr - self.device_size) % self.capacity
+        else:  # Python-int bounds, also free of device reads
+            start = torch.randint(num_starts, (batch_size,), generator=generator, device=device)
+            oldest = (self.ptr - self.size) % self.capacity
         offsets = torch.arange(n_step, device=device)
         slots = (oldest + start.unsqueeze(1) + offsets) % self.capacity  # [B, n]
         rows = env.unsqueeze(1)  # [B, 1], broadcasts against slots
@@ -222,7 +254,8 @@ class ReplayBuffer:
             self.data["truncated"][:, (self.ptr - 1) % self.capacity] = True
 
     def state_dict(self) -> dict:
-        """Plain tensors and ints (loadable with ``torch.load(weights_only=True)``).
+        """Plain tensors and ints (loadable with ``torch.load(weights_only=True)``); the pointer and fill
+        level are the host's, which equal the device's between calls (see the class docstring).
 
         Nested keys are flattened to ``"obs.policy"``-style names. Tensors are the live
         storage, not copies, as with ``nn.Module.state_dict()``: save them before adding more.
@@ -249,3 +282,5 @@ class ReplayBuffer:
         else:
             self.data, self._keys = None, frozenset()
         self.ptr, self.size = int(state["ptr"]), int(state["size"])
+        self.device_ptr.fill_(self.ptr)
+        self.device_size.fill_(self.size)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.buffer import ReplayBuffer, RolloutStorage
 
@@ -146,10 +147,11 @@ def test_replay_add_is_in_place():
     assert buffer.data["next_obs", "critic"].data_ptr() == ptr
 
 
+@pytest.mark.parametrize("capturable", [False, True], ids=["host-bounds", "device-bounds"])
 @pytest.mark.parametrize("num_adds", [7, 23], ids=["partial", "wrapped"])
-def test_replay_samples_written_slots_uniformly(num_adds):
+def test_replay_samples_written_slots_uniformly(num_adds, capturable):
     N, C, S = 3, 10, 30_000
-    buffer = ReplayBuffer(N, C, "cpu")
+    buffer = ReplayBuffer(N, C, "cpu", capturable=capturable)
     for step in range(num_adds):
         buffer.add(marker_transition(N, step))
     written = {(env, step) for env in range(N) for step in range(max(0, num_adds - C), num_adds)}
@@ -178,12 +180,13 @@ def nstep_reference(rewards, terminated, truncated, env, t, n, gamma):
     return ret, gamma ** (k + 1), bool(terminated[last][env]), bool(truncated[last][env]), last, k + 1
 
 
+@pytest.mark.parametrize("capturable", [False, True], ids=["host-bounds", "device-bounds"])
 @pytest.mark.parametrize("n_step", [1, 3, 5])
 @pytest.mark.parametrize("num_adds", [11, 45], ids=["partial", "wrapped"])
-def test_replay_nstep_matches_brute_force(n_step, num_adds):
+def test_replay_nstep_matches_brute_force(n_step, num_adds, capturable):
     N, C, gamma, S = 4, 16, 0.9, 6_000
     gen = torch.Generator().manual_seed(1234)
-    buffer = ReplayBuffer(N, C, "cpu")
+    buffer = ReplayBuffer(N, C, "cpu", capturable=capturable)
     history = {"rewards": [], "terminated": [], "truncated": []}
     for step in range(num_adds):
         rewards = torch.randn(N, generator=gen)
@@ -237,6 +240,89 @@ def test_replay_nstep_hand_example():
         1: (2.0, 0.5, False, True, 1),  # ends immediately
         2: (4 + 0.5 * 8, 0.25, True, False, 2),  # cut by the termination at step 3, no bootstrap
     }  # start 3 and 4 are the n-1 newest slots: never starts
+
+
+def test_replay_device_pointer_and_fill_level_follow_the_host_copy():
+    """write() advances the device pointer and fill level in place, advance_host() the host copy:
+    after every step, across the wrap-around and a state_dict round trip, the two agree."""
+    N, C = 2, 5
+    buffer = ReplayBuffer(N, C, "cpu")
+    device_state = (buffer.device_ptr, buffer.device_size)
+    for step in range(3 * C + 2):
+        if step % 2:
+            buffer.add(marker_transition(N, step))
+        else:  # the split a captured function makes: the write in the graph, the host copy outside
+            buffer.write(marker_transition(N, step))
+            assert (buffer.ptr, buffer.size) == (step % C, min(step, C))  # the host copy waits for advance_host
+            buffer.advance_host()
+        assert (buffer.ptr, buffer.size) == ((step + 1) % C, min(step + 1, C))
+        assert (buffer.device_ptr.item(), buffer.device_size.item()) == (buffer.ptr, buffer.size), step
+    assert (buffer.device_ptr, buffer.device_size) == device_state  # the same tensors, written in place
+    assert buffer.device_ptr.shape == (1,) and buffer.device_ptr.dtype == torch.int64
+    # The oldest step sits at the pointer: the slot the device pointer names.
+    assert buffer.data["obs", "policy"][0, buffer.device_ptr.item(), 1].item() - 1 == 3 * C + 2 - C
+
+    restored = ReplayBuffer(N, C, "cpu")
+    restored.load_state_dict(buffer.state_dict())
+    assert (restored.device_ptr.item(), restored.device_size.item()) == (buffer.ptr, buffer.size)
+    assert isinstance(buffer.state_dict()["ptr"], int) and isinstance(buffer.state_dict()["size"], int)
+
+
+def test_replay_host_bounds_draw_the_stream_of_randint():
+    """The default (not capturable) sampling draws its starts with torch.randint(num_starts), the
+    stream of earlier versions: runs on CPU stay bit-identical to them."""
+    N, C = 3, 12
+    buffer = ReplayBuffer(N, C, "cpu")
+    for step in range(7):
+        buffer.add(marker_transition(N, step))
+    batch = buffer.sample(50, n_step=2, generator=torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    env = torch.randint(N, (50,), generator=gen)
+    start = torch.randint(7 - 2 + 1, (50,), generator=gen)
+    assert decode(batch)[0].tolist() == env.tolist() and decode(batch)[1].tolist() == start.tolist()
+
+
+class RecordOps(TorchDispatchMode):
+    """The ops of a call with their non-tensor arguments: what a CUDA graph of the call would replay."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        flat = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+        self.ops.append((func.overloadpacket.__name__, tuple(repr(x) for x in flat if not isinstance(x, torch.Tensor))))
+        return func(*args, **(kwargs or {}))
+
+
+def test_capturable_write_and_sample_run_the_same_kernels_at_every_fill_level():
+    """A graph replays the kernels of its capture: a capturable buffer's write and sample must be the
+    same ops with the same scalars while it fills, once it is full, and after it wrapped, and
+    still sample what is written now (the host-bounds default would freeze the capture's bound)."""
+    N, C = 3, 8
+    buffer = ReplayBuffer(N, C, "cpu", capturable=True)
+    buffer.add(marker_transition(N, 0))  # the first write allocates
+    signatures = []
+    for step in range(1, 2 * C):
+        transition = marker_transition(N, step)
+        with RecordOps() as rec:
+            buffer.write(transition)
+            batch = buffer.sample(256, n_step=1)
+        buffer.advance_host()
+        signatures.append(rec.ops)
+        _, start = decode(batch)
+        assert start.min().item() >= max(0, step + 1 - C) and start.max().item() == step, step  # the newest is drawn
+    assert all(sig == signatures[0] for sig in signatures)
+
+    host_bounds = ReplayBuffer(N, C, "cpu")
+    host_bounds.add(marker_transition(N, 0))
+    calls = []
+    for step in (1, 2):
+        host_bounds.add(marker_transition(N, step))
+        with RecordOps() as rec:
+            host_bounds.sample(8)
+        calls.append(rec.ops)
+    assert calls[0] != calls[1]  # the recorder sees the changing bound (the test can fail)
 
 
 def test_replay_sample_errors():
@@ -330,6 +416,42 @@ def test_no_host_reads_after_first_write():
             buffer.add(td)
         buffer.sample(32, n_step=3, gamma=0.99, generator=gen)
     assert mode.calls == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_capturable_write_and_sample_replay_in_a_cuda_graph():
+    """One graph of write + sample, replayed: each replay writes the next slot and samples the slots
+    written so far (the device pointer and fill level advance inside the graph)."""
+    device = torch.device("cuda")
+    N, C = 4, 6
+    buffer = ReplayBuffer(N, C, device, capturable=True)
+    step_in = marker_transition(N, 0).to(device)
+    buffer.add(step_in.clone())  # allocates
+    static = step_in.clone()
+
+    def write_and_sample():
+        buffer.write(static)
+        return buffer.sample(512, n_step=1)["obs", "policy"][:, 1]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as CudaGraphModule does
+        static.update_(marker_transition(N, 1).to(device))
+        write_and_sample()
+        buffer.advance_host()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    static.update_(marker_transition(N, 2).to(device))
+    with torch.cuda.graph(graph):
+        out = write_and_sample()
+    buffer.advance_host()
+    for step in range(3, 3 * C):
+        static.update_(marker_transition(N, step).to(device))
+        graph.replay()
+        buffer.advance_host()
+        tags = out.long() - 1
+        assert tags.max().item() == step and tags.min().item() >= max(0, step + 1 - C), step
+        assert (buffer.device_ptr.item(), buffer.device_size.item()) == (buffer.ptr, buffer.size)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
