@@ -270,7 +270,7 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     stats["nonfinite"][:2] += torch.stack([(~torch.isfinite(data["obs", "policy"])).sum(),
                                             (~torch.isfinite(data["rewards"])).sum()])
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    with torch.autocast(data.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+    with torch.autocast(next_obs["policy"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
         final_values = agent.value(agent.normalize(data["final_obs"]))
         next_value = agent.value(agent.normalize(next_obs))
@@ -289,7 +289,7 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     var_y = returns.var()
     stats["losses"][-1] += torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     return TensorDict({"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
-                       "advantages": advantages, "returns": returns}, batch_size=values.shape, device=data.device).reshape(-1)
+                       "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device).reshape(-1)
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:

@@ -494,7 +494,7 @@ def captured(run: Run, name: str, fn: Callable, capture: bool = True) -> Callabl
         from tensordict.nn import CudaGraphModule
 
         warmup = 3 if args.compile else 2  # eager calls before the capture
-        fn, calls = CudaGraphModule(fn, warmup=warmup), warmup + 1
+        fn, calls = CudaGraphModule(fn, warmup=warmup), warmup  # the last of the warm-up calls captures
     left = [calls]
 
     def timed_until_ready(*a, **k):

@@ -170,3 +170,46 @@ def test_compiled_run_learns_cartpole_like_eager(tmp_path):
     summary = train(tmp_path, seed=1, num_envs=4096, num_steps=24, total_timesteps=3_000_000, compile=True,
                     eval_interval=2, num_eval_envs=64, target_return=475.0)
     assert summary["best_eval_return"] >= 475.0, summary
+
+
+def test_compiled_targets_compute_what_eager_computes():
+    """torch.compile of the targets (episode statistics, values, reward and observation normalizers,
+    GAE) gives eager's values and leaves the same state behind: a compiled in-place update that is
+    silently dropped (inductor loses writes to 0-d float64 tensors, e.g. a normalizer's count)
+    would show here."""
+    torch.manual_seed(0)
+    T, N = 8, 32
+    env = make_env("Pendulum-v1", N, seed=1)
+    args = ppo.Args(reward_norm=True, obs_norm=True)
+    rows = {"policy": torch.randn(T, N, 3)}
+    data = ppo.TensorDict({
+        "obs": rows, "final_obs": {"policy": torch.randn(T, N, 3)}, "actions": torch.randn(T, N, 1),
+        "logprobs": torch.randn(T, N), "rewards": torch.randn(T, N), "terminated": torch.rand(T, N) < 0.1,
+        "truncated": torch.rand(T, N) < 0.1}, batch_size=[T, N])
+    next_obs = ppo.TensorDict({"policy": torch.randn(N, 3)}, batch_size=[N])
+
+    def fresh():
+        torch.manual_seed(1)
+        agent = ppo.Agent(3, None, env.single_action_space, args)
+        agent.obs_rms.update(torch.randn(100, 3))
+        state = dict(agent=agent, reward_normalizer=ppo.RewardNormalizer(N, args.gamma), ep_stats=torch.rand(2, N).double(),
+                     stats={"episodes": torch.zeros(3, dtype=torch.float64), "losses": torch.zeros(len(ppo.LOSS_NAMES)),
+                            "nonfinite": torch.zeros(3)})
+        return state
+
+    results = []
+    for fn in (ppo.targets, torch.compile(ppo.targets)):
+        s = fresh()
+        with torch.no_grad():
+            batch = fn(s["agent"], s["reward_normalizer"], data, next_obs, s["ep_stats"], s["stats"], args)
+        results.append((batch, s))
+    (batch_e, e), (batch_c, c) = results
+    for key in ("advantages", "returns", "values"):
+        torch.testing.assert_close(batch_c[key], batch_e[key], rtol=1e-4, atol=1e-5)
+    for a, b in ((e["agent"].state_dict(), c["agent"].state_dict()),
+                 (e["reward_normalizer"].state_dict(), c["reward_normalizer"].state_dict())):
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-6, msg=k)
+    torch.testing.assert_close(c["ep_stats"], e["ep_stats"])
+    for k in e["stats"]:
+        torch.testing.assert_close(c["stats"][k], e["stats"][k], rtol=1e-4, atol=1e-5, equal_nan=True, msg=k)
