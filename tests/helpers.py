@@ -66,7 +66,10 @@ def load_script(name: str):
 
 class NaNRewardsAfter:
     """Wraps an env so that its rewards turn NaN from its `after`-th step on: a run's NaN guard must
-    stop it with the tensor's name and keep the last good checkpoint."""
+    stop it with the tensor's name and keep the last good checkpoint. Its step counter is Python
+    state: not capturable in a CUDA graph."""
+
+    capturable = False
 
     def __init__(self, env, after: int):
         self.env, self.after, self.steps = env, after, 0
