@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +34,8 @@ from common import distributed  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, checkpoints_due, episode_sums, eval_due, eval_only, evaluate, finish, host_read_due, log,
-    make_envs,
-    open_run, record_env_log, reduce_iteration, restore, save, start_run,
+    RunArgs, begin_training, captured, checkpoints_due, compiled, episode_sums, eval_due, eval_only, evaluate, finish,
+    host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save, start_run,
 )
 
 ALGO = "td3"
@@ -224,7 +224,6 @@ class Agent(nn.Module):
         return self.to_env(self.actor(self.obs_rms(policy_obs)).float())
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Losses
 # ----------------------------------------------------------------------------------------------
@@ -257,6 +256,30 @@ def actor_loss(agent: Agent, b: TensorDict, args: Args):
     with torch.autocast(b.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         action = agent.actor(b["obs_n", "policy"])
         return -agent.q_value(agent.q_out(agent.critic, b["obs_n"], action)).mean()
+
+
+def critic_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict) -> torch.Tensor:
+    """One critic step on a batch (gradients averaged over ranks), then the soft target update;
+    returns (q_loss, mean Q) on the device."""
+    q_loss, q_mean = critic_loss(agent, b, args)
+    optimizer.zero_grad(set_to_none=False)
+    q_loss.backward()
+    distributed.all_reduce_gradients(agent.critic.parameters())
+    optimizer.step()
+    with torch.no_grad():
+        for p_target, p in zip(agent.critic_target.parameters(), agent.critic.parameters()):
+            p_target.lerp_(p, args.tau)
+    return torch.stack([q_loss.detach(), q_mean])
+
+
+def actor_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict) -> torch.Tensor:
+    """One actor step; returns its loss."""
+    loss = actor_loss(agent, b, args)
+    optimizer.zero_grad(set_to_none=False)
+    loss.backward()
+    distributed.all_reduce_gradients(agent.actor.parameters())
+    optimizer.step()
+    return loss.detach().reshape(1)
 
 
 CRITIC_STATS, ACTOR_STATS = ("q_loss", "q_values"), ("actor_loss",)
@@ -319,6 +342,53 @@ def check_args(args: Args, batch_size: int, capacity: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# One iteration: collect (act, env step, replay write) -> update, each a function of tensors that
+# live as long as the run, so that on CUDA each is captured whole in one graph. The host picks
+# WHICH function runs (random actions before --learning-starts, the phase of the actor's schedule);
+# nothing on the host changes what one does. `stats` gathers what the logs read every --log-interval.
+# ----------------------------------------------------------------------------------------------
+def act_and_step(envs, agent: Agent, policy, bf16: bool, obs: TensorDict):
+    """An action in [-1, 1] from `policy(obs)`, or uniform ones (the warm-up) when `policy` is None,
+    and one step of every env with it, scaled to the env's bounds."""
+    device = agent.action_scale.device
+    if policy is None:
+        action = torch.rand(envs.num_envs, agent.action_scale.shape[0], device=device) * 2 - 1
+    else:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            action = policy(obs)
+    return action, *envs.step(agent.to_env(action))
+
+
+def collect(run, step, buffer: ReplayBuffer, noise_std: torch.Tensor, ep_stats: torch.Tensor, stats: dict, args: Args,
+            obs: TensorDict) -> TensorDict:
+    """Act and step (`step`), write the transition into the replay buffer (its device half: the caller
+    advances the host copy), draw a new noise std for each env that starts an episode, and add the
+    episode statistics and finite checks to `stats`. No host read. Returns the next observation."""
+    action, next_obs, reward, terminated, truncated, info = step(obs)
+    done = terminated | truncated
+    # The true next observation: the final one where the episode ended (next_obs has reset).
+    real_next_obs = torch.where(done, info["final_obs"], next_obs)
+    buffer.write(TensorDict({"obs": obs, "actions": action, "rewards": reward.float(), "terminated": terminated,
+                             "truncated": truncated, "next_obs": real_next_obs}, batch_size=[args.num_envs]))
+    fresh_std = torch.rand(args.num_envs, 1, device=noise_std.device) * (args.std_max - args.std_min) + args.std_min
+    noise_std.copy_(torch.where(done.unsqueeze(-1), fresh_std, noise_std))  # a new noise scale per episode
+    episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=stats["episodes"])
+    stats["finite"] &= torch.stack([torch.isfinite(real_next_obs["policy"]).all(), torch.isfinite(reward).all()])
+    record_env_log(run, info)
+    return next_obs
+
+
+def update(agent: Agent, buffer: ReplayBuffer, reward_normalizer: RewardNormalizer, critic_step, actor_step, stats: dict,
+           args: Args, actor_at: tuple[int, ...]) -> None:
+    """num_updates critic steps, each on a fresh batch, and an actor step after the critic steps `actor_at`."""
+    for i in range(args.num_updates):
+        batch = sample_batch(agent, buffer, reward_normalizer, args, args.batch_size)
+        stats["critic"] += critic_step(batch)
+        if i in actor_at:
+            stats["actor"] += actor_step(batch)
+
+
+# ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     run = start_run(args, ALGO, device_defaults=DEVICE_DEFAULTS)
     device, batch_size = run.device, args.batch_size
@@ -346,7 +416,7 @@ def main(args: Args) -> dict:
     q_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.q_lr, capturable=device.type == "cuda")
     optimizers = {"actor": actor_optimizer, "critic": q_optimizer}
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
-    buffer = ReplayBuffer(args.num_envs, capacity, device)
+    buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
     noise_std = torch.rand(args.num_envs, 1, device=device) * (args.std_max - args.std_min) + args.std_min
 
@@ -365,72 +435,46 @@ def main(args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
-    # --- the hot functions; compiled / graph-captured on request ---
-    def policy_step(obs: TensorDict, noise_std: torch.Tensor):
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-            return agent_inference.act(obs, noise_std)
-
-    def update_critic(b: TensorDict):
-        """One critic step on a batch, then the soft target update; returns (q_loss, mean Q) on the device."""
-        q_loss, q_mean = critic_loss(agent, b, args)
-        q_optimizer.zero_grad(set_to_none=False)
-        q_loss.backward()
-        distributed.all_reduce_gradients(agent.critic.parameters())
-        q_optimizer.step()
-        with torch.no_grad():
-            for p_target, p in zip(agent.critic_target.parameters(), agent.critic.parameters()):
-                p_target.lerp_(p, args.tau)
-        return torch.stack([q_loss.detach(), q_mean])
-
-    def update_actor(b: TensorDict):
-        """One actor step; returns its loss."""
-        loss = actor_loss(agent, b, args)
-        actor_optimizer.zero_grad(set_to_none=False)
-        loss.backward()
-        distributed.all_reduce_gradients(agent.actor.parameters())
-        actor_optimizer.step()
-        return loss.detach().reshape(1)
-
-    if args.compile:
-        policy_step, update_critic, update_actor = map(torch.compile, (policy_step, update_critic, update_actor))
-    if args.cudagraphs:
-        from tensordict.nn import CudaGraphModule
-
-        warmup = 3 if args.compile else 2  # eager calls before capture; compiled functions recompile once more
-        policy_step, update_critic, update_actor = (CudaGraphModule(f, warmup=warmup) for f in (policy_step, update_critic, update_actor))
-
-    # Statistics accumulated on the device between two log intervals.
-    ep_sums = torch.zeros(3, device=device, dtype=torch.float64)
-    critic_sums = torch.zeros(len(CRITIC_STATS), device=device, dtype=torch.float64)
-    actor_sums = torch.zeros(len(ACTOR_STATS), device=device, dtype=torch.float64)
-    finite = torch.ones(2, device=device, dtype=torch.bool)  # observations, rewards
+    # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64),  # between two host reads
+             "critic": torch.zeros(len(CRITIC_STATS), device=device, dtype=torch.float64),
+             "actor": torch.zeros(len(ACTOR_STATS), device=device, dtype=torch.float64),
+             "finite": torch.ones(2, device=device, dtype=torch.bool)}  # observations, rewards
+    # A built-in env steps inside the graph: act, env step and replay write are one. An adapter's
+    # simulator cannot be captured: its step runs eagerly after the captured acting step.
+    whole_step = getattr(envs, "capturable", False)
+    acting = functools.partial(agent_inference.act, noise_std=noise_std)
+    acting = compiled(run, acting) if whole_step else captured(run, "acting", compiled(run, acting))
+    collect_fn = {random: captured(run, "random step" if random else "step", functools.partial(
+        collect, run, functools.partial(act_and_step, envs, agent_inference, None if random else acting, args.bf16),
+        buffer, noise_std, ep_stats, stats, args), capture=whole_step) for random in (True, False)}
+    # The actor steps after every policy_frequency-th critic step of the run: which steps of an iteration
+    # those are depends on its phase (critic steps before it, mod policy_frequency). One update function
+    # per phase, each captured whole: a single one when num_updates is a multiple of policy_frequency.
+    actor_at = {p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
+                for p in range(args.policy_frequency)}
+    phases = args.policy_frequency // math.gcd(args.num_updates, args.policy_frequency)
+    gradient_steps = (compiled(run, functools.partial(critic_step, agent, q_optimizer, args)),
+                      compiled(run, functools.partial(actor_step, agent, actor_optimizer, args)))
+    update_fn = {p: captured(run, "update" if phases == 1 else f"update, phase {p}", functools.partial(
+        update, agent, buffer, reward_normalizer, *gradient_steps, stats, args, at)) for p, at in actor_at.items()}
+    graphs = "off" if not args.cudagraphs else (
+        f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all {args.num_updates} "
+        f"updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of the actor's schedule)")
     critic_updates = actor_updates = 0
     ready = lambda: len(buffer) >= args.n_step and len(buffer) * steps_per_iteration >= args.learning_starts  # noqa: E731
     was_ready = ready()
     begin_training(run, f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env; "
-                        f"{total_steps // steps_per_iteration} iterations")
+                        f"{total_steps // steps_per_iteration} iterations; compile {'on' if args.compile else 'off'}, "
+                        f"CUDA graphs: {graphs}")
     # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * steps_per_iteration > total_steps
         # --- act and store: no host-device synchronisation here ---
         with torch.no_grad():
-            if run.global_step < args.learning_starts:
-                action = torch.rand(args.num_envs, act_dim, device=device) * 2 - 1
-            else:
-                action = policy_step(next_obs, noise_std)
-            obs = next_obs
-            next_obs, reward, terminated, truncated, info = envs.step(agent.to_env(action))
-            done = terminated | truncated
-            # The true next observation: the final one where the episode ended (next_obs has reset).
-            real_next_obs = torch.where(done, info["final_obs"], next_obs)
-            buffer.add(TensorDict({"obs": obs, "actions": action, "rewards": reward.float(), "terminated": terminated,
-                                   "truncated": truncated, "next_obs": real_next_obs}, batch_size=[args.num_envs]))
-            fresh_std = torch.rand(args.num_envs, 1, device=device) * (args.std_max - args.std_min) + args.std_min
-            noise_std = torch.where(done.unsqueeze(-1), fresh_std, noise_std)  # a new noise scale per episode
-            episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=ep_sums)
-            finite &= torch.stack([torch.isfinite(real_next_obs["policy"]).all(), torch.isfinite(reward).all()])
-            record_env_log(run, info)
+            next_obs = collect_fn[run.global_step < args.learning_starts](next_obs)
+        buffer.advance_host()  # the write ran on the device (a graph replay runs no Python)
         run.global_step += steps_per_iteration
 
         # --- normalizer statistics: every log interval and before the first update ---
@@ -442,24 +486,22 @@ def main(args: Args) -> dict:
 
         # --- updates: num_updates critic steps, the actor every policy_frequency-th ---
         if is_ready:
-            for _ in range(args.num_updates):
-                batch = sample_batch(agent, buffer, reward_normalizer, args, batch_size)
-                critic_sums += update_critic(batch)
-                critic_updates, update_count = critic_updates + 1, update_count + 1
-                if update_count % args.policy_frequency == 0:
-                    actor_sums += update_actor(batch)
-                    actor_updates += 1
+            phase = update_count % args.policy_frequency
+            update_fn[phase]()
+            update_count, critic_updates = update_count + args.num_updates, critic_updates + args.num_updates
+            actor_updates += len(actor_at[phase])
 
         # --- once per log interval (and before evals and saves): one host read ---
         if not (run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration)):
             continue
+        critic_sums, actor_sums, finite = stats["critic"], stats["actor"], stats["finite"]
         means = {f"losses/{k}": critic_sums[i] / critic_updates for i, k in enumerate(CRITIC_STATS)} if critic_updates else {}
         means.update({f"losses/{k}": actor_sums[i] / actor_updates for i, k in enumerate(ACTOR_STATS)} if actor_updates else {})
         checks = {"observations": finite[0], "rewards": finite[1],
                   **{k: torch.isfinite(critic_sums[i]) for i, k in enumerate(CRITIC_STATS)},
                   **{k: torch.isfinite(actor_sums[i]) for i, k in enumerate(ACTOR_STATS)}}
-        log(run, reduce_iteration(run, episodes=ep_sums, means=means, checks=checks))
-        for t in (ep_sums, critic_sums, actor_sums):
+        log(run, reduce_iteration(run, episodes=stats["episodes"], means=means, checks=checks))
+        for t in (stats["episodes"], critic_sums, actor_sums):
             t.zero_()
         finite.fill_(True)
         critic_updates = actor_updates = 0
