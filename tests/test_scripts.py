@@ -316,6 +316,27 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
     assert [v for _, v in curves_k[loss]] == pytest.approx([np.mean(per_iteration[:4]), np.mean(per_iteration[4:])], rel=1e-5)
 
 
+@pytest.mark.parametrize("algo", CAPTURED)
+def test_compiled_run_computes_what_eager_computes(algo, tmp_path):
+    """--compile on CPU: with inductor drawing its random numbers as eager does (fallback_random),
+    two iterations end with eager's parameters, normalizer statistics and optimizer state up to
+    float rounding. A compiled in-place write that is silently dropped shows here."""
+    import torch._inductor.config
+
+    eager = train(algo, tmp_path / "eager", total_timesteps=units(algo, 2), compile=False)
+    with torch._inductor.config.patch(fallback_random=True):
+        compiled = train(algo, tmp_path / "compiled", total_timesteps=units(algo, 2), compile=True)
+    assert compiled["compile"] and set(compiled["compile_seconds_by_function"]) >= {"rollout", "targets", "update"}
+    a, b = checkpoint(tmp_path / "eager"), checkpoint(tmp_path / "compiled")
+    for part in ("model", "optimizers"):
+        flat_a, flat_b = (torch.utils._pytree.tree_leaves(x[part]) for x in (a, b))
+        assert len(flat_a) == len(flat_b)
+        for x, y in zip(flat_a, flat_b):
+            if torch.is_tensor(x):
+                torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
+    assert compiled["last_train_return"] == pytest.approx(eager["last_train_return"], rel=1e-4, nan_ok=True)
+
+
 class ReplaySignature(TorchDispatchMode):
     """What a CUDA graph of a call would hold, recorded on any device: the ops in order with their
     non-tensor arguments, and the storages the call reads that it did not allocate itself (nor got
