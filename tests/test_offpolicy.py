@@ -185,3 +185,123 @@ def test_bf16_autocast_runs_and_keeps_float32_storage(algo, tmp_path):
     assert state["update_count"] > 0
     assert all(v.dtype in (torch.float32, torch.float64) for v in state["model"].values() if v.is_floating_point())
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+# --------------------------------------------------------------------------------------------
+# the captured iteration: collect and update replay the same kernels on the same live tensors
+# --------------------------------------------------------------------------------------------
+def live_tensors(obj, path: str = "", depth: int = 0, seen: set | None = None) -> dict[str, int]:
+    """{path: data_ptr} of every tensor a captured function reaches through its bound arguments: the
+    env's state, the agent's parameters and buffers, the replay buffer's storage and pointers, the
+    optimizers' state, the statistics. A graph replays on these addresses: none may be rebound."""
+    import functools
+
+    from tensordict import TensorDictBase
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 5:
+        return {}
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return {path: obj.untyped_storage().data_ptr()}
+    if isinstance(obj, TensorDictBase):
+        return {f"{path}/{k}": v.untyped_storage().data_ptr() for k, v in obj.items(include_nested=True, leaves_only=True)}
+    if isinstance(obj, torch.nn.Module):
+        return {f"{path}/{k}": v.untyped_storage().data_ptr() for k, v in obj.state_dict(keep_vars=True).items()}
+    if isinstance(obj, torch.optim.Optimizer):
+        return {f"{path}/{i}/{k}": v.untyped_storage().data_ptr() for i, state in enumerate(obj.state.values())
+                for k, v in state.items() if isinstance(v, torch.Tensor)}
+    children = {}
+    if isinstance(obj, functools.partial):
+        children = {"func": obj.func, **dict(enumerate(obj.args)), **obj.keywords}
+    elif isinstance(obj, (list, tuple)):
+        children = dict(enumerate(obj))
+    elif isinstance(obj, dict):
+        children = obj
+    elif hasattr(obj, "__self__"):  # a bound method: its module
+        children = {"self": obj.__self__}
+    elif type(obj).__module__.startswith(("common.envs", "common.buffer", "td3", "sac")) and hasattr(obj, "__dict__"):
+        children = vars(obj)
+    out = {}
+    for k, v in children.items():
+        out.update(live_tensors(v, f"{path}/{k}", depth + 1, seen))
+    return out
+
+
+@pytest.mark.parametrize("algo,num_updates", [("td3", 2), ("sac", 2), ("td3", 1)])
+def test_captured_functions_replay_the_same_kernels_on_the_same_tensors(algo, num_updates, tmp_path, monkeypatch):
+    """Every function td3/sac capture in a CUDA graph (with --cudagraphs on CUDA) records, on CPU, the
+    same ops on the same live tensors in two calls after its warm-up (tests/test_scripts.py's
+    ReplaySignature), and rebinds no tensor it reaches (env state, agent, replay buffer, optimizer
+    state, statistics) from one call to the next. The buffer samples against its device fill level,
+    as --cudagraphs makes it; num_updates=1 with policy_frequency=2 gives one update per phase."""
+    import common.buffer
+    import common.run
+    from tests.test_scripts import ReplaySignature
+
+    module = load_script(algo)
+    signatures, pointers = {}, {}
+
+    def recording(run, name, fn, capture=True):
+        if not capture:
+            return fn
+
+        def call(*args, **kwargs):
+            calls = signatures.setdefault(name, [])
+            pointers.setdefault(name, []).append(live_tensors(fn))
+            if len(calls) >= 4:
+                return fn(*args, **kwargs)
+            with ReplaySignature((args, kwargs)) as sig:
+                out = fn(*args, **kwargs)
+            calls.append((sig.ops, sig.external))
+            return out
+        return call
+
+    monkeypatch.setattr(module, "captured", recording)
+    monkeypatch.setattr(common.run, "captured", recording)
+    monkeypatch.setattr(module, "ReplayBuffer", lambda *a, **k: common.buffer.ReplayBuffer(*a, **{**k, "capturable": True}))
+    train(algo, tmp_path, total_timesteps=8 * 16, learning_starts=32, num_updates=num_updates, eval_interval=8,
+          reward_norm=True, log_interval=4)
+    updates = {"update"} if num_updates == 2 else {"update, phase 0", "update, phase 1"}
+    assert {"random step", "step", "evaluation"} | updates == set(signatures), signatures.keys()
+    for name, calls in signatures.items():
+        assert len(calls) >= 3, (name, len(calls))
+        (ops_a, ext_a), (ops_b, ext_b) = calls[1], calls[2]  # after the first (warm-up) call allocated what lives on
+        first = next((i for i, (a, b) in enumerate(zip(ops_a, ops_b)) if a != b), None)
+        assert ops_a == ops_b, f"{name}: the calls run other ops (from op {first}: {ops_a[first:first + 3]} vs {ops_b[first:first + 3]})"
+        assert ext_a == ext_b, f"{name}: the calls read other tensors: a captured graph would read stale state"
+        if name != "evaluation":
+            seen = pointers[name]
+            rebound = {k for p in seen[2:] for k in p.keys() | seen[1].keys() if p.get(k) != seen[1].get(k)}
+            assert len(seen[1]) > 10 and not rebound, f"{name}: rebound between calls: {sorted(rebound)}"
+    for name in ("step", *updates):  # the walk reaches the replay buffer's device pointer, and the critic's weights
+        assert any(k.endswith("device_ptr") for k in pointers[name][1]), name
+    assert any("critic_target" in k for k in pointers[next(iter(updates))][1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_cudagraphs_fill_the_buffer_step_by_step_and_train(algo, tmp_path):
+    """--cudagraphs on CUDA: the collect graph writes a new slot with the env's transition at every
+    replay (the stored episodes chain obs -> next_obs across slots, through the wrap-around), the
+    update graphs train to finite losses, and the returns are those of Pendulum."""
+    n, iterations, capacity = 64, 300, 200
+    summary = train(algo, tmp_path, device="cuda", cudagraphs=True, compile=False, num_envs=n, batch_size=256,
+                    buffer_size=n * capacity, total_timesteps=n * iterations, learning_starts=n * 10, save_buffer=True,
+                    env_kwargs='{"max_episode_steps": 50}', eval_interval=100, log_interval=20)
+    assert {"random step", "step", "update"} <= set(summary["compile_seconds_by_function"]), summary
+    ckpt = last_checkpoint(tmp_path)
+    buffer = ckpt["ranks"][0]["buffer"]
+    assert (buffer["size"], buffer["ptr"]) == (capacity, iterations % capacity)
+    order = [(buffer["ptr"] + t) % capacity for t in range(capacity)]  # oldest first
+    data = {k: v[:, order] for k, v in buffer["data"].items()}
+    ended = data["terminated"] | data["truncated"]
+    joined = torch.isclose(data["next_obs.policy"][:, :-1], data["obs.policy"][:, 1:]).all(-1)
+    assert (joined | ended[:, :-1]).all() and joined.float().mean() > 0.9  # one transition per slot, in order
+    assert ended.float().mean() == pytest.approx(1 / 50, abs=1e-3)  # every 50th step ends its episode
+    assert (data["actions"].abs() <= 1).all() and data["actions"].std() > 0.1
+    assert torch.isfinite(data["rewards"]).all() and (data["rewards"] <= 0).all() and (data["rewards"] >= -16.3).all()
+    assert ckpt["update_count"] == 2 * (iterations - 9)
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    for ret in (summary["last_train_return"], summary["best_eval_return"]):
+        assert -16.3 * 50 <= ret <= 0, summary
