@@ -444,9 +444,12 @@ def main(args: Args) -> dict:
     # simulator cannot be captured: its step runs eagerly after the captured acting step.
     whole_step = getattr(envs, "capturable", False)
     acting = functools.partial(agent_inference.act, noise_std=noise_std)
-    acting = compiled(run, acting) if whole_step else captured(run, "acting", compiled(run, acting))
+    if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
+        policy_step = compiled(run, functools.partial(act_and_step, envs, agent_inference, acting, args.bf16))
+    else:
+        policy_step = functools.partial(act_and_step, envs, agent_inference, captured(run, "acting", compiled(run, acting)), args.bf16)
     collect_fn = {random: captured(run, "random step" if random else "step", functools.partial(
-        collect, run, functools.partial(act_and_step, envs, agent_inference, None if random else acting, args.bf16),
+        collect, run, functools.partial(act_and_step, envs, agent_inference, None, False) if random else policy_step,
         buffer, noise_std, ep_stats, stats, args), capture=whole_step) for random in (True, False)}
     # The actor steps after every policy_frequency-th critic step of the run: which steps of an iteration
     # those are depends on its phase (critic steps before it, mod policy_frequency). One update function
