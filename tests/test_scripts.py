@@ -29,7 +29,7 @@ from tests.host_sync import RecordHostSyncs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SCRIPTS = ["ppo", "pqn", "td3", "sac"]
-CAPTURED = ["ppo", "pqn"]  # the scripts whose hot functions go through common.run.captured
+CAPTURED = ["ppo", "pqn"]  # td3 and sac: their captured functions are checked in test_offpolicy.py
 
 # Tiny settings per script. `steps`: env steps of one process per iteration; `sync`: iterations
 # between two host reads (the per-iteration reduction); a "unit" below is `sync` iterations.
@@ -316,7 +316,7 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
     assert [v for _, v in curves_k[loss]] == pytest.approx([np.mean(per_iteration[:4]), np.mean(per_iteration[4:])], rel=1e-5)
 
 
-@pytest.mark.parametrize("algo", CAPTURED)
+@pytest.mark.parametrize("algo", SCRIPTS)
 def test_compiled_run_computes_what_eager_computes(algo, tmp_path):
     """--compile on CPU: with inductor drawing its random numbers as eager does (fallback_random),
     two iterations end with eager's parameters, normalizer statistics and optimizer state up to
@@ -326,7 +326,7 @@ def test_compiled_run_computes_what_eager_computes(algo, tmp_path):
     eager = train(algo, tmp_path / "eager", total_timesteps=units(algo, 2), compile=False)
     with torch._inductor.config.patch(fallback_random=True):
         compiled = train(algo, tmp_path / "compiled", total_timesteps=units(algo, 2), compile=True)
-    assert compiled["compile"] and set(compiled["compile_seconds_by_function"]) >= {"rollout", "targets", "update"}
+    assert compiled["compile"] and compiled["compile_seconds_by_function"]
     a, b = checkpoint(tmp_path / "eager"), checkpoint(tmp_path / "compiled")
     for part in ("model", "optimizers"):
         flat_a, flat_b = (torch.utils._pytree.tree_leaves(x[part]) for x in (a, b))
@@ -334,7 +334,8 @@ def test_compiled_run_computes_what_eager_computes(algo, tmp_path):
         for x, y in zip(flat_a, flat_b):
             if torch.is_tensor(x):
                 torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
-    assert compiled["last_train_return"] == pytest.approx(eager["last_train_return"], rel=1e-4, nan_ok=True)
+    returns = eager["last_train_return"], compiled["last_train_return"]
+    assert returns[1] == (None if returns[0] is None else pytest.approx(returns[0], rel=1e-4))
 
 
 class ReplaySignature(TorchDispatchMode):
