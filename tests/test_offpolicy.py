@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.helpers import load_script, run
+from tests.replay import assert_replays_alike, record_captured
 
 
 def script(algo: str, tmp_path, *args: str, timeout: float = 240):
@@ -231,45 +232,23 @@ def live_tensors(obj, path: str = "", depth: int = 0, seen: set | None = None) -
 @pytest.mark.parametrize("algo,num_updates", [("td3", 2), ("sac", 2), ("td3", 1)])
 def test_captured_functions_replay_the_same_kernels_on_the_same_tensors(algo, num_updates, tmp_path, monkeypatch):
     """Every function td3/sac capture in a CUDA graph (with --cudagraphs on CUDA) records, on CPU, the
-    same ops on the same live tensors in two calls after its warm-up (tests/test_scripts.py's
-    ReplaySignature), and rebinds no tensor it reaches (env state, agent, replay buffer, optimizer
-    state, statistics) from one call to the next. The buffer samples against its device fill level,
+    same ops on the same live tensors in two calls after its warm-up (tests/replay.py), and rebinds
+    no tensor it reaches (env state, agent, replay buffer, optimizer state, statistics) from one
+    call to the next. The buffer samples against its device fill level,
     as --cudagraphs makes it; num_updates=1 with policy_frequency=2 gives one update per phase."""
     import common.buffer
-    import common.run
-    from tests.test_scripts import ReplaySignature
 
     module = load_script(algo)
-    signatures, pointers = {}, {}
-
-    def recording(run, name, fn, capture=True):
-        if not capture:
-            return fn
-
-        def call(*args, **kwargs):
-            calls = signatures.setdefault(name, [])
-            pointers.setdefault(name, []).append(live_tensors(fn))
-            if len(calls) >= 4:
-                return fn(*args, **kwargs)
-            with ReplaySignature((args, kwargs)) as sig:
-                out = fn(*args, **kwargs)
-            calls.append((sig.ops, sig.external))
-            return out
-        return call
-
-    monkeypatch.setattr(module, "captured", recording)
-    monkeypatch.setattr(common.run, "captured", recording)
+    pointers = {}
+    signatures = record_captured(monkeypatch, module,
+                                 before_call=lambda name, fn: pointers.setdefault(name, []).append(live_tensors(fn)))
     monkeypatch.setattr(module, "ReplayBuffer", lambda *a, **k: common.buffer.ReplayBuffer(*a, **{**k, "capturable": True}))
     train(algo, tmp_path, total_timesteps=8 * 16, learning_starts=32, num_updates=num_updates, eval_interval=8,
           reward_norm=True, log_interval=4)
     updates = {"update"} if num_updates == 2 else {"update, phase 0", "update, phase 1"}
     assert {"random step", "step", "evaluation"} | updates == set(signatures), signatures.keys()
     for name, calls in signatures.items():
-        assert len(calls) >= 3, (name, len(calls))
-        (ops_a, ext_a), (ops_b, ext_b) = calls[1], calls[2]  # after the first (warm-up) call allocated what lives on
-        first = next((i for i, (a, b) in enumerate(zip(ops_a, ops_b)) if a != b), None)
-        assert ops_a == ops_b, f"{name}: the calls run other ops (from op {first}: {ops_a[first:first + 3]} vs {ops_b[first:first + 3]})"
-        assert ext_a == ext_b, f"{name}: the calls read other tensors: a captured graph would read stale state"
+        assert_replays_alike(name, calls)
         if name != "evaluation":
             seen = pointers[name]
             rebound = {k for p in seen[2:] for k in p.keys() | seen[1].keys() if p.get(k) != seen[1].get(k)}

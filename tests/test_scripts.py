@@ -26,7 +26,7 @@ import torch
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
 from tests.helpers import ROOT, inject_nan_rewards, load_script, run, subprocess_env, torchrun_cmd
 from tests.host_sync import RecordHostSyncs
-from torch.utils._python_dispatch import TorchDispatchMode
+from tests.replay import assert_replays_alike, record_captured
 
 SCRIPTS = ["ppo", "pqn", "td3", "sac"]
 CAPTURED = ["ppo", "pqn"]  # td3 and sac: their captured functions are checked in test_offpolicy.py
@@ -338,83 +338,15 @@ def test_compiled_run_computes_what_eager_computes(algo, tmp_path):
     assert returns[1] == (None if returns[0] is None else pytest.approx(returns[0], rel=1e-4))
 
 
-class ReplaySignature(TorchDispatchMode):
-    """What a CUDA graph of a call would hold, recorded on any device: the ops in order with their
-    non-tensor arguments, and the storages the call reads that it did not allocate itself (nor got
-    as arguments, which a captured function copies into its own buffers).
-
-    A graph replays exactly these kernels on exactly these addresses. So a function is safe to
-    capture only if two calls after warm-up record the same signature: a Python branch or counter
-    that changes between calls changes the ops or their arguments, and state rebound to a new
-    tensor (instead of written in place) changes the storages read. The non-tensor arguments of
-    the optimizer's own ops are left out: Adam keeps its step count on the host unless
-    `capturable=True`, which the scripts set on CUDA (where those arguments are device tensors)."""
-
-    def __init__(self, args):
-        super().__init__()
-        self.given = {t.untyped_storage().data_ptr() for t in _tensor_leaves(args)}
-        self.made: set[int] = set()
-        self.ops: list[tuple] = []
-        self.external: set[int] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        flat = torch.utils._pytree.tree_leaves((args, kwargs or {}))
-        for t in flat:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.made | self.given:
-                self.external.add(t.untyped_storage().data_ptr())
-        frame, in_optimizer = sys._getframe(), False
-        while frame is not None and not in_optimizer:
-            in_optimizer, frame = "torch/optim/" in frame.f_code.co_filename, frame.f_back
-        scalars = () if in_optimizer else tuple(repr(x) for x in flat if not isinstance(x, torch.Tensor))
-        self.ops.append((func.overloadpacket.__name__, scalars))
-        out = func(*args, **(kwargs or {}))
-        self.made |= {t.untyped_storage().data_ptr() for t in _tensor_leaves(out)}
-        return out
-
-
-def _tensor_leaves(tree) -> list[torch.Tensor]:
-    from tensordict import TensorDictBase
-
-    leaves = []
-    for x in torch.utils._pytree.tree_leaves(tree):
-        leaves += list(x.values(include_nested=True, leaves_only=True)) if isinstance(x, TensorDictBase) else [x]
-    return [t for t in leaves if isinstance(t, torch.Tensor)]
-
-
 @pytest.mark.parametrize("algo", CAPTURED)
 def test_captured_functions_replay_the_same_kernels_on_the_same_tensors(algo, tmp_path, monkeypatch):
     """Every function a script captures in a CUDA graph (with --cudagraphs on CUDA) records, on CPU,
-    the same ops on the same live tensors in two calls after its warm-up (see ReplaySignature)."""
-    import common.run
-
-    module = load_script(algo)
-    signatures: dict[str, list] = {}
-
-    def recording(run, name, fn, capture=True):
-        if not capture:  # the script keeps it out of the graph (an adapter's env step, a host-side loop)
-            return fn
-
-        def call(*args, **kwargs):
-            calls = signatures.setdefault(name, [])
-            if len(calls) >= 4:
-                return fn(*args, **kwargs)
-            with ReplaySignature((args, kwargs)) as sig:
-                out = fn(*args, **kwargs)
-            calls.append((sig.ops, sig.external))
-            return out
-        return call
-
-    monkeypatch.setattr(module, "captured", recording)
-    monkeypatch.setattr(common.run, "captured", recording)
-    sync = TINY[algo]["sync"]
-    train(algo, tmp_path, total_timesteps=units(algo, 5), eval_interval=sync)
+    the same ops on the same live tensors in two calls after its warm-up (see tests/replay.py)."""
+    signatures = record_captured(monkeypatch, load_script(algo))
+    train(algo, tmp_path, total_timesteps=units(algo, 5), eval_interval=TINY[algo]["sync"])
     assert {"evaluation"} < set(signatures), signatures.keys()
     for name, calls in signatures.items():
-        assert len(calls) >= 3, (name, len(calls))
-        (ops_a, ext_a), (ops_b, ext_b) = calls[1], calls[2]  # after the first (warm-up) call allocated what lives on
-        first = next((i for i, (a, b) in enumerate(zip(ops_a, ops_b)) if a != b), None)
-        assert ops_a == ops_b, f"{name}: the calls run other ops (from op {first}: {ops_a[first:first + 3]} vs {ops_b[first:first + 3]})"
-        assert ext_a == ext_b, f"{name}: the calls read other tensors: a captured graph would read stale state"
+        assert_replays_alike(name, calls)
 
 
 # --------------------------------------------------------------------------------------------
