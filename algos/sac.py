@@ -37,7 +37,8 @@ from common.buffer import ReplayBuffer  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
     RunArgs, begin_training, captured, checkpoints_due, compiled, episode_sums, eval_due, eval_only, evaluate, finish,
-    host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save, start_run,
+    host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, restore_buffer, save,
+    start_run,
 )
 
 ALGO = "sac"
@@ -299,19 +300,6 @@ def fold_statistics(agent: Agent, buffer: ReplayBuffer, reward_normalizer: Rewar
             agent.critic_obs_rms.update(window["obs", "critic"])
     if args.reward_norm:
         reward_normalizer.update(window["rewards"].T, (window["terminated"] | window["truncated"]).T)
-
-
-def restore_buffer(run, buffer: ReplayBuffer, rank_state: dict | None) -> None:
-    """This rank's replay buffer from the checkpoint (written with --save-buffer), if it holds one."""
-    if rank_state and "buffer" in rank_state:
-        try:
-            buffer.load_state_dict(rank_state["buffer"])
-        except ValueError as e:  # another --buffer-size
-            raise SystemExit(f"error: {e}") from None
-        if not rank_state["envs_continue"]:
-            buffer.end_episodes()  # the envs start fresh episodes: no n-step window across the join
-    if run.checkpoint is not None and len(buffer) == 0 and run.is_main and not run.args.eval_only:
-        print("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume", flush=True)
 
 
 def check_args(args: Args, batch_size: int, capacity: int) -> None:

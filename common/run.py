@@ -52,8 +52,8 @@ from common.export import export_policy
 
 __all__ = [
     "BEST", "LAST", "CheckpointError", "Run", "RunArgs", "checkpoints_due", "eval_due", "eval_only", "evaluate",
-    "episode_sums", "finish", "host_read_due", "log", "make_envs", "open_run", "record_env_log", "reduce_iteration", "restore",
-    "save", "start_run", "timed", "begin_training",
+    "episode_sums", "finish", "host_read_due", "log", "make_envs", "open_run", "record_env_log", "reduce_iteration",
+    "restore", "restore_buffer", "save", "start_run", "timed", "begin_training", "compiled", "captured",
 ]
 
 
@@ -434,6 +434,20 @@ def restore(run: Run, envs, model: torch.nn.Module, optimizers: dict) -> dict | 
         envs.load_state_dict(mine["env"])
         out["next_obs"] = TensorDict(out["next_obs"], batch_size=[run.args.num_envs], device=run.device)
     return out
+
+
+def restore_buffer(run: Run, buffer, rank_state: dict | None) -> None:
+    """This rank's replay buffer (common.buffer.ReplayBuffer) from the checkpoint written with
+    --save-buffer, if it holds one; without one the run says it refills the buffer."""
+    if rank_state and "buffer" in rank_state:
+        try:
+            buffer.load_state_dict(rank_state["buffer"])
+        except ValueError as e:  # another --buffer-size
+            raise SystemExit(f"error: {e}") from None
+        if not rank_state["envs_continue"]:
+            buffer.end_episodes()  # the envs start fresh episodes: no n-step window across the join
+    if run.checkpoint is not None and len(buffer) == 0 and run.is_main and not run.args.eval_only:
+        print("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume", flush=True)
 
 
 def _to_device(x, device):
