@@ -28,8 +28,9 @@ event with its wall-clock time. So one run of W + K iterations suffices: the SPS
 (env steps between the events of iterations W and W+K) / (wall time between them), which
 covers whole iterations (rollout, advantages, update, logging) and nothing before or after.
 The rollout/update split comes from the per-iteration `charts/rollout_seconds` and
-`charts/update_seconds` events of the same window (medians); "other" is the rest of an
-iteration (advantages, statistics, the per-iteration logging sync). summary.json gives the
+`charts/update_seconds` events of the same window (medians; PPO's and PQN's update phase includes
+their targets: advantages, normalizer updates, statistics); "other" is the rest of an iteration
+(the logging read, evaluation and saves are outside the window's phases). summary.json gives the
 peak memory (RSS on CPU, torch.cuda.max_memory_allocated on CUDA) and the SPS including the
 warm-up, reported as well. A script that logs no per-iteration SPS falls back to
 summary.json's SPS, marked as including warm-up.
