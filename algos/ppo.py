@@ -360,7 +360,8 @@ def main(args: Args) -> dict:
     # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        # no autocast cache: a captured acting step must cast the weights itself at every replay
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             action, logprob = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         return next_obs, TensorDict(

@@ -342,7 +342,8 @@ def act_and_step(envs, agent: Agent, policy, bf16: bool, obs: TensorDict):
     if policy is None:
         action = torch.rand(envs.num_envs, agent.action_scale.shape[0], device=device) * 2 - 1
     else:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        # no autocast cache: a captured acting step must cast the weights itself at every replay
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
             action = policy(obs)
     return action, *envs.step(agent.to_env(action))
 

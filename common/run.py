@@ -163,6 +163,7 @@ class Run:
     save_time_due: bool = False  # --save-interval-seconds has passed on some rank
     seconds: dict = field(default_factory=dict)  # wall seconds per phase, summed (see `timed`)
     compile_seconds: dict = field(default_factory=dict)  # wall seconds until compiled and captured, per function
+    graphs: list = field(default_factory=list)  # the CudaGraphModules of captured(), released in finish()
     last_seconds: dict = field(default_factory=dict)  # wall seconds per phase, this iteration
     env_log: dict = field(default_factory=dict)  # the env's info["log"]: name -> [sum, steps reported]
     start_time: float = field(default_factory=time.time)
@@ -509,6 +510,7 @@ def captured(run: Run, name: str, fn: Callable, capture: bool = True) -> Callabl
 
         warmup = 3 if args.compile else 2  # eager calls before the capture
         fn, calls = CudaGraphModule(fn, warmup=warmup), warmup  # the last of the warm-up calls captures
+        run.graphs.append(fn)
     left = [calls]
 
     def timed_until_ready(*a, **k):
@@ -556,7 +558,11 @@ def record_env_log(run: Run, info: dict) -> None:
     running sum of our own (in place after the first report of the interval): no host read and no
     host-to-device copy per step.
     """
-    for k, v in info.get("log", {}).items():
+    log_values = info.get("log", {})
+    if log_values and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"the env reports metrics ({', '.join(log_values)}) inside a captured rollout, where their "
+                           f"Python sums would not run again; an env that logs must say capturable = False")
+    for k, v in log_values.items():
         acc = run.env_log.get(k)
         if acc is None:  # a copy, never the env's tensor: the sum is updated in place
             run.env_log[k] = [v.detach().to(torch.float64, copy=True) if isinstance(v, torch.Tensor) else float(v), 1]
@@ -825,6 +831,7 @@ def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
                                           _export_info(run, run.resume_path)))
     if run.is_main:
         print(json.dumps(out))
+    release_graphs(run)
     distributed.cleanup()
     return {"eval_return": result["return"], "eval_length": result["length"], **out}
 
@@ -839,6 +846,18 @@ def peak_memory_mb(device: torch.device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def release_graphs(run: Run) -> None:
+    """Free the CUDA graphs of the run before its process group goes: destroying an NCCL
+    communicator that live graphs still hold collectives of can hang the process at exit."""
+    if run.graphs and run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+        for module in run.graphs:
+            graph = getattr(module, "graph", None)  # absent where the capture call never came
+            if graph is not None:
+                graph.reset()
+    run.graphs.clear()
 
 
 def finish(run: Run, model: torch.nn.Module) -> dict:
@@ -872,5 +891,6 @@ def finish(run: Run, model: torch.nn.Module) -> dict:
         if run.wandb_run is not None:
             run.wandb_run.finish()
         print(json.dumps(summary), flush=True)
+    release_graphs(run)
     distributed.cleanup()
     return summary

@@ -82,3 +82,14 @@ def test_gaussian_acting_step_captures_in_a_plain_cuda_graph():
     torch.cuda.synchronize()
     assert torch.isfinite(logprob).all() and (action.abs() <= 2.0).all()
     assert not torch.equal(first[0], first[1]), "each replay must draw new noise"
+
+
+def test_env_metrics_inside_a_capture_are_refused():
+    """An env that reports metrics cannot be stepped inside a graph (their sums are Python): refused."""
+    from common.run import record_env_log
+
+    value = torch.ones((), device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="capturable = False"):
+        with torch.cuda.graph(graph):
+            record_env_log(None, {"log": {"reward_term": value}})
