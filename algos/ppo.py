@@ -4,8 +4,9 @@
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
 The file, top to bottom: Args -> networks (Agent) -> GAE with truncation bootstrapping and the
-adaptive-KL learning rate -> the PPO loss -> the rollout -> main (setup, then the loop:
-rollout -> advantages -> update -> log -> eval/save). The run around it (run directory,
+adaptive-KL learning rate -> the PPO loss -> an iteration as three functions, rollout -> targets ->
+update, each compiled and captured whole in a CUDA graph on a GPU -> main (setup, then the loop:
+rollout -> targets -> update -> log every --log-interval -> eval/save). The run around it (run directory,
 checkpoints, torchrun, evaluation, logging) is common/run.py.
 `--num-envs` is per process; `--total-timesteps` counts env steps over all processes.
 References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37 implementation

@@ -4,9 +4,10 @@
     python algos/pqn.py --env-id CartPole-v1 --device cpu --num-envs 64 --num-minibatches 4 --hidden-sizes 64 64
     torchrun --nproc-per-node 8 algos/pqn.py --env-id Acrobot-v1 --num-envs 4096
 
-The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule and the
-rollout -> main (setup, then the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs of
-minibatch regression -> log -> eval/save). No replay buffer and no target network: the many
+The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule -> an
+iteration as three functions (rollout, targets, update), each compiled and captured whole in a CUDA
+graph on a GPU -> main (setup, then the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs
+of minibatch regression -> log every --log-interval -> eval/save). No replay buffer and no target network: the many
 parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
 regression stable. The run around it (run directory, checkpoints, torchrun, evaluation,
 logging) is common/run.py. `--num-envs` is per process; `--total-timesteps` counts env steps
