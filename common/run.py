@@ -166,6 +166,7 @@ class Run:
     graphs: list = field(default_factory=list)  # the CudaGraphModules of captured(), released in finish()
     last_seconds: dict = field(default_factory=dict)  # wall seconds per phase, this iteration
     env_log: dict = field(default_factory=dict)  # the env's info["log"]: name -> [sum, steps reported]
+    eval_chunks: dict = field(default_factory=dict)  # (eval envs, model, episodes) -> (captured chunk, accumulators)
     start_time: float = field(default_factory=time.time)
     last_save_time: float = field(default_factory=time.time)
     steps_at_start: int = 0
@@ -188,12 +189,12 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     """
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     cuda = info.device.type == "cuda"
-    # compile and CUDA graphs pay for their start-up within a minute on a GPU; on a CPU eager is faster
-    defaults = {"compile": ("auto", True, False), "cudagraphs": ("auto", True, False), **{
-        name: (None, *values) for name, values in {"log_interval": (1, 1), **(device_defaults or {})}.items()}}
-    for name, (unset, on_cuda, elsewhere) in defaults.items():
-        if getattr(args, name) == unset:
+    for name, (on_cuda, elsewhere) in {"log_interval": (1, 1), **(device_defaults or {})}.items():
+        if getattr(args, name) is None:
             setattr(args, name, on_cuda if cuda else elsewhere)
+    for name in ("compile", "cudagraphs"):  # they pay for their start-up within a minute on a GPU; eager is faster on a CPU
+        if getattr(args, name) == "auto":
+            setattr(args, name, cuda)
     if args.cudagraphs and info.device.type != "cuda":
         raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
     for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes", "video_envs", "log_interval"):
@@ -688,7 +689,7 @@ def _eval_chunk(run: Run | None, eval_envs, model, episodes: int):
     compiled and captured (a built-in env) once per run, model and eval envs. Returns (chunk, acc)."""
     n, dev = eval_envs.num_envs, eval_envs.device
     key = (id(eval_envs), id(model), episodes)
-    cache = run.__dict__.setdefault("_eval_chunks", {}) if run is not None else {}
+    cache = run.eval_chunks if run is not None else {}
     if key not in cache:
         acc = {"running": torch.zeros(2, n, device=dev, dtype=torch.float64),  # return, length
                "done_count": torch.zeros(n, device=dev, dtype=torch.long),
