@@ -161,10 +161,11 @@ class Run:
     sps: float = 0.0
     stop_reason: str | None = None  # set once every rank agrees to stop after this iteration
     save_time_due: bool = False  # --save-interval-seconds has passed on some rank
-    seconds: dict = field(default_factory=dict)  # wall seconds per phase, summed (see `timed`)
+    seconds: dict = field(default_factory=dict)  # seconds per phase, summed (see `timed`)
     compile_seconds: dict = field(default_factory=dict)  # wall seconds until compiled and captured, per function
     graphs: list = field(default_factory=list)  # the CudaGraphModules of captured(), released in finish()
-    last_seconds: dict = field(default_factory=dict)  # wall seconds per phase, this iteration
+    interval_seconds: dict = field(default_factory=dict)  # phase -> [seconds, iterations] since the last log
+    pending_timings: list = field(default_factory=list)  # (phase, start event, end event) not yet read (CUDA)
     env_log: dict = field(default_factory=dict)  # the env's info["log"]: name -> [sum, steps reported]
     eval_chunks: dict = field(default_factory=dict)  # (eval envs, model, episodes) -> (captured chunk, accumulators)
     start_time: float = field(default_factory=time.time)
@@ -469,15 +470,36 @@ def _flag_value(v) -> str:
 # ----------------------------------------------------------------------------------------------
 @contextmanager
 def timed(run: Run, phase: str):
-    """Wall seconds of a phase (summed in run.seconds, this iteration's in run.last_seconds). On
-    CUDA it waits for the device at the end, so the split is GPU time, not launch time: call it
-    once or twice per iteration, never per env step."""
-    t0 = time.time()
+    """Seconds of a phase, summed in run.seconds and logged as charts/<phase>_seconds (the mean
+    per iteration since the last log). On CUDA they are the device's seconds between two events
+    recorded around the phase, read at the next log: timing makes no sync, so the host queues the
+    next phase while the device runs this one, as it would untimed. Elsewhere, wall seconds."""
+    if run.device.type != "cuda":
+        t0 = time.time()
+        yield
+        _add_seconds(run, phase, time.time() - t0)
+        return
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
     yield
-    if run.device.type == "cuda":
-        torch.cuda.synchronize(run.device)
-    run.last_seconds[phase] = time.time() - t0
-    run.seconds[phase] = run.seconds.get(phase, 0.0) + run.last_seconds[phase]
+    end = torch.cuda.Event(enable_timing=True)
+    end.record()
+    run.pending_timings.append((phase, start, end))
+
+
+def _add_seconds(run: Run, phase: str, seconds: float) -> None:
+    run.seconds[phase] = run.seconds.get(phase, 0.0) + seconds
+    acc = run.interval_seconds.setdefault(phase, [0.0, 0])
+    acc[0] += seconds
+    acc[1] += 1
+
+
+def read_timings(run: Run) -> None:
+    """The CUDA phase times recorded since the last read, added to the sums (waits for the last event)."""
+    for phase, start, end in run.pending_timings:
+        end.synchronize()
+        _add_seconds(run, phase, start.elapsed_time(end) / 1e3)
+    run.pending_timings.clear()
 
 
 def compiled(run: Run, fn: Callable) -> Callable:
@@ -638,12 +660,14 @@ def reduce_iteration(run: Run, episodes: torch.Tensor | None = None, means: dict
 def log(run: Run, stats: dict[str, float]) -> None:
     """Write the scalars (tag -> value, x-axis: global step) on rank 0 and flush, so the curves on
     disk keep up with training, also for a run that gets killed."""
+    read_timings(run)
+    interval_seconds, run.interval_seconds = run.interval_seconds, {}
     if not run.is_main:
         return
     for tag, value in stats.items():
         run.writer.add_scalar(tag, value, run.global_step)
-    for phase, seconds in run.last_seconds.items():
-        run.writer.add_scalar(f"charts/{phase}_seconds", seconds, run.global_step)
+    for phase, (seconds, iterations) in interval_seconds.items():
+        run.writer.add_scalar(f"charts/{phase}_seconds", seconds / iterations, run.global_step)
     run.writer.flush()
     if run.progress is not None:
         run.progress.update(run.global_step - run.progress.n)
@@ -871,6 +895,7 @@ def finish(run: Run, model: torch.nn.Module) -> dict:
         print("warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged them", flush=True)
     if run.progress is not None:
         run.progress.close()
+    read_timings(run)
     ckpts = checkpoint_dir(run.run_dir)
     summary = {
         "algo": run.algo, "env_id": run.args.env_id, "run_dir": str(run.run_dir), "global_step": run.global_step,

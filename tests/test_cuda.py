@@ -32,11 +32,12 @@ def test_graph_replays_compute_what_eager_computes(algo, tmp_path):
                     total_timesteps=256 * 16 * 6, eval_interval=3, num_eval_envs=16, log_interval=2, compile=False)
     eager = train(algo, tmp_path / "eager", cudagraphs=False, **settings)
     graphs = train(algo, tmp_path / "graphs", cudagraphs=True, **settings)
-    assert graphs["compile_seconds_by_function"].keys() >= {"rollout", "targets", "update", "evaluation"}
+    assert graphs["compile_seconds_by_function"].keys() >= {"rollout", "update", "evaluation"}
     a, b = model_of(eager), model_of(graphs)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
     assert graphs["best_eval_return"] == pytest.approx(eager["best_eval_return"], rel=1e-4)
+    assert graphs["rollout_seconds"] > 0 and graphs["update_seconds"] > 0  # the phases' CUDA events were read
 
 
 @pytest.mark.parametrize("env_id, target, steps", [("CartPole-v1", 475.0, 3_000_000), ("Pendulum-v1", -200.0, 8_000_000)])

@@ -126,14 +126,14 @@ def next_second() -> None:
     time.sleep(1.01 - time.time() % 1)
 
 
-def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) of every scalar but the clocks (SPS, phase seconds), as TensorBoard reads them."""
+def scalars(run_dir: Path, clocks: bool = False) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of every scalar, as TensorBoard reads them; the clocks (SPS, phase seconds) only if asked."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
-            if tag != "charts/SPS" and not tag.endswith("_seconds")}
+            if clocks or (tag != "charts/SPS" and not tag.endswith("_seconds"))}
 
 
 def logged_steps(run_dir: Path, tag: str = "charts/SPS") -> list[int]:
@@ -306,7 +306,7 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
     training is untouched and the logged losses are the means of the k iterations'."""
     every, k = tmp_path / "every", tmp_path / "k"
     train(algo, every, total_timesteps=units(algo, 8), log_interval=1)
-    train(algo, k, total_timesteps=units(algo, 8), log_interval=4)
+    summary = train(algo, k, total_timesteps=units(algo, 8), log_interval=4)
     assert_same(checkpoint(every)["model"], checkpoint(k)["model"])
     steps = TINY[algo]["steps"]
     curves_every, curves_k = scalars(every / "run"), scalars(k / "run")
@@ -314,6 +314,10 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
     assert [s for s, _ in curves_k[loss]] == [4 * steps, 8 * steps]
     per_iteration = [v for _, v in curves_every[loss]]
     assert [v for _, v in curves_k[loss]] == pytest.approx([np.mean(per_iteration[:4]), np.mean(per_iteration[4:])], rel=1e-5)
+    for phase in ("rollout", "update"):  # the logged phase times are per-iteration means of every iteration
+        means = scalars(k / "run", clocks=True)[f"charts/{phase}_seconds"]
+        assert [s for s, _ in means] == [4 * steps, 8 * steps]
+        assert 4 * sum(v for _, v in means) == pytest.approx(summary[f"{phase}_seconds"], rel=1e-5)
 
 
 @pytest.mark.parametrize("algo", SCRIPTS)
