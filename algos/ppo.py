@@ -5,7 +5,7 @@
 
 The file, top to bottom: Args -> networks (Agent) -> GAE with truncation bootstrapping and the
 adaptive-KL learning rate -> the PPO loss -> an iteration as three functions, rollout -> targets ->
-update, each compiled and captured whole in a CUDA graph on a GPU -> main (setup, then the loop:
+update, compiled and captured in two CUDA graphs on a GPU (the rollout; the targets with the update) -> main (setup, then the loop:
 rollout -> targets -> update -> log every --log-interval -> eval/save). The run around it (run directory,
 checkpoints, torchrun, evaluation, logging) is common/run.py.
 `--num-envs` is per process; `--total-timesteps` counts env steps over all processes.
@@ -248,9 +248,9 @@ LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "
 
 # ----------------------------------------------------------------------------------------------
 # One iteration: rollout -> targets -> update. Each is a function of tensors that live as long as
-# the run, so that on CUDA each one is compiled and captured whole (a CUDA graph per function:
-# a built-in env's T steps, and all epochs and minibatches of the update), and the host only
-# launches three graphs per iteration. `stats` gathers, on the device, what the logs read every
+# the run, so that on CUDA they are compiled and captured whole (one CUDA graph for a built-in
+# env's T steps; one for the targets and all epochs and minibatches of the update), and the host
+# only launches two graphs per iteration. `stats` gathers, on the device, what the logs read every
 # --log-interval iterations: episodes [3], loss sums, and counts of non-finite values.
 # ----------------------------------------------------------------------------------------------
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
@@ -262,6 +262,7 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
     return next_obs
 
 
+@torch.no_grad()
 def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict,
             ep_stats: torch.Tensor, stats: dict, args: Args) -> TensorDict:
     """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation
@@ -388,20 +389,21 @@ def main(args: Args) -> dict:
         env_step = compiled(run, env_step)
     else:
         policy_step = captured(run, "acting", compiled(run, policy_step))
-    update_minibatch = compiled(run, update_minibatch)
-    if args.target_kl is not None:  # the epoch loop reads the KL on the host: capture the minibatch step alone
-        update_minibatch = captured(run, "minibatch update", update_minibatch)
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
     stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64),
              "losses": torch.zeros(len(LOSS_NAMES), device=device), "nonfinite": torch.zeros(3, device=device)}
+    update_minibatch = compiled(run, update_minibatch)
+    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, ep_stats, stats, args))
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
     rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
-    targets_fn = captured(run, "targets", compiled(run, lambda obs: targets(
-        agent, reward_normalizer, storage.data, obs, ep_stats, stats, args)))
-    update_fn = captured(run, "update", lambda batch: update(update_minibatch, batch, lr, stats, args),
+    # Otherwise the targets and every epoch of the update are one graph: the batch never leaves it.
+    update_fn = captured(run, "update", lambda obs: update(update_minibatch, targets_fn(obs), lr, stats, args),
                          capture=args.target_kl is None)
     graphs = "off" if not args.cudagraphs else (
-        f"{'the whole rollout' if whole_rollout else 'each acting step'}, targets, "
-        f"{'the whole update' if args.target_kl is None else 'each minibatch update'}")
+        f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
+        f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}")
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
                         f"per process); {total_steps // global_batch} iterations for {total_steps} steps; compile "
                         f"{'on' if args.compile else 'off'}, CUDA graphs: {graphs}")
@@ -418,9 +420,7 @@ def main(args: Args) -> dict:
             next_obs = rollout_fn(next_obs)
         run.global_step += global_batch
         with timed(run, "update"):
-            with torch.no_grad():
-                batch = targets_fn(next_obs)
-            update_fn(batch)
+            update_fn(next_obs)  # targets, then the epochs
         iterations_in_stats += 1
 
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---

@@ -5,8 +5,8 @@
     torchrun --nproc-per-node 8 algos/pqn.py --env-id Acrobot-v1 --num-envs 4096
 
 The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule -> an
-iteration as three functions (rollout, targets, update), each compiled and captured whole in a CUDA
-graph on a GPU -> main (setup, then the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs
+iteration as three functions (rollout, targets, update), compiled and captured in two CUDA graphs
+on a GPU (the rollout; the targets with the update) -> main (setup, then the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs
 of minibatch regression -> log every --log-interval -> eval/save). No replay buffer and no target network: the many
 parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
 regression stable. The run around it (run directory, checkpoints, torchrun, evaluation,
@@ -171,8 +171,8 @@ def epsilon_at(step: int, total_steps: int, args: Args) -> float:
 
 # ----------------------------------------------------------------------------------------------
 # One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
-# run, so that on CUDA each one is compiled and captured whole (with a built-in env, all T steps
-# of the rollout are one CUDA graph; all epochs and minibatches of the update are one). `stats`
+# run, so that on CUDA they are compiled and captured whole (with a built-in env, all T steps
+# of the rollout are one CUDA graph; the targets and all epochs and minibatches of the update another). `stats`
 # gathers on the device what the logs read every --log-interval iterations.
 # ----------------------------------------------------------------------------------------------
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
@@ -184,6 +184,7 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
     return next_obs
 
 
+@torch.no_grad()
 def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, stats: dict,
             args: Args) -> TensorDict:
     """Episode statistics; max-Q of the next and final observations, batched; the Q(lambda) targets;
@@ -293,13 +294,14 @@ def main(args: Args) -> dict:
     stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": torch.zeros(2, device=device),
              "nonfinite": torch.zeros(4, device=device)}
     rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
-    targets_fn = captured(run, "targets", compiled(run, lambda obs: targets(qnet, storage.data, obs, ep_stats, stats, args)))
-    update_fn = captured(run, "update", lambda batch: update(update_minibatch, batch, stats, args))
+    targets_fn = compiled(run, lambda obs: targets(qnet, storage.data, obs, ep_stats, stats, args))
+    # The targets and every epoch of the update are one graph: the batch never leaves it.
+    update_fn = captured(run, "update", lambda obs: update(update_minibatch, targets_fn(obs), stats, args))
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
                         f"per process); {total_steps // global_batch} iterations for {total_steps} steps; compile "
                         f"{'on' if args.compile else 'off'}, CUDA graphs: "
                         f"{'off' if not args.cudagraphs else 'the whole rollout' if whole_rollout else 'each acting step'}"
-                        f"{', targets, the whole update' if args.cudagraphs else ''}")
+                        f"{', the targets and the whole update' if args.cudagraphs else ''}")
     iterations_in_stats = 0
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.
@@ -316,9 +318,7 @@ def main(args: Args) -> dict:
             next_obs = rollout_fn(next_obs)
         run.global_step += global_batch
         with timed(run, "update"):
-            with torch.no_grad():
-                batch = targets_fn(next_obs)
-            update_fn(batch)
+            update_fn(next_obs)  # targets, then the epochs
         iterations_in_stats += 1
 
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
