@@ -6,10 +6,12 @@ every call after warm-up, no host sync per step); here the graphs themselves run
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from tests.helpers import load_script
+from tests.helpers import ROOT, load_script, run, torchrun_cmd
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -46,6 +48,23 @@ def test_default_cuda_path_learns(env_id, target, steps, tmp_path):
     summary = train("ppo", tmp_path, env_id=env_id, total_timesteps=steps, target_return=target)
     assert summary["compile"] and summary["cudagraphs"]
     assert summary["best_eval_return"] >= target, summary
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL refuses two ranks on one)")
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_captured_path_under_torchrun_nccl_keeps_ranks_in_sync(algo, tmp_path):
+    """torchrun, one process per GPU, NCCL, the CUDA defaults: the gradient all-reduces (and ppo's
+    KL mean for the adaptive learning rate) run inside the replayed update graph; every rank ends
+    with the same parameters, and the run exits (graphs released before the process group)."""
+    env_id = "Pendulum-v1" if algo == "ppo" else "CartPole-v1"
+    out = run(torchrun_cmd(2, [str(ROOT / "algos" / f"{algo}.py"), "--device", "cuda", "--env-id", env_id,
+                               "--num-envs", "1024", "--num-steps", "16", "--total-timesteps", str(1024 * 16 * 2 * 20),
+                               "--eval-interval", "10",
+                               "--output-dir", str(tmp_path), "--run-name", "run", "--no-progress"]), timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["compile"] and summary["cudagraphs"], summary
+    assert summary["params_in_sync"] and summary["iteration"] == 20, summary
 
 
 def test_gaussian_acting_step_captures_in_a_plain_cuda_graph():
