@@ -36,7 +36,7 @@ from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
     RunArgs, begin_training, captured, checkpoints_due, compiled, episode_sums, eval_due, eval_only, evaluate, finish,
     host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, restore_buffer, save,
-    start_run,
+    start_run, timed,
 )
 
 ALGO = "td3"
@@ -464,7 +464,7 @@ def main(args: Args) -> dict:
         run.iteration += 1
         final_iteration = run.global_step + 2 * steps_per_iteration > total_steps
         # --- act and store: no host-device synchronisation here ---
-        with torch.no_grad():
+        with timed(run, "rollout"), torch.no_grad():
             next_obs = collect_fn[run.global_step < args.learning_starts](next_obs)
         buffer.advance_host()  # the write ran on the device (a graph replay runs no Python)
         run.global_step += steps_per_iteration
@@ -479,7 +479,8 @@ def main(args: Args) -> dict:
         # --- updates: num_updates critic steps, the actor every policy_frequency-th ---
         if is_ready:
             phase = update_count % args.policy_frequency
-            update_fn[phase]()
+            with timed(run, "update"):
+                update_fn[phase]()
             update_count, critic_updates = update_count + args.num_updates, critic_updates + args.num_updates
             actor_updates += len(actor_at[phase])
 

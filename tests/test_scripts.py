@@ -53,8 +53,9 @@ TAGS = {
             "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"},
     "pqn": {"losses/td_loss", "losses/q_values", "charts/epsilon", "charts/learning_rate", "charts/rollout_seconds",
             "charts/update_seconds"},
-    "td3": {"losses/q_loss", "losses/q_values", "losses/actor_loss"},
-    "sac": {"losses/q_loss", "losses/q_values", "losses/actor_loss", "losses/alpha", "losses/entropy"},
+    "td3": {"losses/q_loss", "losses/q_values", "losses/actor_loss", "charts/rollout_seconds", "charts/update_seconds"},
+    "sac": {"losses/q_loss", "losses/q_values", "losses/actor_loss", "losses/alpha", "losses/entropy",
+            "charts/rollout_seconds", "charts/update_seconds"},
 }
 SUMMARY_FIELDS = {"algo", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
                   "best_eval_return", "stop_reason", "world_size", "params_in_sync", "rollout_seconds", "update_seconds",
