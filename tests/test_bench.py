@@ -96,6 +96,16 @@ def test_steady_state_window_leaves_out_the_warmup():
     assert s["sps"] == 100.0 and s["measured_iterations"] == 2
     assert s["rollout_seconds"] == 0.25 and s["update_seconds"] == 0.5 and s["other_seconds"] == 0.25
     assert steady_state({"charts/SPS": events["charts/SPS"][:1]}, warmup=1) is None
+    # A run that logs every 4 iterations of 25 steps: an event covers 4 iterations, its phase
+    # seconds are their means, and the figures are per iteration.
+    events = {
+        "charts/SPS": events["charts/SPS"],
+        "charts/rollout_seconds": [(10.0, 100, 2.0), (11.0, 200, 0.05), (12.0, 300, 0.05)],
+        "charts/update_seconds": [(10.0, 100, 5.0), (11.0, 200, 0.15), (12.0, 300, 0.15)],
+    }
+    s = steady_state(events, warmup=1, iterations_per_event=4)
+    assert s["sps"] == 100.0 and s["measured_iterations"] == 8 and s["iteration_seconds"] == 0.25
+    assert s["other_seconds"] == pytest.approx(0.05) and s["rollout_sps"] == pytest.approx(25 / 0.05)
 
 
 def test_learning_results_command_writes_curves_table_and_figures(tmp_path):

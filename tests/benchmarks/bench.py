@@ -27,8 +27,9 @@ once per iteration (per log interval for off-policy scripts), and TensorBoard st
 event with its wall-clock time. So one run of W + K iterations suffices: the SPS is
 (env steps between the events of iterations W and W+K) / (wall time between them), which
 covers whole iterations (rollout, advantages, update, logging) and nothing before or after.
-The rollout/update split comes from the per-iteration `charts/rollout_seconds` and
-`charts/update_seconds` events of the same window (medians; PPO's and PQN's update phase includes
+The rollout/update split comes from the `charts/rollout_seconds` and `charts/update_seconds`
+events of the same window (per-iteration means over each log interval, their median; with a log
+interval of k, an iteration's seconds are an event interval's over k; PPO's and PQN's update phase includes
 their targets: advantages, normalizer updates, statistics); "other" is the rest of an iteration
 (the logging read, evaluation and saves are outside the window's phases). summary.json gives the
 peak memory (RSS on CPU, torch.cuda.max_memory_allocated on CUDA) and the SPS including the
@@ -333,8 +334,9 @@ def flag_value(flags: list[str], name: str) -> str | None:
 
 
 def script_plan(args_cls, num_envs: int, iterations: int, warmup: int, extra_args: list[str],
-                device: str = "cpu") -> tuple[int, list[str]]:
-    """(--total-timesteps for warmup + iterations logged iterations, flags this script takes for a quiet timed run).
+                device: str = "cpu") -> tuple[int, list[str], int]:
+    """(--total-timesteps for warmup + iterations logged iterations, flags this script takes for a quiet
+    timed run, iterations per logged event: its log interval).
 
     A --log-interval the script leaves to the device (None) is set explicitly to the script's
     default there (10 on CUDA, 1 elsewhere): a logged iteration is then the same on every run."""
@@ -359,7 +361,7 @@ def script_plan(args_cls, num_envs: int, iterations: int, warmup: int, extra_arg
     if "learning_starts" in defaults:  # off-policy: updates from the second iteration on, inside the warm-up
         flags += ["--learning-starts", str(steps_per_iteration)]
     total = (warmup + iterations) * steps_per_event
-    return total, flags
+    return total, flags, setting("log_interval")
 
 
 def read_scalars(run_dir: Path) -> dict[str, list]:
@@ -371,8 +373,9 @@ def read_scalars(run_dir: Path) -> dict[str, list]:
     return {tag: [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags().get("scalars", [])}
 
 
-def steady_state(scalars: dict, warmup: int) -> dict | None:
-    """Figures over the events after the first `warmup` ones (see the module docstring)."""
+def steady_state(scalars: dict, warmup: int, iterations_per_event: int = 1) -> dict | None:
+    """Figures over the events after the first `warmup` ones (see the module docstring). An event
+    covers `iterations_per_event` iterations (the log interval); its phase seconds are their means."""
     sps_events = scalars.get("charts/SPS", [])
     first = max(warmup, 1) - 1  # the window opens at the end of the last warm-up iteration
     if len(sps_events) < first + 2:
@@ -382,12 +385,13 @@ def steady_state(scalars: dict, warmup: int) -> dict | None:
     steps = window[-1][1] - window[0][1]
     if seconds <= 0 or steps <= 0:
         return None
-    per_iter = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(window, window[1:])]
+    per_iter = [((b[0] - a[0]) / iterations_per_event, (b[1] - a[1]) / iterations_per_event)
+                for a, b in zip(window, window[1:])]
     median_iter = statistics.median(dt for dt, _ in per_iter)
     out = {
         "sps": steps / seconds,
         "sps_median_iteration": per_iter[0][1] / median_iter if median_iter > 0 else None,
-        "measured_iterations": len(per_iter),
+        "measured_iterations": len(per_iter) * iterations_per_event,
         "measured_steps": steps,
         "iteration_seconds": median_iter,
     }
@@ -457,7 +461,7 @@ def run_training(algo: str, args_cls, env_id: str, num_envs: int, device: str, m
                  warmup: int, hidden_sizes=None, extra_args: list[str] | None = None, threads: int | None = None,
                  timeout: float = 3600.0, workdir: Path | None = None, seed: int = 1) -> dict:
     """Train `algo` for warmup + iterations logged iterations in a subprocess; its steady-state figures."""
-    total, flags = script_plan(args_cls, num_envs, iterations, warmup, extra_args or [], device)
+    total, flags, iterations_per_event = script_plan(args_cls, num_envs, iterations, warmup, extra_args or [], device)
     run_name = f"{algo}-{mode.replace('+', '-')}-{env_id.replace(':', '-').replace('/', '-')}-{num_envs}"
     with tempfile.TemporaryDirectory(prefix="bench-", dir=workdir) as out_dir:
         script_args = [
@@ -489,7 +493,7 @@ def run_training(algo: str, args_cls, env_id: str, num_envs: int, device: str, m
             total_update_seconds=summary.get("update_seconds"),
         )
         try:
-            steady = steady_state(read_scalars(run_dir), warmup)
+            steady = steady_state(read_scalars(run_dir), warmup, iterations_per_event)
         except Exception as e:  # unreadable events: fall back to the summary
             steady, record["note"] = None, f"events unreadable ({type(e).__name__}); SPS includes warm-up"
         if steady is None:
