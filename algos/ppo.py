@@ -5,9 +5,10 @@
 
 The file, top to bottom: Args -> networks (Agent) -> GAE with truncation bootstrapping and the
 adaptive-KL learning rate -> the PPO loss -> an iteration as three functions, rollout -> targets ->
-update, compiled and captured in two CUDA graphs on a GPU (the rollout; the targets with the update) -> main (setup, then the loop:
-rollout -> targets -> update -> log every --log-interval -> eval/save). The run around it (run directory,
-checkpoints, torchrun, evaluation, logging) is common/run.py.
+update, compiled and captured in two CUDA graphs on a GPU (the rollout; the targets with the
+update) -> main (setup, then the loop: rollout -> targets -> update -> log every --log-interval ->
+eval/save). The run around it (run directory, checkpoints, torchrun, evaluation, logging) is
+common/run.py.
 `--num-envs` is per process; `--total-timesteps` counts env steps over all processes.
 References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37 implementation
 details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate from the measured KL).

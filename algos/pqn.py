@@ -6,9 +6,9 @@
 
 The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule -> an
 iteration as three functions (rollout, targets, update), compiled and captured in two CUDA graphs
-on a GPU (the rollout; the targets with the update) -> main (setup, then the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs
-of minibatch regression -> log every --log-interval -> eval/save). No replay buffer and no target network: the many
-parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
+on a GPU (the rollout; the targets with the update) -> main (setup, then the loop: epsilon-greedy
+rollout -> Q(lambda) targets -> epochs of minibatch regression -> log every --log-interval ->
+eval/save). No replay buffer and no target network: the many parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
 regression stable. The run around it (run directory, checkpoints, torchrun, evaluation,
 logging) is common/run.py. `--num-envs` is per process; `--total-timesteps` counts env steps
 over all processes.
@@ -172,8 +172,8 @@ def epsilon_at(step: int, total_steps: int, args: Args) -> float:
 # ----------------------------------------------------------------------------------------------
 # One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
 # run, so that on CUDA they are compiled and captured whole (with a built-in env, all T steps
-# of the rollout are one CUDA graph; the targets and all epochs and minibatches of the update another). `stats`
-# gathers on the device what the logs read every --log-interval iterations.
+# of the rollout are one CUDA graph; the targets and all epochs and minibatches of the update
+# another). `stats` gathers on the device what the logs read every --log-interval iterations.
 # ----------------------------------------------------------------------------------------------
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps epsilon-greedy steps of every env, written to storage. No host sync."""
