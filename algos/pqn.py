@@ -8,10 +8,10 @@ The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon s
 iteration as three functions (rollout, targets, update), compiled and captured in two CUDA graphs
 on a GPU (the rollout; the targets with the update) -> main (setup, then the loop: epsilon-greedy
 rollout -> Q(lambda) targets -> epochs of minibatch regression -> log every --log-interval ->
-eval/save). No replay buffer and no target network: the many parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
-regression stable. The run around it (run directory, checkpoints, torchrun, evaluation,
-logging) is common/run.py. `--num-envs` is per process; `--total-timesteps` counts env steps
-over all processes.
+eval/save). No replay buffer and no target network: the many parallel envs decorrelate the data,
+and LayerNorm in the Q-network keeps the bootstrapped regression stable. The run around it (run
+directory, checkpoints, torchrun, evaluation, logging) is common/run.py. `--num-envs` is per
+process; `--total-timesteps` counts env steps over all processes.
 References: Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (PQN);
 Watkins 1989 and Peng & Williams 1996 (Q(lambda)); CleanRL's DQN for the flag names.
 """
