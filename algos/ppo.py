@@ -399,9 +399,9 @@ def main(args: Args) -> dict:
         targets_fn = captured(run, "targets", targets_fn)
         update_minibatch = captured(run, "minibatch update", update_minibatch)
     rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
-    # Otherwise the targets and every epoch of the update are one graph: the batch never leaves it.
-    update_fn = captured(run, "update", lambda obs: update(update_minibatch, targets_fn(obs), lr, stats, args),
-                         capture=args.target_kl is None)
+    update_fn = lambda obs: update(update_minibatch, targets_fn(obs), lr, stats, args)  # noqa: E731
+    if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
+        update_fn = captured(run, "update", update_fn)
     graphs = "off" if not args.cudagraphs else (
         f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
         f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}")

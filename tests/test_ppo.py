@@ -172,6 +172,21 @@ def test_compiled_run_learns_cartpole_like_eager(tmp_path):
     assert summary["best_eval_return"] >= 475.0, summary
 
 
+@pytest.mark.parametrize("compile", [False, True])
+def test_target_kl_ends_the_epochs_early(tmp_path, compile):
+    """--target-kl: an epoch whose mean KL is above it is the last of the update. With a target no
+    update can stay under, every iteration runs one epoch of minibatch steps, not update_epochs.
+    Compiled, the targets and the minibatch step are compiled alone and counted once each."""
+    iterations, minibatches = 4, 4
+    summary = train(tmp_path, target_kl=1e-12, num_minibatches=minibatches, update_epochs=5, compile=compile)
+    adam = torch.load(summary["checkpoints"]["last"], weights_only=True)["optimizers"]["adam"]
+    assert int(adam["state"][0]["step"]) == iterations * minibatches
+    if compile:
+        by_function = summary["compile_seconds_by_function"]
+        assert set(by_function) == {"rollout", "targets", "minibatch update"}, by_function
+        assert summary["compile_seconds"] == pytest.approx(sum(by_function.values()))
+
+
 def test_compiled_targets_compute_what_eager_computes():
     """torch.compile of the targets (episode statistics, values, reward and observation normalizers,
     GAE) gives eager's values and leaves the same state behind: a compiled in-place update that is
