@@ -23,10 +23,11 @@ Steady-state training SPS. The first iteration(s) carry torch.compile's work (te
 on CPU) and one-off allocations; the last carries the final checkpoint. Running N and 2N
 iterations and subtracting would cancel those, but compile time varies by seconds from run to
 run, which swamps the difference unless N is large. Instead every script logs `charts/SPS`
-once per iteration (per log interval for off-policy scripts), and TensorBoard stores each
-event with its wall-clock time. So one run of W + K iterations suffices: the SPS is
-(env steps between the events of iterations W and W+K) / (wall time between them), which
-covers whole iterations (rollout, advantages, update, logging) and nothing before or after.
+once per log interval (--log-interval iterations: 1 on CPU and 10 on CUDA for ppo/pqn, 100 for
+td3/sac), and TensorBoard stores each event with its wall-clock time. So one run of W + K logged
+intervals suffices: the SPS is (env steps between the events W and W+K) / (wall time between
+them), which covers whole iterations (rollout, advantages, update, logging) and nothing before
+or after.
 The rollout/update split comes from the `charts/rollout_seconds` and `charts/update_seconds`
 events of the same window (per-iteration means over each log interval, their median; with a log
 interval of k, an iteration's seconds are an event interval's over k; PPO's and PQN's update phase includes
@@ -609,7 +610,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="default: eager compile, plus compile+cudagraphs on CUDA")
     parser.add_argument("--iterations", type=int, default=10,
                         help="timed training iterations after the warm-up (log intervals for scripts with --log-interval)")
-    parser.add_argument("--warmup-iterations", type=int, default=2, help="training iterations left out of the SPS (compilation)")
+    parser.add_argument("--warmup-iterations", type=int, default=2, help="logged intervals (iterations for scripts that log each one) left out of the SPS (compilation)")
     parser.add_argument("--hidden-sizes", type=int, nargs="+", default=None, help="hidden layers of every network (default: each script's own)")
     parser.add_argument("--env-steps", type=int, default=200, help="timed steps of the env-only and inference measurements")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each in-process measurement (median reported)")

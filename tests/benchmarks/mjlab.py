@@ -16,8 +16,8 @@ installs) and stops with the cause when either is missing. Rows of the table:
    see common/envs/mjlab_adapter.py);
 3. algos/ppo.py, per `final_obs` mode: the script trained for W + K iterations in a subprocess
    (bench.run_training, the measurement of tests/benchmarks/bench.py: SPS from the wall-clock times
-   of its per-iteration TensorBoard events after the warm-up, rollout and update seconds the
-   medians of its per-iteration `charts/rollout_seconds` / `charts/update_seconds`);
+   of its TensorBoard events, one per log interval, after the warm-up; rollout and update seconds
+   per iteration, the medians of its `charts/rollout_seconds` / `charts/update_seconds`);
 4. mjlab's PPO: the task's registered runner class (rsl_rl's OnPolicyRunner underneath) with the
    task's rsl_rl config, on the env wrapped as mjlab's train.py wraps it (RslRlVecEnvWrapper with
    the task's clip_actions), trained for W + K iterations in a subprocess; SPS from the wall-clock

@@ -28,8 +28,8 @@ Overheads removed where we could:
 - rsl_rl runs with log_dir=None: no TensorBoard writer, no per-step episode bookkeeping (which
   reads finished episodes back to the host every step), no git-diff or model files, and with
   check_for_nan off (a host read of every observation batch per step);
-- ours cannot turn its TensorBoard writer off: it writes ~15 scalars per iteration after one host
-  sync, and runs its once-per-iteration NaN check; evaluation is off (--eval-interval 0) and its
+- ours cannot turn its TensorBoard writer off: it writes ~15 scalars per log interval (every
+  iteration on CPU, every 10 on CUDA) after one host sync, with its NaN check; evaluation is off (--eval-interval 0) and its
   only checkpoint is written after the timed window.
 So logging favours rsl_rl, if anything.
 
