@@ -471,9 +471,11 @@ def _flag_value(v) -> str:
 @contextmanager
 def timed(run: Run, phase: str):
     """Seconds of a phase, summed in run.seconds and logged as charts/<phase>_seconds (the mean
-    over the iterations since the last log that ran the phase: td3/sac's updates start late). On CUDA they are the device's seconds between two events
-    recorded around the phase, read at the next log: timing makes no sync, so the host queues the
-    next phase while the device runs this one, as it would untimed. Elsewhere, wall seconds."""
+    over the iterations since the last log that ran the phase: td3/sac's updates start late). On
+    CUDA they are the device's seconds between two events recorded around the phase, read at the
+    next log: timing makes no sync, so the host queues the next phase while the device runs this
+    one, as it would untimed. Elsewhere, wall seconds. Once or twice per iteration, never inside
+    a step's function."""
     if run.device.type != "cuda":
         t0 = time.time()
         yield
