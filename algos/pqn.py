@@ -37,8 +37,9 @@ from common import distributed  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.normalize import RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, captured, checkpoints_due, compiled, episode_sums, eval_due, eval_only, evaluate, finish,
-    host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save, start_run, timed,
+    RunArgs, begin_training, captured, checkpoints_due, closing, compiled, episode_sums, eval_due, eval_only,
+    evaluate, finish, host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save,
+    start_run, timed,
 )
 
 ALGO = "pqn"
@@ -221,6 +222,12 @@ def update(update_minibatch, batch: TensorDict, stats: dict, args: Args) -> None
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     run = start_run(args, ALGO, {"log_interval": (10, 1)})
+    with closing(run):  # on any exit, an error included: graphs released, then the process group left
+        return train(run, args)
+
+
+def train(run, args: Args) -> dict:
+    """Setup, then the loop; ends with finish() (summary.json) or eval_only()."""
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:

@@ -34,9 +34,9 @@ from common import distributed  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, captured, checkpoints_due, compiled, episode_sums, eval_due, eval_only, evaluate, finish,
-    host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, restore_buffer, save,
-    start_run, timed,
+    RunArgs, begin_training, captured, checkpoints_due, closing, compiled, episode_sums, eval_due, eval_only,
+    evaluate, finish, host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore,
+    restore_buffer, save, start_run, timed,
 )
 
 ALGO = "td3"
@@ -380,6 +380,12 @@ def update(agent: Agent, buffer: ReplayBuffer, reward_normalizer: RewardNormaliz
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     run = start_run(args, ALGO, device_defaults=DEVICE_DEFAULTS)
+    with closing(run):  # on any exit, an error included: graphs released, then the process group left
+        return train(run, args)
+
+
+def train(run, args: Args) -> dict:
+    """Setup, then the loop; ends with finish() (summary.json) or eval_only()."""
     device, batch_size = run.device, args.batch_size
     capacity = args.buffer_size // args.num_envs  # slots per env
     check_args(args, batch_size, capacity)

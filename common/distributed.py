@@ -2,7 +2,10 @@
 
 The same script runs as `python algos/x.py` (one process, every helper here is a no-op) and as
 `torchrun --nproc-per-node K algos/x.py` (the helpers talk to the other ranks). torchrun
-exports RANK, LOCAL_RANK and WORLD_SIZE; nothing else is needed to find the others.
+exports RANK, LOCAL_RANK and WORLD_SIZE; nothing else is needed to find the others. Under
+torchrun a process joins a group even when it is the only one (K = 1, or an elastic world
+that shrank to one node): its collectives, captured ones included, then run exactly as on a
+cluster, so one GPU is enough to check the distributed code paths.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
 
 
 def setup(device: str = "auto", timeout_seconds: float = 600.0) -> DistInfo:
-    """Join torchrun's process group when launched by it; otherwise describe the lone process.
+    """Join torchrun's process group when launched by it (WORLD_SIZE set, one rank included);
+    otherwise describe the lone process.
 
     nccl on CUDA, gloo on CPU. `timeout_seconds` bounds every collective, so a rank that died
     or hung makes the others fail with an error instead of waiting forever.
@@ -55,7 +59,7 @@ def setup(device: str = "auto", timeout_seconds: float = 600.0) -> DistInfo:
     dev = resolve_device(device, local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if world_size > 1 and not dist.is_initialized():
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         kwargs = {"device_id": dev} if dev.type == "cuda" else {}
         timeout = timedelta(seconds=timeout_seconds)
@@ -83,7 +87,8 @@ def _restart_scoped_store(world_size: int, timeout: timedelta):
 
 
 def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """Whether the collectives run: in a process group, of any size (see the module's docstring)."""
+    return dist.is_available() and dist.is_initialized()
 
 
 def cleanup() -> None:

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from common import distributed
+
 
 def _batch_moments(x: torch.Tensor, feature_ndim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """count, mean and M2 (sum of squared deviations) of `x` over its leading batch dims, in float64."""
@@ -29,7 +31,7 @@ def _all_reduce_moments(count, mean, m2):
     mean (M2_r + n_r * (mean_r - mean)^2). That is the parallel-axis form of Chan et al.'s
     merge; centring on the global mean before summing keeps it as stable as the pairwise merge.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not distributed.is_distributed():
         return count, mean, m2
     packed = torch.cat([count.reshape(1), mean.reshape(-1) * count])
     dist.all_reduce(packed)

@@ -51,7 +51,7 @@ from common.envs import make_env
 from common.export import export_policy
 
 __all__ = [
-    "BEST", "LAST", "CheckpointError", "Run", "RunArgs", "checkpoints_due", "eval_due", "eval_only", "evaluate",
+    "BEST", "LAST", "CheckpointError", "Run", "RunArgs", "checkpoints_due", "closing", "eval_due", "eval_only", "evaluate",
     "episode_sums", "finish", "host_read_due", "log", "make_envs", "open_run", "record_env_log", "reduce_iteration",
     "restore", "restore_buffer", "save", "start_run", "timed", "begin_training", "compiled", "captured",
 ]
@@ -73,8 +73,9 @@ class RunArgs:
     """seed of the experiment; every env stream and generator of every rank derives from a hash of (seed, rank, stream)"""
     device: str = "auto"
     """'auto' (this rank's GPU if any, else CPU), 'cpu', 'cuda'"""
-    torch_deterministic: bool = True
-    """use deterministic algorithms (cudnn.deterministic, deterministic kernels where they exist)"""
+    torch_deterministic: bool | Literal["auto"] = "auto"
+    """deterministic kernels (cudnn.deterministic, torch.use_deterministic_algorithms): True, False, or auto (on
+    CPU, where exact resume rests on them and they cost nothing; off on CUDA, where they are sort-based and slow)"""
     output_dir: str = "runs"
     """where run directories are created"""
     run_name: str | None = None
@@ -174,6 +175,7 @@ class Run:
     reduced_step: int = 0  # global step of the last reduce_iteration
     guard: Any = None
     progress: Any = None
+    closed: bool = False  # close() ran: graphs, writers and the process group are gone
     observation_space: Any = None  # of one env's "policy" observations (for export)
     action_space: Any = None
 
@@ -196,6 +198,8 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     for name in ("compile", "cudagraphs"):  # they pay for their start-up within a minute on a GPU; eager is faster on a CPU
         if getattr(args, name) == "auto":
             setattr(args, name, cuda)
+    if args.torch_deterministic == "auto":
+        args.torch_deterministic = not cuda
     if args.cudagraphs and info.device.type != "cuda":
         raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
     for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes", "video_envs", "log_interval"):
@@ -211,8 +215,12 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         except ImportError:
             raise SystemExit('error: --export needs onnx: pip install -e ".[export]"') from None
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
+    if args.compile:
+        # Dynamo caches compiled code per code object: the closures of a script's main and the eval
+        # step are the same code objects in every run of one process, and once their entries reach
+        # the recompile limit dynamo runs them eagerly without a word. Each run compiles its own.
+        torch._dynamo.reset()
     return Run(args=args, algo=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main)
 
 
@@ -858,8 +866,7 @@ def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
                                           _export_info(run, run.resume_path)))
     if run.is_main:
         print(json.dumps(out))
-    release_graphs(run)
-    distributed.cleanup()
+    close(run)
     return {"eval_return": result["return"], "eval_length": result["length"], **out}
 
 
@@ -887,16 +894,49 @@ def release_graphs(run: Run) -> None:
     run.graphs.clear()
 
 
+def close(run: Run) -> None:
+    """Let go of everything the run holds, in the order that cannot hang: the signal handlers, the
+    progress bar, the writers, the CUDA graphs, and last the process group. Called by `finish` and
+    `eval_only`, and by `closing` on any other exit; a second call does nothing.
+
+    On an error each step is tried and its own failure reported, so that the process group still
+    goes and the error that ended the run is the one the process exits with."""
+    if run.closed:
+        return
+    run.closed = True
+    steps = [("signal handlers", run.guard.restore if run.guard is not None else None),
+             ("progress bar", run.progress.close if run.progress is not None else None),
+             ("TensorBoard writer", run.writer.close if run.writer is not None else None),
+             ("wandb", run.wandb_run.finish if run.wandb_run is not None else None),
+             ("CUDA graphs", lambda: release_graphs(run)),
+             ("process group", distributed.cleanup)]
+    for what, step in steps:
+        if step is None:
+            continue
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 -- teardown goes on; the run's own error is what counts
+            print(f"warning: closing the run's {what} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def closing(run: Run):
+    """`with closing(run):` around a script's training: whatever ends it (a return, an error such as
+    the NaN guard's or an out-of-memory, Ctrl-C), the run is closed (`close`) before the exception
+    goes on, so a failed rank releases its graphs and leaves the process group at once instead of
+    hanging in its teardown, and the process exits with the error's status."""
+    try:
+        yield run
+    finally:
+        close(run)
+
+
 def finish(run: Run, model: torch.nn.Module) -> dict:
     """Check that the ranks' parameters agree, write summary.json (the same fields for every
     script), close the writers and leave the process group. A collective. Returns the summary."""
-    if run.guard is not None:
-        run.guard.restore()
     in_sync = distributed.check_in_sync(model)  # averaged gradients keep every rank's weights bit-identical
     if not in_sync and run.is_main:
         print("warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged them", flush=True)
-    if run.progress is not None:
-        run.progress.close()
     read_timings(run)
     ckpts = checkpoint_dir(run.run_dir)
     summary = {
@@ -915,10 +955,6 @@ def finish(run: Run, model: torch.nn.Module) -> dict:
     }
     if run.is_main:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        run.writer.close()
-        if run.wandb_run is not None:
-            run.wandb_run.finish()
         print(json.dumps(summary), flush=True)
-    release_graphs(run)
-    distributed.cleanup()
+    close(run)
     return summary

@@ -1,8 +1,10 @@
 """A CPU check of what a CUDA graph needs: record what each captured function would put in its graph.
 
 `record_captured(monkeypatch, script)` makes `captured()` (in the script and in common.run) record
-the ReplaySignature of the first calls of every function it would capture; `assert_replays_alike`
-then checks that two calls after the warm-up recorded the same one.
+the ReplaySignature and the host syncs of the first calls of every function it would capture;
+`assert_replays_alike` then checks that two calls after the warm-up recorded the same signature,
+and `assert_no_host_sync` that no call after the first read a value back to the host (on CUDA a
+sync inside a capture stops it: "operation not permitted when stream is capturing").
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import sys
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.host_sync import SyncsOutsideTheOptimizer
 
 
 class ReplaySignature(TorchDispatchMode):
@@ -57,8 +61,9 @@ def _tensor_leaves(tree) -> list[torch.Tensor]:
 
 
 def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
-    """{function name: [(ops, external storages) of its first 4 calls]} of every function `script`
-    (an imported algos/ module) and common.run capture; `before_call(name, fn)` runs before every call."""
+    """{function name: [(ops, external storages, host syncs) of its first 4 calls]} of every function
+    `script` (an imported algos/ module) and common.run capture; `before_call(name, fn)` runs before
+    every call."""
     import common.run
 
     signatures: dict[str, list] = {}
@@ -73,9 +78,9 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
                 before_call(name, fn)
             if len(calls) >= 4:
                 return fn(*args, **kwargs)
-            with ReplaySignature((args, kwargs)) as sig:
+            with ReplaySignature((args, kwargs)) as sig, SyncsOutsideTheOptimizer() as syncs:
                 out = fn(*args, **kwargs)
-            calls.append((sig.ops, sig.external))
+            calls.append((sig.ops, sig.external, syncs.syncs))
             return out
         return call
 
@@ -87,7 +92,14 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
 def assert_replays_alike(name: str, calls: list) -> None:
     """The second and third calls (after the first allocated what lives on) ran the same ops on the same tensors."""
     assert len(calls) >= 3, (name, len(calls))
-    (ops_a, ext_a), (ops_b, ext_b) = calls[1], calls[2]
+    (ops_a, ext_a, _), (ops_b, ext_b, _) = calls[1], calls[2]
     first = next((i for i, (a, b) in enumerate(zip(ops_a, ops_b)) if a != b), None)
     assert ops_a == ops_b, f"{name}: the calls run other ops (from op {first}: {ops_a[first:first + 3]} vs {ops_b[first:first + 3]})"
     assert ext_a == ext_b, f"{name}: the calls read other tensors: a captured graph would read stale state"
+
+
+def assert_no_host_sync(name: str, calls: list) -> None:
+    """No call after the first (which may allocate, as a warm-up call does) read a tensor on the host."""
+    assert len(calls) >= 2, (name, len(calls))
+    for i, (_, _, syncs) in enumerate(calls[1:], start=2):
+        assert not syncs, f"{name}: call {i} reads tensors on the host ({', '.join(syncs)}): it cannot be captured"

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import gymnasium as gym
@@ -25,26 +24,32 @@ import torch
 
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
 from tests.helpers import ROOT, inject_nan_rewards, load_script, run, subprocess_env, torchrun_cmd
-from tests.host_sync import RecordHostSyncs
-from tests.replay import assert_replays_alike, record_captured
+from tests.host_sync import SyncsOutsideTheOptimizer
+from tests.replay import assert_no_host_sync, assert_replays_alike, record_captured
 
 SCRIPTS = ["ppo", "pqn", "td3", "sac"]
-CAPTURED = ["ppo", "pqn"]  # td3 and sac: their captured functions are checked in test_offpolicy.py
 
 # Tiny settings per script. `steps`: env steps of one process per iteration; `sync`: iterations
 # between two host reads (the per-iteration reduction); a "unit" below is `sync` iterations.
+# `captures`: overrides that give each layout of the script's captured functions (built-in env,
+# adapter, other update schedules), every one of which the capture test checks.
+GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
 TINY = {
     "ppo": dict(steps=16 * 8, sync=1, kwargs=dict(
-        env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True)),
+        env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True),
+        captures=[{}, dict(target_kl=1.0), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
     "pqn": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="CartPole-v1", num_envs=16, num_steps=8, num_minibatches=2, obs_norm=True, epsilon_spread=0.5,
-        exploration_fraction=0.5, loss="huber")),
+        exploration_fraction=0.5, loss="huber"),
+        captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16)]),
     "td3": dict(steps=8, sync=4, kwargs=dict(
         env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
-        reward_norm=True, save_buffer=True, distributional=True, v_min=-100.0, v_max=0.0)),
+        reward_norm=True, save_buffer=True, distributional=True, v_min=-100.0, v_max=0.0),
+        captures=[dict(learning_starts=32), dict(learning_starts=32, num_updates=1), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
     "sac": dict(steps=8, sync=4, kwargs=dict(
         env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
-        reward_norm=True, save_buffer=True)),
+        reward_norm=True, save_buffer=True),
+        captures=[dict(learning_starts=32), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
 }
 COMMON = dict(device="cpu", progress=False, run_name="run", num_eval_envs=4, eval_interval=0, save_interval=10_000,
               hidden_sizes=(32, 32), env_kwargs='{"max_episode_steps": 16}')
@@ -273,19 +278,6 @@ def test_nan_guard_names_the_tensor_and_keeps_the_last_good_checkpoint(algo, tmp
 # --------------------------------------------------------------------------------------------
 # the performance rule: no host read per env step (nor per update)
 # --------------------------------------------------------------------------------------------
-class SyncsOutsideTheOptimizer(RecordHostSyncs):
-    """Adam keeps its step counter on the host unless capturable=True, which the scripts set on
-    CUDA (CPU does not support it): those reads are host-only on CPU and absent on CUDA, so they
-    are left out of the count."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        before = len(self.syncs)
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        if len(self.syncs) > before and any("torch/optim/" in f.filename for f in traceback.extract_stack()):
-            self.syncs.pop()
-        return out
-
-
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_no_host_sync_per_env_step(algo, tmp_path):
     """The host reads of a unit do not grow with its number of env steps: the rollout length of
@@ -343,15 +335,27 @@ def test_compiled_run_computes_what_eager_computes(algo, tmp_path):
     assert returns[1] == (None if returns[0] is None else pytest.approx(returns[0], rel=1e-4))
 
 
-@pytest.mark.parametrize("algo", CAPTURED)
-def test_captured_functions_replay_the_same_kernels_on_the_same_tensors(algo, tmp_path, monkeypatch):
-    """Every function a script captures in a CUDA graph (with --cudagraphs on CUDA) records, on CPU,
-    the same ops on the same live tensors in two calls after its warm-up (see tests/replay.py)."""
+@pytest.mark.parametrize("algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(TINY[algo]["captures"]))])
+def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync(algo, variant, tmp_path,
+                                                                                           monkeypatch):
+    """Every function a script captures in a CUDA graph (with --cudagraphs on CUDA), in each of the
+    script's capture layouts (TINY[algo]["captures"]: a built-in env's whole rollout or step, an
+    adapter's acting step, other update layouts), records on CPU the same ops on the same live
+    tensors in two calls after its warm-up, and no host sync in any call after the first (see
+    tests/replay.py). A replay buffer samples as under --cudagraphs (against its device fill level)."""
+    import common.buffer
+
+    real_init = common.buffer.ReplayBuffer.__init__
+    monkeypatch.setattr(common.buffer.ReplayBuffer, "__init__",
+                        lambda self, *a, **k: real_init(self, *a, **{**k, "capturable": True}))
     signatures = record_captured(monkeypatch, load_script(algo))
-    train(algo, tmp_path, total_timesteps=units(algo, 5), eval_interval=TINY[algo]["sync"])
-    assert {"evaluation"} < set(signatures), signatures.keys()
+    settings = TINY[algo]["captures"][variant]
+    train(algo, tmp_path, **{"total_timesteps": units(algo, 5), "eval_interval": TINY[algo]["sync"], **settings})
+    whole_step = ":" not in settings.get("env_id", TINY[algo]["kwargs"]["env_id"])  # a built-in env
+    assert ("evaluation" in signatures) == whole_step and len(signatures) >= 2, signatures.keys()
     for name, calls in signatures.items():
         assert_replays_alike(name, calls)
+        assert_no_host_sync(name, calls)
 
 
 # --------------------------------------------------------------------------------------------
