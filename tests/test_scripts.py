@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -268,8 +269,10 @@ def test_nan_guard_names_the_tensor_and_keeps_the_last_good_checkpoint(algo, tmp
     sync = TINY[algo]["sync"]
     env_steps_per_iteration = TINY[algo]["kwargs"].get("num_steps", 1)
     inject_nan_rewards(monkeypatch, after=2 * sync * env_steps_per_iteration + 1)  # in unit 3
+    handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(FloatingPointError, match=rf"non-finite .*rewards.* at iteration {3 * sync}\b"):
         train(algo, tmp_path, total_timesteps=units(algo, 6), save_interval=sync)
+    assert signal.getsignal(signal.SIGTERM) is handler, "the failed run was not closed (its signal handler stayed)"
     state = checkpoint(tmp_path)
     assert state["iteration"] == 2 * sync
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
@@ -333,6 +336,23 @@ def test_compiled_run_computes_what_eager_computes(algo, tmp_path):
                 torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
     returns = eager["last_train_return"], compiled["last_train_return"]
     assert returns[1] == (None if returns[0] is None else pytest.approx(returns[0], rel=1e-4))
+
+
+def test_a_second_run_in_one_process_compiles_its_own_functions(tmp_path):
+    """Dynamo caches compiled code per code object, and the functions of a script's main (and the
+    eval step) are the same code objects in every run of a process: past the recompile limit (8; 1
+    here) a later run would run them eagerly without a word. Each run starts from a clean dynamo
+    state and compiles as many frames as the one before it (the first run of a process also
+    compiles torch's own lazily initialised helpers, so the second and third are compared)."""
+    from torch._dynamo.utils import counters
+
+    compiled = []
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for name in ("first", "second", "third"):
+            before = counters["frames"]["ok"]
+            train("pqn", tmp_path / name, total_timesteps=units("pqn", 2), eval_interval=1, compile=True)
+            compiled.append(counters["frames"]["ok"] - before)
+    assert compiled[1] > 0 and compiled[2] == compiled[1], compiled
 
 
 @pytest.mark.parametrize("algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(TINY[algo]["captures"]))])
@@ -528,6 +548,32 @@ def test_two_process_resume_is_bit_identical(algo, tmp_path):
     a.pop("args"), b.pop("args")
     assert_same(a, b)
     assert summary_of(tmp_path, "full")["params_in_sync"] and summary_of(tmp_path, "cut")["params_in_sync"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("algo", ["ppo", "td3"])
+def test_nan_guard_under_torchrun_ends_every_rank_at_once(algo, tmp_path, jobs):
+    """The NaN guard fires on both ranks in the same reduction: each rank closes its run (graphs,
+    then the process group) and exits with the error, within seconds and without a hang in the
+    teardown; the last good last.pt stays."""
+    sync = TINY[algo]["sync"]
+    after = 2 * sync * TINY[algo]["kwargs"].get("num_steps", 1) + 1  # in unit 3
+    cmd = torchrun_cmd(2, [str(ROOT / "tests" / "nan_launch.py"), str(after),
+                           *cli_args(algo, tmp_path, total_timesteps=2 * units(algo, 6), save_interval=sync)])
+    job = jobs(cmd, tmp_path / "log")
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    job.wait_for(last.is_file, what="the last good checkpoint")
+    t0 = time.time()
+    code = job.finish(timeout=60)
+    assert code != 0 and time.time() - t0 < 30, (code, time.time() - t0)
+    output = job.output()
+    for rank in (0, 1):  # torchrun prefixes each worker's traceback with its rank
+        assert re.search(rf"\[rank{rank}\]: FloatingPointError: non-finite .*rewards.* at iteration {3 * sync}\b", output), \
+            output[-4000:]
+    assert "warning: closing the run" not in output, output[-4000:]
+    state = checkpoint(tmp_path)
+    assert state["iteration"] == 2 * sync and len(state["ranks"]) == 2
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
 
 
 @pytest.mark.distributed
