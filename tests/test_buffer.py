@@ -418,6 +418,7 @@ def test_no_host_reads_after_first_write():
     assert mode.calls == []
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_capturable_write_and_sample_replay_in_a_cuda_graph():
     """One graph of write + sample, replayed: each replay writes the next slot and samples the slots
@@ -454,6 +455,7 @@ def test_capturable_write_and_sample_replay_in_a_cuda_graph():
         assert (buffer.device_ptr.item(), buffer.device_size.item()) == (buffer.ptr, buffer.size)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_no_host_device_sync_on_cuda():
     device = torch.device("cuda")

@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers import ROOT, load_script, run, torchrun_cmd
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def train(algo: str, out, **overrides) -> dict:
@@ -31,7 +31,8 @@ def test_graph_replays_compute_what_eager_computes(algo, tmp_path):
     """Without torch.compile the captured graphs replay eager's own kernels, and the CUDA RNG hands a
     replay the offsets eager would use: a few iterations end with the same parameters."""
     settings = dict(env_id="Pendulum-v1" if algo == "ppo" else "CartPole-v1", num_envs=256, num_steps=16,
-                    total_timesteps=256 * 16 * 6, eval_interval=3, num_eval_envs=16, log_interval=2, compile=False)
+                    total_timesteps=256 * 16 * 6, eval_interval=3, num_eval_envs=16, log_interval=2, compile=False,
+                    torch_deterministic=True)  # off by default on CUDA: atomics would reorder the sums
     eager = train(algo, tmp_path / "eager", cudagraphs=False, **settings)
     graphs = train(algo, tmp_path / "graphs", cudagraphs=True, **settings)
     assert graphs["compile_seconds_by_function"].keys() >= {"rollout", "update", "evaluation"}

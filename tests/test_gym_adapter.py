@@ -242,6 +242,7 @@ def test_returned_tensors_are_never_rewritten_by_later_steps():
     envs.close()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     cpu = make_env("gym:Pendulum-v1", 4, seed=2, env_kwargs={"max_episode_steps": 5})

@@ -258,6 +258,7 @@ def test_captured_functions_replay_the_same_kernels_on_the_same_tensors(algo, nu
     assert any("critic_target" in k for k in pointers[next(iter(updates))][1])
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_cudagraphs_fill_the_buffer_step_by_step_and_train(algo, tmp_path):
