@@ -178,3 +178,33 @@ def test_mjlab_benchmark_smoke(tmp_path, capsys):
     assert "--hidden-sizes 64 64" in report["training"][0]["command"]  # the task's networks (Cartpole: 64, 64)
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert rows[0] == "| learner | SPS | rollout/collection s | update s | x mjlab PPO |" and len(rows) == 1 + 6  # the header and six learners
+
+
+def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
+    """python -m tests.benchmarks.gpu_check without a GPU: every script's iterations with the host-sync
+    recorder, the compiled acting step against eager, torchrun with one rank (gloo) and its NaN-guard
+    exit; the CUDA tests, the parity of the compiled runs and the speed table listed as skipped. The
+    report is written as markdown and JSON."""
+    import subprocess
+    import sys
+
+    from tests.benchmarks.gpu_check import ROOT
+    from tests.helpers import subprocess_env
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the command runs its GPU part (minutes): run it by hand")
+    out = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "tests.benchmarks.gpu_check", "--out", str(out), "--num-envs", "16",
+                             "--iterations", "12"], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["verdict"] == "all passed" and (out / "gpu_check.md").read_text().startswith("# GPU check")
+    scripts = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))
+    assert sorted(r["algo"] for r in report["checks"]) == scripts
+    for r in report["checks"]:
+        assert r["status"] == "ok" and r["syncs"] == [] and r["summary"]["iteration"] == 12, r
+    assert report["acting_parity"]["status"] == "ok"
+    assert {k: r["status"] for k, r in report["torchrun"].items()} == {"distributed_paths": "ok", "nan_guard_exit": "ok"}
+    assert report["tests"]["status"] == "skipped" and len(report["tests"]["tests"]) >= 10
+    assert any("speed" in s for s in report["skipped"]) and "speed" not in report
