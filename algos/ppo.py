@@ -6,7 +6,7 @@
 The file, top to bottom: Args -> networks (Agent) -> GAE with truncation bootstrapping and the
 adaptive-KL learning rate -> the PPO loss -> an iteration as three functions, rollout -> targets ->
 update, compiled and captured in two CUDA graphs on a GPU (the rollout; the targets with the
-update) -> main (setup, then the loop: rollout -> targets -> update -> log every --log-interval ->
+update) -> main and train (setup, then the loop: rollout -> targets -> update -> log every --log-interval ->
 eval/save). The run around it (run directory, checkpoints, torchrun, evaluation, logging) is
 common/run.py.
 `--num-envs` is per process; `--total-timesteps` counts env steps over all processes.

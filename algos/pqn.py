@@ -6,7 +6,7 @@
 
 The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule -> an
 iteration as three functions (rollout, targets, update), compiled and captured in two CUDA graphs
-on a GPU (the rollout; the targets with the update) -> main (setup, then the loop: epsilon-greedy
+on a GPU (the rollout; the targets with the update) -> main and train (setup, then the loop: epsilon-greedy
 rollout -> Q(lambda) targets -> epochs of minibatch regression -> log every --log-interval ->
 eval/save). No replay buffer and no target network: the many parallel envs decorrelate the data,
 and LayerNorm in the Q-network keeps the bootstrapped regression stable. The run around it (run

@@ -5,7 +5,7 @@
 
 The file, top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob,
 Agent) -> the critic, actor and temperature losses -> replay sampling and normalizer statistics
--> main (setup, then the loop: act and store -> updates -> log -> eval/save). An iteration is
+-> main and train (setup, then the loop: act and store -> updates -> log -> eval/save). An iteration is
 one vectorised step of every env followed by `--num-updates` gradient updates on large replay
 batches. The run around it (run directory, checkpoints, torchrun, evaluation, logging) is
 common/run.py. `--num-envs` is per process, `--total-timesteps` counts env steps of all
