@@ -1,0 +1,186 @@
+"""Several torchrun agents on this machine, each one "node": rendezvous, a node that dies, a node
+that joins, preemption of one node, a fault on one rank, and the steps of the README's SLURM script.
+
+Every agent runs `--nproc-per-node 1` with c10d rendezvous on a loopback port (gloo, CPU); the
+first one started hosts the rendezvous store (`is_host=1`), as the first node of a cluster does.
+Workers go through tests/fault_worker.py, which paces the env steps (so that a kill, a join or a
+signal lands mid-run on any machine without a long run) and injects faults on one rank. Each
+agent and each of its workers is killed by its id when a test ends, also when it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import Job, free_port, subprocess_env
+from tests.test_scripts import TINY, checkpoint, cli_args, logged_steps, summary_of
+
+pytestmark = pytest.mark.distributed
+
+OFF_POLICY = "td3"
+# Rendezvous timings of the tests (torchrun's defaults: keep-alive 5 s x 3, last call 30 s): a dead
+# node is dropped from the rendezvous after 5 s without a heartbeat (shorter ones drop live nodes of a
+# busy machine), and a round closes 2 s after it has its minimum of nodes.
+RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=5"
+
+
+def node_env() -> dict:
+    env = subprocess_env()
+    env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's connections on loopback, whatever the host name resolves to
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as the README asks of elastic multi-node runs (see there)
+    return env
+
+
+class Cluster:
+    """Agents of one rendezvous (one torchrun job), started as separate nodes on this machine."""
+
+    def __init__(self, tmp: Path, script_args: list[str], nnodes: str, restarts: int = 0, rdzv_id: str | None = None,
+                 step_seconds: float = 0.0, fault: list[str] | None = None):
+        self.tmp, self.nnodes, self.restarts = tmp, nnodes, restarts
+        self.port = free_port()
+        self.rdzv_id = rdzv_id or f"job-{self.port}"
+        self.worker_args = ["tests/fault_worker.py", "--step-seconds", str(step_seconds), *(fault or []), *script_args]
+        self.nodes: list[Job] = []
+
+    def start(self, name: str) -> Job:
+        host = not self.nodes  # the first node hosts the rendezvous store
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id={self.rdzv_id}",
+               f"--rdzv-conf=is_host={int(host)},{RDZV_CONF}", "--local-addr=127.0.0.1",
+               f"--max-restarts={self.restarts}", *self.worker_args]
+        job = Job(cmd, self.tmp / f"{name}.log", env=node_env())
+        job.name = name
+        self.nodes.append(job)
+        return job
+
+    def kill(self):
+        for job in self.nodes:
+            job.kill()
+
+
+@pytest.fixture
+def clusters():
+    started: list[Cluster] = []
+    yield lambda *a, **k: started.append(Cluster(*a, **k)) or started[-1]
+    for cluster in started:
+        cluster.kill()
+
+
+def rank_of(pid: int) -> int:
+    """The RANK torchrun gave a worker."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v for v in env if v.startswith(b"RANK=")).split(b"=", 1)[1])
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+
+
+def steps_per_iteration(algo: str) -> int:
+    """Env steps of one process in one iteration."""
+    return TINY[algo]["steps"]
+
+
+def last_step(run_dir: Path) -> int:
+    return max(logged_steps(run_dir) or [0])
+
+
+def assert_one_curve(run_dir: Path, total: int):
+    """Each TensorBoard step once, in order, up to the end: no step repeated by redone work."""
+    steps = logged_steps(run_dir)
+    assert steps == sorted(set(steps)), f"repeated or unordered steps: {steps}"
+    assert steps[-1] == total, steps[-5:]
+
+
+# --------------------------------------------------------------------------------------------
+# 1. two nodes
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["ppo", OFF_POLICY])
+def test_two_nodes_run_one_job(algo, tmp_path, clusters):
+    """Two agents that rendezvous run one script as one world: one run directory, world size 2,
+    global_step counting both ranks' env steps, parameters bit-identical at the end."""
+    sync = TINY[algo]["sync"]
+    total = 2 * steps_per_iteration(algo) * 6 * sync
+    cluster = clusters(tmp_path, cli_args(algo, tmp_path, total_timesteps=total, save_interval=2 * sync), nnodes="2")
+    a, b = cluster.start("a"), cluster.start("b")
+    assert a.finish(timeout=120) == 0, a.output()[-4000:]
+    assert b.finish(timeout=30) == 0, b.output()[-4000:]
+    summary = summary_of(tmp_path)
+    assert summary["world_size"] == 2 and summary["params_in_sync"] is True, summary
+    assert summary["global_step"] == total and summary["iteration"] == total // (2 * steps_per_iteration(algo))
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["a.log", "b.log", "run"]
+    state = checkpoint(tmp_path)
+    assert state["world_size"] == 2 and len(state["ranks"]) == 2 and state["global_step"] == total
+    assert logged_steps(tmp_path / "run") == [2 * steps_per_iteration(algo) * sync * i for i in range(1, 7)]
+
+
+# --------------------------------------------------------------------------------------------
+# 2. a node dies, 3. a node joins
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["ppo", OFF_POLICY])
+def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
+    """`--nnodes 1:2 --max-restarts 3`: kill -9 of one node (agent and worker) mid-run. The
+    survivor's worker leaves the broken collective in seconds (its peer's sockets close; the
+    600 s --dist-timeout is not what ends it), its agent re-rendezvous alone, and the run resumes
+    from last.pt at world size 1, having lost only the steps since that save. Then a new node
+    joins: the group restarts at world size 2 from last.pt and finishes at --total-timesteps,
+    with one TensorBoard curve."""
+    sync, per_rank = TINY[algo]["sync"], steps_per_iteration(algo)
+    save_every = 4 * sync
+    total = 2 * per_rank * sync * 60
+    cluster = clusters(tmp_path, cli_args(algo, tmp_path, total_timesteps=total, save_interval=save_every,
+                                          dist_timeout=600.0),
+                       nnodes="1:2", restarts=3, step_seconds=0.01 if algo == "ppo" else 0.04)
+    a, b = cluster.start("a"), cluster.start("b")
+    run_dir, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.pt"
+    a.wait_for(lambda: last.is_file() and last_step(run_dir) > checkpoint(tmp_path)["global_step"], timeout=120,
+               what="steps logged after the first checkpoint")
+    assert checkpoint(tmp_path)["world_size"] == 2
+    survivor = a.workers()[0]
+    b_workers = b.workers()
+    t_kill = time.time()
+    b.kill()  # the whole node: its agent and its worker
+    wait_until(lambda: not alive(survivor), timeout=60, what="the survivor's worker to leave the broken collective")
+    left_after = time.time() - t_kill
+    saved, reached = checkpoint(tmp_path)["global_step"], last_step(run_dir)
+
+    # the survivor's agent re-rendezvous with itself alone and resumes at world size 1
+    a.wait_for(lambda: "notice: checkpoint from 2 process(es)" in a.output(), timeout=60, what="the resume at world size 1")
+    assert f"resumed from {last} at iteration" in a.output() and f"global step {saved}" in a.output()
+    assert "ppo on" not in a.output() or "1 process(es)" in a.output()
+    a.wait_for(lambda: checkpoint(tmp_path)["world_size"] == 1, timeout=60, what="a checkpoint at world size 1")
+
+    # a new node joins: the group restarts at world size 2 from last.pt (saved when the agent stops its workers)
+    c = cluster.start("c")
+    assert a.finish(timeout=180) == 0, a.output()[-4000:]
+    assert c.finish(timeout=30) == 0, c.output()[-4000:]
+    assert "notice: checkpoint from 1 process(es)" in a.output() + c.output()
+    summary = summary_of(tmp_path)
+    assert summary["world_size"] == 2 and summary["global_step"] == total and summary["params_in_sync"] is True
+    assert_one_curve(run_dir, total)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["a.log", "b.log", "c.log", "run"]
+    # what the dead node cost: the steps since the last save, at most one save interval of the world of 2
+    assert 0 <= reached - saved <= save_every * 2 * per_rank, (saved, reached)
+    assert left_after < 30, f"the survivor's worker took {left_after:.1f}s to leave the collective"
+    print(f"survivor's worker exited {left_after:.1f}s after the kill; lost {reached - saved} steps; "
+          f"b's workers were {b_workers}")
