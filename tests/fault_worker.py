@@ -34,8 +34,9 @@ class Wrapped:
         out = list(self.env.step(action))
         self.steps += 1
         if self.fault is not None and self.steps >= self.after:
+            if self.steps == self.after:
+                print(f"fault: {self.fault} on rank {os.environ.get('RANK')} at {time.time():.3f}", flush=True)
             if self.fault == "raise":
-                print(f"fault: raising on rank {os.environ.get('RANK')} at {time.time():.3f}", flush=True)
                 raise RuntimeError(f"injected fault on rank {os.environ.get('RANK')}")
             out[1] = out[1] * float("nan")
         return tuple(out)

@@ -58,10 +58,10 @@ class Job:
     Under torchrun the launcher starts every worker in a session of its own, so killing the
     launcher's group leaves them running: kill() ends each worker it has seen by its id too."""
 
-    def __init__(self, cmd, log: Path, env: dict | None = None):
+    def __init__(self, cmd, log: Path, env: dict | None = None, cwd: Path = ROOT):
         self.log = log
         self.seen_workers: set[int] = set()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env or subprocess_env(), stdout=open(log, "w"),
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env or subprocess_env(), stdout=open(log, "w"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_for(self, predicate, timeout=120.0, what="condition"):

@@ -11,6 +11,7 @@ agent and each of its workers is killed by its id when a test ends, also when it
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -184,3 +185,173 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     assert left_after < 30, f"the survivor's worker took {left_after:.1f}s to leave the collective"
     print(f"survivor's worker exited {left_after:.1f}s after the kill; lost {reached - saved} steps; "
           f"b's workers were {b_workers}")
+
+
+# --------------------------------------------------------------------------------------------
+# 4. preemption of one node
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["ppo"])
+def test_sigusr1_to_one_node_stops_every_rank_and_a_relaunch_resumes(algo, tmp_path, clusters):
+    """SIGUSR1 to the worker of one node only (not rank 0): the ranks agree to stop after the same
+    iteration, rank 0 writes last.pt with both ranks' state, every process exits 0. A relaunch of
+    both agents with --resume auto (as a requeued SLURM job does) finishes the run."""
+    sync, per_rank = TINY[algo]["sync"], steps_per_iteration(algo)
+    total = 2 * per_rank * sync * 40
+    args = cli_args(algo, tmp_path, total_timesteps=total, save_interval=10_000, resume="auto")
+    first = clusters(tmp_path / "1", args, nnodes="2", rdzv_id="slurm-job-7", step_seconds=0.01)
+    (tmp_path / "1").mkdir()
+    a, b = first.start("a"), first.start("b")
+    a.wait_for(lambda: last_step(tmp_path / "run") > 0, timeout=120, what="training to start")
+    workers = a.workers() + b.workers()
+    not_main = next(pid for pid in workers if rank_of(pid) != 0)
+    os.kill(not_main, signal.SIGUSR1)
+    assert a.finish(timeout=60) == 0, a.output()[-4000:]
+    assert b.finish(timeout=30) == 0, b.output()[-4000:]
+    stopped = summary_of(tmp_path)
+    assert stopped["stop_reason"].startswith("signal:") and stopped["global_step"] < total, stopped
+    assert stopped["world_size"] == 2 and stopped["params_in_sync"] is True  # finish() is a collective: same iteration
+    state = checkpoint(tmp_path)
+    assert state["global_step"] == stopped["global_step"] and len(state["ranks"]) == 2
+    assert "Traceback" not in a.output() + b.output()
+
+    second = clusters(tmp_path / "2", args, nnodes="2", rdzv_id="slurm-job-7", step_seconds=0.01)
+    (tmp_path / "2").mkdir()
+    a, b = second.start("a"), second.start("b")
+    assert a.finish(timeout=120) == 0, a.output()[-4000:]
+    assert b.finish(timeout=30) == 0, b.output()[-4000:]
+    assert f"global step {stopped['global_step']}" in a.output() + b.output()
+    summary = summary_of(tmp_path)
+    assert summary["global_step"] == total and summary["stop_reason"] == "total_timesteps" and summary["params_in_sync"]
+    assert_one_curve(tmp_path / "run", total)
+
+
+# --------------------------------------------------------------------------------------------
+# 6. an error on one rank
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo,fault", [("ppo", "raise"), ("ppo", "nan"), (OFF_POLICY, "raise")])
+def test_an_error_on_one_rank_ends_every_rank_and_keeps_last_pt(algo, fault, tmp_path, clusters):
+    """An exception on one rank, or NaN rewards on one rank only: every rank exits non-zero within
+    seconds (the exception: the peer's collective fails as the sockets close; NaN: the guard's
+    reduced check fails on every rank at once), and last.pt stays the last good checkpoint."""
+    sync, per_rank = TINY[algo]["sync"], steps_per_iteration(algo)
+    save_every = 2 * sync
+    env_steps_per_iteration = 8 if algo == "ppo" else 1  # env.step calls of one iteration
+    after = env_steps_per_iteration * sync * 5 + 1  # the fault comes in the 6th unit, after the save of the 4th
+    total = 2 * per_rank * sync * 1000
+    cluster = clusters(tmp_path, cli_args(algo, tmp_path, total_timesteps=total, save_interval=save_every),
+                       nnodes="2", fault=["--fault", fault, "--fault-rank", "1", "--fault-after", str(after)])
+    a, b = cluster.start("a"), cluster.start("b")
+    codes = [a.finish(timeout=120), b.finish(timeout=60)]
+    ended = time.time()
+    out = a.output() + b.output()
+    assert all(c != 0 for c in codes), (codes, out[-4000:])
+    faulted = float(re.search(rf"fault: {fault} on rank 1 at ([0-9.]+)", out).group(1))
+    assert ended - faulted < 30, f"the ranks took {ended - faulted:.1f}s to end after the fault"
+    if fault == "nan":  # every rank stops on the reduced check, naming the tensor
+        assert all("FloatingPointError: non-finite rewards" in n.output() for n in (a, b)), out[-4000:]
+    else:
+        assert "RuntimeError: injected fault on rank 1" in out
+    state = checkpoint(tmp_path)  # loads: intact
+    assert state["global_step"] == 2 * per_rank * save_every * 2, state["global_step"]
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# 5. the README's SLURM script, step by step
+# --------------------------------------------------------------------------------------------
+PKILL_SHIM = '''#!{python}
+"""pkill -SIG -f PATTERN, confined to the processes of this test (they carry SBATCH_TEST in their environment)."""
+import os, re, signal, sys
+args = sys.argv[1:]
+sig = signal.Signals["SIG" + args.pop(0).lstrip("-")]
+assert args.pop(0) == "-f"
+if args[0] == "--":
+    args.pop(0)
+pattern, mark, hit = re.compile(args[0]), ("SBATCH_TEST=" + os.environ["SBATCH_TEST"]).encode(), 1
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        env = open(f"/proc/{{pid}}/environ", "rb").read().split(b"\\0")
+        cmd = open(f"/proc/{{pid}}/cmdline", "rb").read().rstrip(b"\\0").replace(b"\\0", b" ").decode()
+    except OSError:
+        continue
+    if mark in env and int(pid) != os.getpid() and pattern.search(cmd):
+        os.kill(int(pid), sig)
+        print(f"pkill: {{sig.name}} to {{pid}}: {{cmd[:80]}}", file=sys.stderr)
+        hit = 0
+sys.exit(hit)
+'''
+
+
+def readme_sbatch_script() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("#!/bin/bash\n#SBATCH")
+    return readme[start:readme.index("```", start)]
+
+
+def test_readme_sbatch_script_forwards_usr1_requeues_and_resumes(tmp_path):
+    """The README's sbatch script, run by bash as SLURM would run it on the batch node (one node
+    here), with scontrol and srun stubbed: SIGUSR1 to the batch shell (--signal=B:USR1) goes
+    through the trap to the training workers, which save and exit 0; torchrun survives it; the
+    summary's stop reason makes the script requeue the job; the requeued run (the same script,
+    --resume auto) resumes from last.pt, finishes, and does not requeue again."""
+    port = free_port()
+    script = readme_sbatch_script()
+    tiny = ("--num-envs 16 --num-steps 8 --num-minibatches 2 --device cpu --no-progress --num-eval-envs 4 "
+            "--eval-interval 0 --hidden-sizes 32 32 --total-timesteps 25600")
+    for old, new in [("--nproc-per-node 8", "--nproc-per-node 1"), ('"$head:29400"', f'"$head:{port}"'),
+                     ("--save-interval-seconds 900", f"--save-interval-seconds 900 {tiny}")]:
+        assert old in script, f"the README's sbatch script changed: {old!r} not found"
+        script = script.replace(old, new)
+    (tmp_path / "train.sbatch").write_text(script)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shims = {"scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo 127.0.0.1; else echo "$@" >> "$SBATCH_DIR/scontrol"; fi',
+             "srun": 'exec "$@"', "torchrun": f'exec {sys.executable} -m torch.distributed.run --local-addr 127.0.0.1 "$@"'}
+    for name, body in shims.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+    (bin_dir / "pkill").write_text(PKILL_SHIM.format(python=sys.executable))
+    for shim in bin_dir.iterdir():
+        shim.chmod(0o755)
+    (tmp_path / "algos").symlink_to(Path(__file__).resolve().parents[1] / "algos")
+    env = {**node_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SBATCH_TEST": str(port),
+           "SBATCH_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "node0", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242"}
+    run_dir = tmp_path / "runs" / "ppo-4242"
+
+    def sbatch(log: str) -> Job:
+        return Job(["bash", str(tmp_path / "train.sbatch")], tmp_path / log, env=env, cwd=tmp_path)
+
+    try:
+        run_sbatch_twice(sbatch, tmp_path, run_dir)
+    finally:  # the script's processes, also those a dead torchrun would leave behind
+        kill_marked(f"SBATCH_TEST={port}")
+
+
+def kill_marked(marker: str):
+    """SIGKILL every process that carries `marker` in its environment (the test's own, by id)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+def run_sbatch_twice(sbatch, tmp_path: Path, run_dir: Path):
+    first = sbatch("slurm-1.out")
+    first.wait_for(lambda: last_step(run_dir) > 0, timeout=120, what="training to start")
+    os.kill(first.proc.pid, signal.SIGUSR1)  # --signal=B:USR1@120: to the batch shell only
+    assert first.finish(timeout=60) == 0, first.output()[-4000:]
+    out = first.output()
+    assert "preempt: saving" in out and "Traceback" not in out, out[-4000:]
+    stopped = summary_of(tmp_path / "runs", "ppo-4242")
+    assert stopped["stop_reason"] == "signal:SIGUSR1" and stopped["global_step"] < 25600, stopped
+    assert checkpoint(tmp_path / "runs", run_name="ppo-4242")["global_step"] == stopped["global_step"]
+    assert (tmp_path / "scontrol").read_text().split("\n")[0] == "requeue 4242"
+
+    second = sbatch("slurm-2.out")  # the requeued job: the same script
+    assert second.finish(timeout=120) == 0, second.output()[-4000:]
+    assert f"global step {stopped['global_step']}" in second.output()
+    summary = summary_of(tmp_path / "runs", "ppo-4242")
+    assert summary["stop_reason"] == "total_timesteps" and summary["global_step"] == 25600
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "4242"], "requeued a finished run"
+    assert_one_curve(run_dir, 25600)
