@@ -456,7 +456,12 @@ def restore_buffer(run: Run, buffer, rank_state: dict | None) -> None:
         if not rank_state["envs_continue"]:
             buffer.end_episodes()  # the envs start fresh episodes: no n-step window across the join
     if run.checkpoint is not None and len(buffer) == 0 and run.is_main and not run.args.eval_only:
-        print("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume", flush=True)
+        ckpt = run.checkpoint
+        if rank_state is None and "buffer" in ckpt["ranks"][0]:  # each rank's buffer holds its own envs' steps
+            print(f"notice: the checkpoint's replay buffers belong to {ckpt['world_size']} process(es) x "
+                  f"{ckpt['args']['num_envs']} envs, not this run's; refilling them before updates resume", flush=True)
+        else:
+            print("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume", flush=True)
 
 
 def _to_device(x, device):

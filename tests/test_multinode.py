@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.helpers import Job, free_port, subprocess_env
-from tests.test_scripts import TINY, checkpoint, cli_args, logged_steps, summary_of
+from tests.test_scripts import TINY, checkpoint, cli_args, logged_steps, scalars, summary_of
 
 pytestmark = pytest.mark.distributed
 
@@ -106,11 +106,11 @@ def last_step(run_dir: Path) -> int:
     return max(logged_steps(run_dir) or [0])
 
 
-def assert_one_curve(run_dir: Path, total: int):
+def assert_one_curve(run_dir: Path, end: int):
     """Each TensorBoard step once, in order, up to the end: no step repeated by redone work."""
     steps = logged_steps(run_dir)
     assert steps == sorted(set(steps)), f"repeated or unordered steps: {steps}"
-    assert steps[-1] == total, steps[-5:]
+    assert steps[-1] == end, steps[-5:]
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     with one TensorBoard curve."""
     sync, per_rank = TINY[algo]["sync"], steps_per_iteration(algo)
     save_every = 4 * sync
-    total = 2 * per_rank * sync * 60
+    total = 2 * per_rank * sync * 40
     cluster = clusters(tmp_path, cli_args(algo, tmp_path, total_timesteps=total, save_interval=save_every,
                                           dist_timeout=600.0),
                        nnodes="1:2", restarts=3, step_seconds=0.01 if algo == "ppo" else 0.04)
@@ -168,7 +168,8 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     # the survivor's agent re-rendezvous with itself alone and resumes at world size 1
     a.wait_for(lambda: "notice: checkpoint from 2 process(es)" in a.output(), timeout=60, what="the resume at world size 1")
     assert f"resumed from {last} at iteration" in a.output() and f"global step {saved}" in a.output()
-    assert "ppo on" not in a.output() or "1 process(es)" in a.output()
+    if algo == OFF_POLICY:  # each rank's replay buffer holds its own envs' transitions: none fits a world of 1
+        assert "notice: the checkpoint's replay buffers belong to 2 process(es) x 8 envs" in a.output()
     a.wait_for(lambda: checkpoint(tmp_path)["world_size"] == 1, timeout=60, what="a checkpoint at world size 1")
 
     # a new node joins: the group restarts at world size 2 from last.pt (saved when the agent stops its workers)
@@ -177,8 +178,13 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     assert c.finish(timeout=30) == 0, c.output()[-4000:]
     assert "notice: checkpoint from 1 process(es)" in a.output() + c.output()
     summary = summary_of(tmp_path)
-    assert summary["world_size"] == 2 and summary["global_step"] == total and summary["params_in_sync"] is True
-    assert_one_curve(run_dir, total)
+    assert summary["world_size"] == 2 and summary["params_in_sync"] is True and summary["stop_reason"] == "total_timesteps"
+    # at the end no whole iteration of the world of 2 fits: after steps of a world of 1 that can leave one of 1 undone
+    assert total - 2 * per_rank * sync < summary["global_step"] <= total, summary["global_step"]
+    assert_one_curve(run_dir, summary["global_step"])
+    if algo == OFF_POLICY:  # updates resumed once the refilled buffers held --learning-starts steps again
+        losses = [step for step, _ in scalars(run_dir)["losses/q_loss"]]
+        assert losses[-1] == summary["global_step"] and max(losses) > saved
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["a.log", "b.log", "c.log", "run"]
     # what the dead node cost: the steps since the last save, at most one save interval of the world of 2
     assert 0 <= reached - saved <= save_every * 2 * per_rank, (saved, reached)
