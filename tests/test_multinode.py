@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.helpers import Job, free_port, subprocess_env
 from tests.test_scripts import TINY, checkpoint, cli_args, logged_steps, scalars, summary_of
@@ -299,7 +298,11 @@ def test_readme_sbatch_script_forwards_usr1_requeues_and_resumes(tmp_path):
     here), with scontrol and srun stubbed: SIGUSR1 to the batch shell (--signal=B:USR1) goes
     through the trap to the training workers, which save and exit 0; torchrun survives it; the
     summary's stop reason makes the script requeue the job; the requeued run (the same script,
-    --resume auto) resumes from last.pt, finishes, and does not requeue again."""
+    --resume auto) resumes from last.pt, finishes, and does not requeue again.
+
+    Not a real SLURM: its daemons (munge, slurmctld, slurmd) are root services of the machine,
+    time limits are whole minutes and --signal is delivered with up to a minute's delay, so one
+    preempt-and-requeue cycle would take minutes. What the script itself does is run here."""
     port = free_port()
     script = readme_sbatch_script()
     tiny = ("--num-envs 16 --num-steps 8 --num-minibatches 2 --device cpu --no-progress --num-eval-envs 4 "
