@@ -171,24 +171,30 @@ def elastic_restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def stable_run_name(default_name: str, output_dir: str | os.PathLike) -> str:
-    """A run name that survives torchrun restarts of the worker group.
+def stable_run_name(run_name: str | None, default_name: str, output_dir: str | os.PathLike) -> tuple[str, bool]:
+    """The run name that survives torchrun restarts of the worker group, and whether an earlier
+    worker group of this launch started it (the workers then continue from its last.pt).
 
     The default name carries a timestamp, which a restarted worker would compute anew and so
-    lose its run directory. Under torchrun, the first launch records the name in a marker keyed
-    by the launch (torchrun's run id, or this host and the launcher's pid when the run id is the
-    default 'none'); restarted workers read it back. Call it on rank 0 only.
+    lose its run directory. Under torchrun, the first worker group of a launch records the name
+    in a marker keyed by the launch (torchrun's run id, i.e. --rdzv-id, or this host and the
+    launcher's pid when the run id is the default 'none'); the groups after it read it back.
+    With a run id, a marker is enough to tell a later group: torchrun re-forms the group when a
+    node joins or leaves without counting a restart, and a new node's agent counts from 0. Call
+    it on rank 0 only. Outside torchrun: (run_name or default_name, False).
     """
+    name = run_name or default_name
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None:
-        return default_name
-    if run_id in ("", "none"):
+        return name, False
+    single_agent = run_id in ("", "none")  # static rendezvous: one launcher, which counts its restarts
+    if single_agent:
         import socket
 
         run_id = f"{socket.gethostname()}-{os.getppid()}"
     marker = Path(output_dir) / ".launches" / run_id
-    if elastic_restart_count() > 0 and marker.is_file():
-        return marker.read_text().strip()
+    if marker.is_file() and (elastic_restart_count() > 0 or not single_agent):
+        return run_name or marker.read_text().strip(), True
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(default_name)
-    return default_name
+    marker.write_text(name)
+    return name, False

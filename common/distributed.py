@@ -76,6 +76,9 @@ def _restart_scoped_store(world_size: int, timeout: timedelta):
     Under torchrun the workers share the agent's store, which outlives a restart: without a
     scope, a restarted rank can read the dead workers' addresses and fail to connect
     ("connectFullMesh failed ... Connection refused"). None outside torchrun's agent store.
+    The scope assumes every agent counts the same restarts, which holds on one node; a node that
+    joins counts from 0, so multi-node runs set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (README),
+    which gives each worker group a store of its own and this function nothing to do.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None

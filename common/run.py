@@ -294,14 +294,20 @@ def open_run(run: Run) -> dict | None:
     """The run directory (one name across torchrun restarts), config.json, the checkpoint to resume
     from, and on rank 0 the TensorBoard writer (and wandb). Returns the checkpoint, or None."""
     args = run.args
-    run_name = args.run_name
-    if run_name is None and run.is_main:
+    run_name, later_group = args.run_name, False
+    if run.is_main:
         default = f"{args.env_id.replace(':', '-').replace('/', '-')}__{run.algo}__{args.seed}__{int(time.time())}"
         try:
-            run_name = default if args.eval_only else stable_run_name(default, args.output_dir)
+            if args.eval_only:
+                run_name = run_name or default
+            else:
+                run_name, later_group = stable_run_name(run_name, default, args.output_dir)
         except OSError:
-            run_name = default  # reported just below, with the directory
-    run.run_dir = Path(args.output_dir) / distributed.broadcast_object(run_name)
+            run_name = run_name or default  # reported just below, with the directory
+        later_group = later_group or elastic_restart_count() > 0
+    # rank 0 decides for all: after a node joined, the new node's agent counts no restart
+    run_name, later_group = distributed.broadcast_object((run_name, later_group))
+    run.run_dir = Path(args.output_dir) / run_name
     if run.is_main and not args.eval_only:
         try:
             checkpoint_dir(run.run_dir).mkdir(parents=True, exist_ok=True)
@@ -309,8 +315,8 @@ def open_run(run: Run) -> dict | None:
         except OSError as e:
             raise SystemExit(f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir") from None
     distributed.barrier()
-    if args.resume is None and elastic_restart_count() > 0:
-        args.resume = "auto"  # torchrun restarted the workers after a fault: continue from last.pt
+    if args.resume is None and later_group and not args.eval_only:
+        args.resume = "auto"  # torchrun restarted or re-formed the worker group: continue from last.pt
     try:
         run.resume_path = resolve_resume(args.resume, run.run_dir) if args.resume else None
         if args.eval_only and run.resume_path is None:
@@ -458,7 +464,12 @@ def restore_buffer(run: Run, buffer, rank_state: dict | None) -> None:
         if not rank_state["envs_continue"]:
             buffer.end_episodes()  # the envs start fresh episodes: no n-step window across the join
     if run.checkpoint is not None and len(buffer) == 0 and run.is_main and not run.args.eval_only:
-        print("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume", flush=True)
+        ckpt = run.checkpoint
+        if rank_state is None and "buffer" in ckpt["ranks"][0]:  # each rank's buffer holds its own envs' steps
+            print(f"notice: the checkpoint's replay buffers belong to {ckpt['world_size']} process(es) x "
+                  f"{ckpt['args']['num_envs']} envs, not this run's; refilling them before updates resume", flush=True)
+        else:
+            print("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume", flush=True)
 
 
 def _to_device(x, device):

@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +50,58 @@ def run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.C
         out, _ = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+class Job:
+    """A launched command in its own process group, with what it prints in `log`.
+
+    Under torchrun the launcher starts every worker in a session of its own, so killing the
+    launcher's group leaves them running: kill() ends each worker it has seen by its id too."""
+
+    def __init__(self, cmd, log: Path, env: dict | None = None, cwd: Path = ROOT):
+        self.log = log
+        self.seen_workers: set[int] = set()
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env or subprocess_env(), stdout=open(log, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for(self, predicate, timeout=120.0, what="condition"):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited ({self.proc.returncode}) before {what}:\n{self.output()[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.output()[-3000:]}")
+
+    def workers(self) -> list[int]:
+        """PIDs of the processes torchrun started (its children)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        pids = [int(p) for p in out.split()]
+        self.seen_workers.update(pids)
+        return pids
+
+    def finish(self, timeout=180.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"did not finish in {timeout}s:\n{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def kill(self):
+        """SIGKILL to the launcher's group and to the group of each of its workers."""
+        if self.proc.poll() is None:
+            self.workers()
+        for pid in sorted(self.seen_workers):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # gone already
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 def load_script(name: str):

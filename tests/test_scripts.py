@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 import torch
 
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
-from tests.helpers import ROOT, inject_nan_rewards, load_script, run, subprocess_env, torchrun_cmd
+from tests.helpers import ROOT, Job, inject_nan_rewards, load_script, run, torchrun_cmd
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.replay import assert_no_host_sync, assert_replays_alike, record_captured
 
@@ -427,44 +426,6 @@ def test_command_line_error_is_one_line_without_traceback(algo, tmp_path):
 # --------------------------------------------------------------------------------------------
 # torchrun: ranks in sync, signals, killed workers, another world size (2 processes, gloo)
 # --------------------------------------------------------------------------------------------
-class Job:
-    """A launched command in its own process group, killed with the group when the test ends."""
-
-    def __init__(self, cmd, log: Path):
-        self.log = log
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=open(log, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_for(self, predicate, timeout=120.0, what="condition"):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if predicate():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"exited ({self.proc.returncode}) before {what}:\n{self.output()[-3000:]}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.output()[-3000:]}")
-
-    def workers(self) -> list[int]:
-        """PIDs of the processes torchrun started (its children)."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
-
-    def finish(self, timeout=180.0) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"did not finish in {timeout}s:\n{self.output()[-3000:]}")
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
 @pytest.fixture
 def jobs():
     started = []
