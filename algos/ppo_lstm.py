@@ -3,11 +3,9 @@
     python algos/ppo_lstm.py --env-id CartPole-v1 --env-kwargs '{"mask_velocity": true}'
     torchrun --nproc-per-node 8 algos/ppo_lstm.py --env-id Pendulum-v1 --env-kwargs '{"mask_velocity": true}'
 
-algos/ppo.py with a memory. The file, top to bottom: Args -> networks (Agent: a recurrent cell that
-reads the observations, shared by an actor head and a critic head; EvalPolicy: one hidden state
-per eval env) -> GAE and the adaptive learning rate -> the PPO loss of a minibatch of sequences ->
-rollout -> targets -> update -> main. The run around it is common/run.py, as for ppo.py.
-
+algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an
+actor head and a critic head; EvalPolicy: one hidden state per eval env) -> GAE, the adaptive
+learning rate and the PPO loss of a minibatch of sequences -> rollout -> targets -> update -> main.
 The hidden state of every env is one tensor [k * rnn_layers, num_envs, rnn_hidden_size] (k = 2
 for an LSTM: its h rows, then its c rows; 1 for a GRU):
 - the rollout keeps it as a live tensor written in place (so a built-in env's whole rollout is
@@ -17,6 +15,7 @@ for an LSTM: its h rows, then its c rows; 1 for a GRU):
   over --num-steps), zeroing the state at the episode starts inside the sequence as the rollout
   did; minibatches are sets of envs with all their steps, never slices of time;
 - a checkpoint holds each rank's hidden states beside its env states: a resume is exact.
+Flags as ppo.py's, less its --target-kl (a host read per epoch) and --anneal-lr (--lr-schedule linear).
 References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial
 observability); Huang et al. 2022 ("The 37 implementation details of PPO", the LSTM details);
 Rudin et al. 2022 (rsl_rl: recurrent actor-critic, adaptive learning rate).
@@ -69,8 +68,6 @@ class Args(RunArgs):
     """initial learning rate of Adam"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
-    anneal_lr: bool = False
-    """CleanRL's flag: same as --lr-schedule linear"""
     desired_kl: float = 0.01
     """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
     gamma: float = 0.99
@@ -89,8 +86,6 @@ class Args(RunArgs):
     """value loss coefficient"""
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
-    target_kl: float | None = None
-    """stop the epoch loop early when the approximate KL exceeds this"""
     hidden_sizes: tuple[int, ...] = (64,)
     """hidden layer sizes of the actor and critic heads after the cell"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
@@ -131,14 +126,10 @@ def mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], activation: str, out
 
 
 class Agent(nn.Module):
-    """A recurrent cell over the normalized policy observations, an actor head and a critic head
-    on its output (the critic head also reads the "critic" observations when given), and the
-    observation normalizers, so that one state_dict holds all.
-
-    One memory for actor and critic (CleanRL's choice): one cell step per env step. Discrete
-    spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a state-independent
-    log-std. The hidden state is [k * layers, B, hidden] (see the module docstring).
-    """
+    """A recurrent cell over the normalized policy observations, shared by an actor head and a
+    critic head (one cell step per env step, as CleanRL's; the critic head also reads the "critic"
+    observations when given), with the observation normalizers: one state_dict holds all. Discrete
+    spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std."""
 
     def __init__(self, obs_dim: int, critic_obs_dim: int | None, action_space: gym.Space, args: Args):
         super().__init__()
@@ -154,26 +145,21 @@ class Agent(nn.Module):
         self.critic = mlp(args.rnn_hidden_size + (critic_obs_dim or 0), 1, args.hidden_sizes, args.activation, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        # The env's action bounds: Gaussian samples are clipped to them before they reach the env.
+        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()  # Gaussian samples are clipped to them for the env
         self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
         self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
-        norm = args.obs_norm
-        self.obs_rms = RunningMeanStd(obs_dim, clip=args.obs_clip) if norm else nn.Identity()
-        self.critic_obs_rms = RunningMeanStd(critic_obs_dim, clip=args.obs_clip) if norm and critic_obs_dim else nn.Identity()
+        self.obs_rms = RunningMeanStd(obs_dim, clip=args.obs_clip) if args.obs_norm else nn.Identity()
+        self.critic_obs_rms = RunningMeanStd(critic_obs_dim, clip=args.obs_clip) if args.obs_norm and critic_obs_dim else nn.Identity()
 
-    def initial_state(self, batch: int) -> torch.Tensor:
-        """The hidden state of `batch` envs at the start of an episode: zeros."""
+    def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
         return torch.zeros(self.state_shape[0], batch, self.state_shape[1])
 
     def normalize(self, obs: TensorDict) -> TensorDict:
-        out = {"policy": self.obs_rms(obs["policy"])}
-        if self.critic_key == "critic":
-            out["critic"] = self.critic_obs_rms(obs["critic"])
-        return TensorDict(out, batch_size=obs.batch_size)
+        critic = {"critic": self.critic_obs_rms(obs["critic"])} if self.critic_key == "critic" else {}
+        return TensorDict({"policy": self.obs_rms(obs["policy"]), **critic}, batch_size=obs.batch_size)
 
     def memory(self, policy_obs_n: torch.Tensor, state: torch.Tensor):
-        """One step of the cell: normalized observations [B, obs_dim] and the state -> (output [B, H], next state)."""
+        """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state)."""
         if self.lstm:
             h, c = state.chunk(2)
             out, (h, c) = self.rnn(policy_obs_n.unsqueeze(0), (h.contiguous(), c.contiguous()))
@@ -203,14 +189,11 @@ class Agent(nn.Module):
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.dist(out)
-        if self.discrete:
-            return d.log_prob(action), d.entropy()
-        return d.log_prob(action).sum(-1), d.entropy().sum(-1)
+        return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        if self.action_low.numel() == 0:
-            return action
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        bounded = self.action_low.numel() > 0
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low) if bounded else action
 
     def act(self, obs: TensorDict, state: torch.Tensor):
         """One acting step: (sampled action, its log-prob, the value, the next state)."""
@@ -253,12 +236,11 @@ class EvalPolicy(nn.Module):
     def reset_state(self, done: torch.Tensor) -> None:
         self.state.mul_(~done.unsqueeze(-1))
 
-    def recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):  # what gets exported
-        return self.agent.recurrent_step(policy_obs, state)
+    recurrent_step = property(lambda self: self.agent.recurrent_step)  # (obs, state) -> (action, next state): exported
 
 
 # ----------------------------------------------------------------------------------------------
-# GAE with truncation bootstrapping; the adaptive learning rate (as in ppo.py)
+# GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences
 # ----------------------------------------------------------------------------------------------
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout. A truncated episode's last reward gets gamma * V(final_obs)
@@ -284,9 +266,6 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
     lr.copy_((lr * factor).clamp(1e-5, 1e-2))
 
 
-# ----------------------------------------------------------------------------------------------
-# The PPO loss of a minibatch of whole sequences
-# ----------------------------------------------------------------------------------------------
 def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
     """Replay the minibatch's envs [T, B] from their initial hidden states, then the clipped
     surrogate + (clipped) value loss - entropy bonus over all their steps."""
@@ -320,8 +299,7 @@ LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "
 # One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
 # run (the hidden states included), so that on CUDA each is compiled and captured whole.
 # ----------------------------------------------------------------------------------------------
-def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor,
-            initial_state: torch.Tensor) -> TensorDict:
+def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor):
     """storage.num_steps steps of every env, written to storage; the hidden states they start
     from go to initial_state (the update replays from there). No host sync."""
     initial_state.copy_(rnn_state)
@@ -360,13 +338,11 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     var_y = returns.var()
     stats["losses"][-1] += torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
-    return TensorDict({"obs_n": obs_n, "starts": starts, "actions": data["actions"], "logprobs": data["logprobs"],
-                       "values": values, "advantages": advantages, "returns": returns},
-                      batch_size=values.shape, device=values.device)
+    return TensorDict({"obs_n": obs_n, "starts": starts, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
+                       "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
 
 
-def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr: torch.Tensor, stats: dict,
-           args: Args) -> None:
+def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr: torch.Tensor, stats: dict, args: Args):
     """Epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden
     state; the adaptive learning rate after each minibatch from the ranks' mean KL."""
     num_envs = batch.shape[1]
@@ -381,9 +357,6 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(minibatch_stats[3].clone(), "mean"), args.desired_kl)
-        if args.target_kl is not None:  # one host read per epoch, only when asked for (the update is not captured whole)
-            if distributed.all_reduce(loss_sums[3] / num_updates, "mean").item() > args.target_kl:
-                break
     losses = loss_sums / num_updates
     stats["losses"][:-1] += losses
     stats["nonfinite"][2] += (~torch.isfinite(losses)).sum()
@@ -391,8 +364,6 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
 
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
     run = start_run(args, ALGO, {"log_interval": (10, 1)})
     device = run.device
     if args.num_envs % args.num_minibatches != 0:
@@ -432,8 +403,7 @@ def main(args: Args) -> dict:
         return eval_only(run, eval_envs, eval_policy)
 
     # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
-    def policy_step(obs: TensorDict):
-        # no autocast cache: a captured acting step must cast the weights itself at every replay
+    def policy_step(obs: TensorDict):  # no autocast cache: a captured step casts the weights at every replay
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             return agent_inference.act(obs, rnn_state)
 
@@ -454,10 +424,8 @@ def main(args: Args) -> dict:
         action, logprob, value, state = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value = end_step(info["final_obs"], state, terminated | truncated)
-        return next_obs, TensorDict(
-            {"obs": obs, "actions": action, "logprobs": logprob, "values": value, "final_values": final_value,
-             "rewards": reward.float(), "terminated": terminated, "truncated": truncated}, batch_size=[envs.num_envs],
-        ), info
+        return next_obs, TensorDict({"obs": obs, "actions": action, "logprobs": logprob, "values": value, "final_values": final_value,
+                                     "rewards": reward.float(), "terminated": terminated, "truncated": truncated}, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):
         """One gradient step on a minibatch of sequences (gradients averaged over ranks); returns its losses."""
@@ -481,21 +449,14 @@ def main(args: Args) -> dict:
     stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64),
              "losses": torch.zeros(len(LOSS_NAMES), device=device), "nonfinite": torch.zeros(3, device=device)}
     update_minibatch = compiled(run, update_minibatch)
-    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats,
-                                                   stats, args))
-    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
-        targets_fn = captured(run, "targets", targets_fn)
-        update_minibatch = captured(run, "minibatch update", update_minibatch)
+    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats, stats, args))
     rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage, rnn_state, initial_state),
                           capture=whole_rollout)
-    update_fn = lambda obs: update(update_minibatch, targets_fn(obs), initial_state, lr, stats, args)  # noqa: E731
-    if args.target_kl is None:  # the targets and every epoch of the update as one graph
-        update_fn = captured(run, "update", update_fn)
-    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of "
-                        f"{args.num_envs // args.num_minibatches} envs x {args.num_steps} steps per process); "
-                        f"{total_steps // global_batch} iterations for {total_steps} steps; {args.cell} "
-                        f"{args.rnn_layers}x{args.rnn_hidden_size}; compile {'on' if args.compile else 'off'}, "
-                        f"CUDA graphs {'on' if args.cudagraphs else 'off'}")
+    # the targets and every epoch of the update as one graph: the batch never leaves it
+    update_fn = captured(run, "update", lambda obs: update(update_minibatch, targets_fn(obs), initial_state, lr, stats, args))
+    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
+                        f" envs x {args.num_steps} steps per process); {total_steps // global_batch} iterations; {args.cell} "
+                        f"{args.rnn_layers}x{args.rnn_hidden_size}; compile {args.compile}, CUDA graphs {args.cudagraphs}")
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
