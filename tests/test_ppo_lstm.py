@@ -183,8 +183,12 @@ def test_exported_policy_runs_episodes_as_the_script_evaluates(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(expected, forgetful))
 
 
-def test_gru_and_stacked_layers_train_and_evaluate(tmp_path):
+def test_gru_and_stacked_layers_train_evaluate_and_export_the_best(tmp_path):
+    """--cell gru --rnn-layers 2 (state rows: one per layer) with bf16 autocast; --export-best writes the
+    recurrent policy with its state's shape when best.pt is written."""
     summary = train(tmp_path, env_id="Pendulum-v1", env_kwargs=MASKED, cell="gru", rnn_layers=2, rnn_hidden_size=16,
-                    eval_interval=3)
+                    eval_interval=3, bf16=True, export_best=True)
     assert summary["global_step"] == 32 * 16 * 3 and summary["best_eval_return"] is not None
     assert checkpoint(tmp_path)["ranks"][0]["rnn_state"].shape == (2, 32, 16)
+    meta = json.loads((tmp_path / "run" / "export" / "policy.json").read_text())
+    assert meta["state"]["shape"] == [2, "batch", 16] and meta["global_step"] == 32 * 16 * 3
