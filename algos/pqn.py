@@ -227,7 +227,6 @@ def main(args: Args) -> dict:
 
 
 def train(run, args: Args) -> dict:
-    """Setup, then the loop; ends with finish() (summary.json) or eval_only()."""
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:

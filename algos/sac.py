@@ -368,7 +368,6 @@ def main(args: Args) -> dict:
 
 
 def train(run, args: Args) -> dict:
-    """Setup, then the loop; ends with finish() (summary.json) or eval_only()."""
     device, batch_size = run.device, args.batch_size
     capacity = args.buffer_size // args.num_envs  # slots per env
     check_args(args, batch_size, capacity)

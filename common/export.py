@@ -7,6 +7,10 @@ raw "policy" observations [B, obs_dim] (float32) to the env's actions: the obser
 normalization is folded in, and the action is the script's deterministic one (PPO: the Gaussian
 mean clipped to the bounds, or the most likely action; TD3/SAC: the squashed action scaled to
 the bounds; PQN: the greedy action). Each script's model provides it as `deterministic(obs)`.
+
+A recurrent policy (ppo_lstm) provides `recurrent_step(obs, state) -> (action, next_state)` and
+`state_shape` (rows, hidden): its exported models take `obs` [B, obs_dim] and `state` [rows, B,
+hidden] and return `action` and `next_state`; policy.json says the shape and the reset rule.
 """
 
 from __future__ import annotations
@@ -33,6 +37,21 @@ class DeterministicPolicy(nn.Module):
         return self.model.deterministic(obs)
 
 
+class RecurrentPolicy(nn.Module):
+    """`model.recurrent_step(obs, state)` as a module's forward: (obs, state) -> (action, next_state)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.recurrent_step(obs, state)
+
+
+STATE_RESET_RULE = ("zeros at the start of every episode (after a reset, and for an env whose last step terminated or "
+                    "was truncated); otherwise the next_state of the previous call")
+
+
 def _finite_or_none(values) -> list:
     return [float(v) if math.isfinite(float(v)) else None for v in values]  # strict JSON: no inf
 
@@ -52,15 +71,21 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    policy = DeterministicPolicy(copy.deepcopy(model).cpu().float()).eval()
-    example = torch.as_tensor(observation_space.sample(), dtype=torch.float32).reshape(1, -1).repeat(4, 1)
+    recurrent = hasattr(model, "recurrent_step")
+    policy = (RecurrentPolicy if recurrent else DeterministicPolicy)(copy.deepcopy(model).cpu().float()).eval()
+    example = (torch.as_tensor(observation_space.sample(), dtype=torch.float32).reshape(1, -1).repeat(4, 1),)
+    names = {"input_names": ["obs"], "output_names": ["action"], "dynamic_axes": {"obs": {0: "batch"}, "action": {0: "batch"}}}
+    if recurrent:
+        rows, hidden = model.state_shape
+        example += (torch.zeros(rows, 4, hidden),)
+        names = {"input_names": ["obs", "state"], "output_names": ["action", "next_state"],
+                 "dynamic_axes": {**names["dynamic_axes"], "state": {1: "batch"}, "next_state": {1: "batch"}}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and exporter deprecation notices
         traced = torch.jit.trace(policy, example)
         traced.save(str(out / "policy.pt"))
         kwargs = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
-        torch.onnx.export(policy, (example,), str(out / "policy.onnx"), input_names=["obs"], output_names=["action"],
-                          dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, **kwargs)
+        torch.onnx.export(policy, example, str(out / "policy.onnx"), **names, **kwargs)
     meta = {
         **info,
         "files": {"torchscript": "policy.pt", "onnx": "policy.onnx"},
@@ -69,5 +94,8 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
         "output": {"name": "action", "action_space": space_json(action_space),
                    "note": "deterministic action in the env's units, within its bounds"},
     }
+    if recurrent:
+        meta["state"] = {"input": "state", "output": "next_state", "shape": [rows, "batch", hidden], "batch_dim": 1,
+                         "dtype": "float32", "initial": "zeros", "reset": STATE_RESET_RULE}
     (out / "policy.json").write_text(json.dumps(meta, indent=2))
     return out

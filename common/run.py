@@ -716,6 +716,8 @@ def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> T
     added into `acc` in place (running return/length, episodes done, and the sums of returns,
     lengths, episodes, successes and success reports)."""
     obs, reward, terminated, truncated, info = eval_envs.step(model.deterministic(obs["policy"]))
+    if hasattr(model, "reset_state"):  # a recurrent policy: zero the hidden state of the envs whose episode ended
+        model.reset_state(terminated | truncated)
     running, done_count = acc["running"], acc["done_count"]
     active = done_count < episodes
     running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
@@ -761,6 +763,10 @@ def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, re
     all ranks (a collective): mean return and length, the success rate where the env reports
     per-env success at episode ends (info["success"]), and the frames of the first `record` envs.
 
+    A recurrent policy keeps one hidden state per eval env inside `model` and has
+    `reset_state(done)`, a bool [num_eval_envs]: it is called with all True after the eval envs'
+    reset and with terminated | truncated after every step, and zeroes those envs' state in place.
+
     Without recording, the steps run EVAL_CHUNK at a time, with one host read after each chunk
     (compiled and captured as the run's flags ask, given `run` and a built-in env). Recording
     reads the recorded envs' state to the host at every step: evaluation only.
@@ -769,6 +775,8 @@ def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, re
     for t in acc.values():
         t.zero_()
     obs, _ = eval_envs.reset(seed=seed)
+    if hasattr(model, "reset_state"):
+        model.reset_state(torch.ones(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device))
     recorded = list(range(min(record, eval_envs.num_envs)))
     frames = {i: [f] for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
     max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000

@@ -500,3 +500,29 @@ def test_render_draws_what_gymnasium_draws_for_the_same_state(env_id):
         reference.close()
     assert not np.array_equal(frames[0], frames[1])  # two envs in two states
     env.close()
+
+
+@pytest.mark.parametrize("env_id, observed", [("CartPole-v1", [0, 2]), ("Pendulum-v1", [0, 1])])
+def test_mask_velocity_observes_the_unmasked_entries_of_the_same_trajectory(env_id, observed):
+    """mask_velocity=True drops the velocities from the observation (CartPole: x and theta;
+    Pendulum: cos and sin of the angle) and changes nothing else: same spaces' bounds on the kept
+    entries, same states, rewards and ends, and no host sync per step."""
+    full, masked = make_env(env_id, 16, seed=3), make_env(env_id, 16, seed=3, mask_velocity=True)
+    assert masked.single_observation_space.shape == (len(observed),)
+    np.testing.assert_array_equal(masked.single_observation_space.high, full.single_observation_space.high[observed])
+    obs_full, obs_masked = full.reset()[0], masked.reset()[0]
+    torch.testing.assert_close(obs_masked["policy"], obs_full["policy"][:, observed], rtol=0, atol=0)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(600):  # past the time limits: autoresets and final_obs included
+        if isinstance(full.single_action_space, gym.spaces.Discrete):
+            action = torch.randint(0, 2, (16,), generator=g)
+        else:
+            action = torch.rand(16, 1, generator=g) * 4 - 2
+        with RecordHostSyncs() as recorder:
+            o_m, r_m, term_m, trunc_m, info_m = masked.step(action)
+        assert not recorder.syncs
+        o_f, r_f, term_f, trunc_f, info_f = full.step(action)
+        assert torch.equal(masked.state, full.state) and torch.equal(r_m, r_f)
+        assert torch.equal(term_m, term_f) and torch.equal(trunc_m, trunc_f)
+        assert torch.equal(o_m["policy"], o_f["policy"][:, observed])
+        assert torch.equal(info_m["final_obs"]["policy"], info_f["final_obs"]["policy"][:, observed])

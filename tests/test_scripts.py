@@ -27,7 +27,7 @@ from tests.helpers import ROOT, Job, inject_nan_rewards, load_script, run, torch
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.replay import assert_no_host_sync, assert_replays_alike, record_captured
 
-SCRIPTS = ["ppo", "pqn", "td3", "sac"]
+SCRIPTS = ["ppo", "pqn", "td3", "sac", "ppo_lstm"]
 
 # Tiny settings per script. `steps`: env steps of one process per iteration; `sync`: iterations
 # between two host reads (the per-iteration reduction); a "unit" below is `sync` iterations.
@@ -50,6 +50,10 @@ TINY = {
         env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
         reward_norm=True, save_buffer=True),
         captures=[dict(learning_starts=32), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
+    "ppo_lstm": dict(steps=16 * 8, sync=1, kwargs=dict(
+        env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True,
+        rnn_hidden_size=16),
+        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
 }
 COMMON = dict(device="cpu", progress=False, run_name="run", num_eval_envs=4, eval_interval=0, save_interval=10_000,
               hidden_sizes=(32, 32), env_kwargs='{"max_episode_steps": 16}')
@@ -61,6 +65,8 @@ TAGS = {
     "td3": {"losses/q_loss", "losses/q_values", "losses/actor_loss", "charts/rollout_seconds", "charts/update_seconds"},
     "sac": {"losses/q_loss", "losses/q_values", "losses/actor_loss", "losses/alpha", "losses/entropy",
             "charts/rollout_seconds", "charts/update_seconds"},
+    "ppo_lstm": {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
+                 "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"},
 }
 SUMMARY_FIELDS = {"algo", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
                   "best_eval_return", "stop_reason", "world_size", "params_in_sync", "rollout_seconds", "update_seconds",
@@ -285,7 +291,7 @@ def test_no_host_sync_per_env_step(algo, tmp_path):
     """The host reads of a unit do not grow with its number of env steps: the rollout length of
     the on-policy scripts, the log interval of the off-policy ones."""
     load_script(algo)  # imported outside the recorder
-    knob = "num_steps" if algo in ("ppo", "pqn") else "log_interval"
+    knob = "num_steps" if "num_steps" in TINY[algo]["kwargs"] else "log_interval"
     counts = {}
     for value in (2, 6):  # three units of 2 and of 6 env steps per env
         recorder = SyncsOutsideTheOptimizer()
@@ -295,7 +301,7 @@ def test_no_host_sync_per_env_step(algo, tmp_path):
     assert counts[2] == counts[6], counts
 
 
-@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+@pytest.mark.parametrize("algo", ["ppo", "pqn", "ppo_lstm"])
 def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_path):
     """--log-interval k: the statistics of k iterations, gathered on the device, are read once; the
     training is untouched and the logged losses are the means of the k iterations'."""
@@ -305,7 +311,7 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
     assert_same(checkpoint(every)["model"], checkpoint(k)["model"])
     steps = TINY[algo]["steps"]
     curves_every, curves_k = scalars(every / "run"), scalars(k / "run")
-    loss = "losses/value_loss" if algo == "ppo" else "losses/td_loss"
+    loss = "losses/td_loss" if algo == "pqn" else "losses/value_loss"
     assert [s for s, _ in curves_k[loss]] == [4 * steps, 8 * steps]
     per_iteration = [v for _, v in curves_every[loss]]
     assert [v for _, v in curves_k[loss]] == pytest.approx([np.mean(per_iteration[:4]), np.mean(per_iteration[4:])], rel=1e-5)
@@ -630,7 +636,7 @@ def build_model(algo: str, state: dict, env):
     return model.eval()
 
 
-@pytest.mark.parametrize("algo", SCRIPTS)
+@pytest.mark.parametrize("algo", [a for a in SCRIPTS if a != "ppo_lstm"])  # recurrent: tests/test_ppo_lstm.py
 def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     from common.envs import make_env

@@ -59,7 +59,8 @@ def make_env(
 
     Built-in envs accept `dtype` (default torch.float32), `max_episode_steps` (default:
     gymnasium's registered limit) and the options of gymnasium's constructor (e.g. `g` for
-    Pendulum-v1). Adapter ids pass `kwargs` on to the adapter.
+    Pendulum-v1); CartPole-v1 and Pendulum-v1 also `mask_velocity` (observations without the
+    velocities: a partially observed task). Adapter ids pass `kwargs` on to the adapter.
 
     `render_mode="rgb_array"` asks for envs whose `render(env_ids)` returns frames (for recorded
     evaluation); built-in envs always can, `gym:` envs are built for it, other adapters say they

@@ -10,6 +10,11 @@ constants folded in the same order, and the odd multiplication by 1.0), so that 
 float64 the two agree to the last bit up to differences in the sin/cos implementations;
 please keep that property when editing.
 
+Partial observability: CartPole-v1 and Pendulum-v1 take `mask_velocity=True` (not a gymnasium
+option), which leaves the velocities out of the observation: CartPole observes the cart
+position and the pole angle, Pendulum the cosine and sine of the angle. The dynamics, rewards
+and `env.state` are unchanged; a policy must infer the velocities from its observation history.
+
 Known, intended differences from gymnasium:
 - everything is computed in the env dtype (float32 by default). Gymnasium mixes: most
   states are float64 while observations are cast to float32; MountainCarContinuous
@@ -62,11 +67,15 @@ class CartPole(TorchEnv):
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int | None = None,
         sutton_barto_reward: bool = False,
+        mask_velocity: bool = False,
     ):
         high = np.array(
             [self.x_threshold * 2, np.inf, self.theta_threshold_radians * 2, np.inf],
             dtype=np.float32,
         )
+        # mask_velocity: observe x and theta only (the even entries of the state)
+        self.mask_velocity = mask_velocity
+        high = high[0::2] if mask_velocity else high
         self.single_observation_space = spaces.Box(-high, high, dtype=np.float32)
         self.single_action_space = spaces.Discrete(2)
         # Reward 0 per step and -1 on failure instead of +1 per step (gymnasium's option).
@@ -107,7 +116,7 @@ class CartPole(TorchEnv):
 
     def _observe(self, state):
         # A copy, so that a caller editing an observation in place cannot edit env.state.
-        return state.clone()
+        return state[:, 0::2].clone() if self.mask_velocity else state.clone()
 
 
 class Pendulum(TorchEnv):
@@ -132,8 +141,11 @@ class Pendulum(TorchEnv):
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int | None = None,
         g: float = 10.0,
+        mask_velocity: bool = False,
     ):
-        high = np.array([1.0, 1.0, self.max_speed], dtype=np.float32)
+        # mask_velocity: observe cos(th) and sin(th) only, not thdot
+        self.mask_velocity = mask_velocity
+        high = np.array([1.0, 1.0] if mask_velocity else [1.0, 1.0, self.max_speed], dtype=np.float32)
         self.single_observation_space = spaces.Box(low=-high, high=high, dtype=np.float32)
         self.single_action_space = spaces.Box(
             low=-self.max_torque, high=self.max_torque, shape=(1,), dtype=np.float32
@@ -162,6 +174,8 @@ class Pendulum(TorchEnv):
 
     def _observe(self, state):
         th, thdot = state.unbind(1)
+        if self.mask_velocity:
+            return torch.stack((torch.cos(th), torch.sin(th)), dim=1)
         return torch.stack((torch.cos(th), torch.sin(th), thdot), dim=1)
 
 

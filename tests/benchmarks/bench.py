@@ -17,7 +17,8 @@ a speed. For one env id, num_envs and device it measures, side by side:
    same shape, a plain sum as the loss: no optimizer, no PPO losses, no indexing);
 4. training: every script in algos/ (or those named by --algos) that takes the common flags,
    run in a subprocess per mode (so compile caches, threads and memory cannot leak between
-   modes), with eval off and checkpoints only at the end.
+   modes), with eval off and checkpoints only at the end; each script's SPS also as a ratio to
+   ppo.py's in the same mode (ppo_lstm: what its memory costs).
 
 Steady-state training SPS. The first iteration(s) carry torch.compile's work (tens of seconds
 on CPU) and one-off allocations; the last carries the final checkpoint. Running N and 2N
@@ -519,6 +520,7 @@ def add_ratios(report: dict) -> None:
         r["ratio_to_env_only"] = ratio(r["sps"], env_sps)
         r["speedup_vs_eager"] = ratio(r["sps"], inference.get("eager", {}).get("sps"))
     eager_sps = {r["algo"]: r.get("sps") for r in report["training"] if r["mode"] == "eager" and r["status"] == "ok"}
+    ppo_sps = {r["mode"]: r.get("sps") for r in report["training"] if r["algo"] == "ppo" and r["status"] == "ok"}
     network = report["network"]
     for r in report["training"]:
         if r["status"] != "ok":
@@ -526,6 +528,7 @@ def add_ratios(report: dict) -> None:
         r["ratio_to_env_only"] = ratio(r.get("sps"), env_sps)
         r["ratio_to_inference"] = ratio(r.get("sps"), inference.get(r["mode"], {}).get("sps"))
         r["speedup_vs_eager"] = ratio(r.get("sps"), eager_sps.get(r["algo"]))
+        r["ratio_to_ppo"] = ratio(r.get("sps"), ppo_sps.get(r["mode"]))  # e.g. ppo_lstm's cost of its memory
         net = network.get(r["mode"])
         if r["algo"] == "ppo" and net and r.get("update_seconds") is not None:
             r["update_over_rollout_inference"] = ratio(r["update_seconds"], net["rollout_inference_seconds"])
@@ -572,6 +575,9 @@ def print_table(report: dict, file=sys.stdout) -> None:
                      f"{fmt(ppo_run.get('update_over_rollout_inference'), '.1f')} x rollout inference, "
                      f"{fmt(ppo_run.get('update_over_bare_fwd_bwd'), '.2f')} x bare fwd+bwd")
         p(line)
+    for r in report["training"]:
+        if r["algo"] != "ppo" and r.get("ratio_to_ppo") is not None:
+            p(f"{r['algo']} training, {r['mode']}: {fmt_ratio(r['ratio_to_ppo'])} x ppo's training SPS (same command)")
     for note in report["notes"]:
         p(f"note: {note}")
 

@@ -57,6 +57,14 @@ EXPERIMENTS = {
     # TD3 and SAC: their defaults depend on the device (32 envs and batches of 512 on a CPU)
     "td3:Pendulum-v1": dict(target=-200.0, budget=150_000, flags=[]),
     "sac:Pendulum-v1": dict(target=-200.0, budget=150_000, flags=[]),
+    # Partially observed: the velocities masked out of the observation. A feed-forward policy (ppo) cannot
+    # tell which way the pole moves; the recurrent one (ppo_lstm) infers it from its observation history.
+    "ppo_lstm:CartPole-v1@masked": dict(target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
+    "ppo:CartPole-v1@masked": dict(target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
+    "ppo_lstm:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
+    "ppo:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
+    "ppo_lstm:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
+    "ppo_lstm:Pendulum-v1": dict(target=-200.0, budget=8_000_000, flags=[]),
     # the fastest CartPole settings found for a 2-core CPU (run with --jobs 1: both cores for one run)
     "ppo:CartPole-v1@fast": dict(target=475.0, budget=500_000,
                                  flags=["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"]),

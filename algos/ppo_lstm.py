@@ -1,0 +1,500 @@
+"""Recurrent PPO (LSTM or GRU) for partially observed, massively parallel, GPU-resident environments.
+
+    python algos/ppo_lstm.py --env-id CartPole-v1 --env-kwargs '{"mask_velocity": true}'
+    torchrun --nproc-per-node 8 algos/ppo_lstm.py --env-id Pendulum-v1 --env-kwargs '{"mask_velocity": true}'
+
+algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor head and
+a critic head; EvalPolicy: one hidden state per eval env) -> GAE, the adaptive learning rate and the PPO loss of
+a minibatch of sequences -> rollout -> targets -> update -> main and train.
+The hidden state of every env is one tensor [k * rnn_layers, num_envs, rnn_hidden_size] (k = 2 for an LSTM: its
+h rows, then its c rows; 1 for a GRU):
+- the rollout keeps it as a live tensor written in place (so a built-in env's whole rollout is still one CUDA
+  graph), copies it at the start of each rollout, and zeroes the rows of every env whose episode ended
+  (terminated or truncated) before the next step reads them;
+- the update replays each env's whole rollout as one sequence from that copy (truncated BPTT over --num-steps),
+  zeroing the state at the episode starts inside the sequence as the rollout did; minibatches are sets of envs
+  with all their steps, never slices of time;
+- a checkpoint holds each rank's hidden states beside its env states: a resume is exact.
+Flags as ppo.py's, less its --target-kl (a host read per epoch) and --anneal-lr (--lr-schedule linear).
+References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability);
+Huang et al. 2022 ("The 37 implementation details of PPO", the LSTM details); Rudin et al. 2022 (rsl_rl).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import gymnasium as gym
+import torch
+import torch.nn as nn
+import tyro
+from tensordict import TensorDict, from_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from common import distributed  # noqa: E402
+from common.buffer import RolloutStorage  # noqa: E402
+from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
+from common.run import (  # noqa: E402
+    RunArgs, begin_training, captured, checkpoints_due, closing, compiled, episode_sums, eval_due, eval_only, evaluate,
+    finish, host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save, start_run, timed,
+)
+
+ALGO = "ppo_lstm"
+
+
+@dataclass
+class Args(RunArgs):
+    cell: Literal["lstm", "gru"] = "lstm"
+    """the recurrent cell"""
+    rnn_hidden_size: int = 64
+    """hidden units of the cell (per layer)"""
+    rnn_layers: int = 1
+    """stacked layers of the cell"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast (distribution math and losses stay float32)"""
+    num_steps: int = 32
+    """steps per env per rollout, also the length of the replayed sequences (truncated BPTT)"""
+    num_minibatches: int = 4
+    """minibatches per epoch: each is num_envs / num_minibatches envs with all their num_steps steps"""
+    update_epochs: int = 5
+    """epochs over the batch per iteration"""
+    learning_rate: float = 1e-3
+    """initial learning rate of Adam"""
+    lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
+    """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
+    desired_kl: float = 0.01
+    """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    adv_norm: Literal["none", "minibatch", "batch"] = "minibatch"
+    """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss around the old values"""
+    ent_coef: float = 0.005
+    """entropy bonus coefficient"""
+    vf_coef: float = 1.0
+    """value loss coefficient"""
+    max_grad_norm: float = 1.0
+    """global gradient-norm clip"""
+    hidden_sizes: tuple[int, ...] = (64,)
+    """hidden layer sizes of the actor and critic heads after the cell"""
+    activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
+    """activation of the heads' hidden layers"""
+    init_log_std: float = 0.0
+    """initial log standard deviation of the Gaussian policy (continuous actions)"""
+    asymmetric_critic: bool = True
+    """feed the critic head the env's 'critic' observations (beside the cell's output) when it provides them"""
+    obs_norm: bool = True
+    """normalize observations with running statistics of the rollouts"""
+    obs_clip: float = 10.0
+    """clip normalized observations to [-obs_clip, obs_clip]"""
+    reward_norm: bool = True
+    """scale rewards by the running std of the discounted return"""
+    reward_clip: float = 10.0
+    """clip normalized rewards to [-reward_clip, reward_clip]"""
+
+
+# ----------------------------------------------------------------------------------------------
+# Networks
+# ----------------------------------------------------------------------------------------------
+ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+def layer_init(layer: nn.Linear, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], activation: str, out_gain: float) -> nn.Sequential:
+    layers, last = [], in_dim
+    for h in hidden:
+        layers += [layer_init(nn.Linear(last, h)), ACTIVATIONS[activation]()]
+        last = h
+    layers.append(layer_init(nn.Linear(last, out_dim), gain=out_gain))
+    return nn.Sequential(*layers)
+
+
+class Agent(nn.Module):
+    """A recurrent cell over the normalized policy observations, shared by an actor head and a
+    critic head (one cell step per env step, as CleanRL's; the critic head also reads the "critic"
+    observations when given), with the observation normalizers: one state_dict holds all. Discrete
+    spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std."""
+
+    def __init__(self, obs_dim: int, critic_obs_dim: int | None, action_space: gym.Space, args: Args):
+        super().__init__()
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.critic_key = "critic" if critic_obs_dim is not None else "policy"
+        self.lstm = args.cell == "lstm"
+        act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        self.rnn = (nn.LSTM if self.lstm else nn.GRU)(obs_dim, args.rnn_hidden_size, num_layers=args.rnn_layers)
+        for name, p in self.rnn.named_parameters():  # orthogonal weights, zero biases (CleanRL)
+            nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
+        self.state_shape = ((2 if self.lstm else 1) * args.rnn_layers, args.rnn_hidden_size)  # per env, batch at dim 1
+        self.actor = mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
+        self.critic = mlp(args.rnn_hidden_size + (critic_obs_dim or 0), 1, args.hidden_sizes, args.activation, out_gain=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
+        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()  # Gaussian samples are clipped to them for the env
+        self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
+        self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
+        self.obs_rms = RunningMeanStd(obs_dim, clip=args.obs_clip) if args.obs_norm else nn.Identity()
+        self.critic_obs_rms = RunningMeanStd(critic_obs_dim, clip=args.obs_clip) if args.obs_norm and critic_obs_dim else nn.Identity()
+
+    def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
+        return torch.zeros(self.state_shape[0], batch, self.state_shape[1])
+
+    def normalize(self, obs: TensorDict) -> TensorDict:
+        critic = {"critic": self.critic_obs_rms(obs["critic"])} if self.critic_key == "critic" else {}
+        return TensorDict({"policy": self.obs_rms(obs["policy"]), **critic}, batch_size=obs.batch_size)
+
+    def memory(self, policy_obs_n: torch.Tensor, state: torch.Tensor):
+        """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state)."""
+        if self.lstm:
+            h, c = state.chunk(2)
+            out, (h, c) = self.rnn(policy_obs_n.unsqueeze(0), (h.contiguous(), c.contiguous()))
+            return out[0], torch.cat([h, c])
+        out, h = self.rnn(policy_obs_n.unsqueeze(0), state.contiguous())
+        return out[0], h
+
+    def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """The cell over sequences [T, B, obs_dim] from `state`, zeroed where an episode starts
+        (starts [T, B]) as the rollout zeroed it: the outputs [T, B, H] the rollout acted on."""
+        outputs = []
+        for t in range(policy_obs_n.shape[0]):
+            out, state = self.memory(policy_obs_n[t], state * (~starts[t]).unsqueeze(-1))
+            outputs.append(out)
+        return torch.stack(outputs)
+
+    def value(self, out: torch.Tensor, obs_n: TensorDict) -> torch.Tensor:
+        x = torch.cat([out, obs_n["critic"].to(out.dtype)], -1) if self.critic_key == "critic" else out
+        return self.critic(x).squeeze(-1).float()
+
+    def dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
+        logits_or_mean = self.actor(out).float()  # float32 even under bf16 autocast
+        # validate_args=False: argument checks read tensors on the host, a sync on every step.
+        if self.discrete:
+            return torch.distributions.Categorical(logits=logits_or_mean, validate_args=False)
+        return torch.distributions.Normal(logits_or_mean, self.log_std.exp().expand_as(logits_or_mean), validate_args=False)
+
+    def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
+        d = self.dist(out)
+        return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low) if self.action_low.numel() else action
+
+    def act(self, obs: TensorDict, state: torch.Tensor):
+        """One acting step: (sampled action, its log-prob, the value, the next state)."""
+        obs_n = self.normalize(obs)
+        out, state = self.memory(obs_n["policy"], state)
+        d = self.dist(out)
+        action = d.sample()
+        logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
+        return action, logprob, self.value(out, obs_n), state
+
+    def value_from(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
+        """V(obs) for observations reached with the hidden state `state`: one cell step, then the critic."""
+        obs_n = self.normalize(obs)
+        out, _ = self.memory(obs_n["policy"], state)
+        return self.value(out, obs_n)
+
+    def recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):
+        """The evaluated and exported policy on raw observations: (the most likely action, or the
+        Gaussian mean clipped to the bounds; the next state)."""
+        out, state = self.memory(self.obs_rms(policy_obs), state)
+        out = self.actor(out).float()
+        return (out.argmax(-1) if self.discrete else self.to_env(out)), state
+
+
+class EvalPolicy(nn.Module):
+    """The deterministic policy as common/run.py evaluates it: `deterministic(obs)` reads and writes,
+    in place, one hidden state per eval env, and `reset_state(done)` zeroes the envs whose episode
+    ended (run.py calls it after the eval envs' reset and after every eval step)."""
+
+    def __init__(self, agent: Agent, num_envs: int):
+        super().__init__()
+        self.agent, self.state_shape = agent, agent.state_shape
+        self.register_buffer("state", agent.initial_state(num_envs).to(next(agent.parameters()).device), persistent=False)
+
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
+        action, state = self.agent.recurrent_step(policy_obs, self.state)
+        self.state.copy_(state)
+        return action
+
+    def reset_state(self, done: torch.Tensor) -> None:
+        self.state.mul_(~done.unsqueeze(-1))
+
+    recurrent_step = property(lambda self: self.agent.recurrent_step)  # (obs, state) -> (action, next state): exported
+
+
+# ----------------------------------------------------------------------------------------------
+# GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences
+# ----------------------------------------------------------------------------------------------
+def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
+    """GAE(lambda) over a [T, N] rollout. A truncated episode's last reward gets gamma * V(final_obs)
+    and the lambda-chain stops there; a terminated one gets no bootstrap (Pardo et al., 2018)."""
+    bootstrap = truncated & ~terminated
+    rewards = rewards + gamma * final_values * bootstrap
+    dones = (terminated | truncated).float()
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        next_v = next_value if t == rewards.shape[0] - 1 else values[t + 1]
+        not_done = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_v * not_done - values[t]
+        last_gae = delta + gamma * lam * not_done * last_gae
+        advantages[t] = last_gae
+    return advantages, advantages + values
+
+
+def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
+    """rsl_rl's schedule, in place on the device: lr / 1.5 when the KL of the last minibatch is
+    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 1e-2]."""
+    factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
+    lr.copy_((lr * factor).clamp(1e-5, 1e-2))
+
+
+def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
+    """Replay the minibatch's envs [T, B] from their initial hidden states, then the clipped
+    surrogate + (clipped) value loss - entropy bonus over all their steps."""
+    with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        out = agent.replay(mb["obs_n", "policy"], state, mb["starts"])
+        newlogprob, entropy = agent.log_prob_entropy(out, mb["actions"])
+        newvalue = agent.value(out, mb["obs_n"])
+    logratio = newlogprob - mb["logprobs"]
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()  # k3 estimator: unbiased, always >= 0
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    adv = mb["advantages"]
+    if args.adv_norm == "minibatch":
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac]).detach()
+
+
+LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+
+
+# ----------------------------------------------------------------------------------------------
+# One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
+# run (the hidden states included), so that on CUDA each is compiled and captured whole.
+# ----------------------------------------------------------------------------------------------
+def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor):
+    """storage.num_steps steps of every env, written to storage; the hidden states they start
+    from go to initial_state (the update replays from there). No host sync."""
+    initial_state.copy_(rnn_state)
+    for step in range(storage.num_steps):
+        next_obs, transition, info = env_step(next_obs)
+        storage.write(step, transition)
+        record_env_log(run, info)
+    return next_obs
+
+
+@torch.no_grad()
+def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict,
+            rnn_state: torch.Tensor, ep_stats: torch.Tensor, stats: dict, args: Args) -> TensorDict:
+    """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation
+    statistics for the next one; returns the [T, N] batch of sequences the update reads."""
+    dones = data["terminated"] | data["truncated"]
+    episode_sums(ep_stats, data["rewards"], dones, sums=stats["episodes"])
+    stats["nonfinite"][:2] += torch.stack([(~torch.isfinite(data["obs", "policy"])).sum(),
+                                            (~torch.isfinite(data["rewards"])).sum()])
+    obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
+    values = data["values"]  # computed while acting, from the cell's outputs the actions came from
+    with torch.autocast(next_obs["policy"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        next_value = agent.value_from(next_obs, rnn_state)  # the state the next rollout starts from
+    rewards = data["rewards"]
+    if args.reward_norm:
+        reward_normalizer.update(rewards, dones)
+        rewards = reward_normalizer.normalize(rewards)
+    advantages, returns = compute_advantages(rewards, values, next_value, data["final_values"], data["terminated"],
+                                             data["truncated"], args.gamma, args.gae_lambda)
+    if args.adv_norm == "batch":
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
+        agent.obs_rms.update(data["obs", "policy"])
+        if agent.critic_key == "critic":
+            agent.critic_obs_rms.update(data["obs", "critic"])
+    var_y = returns.var()
+    stats["losses"][-1] += torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
+    starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
+    return TensorDict({"obs_n": obs_n, "starts": starts, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
+                       "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
+
+
+def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr: torch.Tensor, stats: dict, args: Args):
+    """Epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden
+    state; the adaptive learning rate after each minibatch from the ranks' mean KL."""
+    num_envs = batch.shape[1]
+    envs_per_minibatch = num_envs // args.num_minibatches
+    loss_sums, num_updates = torch.zeros(len(LOSS_NAMES) - 1, device=batch.device), 0
+    for epoch in range(args.update_epochs):
+        perm = torch.randperm(num_envs, device=batch.device)
+        for start in range(0, num_envs, envs_per_minibatch):
+            envs = perm[start : start + envs_per_minibatch]
+            minibatch_stats = update_minibatch(batch[:, envs], initial_state[:, envs])
+            loss_sums += minibatch_stats
+            num_updates += 1
+            if args.lr_schedule == "adaptive":
+                adapt_learning_rate(lr, distributed.all_reduce(minibatch_stats[3].clone(), "mean"), args.desired_kl)
+    losses = loss_sums / num_updates
+    stats["losses"][:-1] += losses
+    stats["nonfinite"][2] += (~torch.isfinite(losses)).sum()
+
+
+# ----------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run:  # on any exit, an error included:
+        return train(run, args)  # graphs released, then the process group left
+
+
+def train(run, args: Args) -> dict:
+    device = run.device
+    if args.num_envs % args.num_minibatches != 0:
+        raise SystemExit(f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
+                         f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}")
+    global_batch = args.num_envs * args.num_steps * run.world_size
+    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
+    envs, eval_envs = make_envs(run)
+    open_run(run)
+
+    next_obs, _ = envs.reset()  # the seeds make_envs gave them
+    obs_dim = next_obs["policy"].shape[-1]
+    critic_dim = next_obs["critic"].shape[-1] if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    agent = Agent(obs_dim, critic_dim, envs.single_action_space, args).to(device)
+    distributed.broadcast_module(agent)  # identical initial weights on every rank
+    # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
+    agent_inference = Agent(obs_dim, critic_dim, envs.single_action_space, args).to(device)
+    from_module(agent).data.to_module(agent_inference)
+    eval_policy = EvalPolicy(agent_inference, args.num_eval_envs)
+    lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
+    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
+    rnn_state = agent.initial_state(args.num_envs).to(device)  # live: every write is in place
+    initial_state = torch.zeros_like(rnn_state)  # each env's state at the start of the rollout
+
+    rank_state = restore(run, envs, agent, {"adam": optimizer})
+    if run.checkpoint is not None:
+        lr.fill_(run.checkpoint["learning_rate"])
+        reward_normalizer.load_state_dict(run.checkpoint["reward_normalizer"])
+    if rank_state and rank_state["envs_continue"]:  # else fresh episodes: zero states
+        next_obs = rank_state["next_obs"]
+        ep_stats.copy_(rank_state["ep_stats"])
+        reward_normalizer.returns.copy_(rank_state["reward_returns"])
+        rnn_state.copy_(rank_state["rnn_state"])
+    if args.eval_only:
+        return eval_only(run, eval_envs, eval_policy)
+
+    # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
+    def policy_step(obs: TensorDict):  # no autocast cache: a captured step casts the weights at every replay
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+            return agent_inference.act(obs, rnn_state)
+
+    def end_step(final_obs: TensorDict, state: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """V(final_obs), then the hidden states of the envs whose episode ended are zeroed in place.
+
+        final_obs is the observation that follows the last action of an episode, so the state the
+        cell reads it with is the one the episode had reached (`state`, after its last observation,
+        before any reset), exactly what the rollout would have used had the episode gone on: its
+        value is V of the episode's true next step. The reset state belongs to the new episode."""
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+            final_value = agent_inference.value_from(final_obs, state)
+        rnn_state.copy_(state * ~done.unsqueeze(-1))
+        return final_value
+
+    def env_step(obs: TensorDict):
+        """Act and step every env once: (next observation, the transition to store, the env's info)."""
+        action, logprob, value, state = policy_step(obs)
+        next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
+        final_value = end_step(info["final_obs"], state, terminated | truncated)
+        return next_obs, TensorDict({"obs": obs, "actions": action, "logprobs": logprob, "values": value, "final_values": final_value,
+                                     "rewards": reward.float(), "terminated": terminated, "truncated": truncated}, batch_size=[envs.num_envs]), info
+
+    def update_minibatch(mb: TensorDict, state: torch.Tensor):
+        """One gradient step on a minibatch of sequences (gradients averaged over ranks); returns its losses."""
+        loss, losses = ppo_loss(agent, mb, state, args)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        distributed.all_reduce_gradients(agent.parameters())
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return losses
+
+    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator cannot
+    # be captured: its step runs eagerly between the captured acting and end-of-step functions.
+    whole_rollout = getattr(envs, "capturable", False)
+    if whole_rollout:
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        end_step = captured(run, "end of step", compiled(run, end_step))
+    storage = RolloutStorage(args.num_steps, args.num_envs, device)
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64),
+             "losses": torch.zeros(len(LOSS_NAMES), device=device), "nonfinite": torch.zeros(3, device=device)}
+    update_minibatch = compiled(run, update_minibatch)
+    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats, stats, args))
+    rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage, rnn_state, initial_state), capture=whole_rollout)
+    # the targets and every epoch of the update as one graph: the batch never leaves it
+    update_fn = captured(run, "update", lambda obs: update(update_minibatch, targets_fn(obs), initial_state, lr, stats, args))
+    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
+                        f" envs x {args.num_steps} steps per process); {total_steps // global_batch} iterations; {args.cell} "
+                        f"{args.rnn_layers}x{args.rnn_hidden_size}; compile {args.compile}, CUDA graphs {args.cudagraphs}")
+    iterations_in_stats = 0
+    while run.global_step + global_batch <= total_steps:
+        run.iteration += 1
+        final_iteration = run.global_step + 2 * global_batch > total_steps
+        if args.lr_schedule == "linear":
+            lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
+
+        with timed(run, "rollout"), torch.no_grad():
+            next_obs = rollout_fn(next_obs)
+        run.global_step += global_batch
+        with timed(run, "update"):
+            update_fn(next_obs)  # targets, then the epochs
+        iterations_in_stats += 1
+
+        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
+        if run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration):
+            log(run, reduce_iteration(run, episodes=stats["episodes"],
+                means={f"losses/{name}": stats["losses"][i] / iterations_in_stats for i, name in enumerate(LOSS_NAMES)},
+                checks={name: stats["nonfinite"][i] == 0 for i, name in enumerate(("observations", "rewards", "losses"))},
+                local={"charts/learning_rate": lr},
+            ))
+            for t in stats.values():
+                t.zero_()
+            iterations_in_stats = 0
+
+        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
+        if eval_due(run, final_iteration):
+            evaluate(run, eval_envs, eval_policy)
+        if names := checkpoints_due(run, final_iteration):
+            save(run, names, agent, {"adam": optimizer},
+                 state={"learning_rate": float(lr), "reward_normalizer": reward_normalizer.state_dict()},
+                 per_rank={"env": envs.state_dict(), "next_obs": next_obs, "ep_stats": ep_stats,
+                           "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state})
+        if run.stop_reason:
+            break
+    return finish(run, agent)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

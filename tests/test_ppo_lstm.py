@@ -1,0 +1,194 @@
+"""algos/ppo_lstm.py: learning on partially observed tasks, the sequence replay, evaluation with
+hidden states, and the exported recurrent policy.
+
+The run contract (resume, checkpoints, logging, NaN guard, torchrun, faults, errors) is tested
+for every script in tests/test_scripts.py."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from common.envs import make_env
+from common.run import run_episodes
+from tests.helpers import load_script
+
+ppo_lstm = load_script("ppo_lstm")
+MASKED = '{"mask_velocity": true}'
+
+
+def train(tmp_path, **overrides) -> dict:
+    """ppo_lstm.main in this process, on one thread (tiny networks gain nothing from more)."""
+    kwargs = dict(output_dir=str(tmp_path), run_name="run", progress=False, num_envs=32, num_steps=16,
+                  total_timesteps=32 * 16 * 3, eval_interval=0, num_eval_envs=8, device="cpu")
+    kwargs.update(overrides)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return ppo_lstm.main(ppo_lstm.Args(**kwargs))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def checkpoint(tmp_path, name="last.pt") -> dict:
+    return torch.load(tmp_path / "run" / "checkpoints" / name, weights_only=True)
+
+
+def build_agent(state: dict, env) -> "ppo_lstm.Agent":
+    args = ppo_lstm.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["args"].items()})
+    agent = ppo_lstm.Agent(env.single_observation_space.shape[0], None, env.single_action_space, args)
+    agent.load_state_dict(state["model"])
+    return agent.eval()
+
+
+def logged(run_dir, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)]
+
+
+# --------------------------------------------------------------------------------------------
+# learning
+# --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_masked_cartpole_is_solved_with_memory(tmp_path):
+    """CartPole observing only the cart position and the pole angle: a feed-forward policy cannot
+    tell which way the pole moves; ppo_lstm's memory can. Eval return >= 475 within 300k env steps
+    with 64 envs x 16 steps (CI-sized; the defaults' figures come from tests/benchmarks/learning.py)."""
+    summary = train(tmp_path, env_id="CartPole-v1", env_kwargs=MASKED, seed=1, num_envs=64, num_steps=16,
+                    total_timesteps=300_000, eval_interval=5, num_eval_envs=32, target_return=475.0)
+    assert summary["best_eval_return"] >= 475.0, summary
+
+
+# --------------------------------------------------------------------------------------------
+# the sequence replay
+# --------------------------------------------------------------------------------------------
+def replay_errors(monkeypatch, tmp_path, ignore_starts: bool = False, **kwargs) -> list[tuple[float, float]]:
+    """(max |log-prob - rollout's|, max |value - rollout's|) of every minibatch's replay in a run with
+    one epoch of one minibatch: its first forward pass, on the weights the rollout acted with."""
+    errors, loss = [], ppo_lstm.ppo_loss
+
+    def checked_loss(agent, mb, state, args):
+        with torch.no_grad():
+            starts = torch.zeros_like(mb["starts"]) if ignore_starts else mb["starts"]
+            out = agent.replay(mb["obs_n", "policy"], state, starts)
+            logprob, _ = agent.log_prob_entropy(out, mb["actions"])
+            value = agent.value(out, mb["obs_n"])
+        errors.append(((logprob - mb["logprobs"]).abs().max().item(), (value - mb["values"]).abs().max().item()))
+        return loss(agent, mb, state, args)
+
+    monkeypatch.setattr(ppo_lstm, "ppo_loss", checked_loss)
+    train(tmp_path, num_minibatches=1, update_epochs=1, **kwargs)
+    return errors
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_update_replays_the_rollout_exactly(tmp_path, monkeypatch, cell):
+    """Replaying every env's sequence from its stored initial hidden state, with the state zeroed at
+    the episode starts, gives back the rollout's log-probs and values, over iterations whose
+    sequences start mid-episode and hold episode ends (8-step episodes in 12-step rollouts, both
+    terminations and truncations). Without the zeroing at episode starts it does not."""
+    kwargs = dict(env_id="CartPole-v1", env_kwargs='{"max_episode_steps": 8, "mask_velocity": true}', cell=cell,
+                  rnn_layers=2, num_steps=12, total_timesteps=32 * 12 * 4)
+    errors = replay_errors(monkeypatch, tmp_path / "exact", **kwargs)
+    assert len(errors) == 4 and max(max(e) for e in errors) < 1e-5, errors
+    leaky = replay_errors(monkeypatch, tmp_path / "leaky", ignore_starts=True, **kwargs)
+    assert max(e[1] for e in leaky) > 1e-3, leaky
+
+
+def test_hidden_state_is_checkpointed_per_env(tmp_path):
+    """last.pt holds each env's hidden state [k * layers, num_envs, hidden] (exact resume is tested in
+    test_scripts.py), and the envs whose episode just ended carry zeros there."""
+    train(tmp_path, env_id="CartPole-v1", env_kwargs='{"max_episode_steps": 9}', rnn_layers=2, rnn_hidden_size=16,
+          num_steps=9, total_timesteps=32 * 9)
+    rank = checkpoint(tmp_path)["ranks"][0]
+    assert rank["rnn_state"].shape == (4, 32, 16)
+    ended = rank["env"]["episode_steps"] == 0  # 9-step episodes, 9-step rollouts: every env just restarted
+    assert ended.all() and (rank["rnn_state"] == 0).all()
+
+
+def test_minibatches_split_envs(tmp_path):
+    with pytest.raises(SystemExit, match=r"--num-envs 30 does not divide into --num-minibatches 4"):
+        train(tmp_path, num_envs=30)
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# evaluation and the exported policy
+# --------------------------------------------------------------------------------------------
+def exported_episodes(step, env, seed: int, episodes: int, state_shape) -> tuple[list, np.ndarray]:
+    """Run `step(obs, state) -> (action, next_state)` on `env` in a loop, resetting each env's state
+    as policy.json says; returns the actions of every step and each env's first-episode return."""
+    obs = env.reset(seed=seed)[0]["policy"]
+    state = torch.zeros(state_shape[0], env.num_envs, state_shape[1])
+    returns, running, done_count, actions = np.zeros(env.num_envs), np.zeros(env.num_envs), np.zeros(env.num_envs), []
+    while (done_count < episodes).any():
+        action, state = step(obs, state)
+        actions.append(action)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        obs = obs["policy"]
+        done = (terminated | truncated).numpy()
+        running += reward.numpy() * (done_count < episodes)
+        returns += running * done * (done_count < episodes)
+        done_count += done
+        running *= ~done
+        state = state * torch.as_tensor(~done)[:, None]  # the reset rule of policy.json
+    return actions, returns / episodes
+
+
+def test_exported_policy_runs_episodes_as_the_script_evaluates(tmp_path):
+    """--export of a trained checkpoint: TorchScript and ONNX, fed back their own next_state and
+    reset as policy.json says, act through whole episodes as the script's deterministic policy, and
+    reach the return the script's evaluation measures on the same episodes. The memory matters: the
+    same policy with its state zeroed at every step acts otherwise."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    env_kwargs = '{"mask_velocity": true, "max_episode_steps": 60}'
+    train(tmp_path, env_id="CartPole-v1", env_kwargs=env_kwargs, total_timesteps=32 * 16 * 6)
+    out = tmp_path / "export"
+    train(tmp_path, env_id="CartPole-v1", env_kwargs=env_kwargs, eval_only=True, export=str(out),
+          resume=str(tmp_path / "run" / "checkpoints" / "last.pt"))
+    meta = json.loads((out / "policy.json").read_text())
+    rows, _, hidden = meta["state"]["shape"]
+    assert meta["state"]["batch_dim"] == 1 and meta["state"]["initial"] == "zeros" and "truncated" in meta["state"]["reset"]
+    assert (rows, hidden) == (2, 64) and meta["input"]["observation_space"]["shape"] == [2]
+
+    env = make_env("CartPole-v1", 16, mask_velocity=True, max_episode_steps=60)
+    agent = build_agent(checkpoint(tmp_path), env)
+    assert agent.obs_rms.count > 0, "the run had observation normalization"
+    with torch.no_grad():
+        expected, script_returns = exported_episodes(agent.recurrent_step, env, 7, 2, (rows, hidden))
+        torchscript = torch.jit.load(str(out / "policy.pt"))
+        got_ts, ts_returns = exported_episodes(torchscript, env, 7, 2, (rows, hidden))
+    onnx = onnxruntime.InferenceSession(str(out / "policy.onnx"))
+
+    def onnx_step(obs, state):
+        action, next_state = onnx.run(None, {"obs": obs.numpy(), "state": state.numpy()})
+        return torch.as_tensor(action), torch.as_tensor(next_state)
+
+    got_onnx, onnx_returns = exported_episodes(onnx_step, env, 7, 2, (rows, hidden))
+    assert len(expected) >= 60
+    for a, b, c in zip(expected, got_ts, got_onnx):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    np.testing.assert_array_equal(ts_returns, script_returns)
+    np.testing.assert_array_equal(onnx_returns, script_returns)
+    # the script's evaluation (one hidden state per eval env, reset at episode ends) on the same episodes
+    evaluated = run_episodes(env, ppo_lstm.EvalPolicy(agent, env.num_envs), episodes=2, seed=7)
+    assert evaluated["return"] == pytest.approx(script_returns.mean(), abs=1e-6)
+    # memoryless: the state zeroed before every step
+    with torch.no_grad():
+        forgetful, _ = exported_episodes(lambda o, s: agent.recurrent_step(o, torch.zeros_like(s)), env, 7, 2, (rows, hidden))
+    assert any(not torch.equal(a, b) for a, b in zip(expected, forgetful))
+
+
+def test_gru_and_stacked_layers_train_evaluate_and_export_the_best(tmp_path):
+    """--cell gru --rnn-layers 2 (state rows: one per layer) with bf16 autocast; --export-best writes the
+    recurrent policy with its state's shape when best.pt is written."""
+    summary = train(tmp_path, env_id="Pendulum-v1", env_kwargs=MASKED, cell="gru", rnn_layers=2, rnn_hidden_size=16,
+                    eval_interval=3, bf16=True, export_best=True)
+    assert summary["global_step"] == 32 * 16 * 3 and summary["best_eval_return"] is not None
+    assert checkpoint(tmp_path)["ranks"][0]["rnn_state"].shape == (2, 32, 16)
+    meta = json.loads((tmp_path / "run" / "export" / "policy.json").read_text())
+    assert meta["state"]["shape"] == [2, "batch", 16] and meta["global_step"] == 32 * 16 * 3
