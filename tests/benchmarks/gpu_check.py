@@ -3,7 +3,8 @@
     python -m tests.benchmarks.gpu_check [--out DIR] [--sections tests checks torchrun speed]
 
 It writes DIR/gpu_check.md and DIR/gpu_check.json (DIR defaults to runs/gpu_check), prints the
-markdown, and exits non-zero if anything that ran failed. Sections, each in processes of its own:
+markdown, and exits non-zero if anything that ran failed. Sections, each in processes of its own
+(on a GPU 1-3 side by side, as their time is mostly compiling on the CPU's cores, then 4 alone):
 
 1. tests: the CUDA tests (`pytest -m cuda`: tests/test_cuda.py and the CUDA cases elsewhere).
 2. checks: every script in algos/ for 20 iterations at its CUDA defaults (compile and CUDA graphs
@@ -20,7 +21,8 @@ markdown, and exits non-zero if anything that ran failed. Sections, each in proc
    end the rank with the error within seconds (graphs released before the group goes).
 4. speed: ppo and pqn on CartPole-v1 at 4096 and 65536 envs, ppo, td3 and sac on Pendulum-v1 at
    4096, eager and compile+cudagraphs, each run alone in its own process (tests/benchmarks/bench.py:
-   steady state after warm-up, from the logged events), next to the env-only SPS.
+   steady state over 3 log intervals after one of warm-up, from the logged events), next to the
+   env-only SPS.
 
 Without a GPU it runs what a CPU can and lists the rest as skipped: the checks' iterations on the
 CPU (eager, with a host-sync recorder in place of the sync debug mode), torchrun with gloo, and
@@ -39,6 +41,7 @@ import sys
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -225,9 +228,10 @@ def parity(eager_dir: Path, compiled_dir: Path) -> dict:
 
 
 def section_checks(device: str, algos: list[str], iterations: int, num_envs: int | None, timeout: float) -> list[dict]:
-    rows = []
+    """On CUDA the scripts' runs go side by side (correctness only: most of their time is compiling,
+    which runs on the CPU's cores); on a CPU one after the other."""
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        for algo in algos:
+        def check(algo: str) -> dict:
             out = Path(tmp) / algo
             t0 = time.time()
             if device.startswith("cuda"):
@@ -243,8 +247,10 @@ def section_checks(device: str, algos: list[str], iterations: int, num_envs: int
                                                                                   "checked")}, timeout)
                 checked["parity"] = {"status": "skipped", "error": "needs CUDA"}
             checked["seconds"] = time.time() - t0
-            rows.append(checked)
-    return rows
+            return checked
+
+        with ThreadPoolExecutor(max_workers=len(algos) if device.startswith("cuda") else 1) as pool:
+            return list(pool.map(check, algos))
 
 
 def acting_parity(device: str) -> dict:
@@ -333,7 +339,7 @@ def section_speed(device: str, timeout: float, iterations: int) -> list[dict]:
         for algo in algos:
             args_cls = load_script(algo).Args
             for mode in SPEED_MODES:
-                record = bench.run_training(algo, args_cls, env_id, num_envs, device, mode, iterations, 2, timeout=timeout)
+                record = bench.run_training(algo, args_cls, env_id, num_envs, device, mode, iterations, 1, timeout=timeout)
                 row["runs"].append({k: record.get(k) for k in ("algo", "mode", "status", "sps", "rollout_seconds",
                                                                "update_seconds", "peak_memory_mb", "process_seconds",
                                                                "error", "command")})
@@ -416,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algos", nargs="+", default=None, help="scripts of the checks (default: all in algos/)")
     parser.add_argument("--iterations", type=int, default=20, help="iterations of each checked run")
     parser.add_argument("--num-envs", type=int, default=None, help="envs of the checked runs (default: each script's)")
-    parser.add_argument("--speed-iterations", type=int, default=5, help="timed log intervals of each speed run")
+    parser.add_argument("--speed-iterations", type=int, default=3,
+                        help="timed log intervals of each speed run, after one of warm-up (compile and capture)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one process may take")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -433,22 +440,25 @@ def main(argv: list[str] | None = None) -> int:
               " ".join(["python -m tests.benchmarks.gpu_check", *(argv if argv is not None else sys.argv[1:])])}
     t_all = time.time()
     log = lambda msg: print(f"[gpu_check] {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    if "tests" in args.sections:
-        log("CUDA tests")
-        report["tests"] = section_tests(cuda, 3 * args.timeout)
-        if not cuda:
-            report["skipped"].append(f"the {len(report['tests']['tests'])} CUDA tests")
-    if "checks" in args.sections:
-        log(f"checks of {', '.join(algos)} on {device}")
-        report["checks"] = section_checks(device, algos, args.iterations, args.num_envs, args.timeout)
+    # The correctness sections side by side on a GPU (their time is mostly compiling, on the CPU's
+    # cores); the speed table after them, each of its runs alone on the GPU.
+    jobs = {"tests": lambda: section_tests(cuda, 3 * args.timeout),
+            "checks": lambda: section_checks(device, algos, args.iterations, args.num_envs, args.timeout),
+            "torchrun": lambda: section_torchrun(device, 4096 if cuda else 64, args.timeout)}
+    jobs = {name: job for name, job in jobs.items() if name in args.sections}
+    log(f"{', '.join(jobs)} on {device}{' side by side' if cuda else ''}")
+    with ThreadPoolExecutor(max_workers=len(jobs) if cuda else 1) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        report.update({name: f.result() for name, f in futures.items()})
+    if "checks" in report:
         report["acting_parity"] = acting_parity(device)
-        if not cuda:
+    if not cuda:
+        if "tests" in report:
+            report["skipped"].append(f"the {len(report['tests']['tests'])} CUDA tests")
+        if "checks" in report:
             report["skipped"].append("sync debug mode, recompile counts and parity with eager of the compiled and "
                                      "captured runs (here: the iterations eager, with the host-sync recorder)")
-    if "torchrun" in args.sections:
-        log("torchrun, one rank")
-        report["torchrun"] = section_torchrun(device, 4096 if cuda else 64, args.timeout)
-        if not cuda:
+        if "torchrun" in report:
             report["skipped"].append("NCCL and captured all-reduces (here: gloo, eager)")
     if "speed" in args.sections:
         if cuda:
