@@ -117,6 +117,20 @@ def load_script(name: str):
     return module
 
 
+def run_main(module, **kwargs) -> dict:
+    """`module.main(module.Args(**kwargs))` of an imported script, in this process, on one intra-op
+    thread (as the subprocesses get with OMP_NUM_THREADS=1: tiny networks gain nothing from more,
+    and on a busy machine spinning worker threads slow every op down by an order of magnitude)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return module.main(module.Args(**kwargs))
+    finally:
+        torch.set_num_threads(threads)
+
+
 class NaNRewardsAfter:
     """Wraps an env so that its rewards turn NaN from its `after`-th step on: a run's NaN guard must
     stop it with the tensor's name and keep the last good checkpoint. Its step counter is Python

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import load_script, run
+from tests.helpers import load_script, run, run_main
 from tests.replay import assert_replays_alike, record_captured
 
 
@@ -34,14 +34,7 @@ def train(algo: str, tmp_path, **overrides) -> dict:
                   num_envs=8, batch_size=64, hidden_sizes=(32, 32), learning_starts=64, num_eval_envs=4,
                   buffer_size=240, n_step=2, log_interval=7, eval_interval=0, save_interval=10_000)
     kwargs.update(overrides)
-    # One intra-op thread, as the subprocesses get (OMP_NUM_THREADS=1): tiny networks gain nothing from
-    # more, and on a busy machine spinning worker threads slow every op down by an order of magnitude.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return module.main(module.Args(**kwargs))
-    finally:
-        torch.set_num_threads(threads)
+    return run_main(module, **kwargs)
 
 
 def last_checkpoint(tmp_path, run: str = "run", name: str = "last.pt") -> dict:

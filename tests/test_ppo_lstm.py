@@ -12,7 +12,7 @@ import torch
 
 from common.envs import make_env
 from common.run import run_episodes
-from tests.helpers import load_script
+from tests.helpers import load_script, run_main
 
 ppo_lstm = load_script("ppo_lstm")
 MASKED = '{"mask_velocity": true}'
@@ -22,13 +22,7 @@ def train(tmp_path, **overrides) -> dict:
     """ppo_lstm.main in this process, on one thread (tiny networks gain nothing from more)."""
     kwargs = dict(output_dir=str(tmp_path), run_name="run", progress=False, num_envs=32, num_steps=16,
                   total_timesteps=32 * 16 * 3, eval_interval=0, num_eval_envs=8, device="cpu")
-    kwargs.update(overrides)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return ppo_lstm.main(ppo_lstm.Args(**kwargs))
-    finally:
-        torch.set_num_threads(threads)
+    return run_main(ppo_lstm, **{**kwargs, **overrides})
 
 
 def checkpoint(tmp_path, name="last.pt") -> dict:

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
-from tests.helpers import ROOT, Job, inject_nan_rewards, load_script, run, torchrun_cmd
+from tests.helpers import ROOT, Job, inject_nan_rewards, load_script, run, run_main, torchrun_cmd
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.replay import assert_no_host_sync, assert_replays_alike, record_captured
 
@@ -84,14 +84,7 @@ def units(algo: str, n: int) -> int:
 def train(algo: str, out: Path, **overrides) -> dict:
     """main() of algos/<algo>.py in this process with the tiny settings, on one intra-op thread
     (as the subprocesses get: tiny networks gain nothing from more)."""
-    module = load_script(algo)
-    kwargs = {**COMMON, **TINY[algo]["kwargs"], "output_dir": str(out), **overrides}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return module.main(module.Args(**kwargs))
-    finally:
-        torch.set_num_threads(threads)
+    return run_main(load_script(algo), **{**COMMON, **TINY[algo]["kwargs"], "output_dir": str(out), **overrides})
 
 
 def checkpoint(out: Path, name: str = "last.pt", run_name: str = "run") -> dict:
