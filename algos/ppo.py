@@ -7,8 +7,8 @@ The file, top to bottom: Args -> networks (Agent) -> GAE with truncation bootstr
 adaptive-KL learning rate -> the PPO loss -> an iteration as three functions, rollout -> targets ->
 update, compiled and captured in two CUDA graphs on a GPU (the rollout; the targets with the
 update) -> main and train (setup, then the loop: rollout -> targets -> update -> log every --log-interval ->
-eval/save). The run around it (run directory, checkpoints, torchrun, evaluation, logging) is
-common/run.py.
+eval/save). The run around it (run directory, checkpoints, torchrun, evaluation, logging) is in
+common/ (common/run.py lists its modules).
 `--num-envs` is per process; `--total-timesteps` counts env steps over all processes.
 References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37 implementation
 details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate from the measured KL).
@@ -16,6 +16,7 @@ details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate from the meas
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from dataclasses import dataclass
@@ -29,15 +30,20 @@ import tyro
 from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+if importlib.util.find_spec("common") is None:
+    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
+from common.args import RunArgs  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
+from common.capture import captured, compiled, timed  # noqa: E402
+from common.checkpoint import TrainingState, restore, save  # noqa: E402
+from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, captured, checkpoints_due, closing, compiled, episode_sums, eval_due, eval_only,
-    evaluate, finish, host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save,
-    start_run, timed,
+    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
 )
+from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo"
 
@@ -222,7 +228,8 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
 # The PPO loss of a minibatch, and the rollout
 # ----------------------------------------------------------------------------------------------
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
-    """Clipped surrogate + (clipped) value loss - entropy bonus; returns the loss and its parts."""
+    """Clipped surrogate + (clipped) value loss - entropy bonus; returns the loss and what is logged of it,
+    by name (losses/<name>)."""
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         newlogprob, entropy = agent.log_prob_entropy(mb["obs_n", "policy"], mb["actions"])
         newvalue = agent.value(mb["obs_n"])
@@ -242,10 +249,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac]).detach()
-
-
-LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+    return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+                  "approx_kl": approx_kl, "clipfrac": clipfrac}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,7 +258,7 @@ LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "
 # the run, so that on CUDA they are compiled and captured whole (one CUDA graph for a built-in
 # env's T steps; one for the targets and all epochs and minibatches of the update), and the host
 # only launches two graphs per iteration. `stats` gathers, on the device, what the logs read every
-# --log-interval iterations: episodes [3], loss sums, and counts of non-finite values.
+# --log-interval iterations: the finished episodes, the losses by name, the non-finite counts by name.
 # ----------------------------------------------------------------------------------------------
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
@@ -266,13 +271,13 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
 
 @torch.no_grad()
 def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict,
-            ep_stats: torch.Tensor, stats: dict, args: Args) -> TensorDict:
+            ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
     """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation
-    statistics for the next one; returns the flat batch the update reads."""
+    statistics for the next one. Returns the flat batch the update reads, the rollout's logged
+    statistics and its counts of non-finite values, by name."""
     dones = data["terminated"] | data["truncated"]
-    episode_sums(ep_stats, data["rewards"], dones, sums=stats["episodes"])
-    stats["nonfinite"][:2] += torch.stack([(~torch.isfinite(data["obs", "policy"])).sum(),
-                                            (~torch.isfinite(data["rewards"])).sum()])
+    episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
+    nonfinite = {"observations": (~torch.isfinite(data["obs", "policy"])).sum(), "rewards": (~torch.isfinite(data["rewards"])).sum()}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     with torch.autocast(next_obs["policy"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
@@ -291,31 +296,32 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
         if agent.critic_key == "critic":
             agent.critic_obs_rms.update(data["obs", "critic"])
     var_y = returns.var()
-    stats["losses"][-1] += torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
-    return TensorDict({"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
-                       "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device).reshape(-1)
+    explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
+    batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
+                        "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
+    return batch.reshape(-1), {"explained_variance": explained_variance}, nonfinite
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
     """Epochs of shuffled minibatches over the batch; the adaptive learning rate after each
-    minibatch from the ranks' mean KL (the same lr on every rank). Adds the mean losses to stats."""
+    minibatch from the ranks' mean KL (the same lr on every rank). Adds the mean losses, by name, to stats."""
     batch_size = batch.shape[0]
     minibatch_size = batch_size // args.num_minibatches
-    loss_sums, num_updates = torch.zeros(len(LOSS_NAMES) - 1, device=batch.device), 0
+    loss_sums, num_updates = {}, 0
     for epoch in range(args.update_epochs):
         perm = torch.randperm(batch_size, device=batch.device)
         for start in range(0, batch_size, minibatch_size):
-            minibatch_stats = update_minibatch(batch[perm[start : start + minibatch_size]])
-            loss_sums += minibatch_stats
+            losses = update_minibatch(batch[perm[start : start + minibatch_size]])
+            add_to(loss_sums, losses)
             num_updates += 1
             if args.lr_schedule == "adaptive":
-                adapt_learning_rate(lr, distributed.all_reduce(minibatch_stats[3].clone(), "mean"), args.desired_kl)
+                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
         if args.target_kl is not None:  # one host read per epoch, only when asked for (the update is not captured whole)
-            if distributed.all_reduce(loss_sums[3] / num_updates, "mean").item() > args.target_kl:
+            if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
-    losses = loss_sums / num_updates
-    stats["losses"][:-1] += losses
-    stats["nonfinite"][2] += (~torch.isfinite(losses)).sum()
+    means = {name: total / num_updates for name, total in loss_sums.items()}
+    add_to(stats["losses"], means)
+    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,14 +361,11 @@ def train(run, args: Args) -> dict:
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
-    rank_state = restore(run, envs, agent, {"adam": optimizer})
-    if run.checkpoint is not None:
-        lr.fill_(run.checkpoint["learning_rate"])
-        reward_normalizer.load_state_dict(run.checkpoint["reward_normalizer"])
-    if rank_state and rank_state["envs_continue"]:
-        next_obs = rank_state["next_obs"]
-        ep_stats.copy_(rank_state["ep_stats"])
-        reward_normalizer.returns.copy_(rank_state["reward_returns"])  # this rank's envs' partial returns
+    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    state = TrainingState(agent, {"adam": optimizer}, envs,
+                          shared={"learning_rate": lr, "reward_normalizer": reward_normalizer},
+                          per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns})
+    next_obs = restore(run, state, next_obs)
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
@@ -397,15 +400,21 @@ def train(run, args: Args) -> dict:
     else:
         policy_step = captured(run, "acting", compiled(run, policy_step))
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64),
-             "losses": torch.zeros(len(LOSS_NAMES), device=device), "nonfinite": torch.zeros(3, device=device)}
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
     update_minibatch = compiled(run, update_minibatch)
-    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, ep_stats, stats, args))
+    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, ep_stats, stats["episodes"], args))
     if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
         targets_fn = captured(run, "targets", targets_fn)
         update_minibatch = captured(run, "minibatch update", update_minibatch)
     rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
-    update_fn = lambda obs: update(update_minibatch, targets_fn(obs), lr, stats, args)  # noqa: E731
+
+    def update_fn(obs: TensorDict) -> None:
+        """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
+        batch, rollout_stats, nonfinite = targets_fn(obs)
+        add_to(stats["losses"], rollout_stats)
+        add_to(stats["nonfinite"], nonfinite)
+        update(update_minibatch, batch, lr, stats, args)
+
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
         update_fn = captured(run, "update", update_fn)
     graphs = "off" if not args.cudagraphs else (
@@ -431,25 +440,22 @@ def train(run, args: Args) -> dict:
         iterations_in_stats += 1
 
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
-        if run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration):
+        due = what_is_due(run, final_iteration)
+        if due.log:
             log(run, reduce_iteration(
                 run, episodes=stats["episodes"],
-                means={f"losses/{name}": stats["losses"][i] / iterations_in_stats for i, name in enumerate(LOSS_NAMES)},
-                checks={name: stats["nonfinite"][i] == 0 for i, name in enumerate(("observations", "rewards", "losses"))},
+                means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
+                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
                 local={"charts/learning_rate": lr},
             ))
-            for t in stats.values():
-                t.zero_()
+            zero_(stats)
             iterations_in_stats = 0
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if eval_due(run, final_iteration):
+        if due.eval:
             evaluate(run, eval_envs, agent_inference)
-        if names := checkpoints_due(run, final_iteration):
-            save(run, names, agent, {"adam": optimizer},
-                 state={"learning_rate": float(lr), "reward_normalizer": reward_normalizer.state_dict()},
-                 per_rank={"env": envs.state_dict(), "next_obs": next_obs, "ep_stats": ep_stats,
-                           "reward_returns": reward_normalizer.returns})
+        if names := checkpoints_to_write(run, due):
+            save(run, names, state, next_obs)
         if run.stop_reason:
             break
     return finish(run, agent)

@@ -22,6 +22,7 @@ Huang et al. 2022 ("The 37 implementation details of PPO", the LSTM details); Ru
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from dataclasses import dataclass
@@ -35,14 +36,18 @@ import tyro
 from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+if importlib.util.find_spec("common") is None:
+    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
+from common.args import RunArgs  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
+from common.capture import captured, compiled, timed  # noqa: E402
+from common.checkpoint import TrainingState, restore, save  # noqa: E402
+from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
-from common.run import (  # noqa: E402
-    RunArgs, begin_training, captured, checkpoints_due, closing, compiled, episode_sums, eval_due, eval_only, evaluate,
-    finish, host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save, start_run, timed,
-)
+from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
+from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo_lstm"
 
@@ -217,7 +222,7 @@ class Agent(nn.Module):
 
 
 class EvalPolicy(nn.Module):
-    """The deterministic policy as common/run.py evaluates it: `deterministic(obs)` reads and writes,
+    """The deterministic policy as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes,
     in place, one hidden state per eval env, and `reset_state(done)` zeroes the envs whose episode
     ended (run.py calls it after the eval envs' reset and after every eval step)."""
 
@@ -266,7 +271,8 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
 
 def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
     """Replay the minibatch's envs [T, B] from their initial hidden states, then the clipped
-    surrogate + (clipped) value loss - entropy bonus over all their steps."""
+    surrogate + (clipped) value loss - entropy bonus over all their steps; returns the loss and what
+    is logged of it, by name (losses/<name>)."""
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         out = agent.replay(mb["obs_n", "policy"], state, mb["starts"])
         newlogprob, entropy = agent.log_prob_entropy(out, mb["actions"])
@@ -287,10 +293,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac]).detach()
-
-
-LOSS_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+    return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+                  "approx_kl": approx_kl, "clipfrac": clipfrac}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,13 +314,13 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_st
 
 @torch.no_grad()
 def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict,
-            rnn_state: torch.Tensor, ep_stats: torch.Tensor, stats: dict, args: Args) -> TensorDict:
+            rnn_state: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
     """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation
-    statistics for the next one; returns the [T, N] batch of sequences the update reads."""
+    statistics for the next one. Returns the [T, N] batch of sequences the update reads, the
+    rollout's logged statistics and its counts of non-finite values, by name."""
     dones = data["terminated"] | data["truncated"]
-    episode_sums(ep_stats, data["rewards"], dones, sums=stats["episodes"])
-    stats["nonfinite"][:2] += torch.stack([(~torch.isfinite(data["obs", "policy"])).sum(),
-                                            (~torch.isfinite(data["rewards"])).sum()])
+    episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
+    nonfinite = {"observations": (~torch.isfinite(data["obs", "policy"])).sum(), "rewards": (~torch.isfinite(data["rewards"])).sum()}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values = data["values"]  # computed while acting, from the cell's outputs the actions came from
     with torch.autocast(next_obs["policy"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
@@ -334,30 +338,32 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
         if agent.critic_key == "critic":
             agent.critic_obs_rms.update(data["obs", "critic"])
     var_y = returns.var()
-    stats["losses"][-1] += torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
+    explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
-    return TensorDict({"obs_n": obs_n, "starts": starts, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
-                       "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
+    batch = TensorDict({"obs_n": obs_n, "starts": starts, "actions": data["actions"], "logprobs": data["logprobs"],
+                        "values": values, "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
+    return batch, {"explained_variance": explained_variance}, nonfinite
 
 
 def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr: torch.Tensor, stats: dict, args: Args):
     """Epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden
-    state; the adaptive learning rate after each minibatch from the ranks' mean KL."""
+    state; the adaptive learning rate after each minibatch from the ranks' mean KL. Adds the mean
+    losses, by name, to stats."""
     num_envs = batch.shape[1]
     envs_per_minibatch = num_envs // args.num_minibatches
-    loss_sums, num_updates = torch.zeros(len(LOSS_NAMES) - 1, device=batch.device), 0
+    loss_sums, num_updates = {}, 0
     for epoch in range(args.update_epochs):
         perm = torch.randperm(num_envs, device=batch.device)
         for start in range(0, num_envs, envs_per_minibatch):
             envs = perm[start : start + envs_per_minibatch]
-            minibatch_stats = update_minibatch(batch[:, envs], initial_state[:, envs])
-            loss_sums += minibatch_stats
+            losses = update_minibatch(batch[:, envs], initial_state[:, envs])
+            add_to(loss_sums, losses)
             num_updates += 1
             if args.lr_schedule == "adaptive":
-                adapt_learning_rate(lr, distributed.all_reduce(minibatch_stats[3].clone(), "mean"), args.desired_kl)
-    losses = loss_sums / num_updates
-    stats["losses"][:-1] += losses
-    stats["nonfinite"][2] += (~torch.isfinite(losses)).sum()
+                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
+    means = {name: total / num_updates for name, total in loss_sums.items()}
+    add_to(stats["losses"], means)
+    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -392,15 +398,10 @@ def train(run, args: Args) -> dict:
     rnn_state = agent.initial_state(args.num_envs).to(device)  # live: every write is in place
     initial_state = torch.zeros_like(rnn_state)  # each env's state at the start of the rollout
 
-    rank_state = restore(run, envs, agent, {"adam": optimizer})
-    if run.checkpoint is not None:
-        lr.fill_(run.checkpoint["learning_rate"])
-        reward_normalizer.load_state_dict(run.checkpoint["reward_normalizer"])
-    if rank_state and rank_state["envs_continue"]:  # else fresh episodes: zero states
-        next_obs = rank_state["next_obs"]
-        ep_stats.copy_(rank_state["ep_stats"])
-        reward_normalizer.returns.copy_(rank_state["reward_returns"])
-        rnn_state.copy_(rank_state["rnn_state"])
+    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    state = TrainingState(agent, {"adam": optimizer}, envs, shared={"learning_rate": lr, "reward_normalizer": reward_normalizer},
+                          per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state})
+    next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states
     if args.eval_only:
         return eval_only(run, eval_envs, eval_policy)
 
@@ -448,13 +449,20 @@ def train(run, args: Args) -> dict:
         policy_step = captured(run, "acting", compiled(run, policy_step))
         end_step = captured(run, "end of step", compiled(run, end_step))
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64),
-             "losses": torch.zeros(len(LOSS_NAMES), device=device), "nonfinite": torch.zeros(3, device=device)}
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
     update_minibatch = compiled(run, update_minibatch)
-    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats, stats, args))
+    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats,
+                                                   stats["episodes"], args))
     rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage, rnn_state, initial_state), capture=whole_rollout)
-    # the targets and every epoch of the update as one graph: the batch never leaves it
-    update_fn = captured(run, "update", lambda obs: update(update_minibatch, targets_fn(obs), initial_state, lr, stats, args))
+
+    def update_fn(obs: TensorDict) -> None:
+        """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
+        batch, rollout_stats, nonfinite = targets_fn(obs)
+        add_to(stats["losses"], rollout_stats)
+        add_to(stats["nonfinite"], nonfinite)
+        update(update_minibatch, batch, initial_state, lr, stats, args)
+
+    update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves it
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
                         f" envs x {args.num_steps} steps per process); {total_steps // global_batch} iterations; {args.cell} "
                         f"{args.rnn_layers}x{args.rnn_hidden_size}; compile {args.compile}, CUDA graphs {args.cudagraphs}")
@@ -473,24 +481,21 @@ def train(run, args: Args) -> dict:
         iterations_in_stats += 1
 
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
-        if run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration):
+        due = what_is_due(run, final_iteration)
+        if due.log:
             log(run, reduce_iteration(run, episodes=stats["episodes"],
-                means={f"losses/{name}": stats["losses"][i] / iterations_in_stats for i, name in enumerate(LOSS_NAMES)},
-                checks={name: stats["nonfinite"][i] == 0 for i, name in enumerate(("observations", "rewards", "losses"))},
+                means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
+                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
                 local={"charts/learning_rate": lr},
             ))
-            for t in stats.values():
-                t.zero_()
+            zero_(stats)
             iterations_in_stats = 0
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if eval_due(run, final_iteration):
+        if due.eval:
             evaluate(run, eval_envs, eval_policy)
-        if names := checkpoints_due(run, final_iteration):
-            save(run, names, agent, {"adam": optimizer},
-                 state={"learning_rate": float(lr), "reward_normalizer": reward_normalizer.state_dict()},
-                 per_rank={"env": envs.state_dict(), "next_obs": next_obs, "ep_stats": ep_stats,
-                           "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state})
+        if names := checkpoints_to_write(run, due):
+            save(run, names, state, next_obs)
         if run.stop_reason:
             break
     return finish(run, agent)

@@ -10,7 +10,7 @@ on a GPU (the rollout; the targets with the update) -> main and train (setup, th
 rollout -> Q(lambda) targets -> epochs of minibatch regression -> log every --log-interval ->
 eval/save). No replay buffer and no target network: the many parallel envs decorrelate the data,
 and LayerNorm in the Q-network keeps the bootstrapped regression stable. The run around it (run
-directory, checkpoints, torchrun, evaluation, logging) is common/run.py. `--num-envs` is per
+directory, checkpoints, torchrun, evaluation, logging) is in common/. `--num-envs` is per
 process; `--total-timesteps` counts env steps over all processes.
 References: Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (PQN);
 Watkins 1989 and Peng & Williams 1996 (Q(lambda)); CleanRL's DQN for the flag names.
@@ -18,6 +18,7 @@ Watkins 1989 and Peng & Williams 1996 (Q(lambda)); CleanRL's DQN for the flag na
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from dataclasses import dataclass
@@ -32,15 +33,20 @@ import tyro
 from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+if importlib.util.find_spec("common") is None:
+    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
+from common.args import RunArgs  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
+from common.capture import captured, compiled, timed  # noqa: E402
+from common.checkpoint import TrainingState, restore, save  # noqa: E402
+from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.normalize import RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, captured, checkpoints_due, closing, compiled, episode_sums, eval_due, eval_only,
-    evaluate, finish, host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore, save,
-    start_run, timed,
+    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
 )
+from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "pqn"
 
@@ -174,7 +180,7 @@ def epsilon_at(step: int, total_steps: int, args: Args) -> float:
 # One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
 # run, so that on CUDA they are compiled and captured whole (with a built-in env, all T steps
 # of the rollout are one CUDA graph; the targets and all epochs and minibatches of the update
-# another). `stats` gathers on the device what the logs read every --log-interval iterations.
+# another). `stats` gathers on the device, by name, what the logs read every --log-interval iterations.
 # ----------------------------------------------------------------------------------------------
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps epsilon-greedy steps of every env, written to storage. No host sync."""
@@ -186,11 +192,12 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
 
 
 @torch.no_grad()
-def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, stats: dict,
-            args: Args) -> TensorDict:
+def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor,
+            args: Args):
     """Episode statistics; max-Q of the next and final observations, batched; the Q(lambda) targets;
-    then the observation statistics for the next rollout. Returns the flat batch the update reads."""
-    episode_sums(ep_stats, data["rewards"], data["terminated"] | data["truncated"], sums=stats["episodes"])
+    then the observation statistics for the next rollout. Returns the flat batch the update reads
+    and the counts of non-finite values by name."""
+    episode_sums(ep_stats, data["rewards"], data["terminated"] | data["truncated"], sums=episodes)
     obs_n = qnet.obs_rms(data["obs"])  # the same statistics the policy acted with
     q_max = qnet(obs_n).amax(-1)
     last_q_max = qnet(qnet.obs_rms(next_obs["policy"])).amax(-1)
@@ -199,24 +206,27 @@ def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: to
     rewards = data["rewards"] * args.reward_scale
     q_targets = q_lambda_targets(rewards, next_q_max, final_q_max, data["terminated"], data["truncated"], args.gamma,
                                  args.q_lambda)
-    stats["nonfinite"][:3] += torch.stack([(~torch.isfinite(x)).sum() for x in (data["obs"], data["rewards"], q_targets)])
+    nonfinite = {name: (~torch.isfinite(x)).sum() for name, x in
+                 (("observations", data["obs"]), ("rewards", data["rewards"]), ("targets", q_targets))}
     if args.obs_norm:  # statistics for the next rollout come from this rollout's data only
         qnet.obs_rms.update(data["obs"])
-    return TensorDict({"obs_n": obs_n, "actions": data["actions"], "targets": q_targets},
-                      batch_size=rewards.shape, device=rewards.device).reshape(-1)
+    batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "targets": q_targets},
+                       batch_size=rewards.shape, device=rewards.device)
+    return batch.reshape(-1), nonfinite
 
 
 def update(update_minibatch, batch: TensorDict, stats: dict, args: Args) -> None:
-    """Epochs of shuffled minibatches over the [T*N] batch; adds the mean loss and Q to stats."""
+    """Epochs of shuffled minibatches over the [T*N] batch; adds the mean losses, by name, to stats."""
     batch_size = batch.shape[0]
     minibatch_size = batch_size // args.num_minibatches
-    loss_sums = torch.zeros(2, device=batch.device)
+    loss_sums = {}
     for epoch in range(args.update_epochs):
         perm = torch.randperm(batch_size, device=batch.device)
         for start in range(0, batch_size, minibatch_size):
-            loss_sums += update_minibatch(batch[perm[start : start + minibatch_size]])
-    stats["losses"] += loss_sums / (args.update_epochs * args.num_minibatches)
-    stats["nonfinite"][3] += (~torch.isfinite(loss_sums)).sum()
+            add_to(loss_sums, update_minibatch(batch[perm[start : start + minibatch_size]]))
+    means = {name: total / (args.update_epochs * args.num_minibatches) for name, total in loss_sums.items()}
+    add_to(stats["losses"], means)
+    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,12 +267,9 @@ def train(run, args: Args) -> dict:
     eps_mean_scale = 1.0 - args.epsilon_spread / 2 if run.world_size * args.num_envs > 1 else 1.0
     epsilon = torch.empty(args.num_envs, device=device)  # one fixed buffer, refilled every iteration
 
-    rank_state = restore(run, envs, qnet, {"adam": optimizer})
-    if run.checkpoint is not None:
-        lr.fill_(run.checkpoint["learning_rate"])
-    if rank_state and rank_state["envs_continue"]:
-        next_obs = rank_state["next_obs"]
-        ep_stats.copy_(rank_state["ep_stats"])
+    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    state = TrainingState(qnet, {"adam": optimizer}, envs, shared={"learning_rate": lr}, per_rank={"ep_stats": ep_stats})
+    next_obs = restore(run, state, next_obs)
     if args.eval_only:
         return eval_only(run, eval_envs, qnet_inference)
 
@@ -285,7 +292,7 @@ def train(run, args: Args) -> dict:
         distributed.all_reduce_gradients(qnet.parameters())
         nn.utils.clip_grad_norm_(qnet.parameters(), args.max_grad_norm)
         optimizer.step()
-        return torch.stack([loss, q.mean()]).detach()
+        return {"td_loss": loss.detach(), "q_values": q.mean().detach()}
 
     # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
     # cannot be captured: its step runs eagerly between the captured acting steps.
@@ -297,12 +304,17 @@ def train(run, args: Args) -> dict:
         policy_step = captured(run, "acting", compiled(run, policy_step))
     update_minibatch = compiled(run, update_minibatch)
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": torch.zeros(2, device=device),
-             "nonfinite": torch.zeros(4, device=device)}
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
     rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
-    targets_fn = compiled(run, lambda obs: targets(qnet, storage.data, obs, ep_stats, stats, args))
-    # The targets and every epoch of the update are one graph: the batch never leaves it.
-    update_fn = captured(run, "update", lambda obs: update(update_minibatch, targets_fn(obs), stats, args))
+    targets_fn = compiled(run, lambda obs: targets(qnet, storage.data, obs, ep_stats, stats["episodes"], args))
+
+    def update_fn(obs: TensorDict) -> None:
+        """The Q(lambda) targets of the rollout, then the epochs of the update; their statistics into `stats`."""
+        batch, nonfinite = targets_fn(obs)
+        add_to(stats["nonfinite"], nonfinite)
+        update(update_minibatch, batch, stats, args)
+
+    update_fn = captured(run, "update", update_fn)  # the targets and every epoch: one graph, the batch never leaves it
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
                         f"per process); {total_steps // global_batch} iterations for {total_steps} steps; compile "
                         f"{'on' if args.compile else 'off'}, CUDA graphs: "
@@ -328,27 +340,23 @@ def train(run, args: Args) -> dict:
         iterations_in_stats += 1
 
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
-        if run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration):
+        due = what_is_due(run, final_iteration)
+        if due.log:
             log(run, reduce_iteration(
                 run, episodes=stats["episodes"],
-                means={"losses/td_loss": stats["losses"][0] / iterations_in_stats,
-                       "losses/q_values": stats["losses"][1] / iterations_in_stats},
-                checks={name: stats["nonfinite"][i] == 0
-                        for i, name in enumerate(("observations", "rewards", "targets", "losses"))},
+                means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
+                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
                 local={"charts/learning_rate": lr_now if lr_now is not None else lr,
                        "charts/epsilon": eps_now * eps_mean_scale},  # the mean over all envs
             ))
-            for t in stats.values():
-                t.zero_()
+            zero_(stats)
             iterations_in_stats = 0
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if eval_due(run, final_iteration):
+        if due.eval:
             evaluate(run, eval_envs, qnet_inference)
-        if names := checkpoints_due(run, final_iteration):
-            save(run, names, qnet, {"adam": optimizer},
-                 state={"learning_rate": float(lr), "epsilon": epsilon_at(run.global_step, total_steps, args)},
-                 per_rank={"env": envs.state_dict(), "next_obs": next_obs, "ep_stats": ep_stats})
+        if names := checkpoints_to_write(run, due):
+            save(run, names, state, next_obs)
         if run.stop_reason:
             break
     return finish(run, qnet)

@@ -7,7 +7,7 @@ The file, top to bottom: Args -> networks (ensemble critics, C51 projection, Age
 critic and actor losses -> replay sampling and normalizer statistics -> main (setup, then the
 loop: act and store -> updates -> log -> eval/save). An iteration is one vectorised step of
 every env followed by `--num-updates` gradient updates on large replay batches. The run around
-it (run directory, checkpoints, torchrun, evaluation, logging) is common/run.py.
+it (run directory, checkpoints, torchrun, evaluation, logging) is in common/.
 `--num-envs` is per process, `--total-timesteps` counts env steps of all processes. Continuous
 actions only (use ppo.py or pqn.py for discrete ones).
 References: Fujimoto et al. 2018 (TD3); Bellemare et al. 2017 (C51); Seo et al. 2025 (FastTD3).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import math
 import sys
 from dataclasses import dataclass
@@ -29,15 +30,20 @@ import tyro
 from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+if importlib.util.find_spec("common") is None:
+    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
+from common.args import RunArgs  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
+from common.capture import captured, compiled, timed  # noqa: E402
+from common.checkpoint import TrainingState, restore, save  # noqa: E402
+from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    RunArgs, begin_training, captured, checkpoints_due, closing, compiled, episode_sums, eval_due, eval_only,
-    evaluate, finish, host_read_due, log, make_envs, open_run, record_env_log, reduce_iteration, restore,
-    restore_buffer, save, start_run, timed,
+    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
 )
+from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "td3"
 
@@ -261,7 +267,7 @@ def actor_loss(agent: Agent, b: TensorDict, args: Args):
 
 def critic_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict) -> torch.Tensor:
     """One critic step on a batch (gradients averaged over ranks), then the soft target update;
-    returns (q_loss, mean Q) on the device."""
+    returns its statistics by name, on the device."""
     q_loss, q_mean = critic_loss(agent, b, args)
     optimizer.zero_grad(set_to_none=False)
     q_loss.backward()
@@ -270,20 +276,17 @@ def critic_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: T
     with torch.no_grad():
         for p_target, p in zip(agent.critic_target.parameters(), agent.critic.parameters()):
             p_target.lerp_(p, args.tau)
-    return torch.stack([q_loss.detach(), q_mean])
+    return {"q_loss": q_loss.detach(), "q_values": q_mean}
 
 
 def actor_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict) -> torch.Tensor:
-    """One actor step; returns its loss."""
+    """One actor step; returns its loss by name."""
     loss = actor_loss(agent, b, args)
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
     distributed.all_reduce_gradients(agent.actor.parameters())
     optimizer.step()
-    return loss.detach().reshape(1)
-
-
-CRITIC_STATS, ACTOR_STATS = ("q_loss", "q_values"), ("actor_loss",)
+    return {"actor_loss": loss.detach()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,7 +336,7 @@ def check_args(args: Args, batch_size: int, capacity: int) -> None:
 # One iteration: collect (act, env step, replay write) -> update, each a function of tensors that
 # live as long as the run, so that on CUDA each is captured whole in one graph. The host picks
 # WHICH function runs (random actions before --learning-starts, the phase of the actor's schedule);
-# nothing on the host changes what one does. `stats` gathers what the logs read every --log-interval.
+# nothing on the host changes what one does. `stats` gathers, by name, what the logs read every --log-interval.
 # ----------------------------------------------------------------------------------------------
 def act_and_step(envs, agent: Agent, policy, bf16: bool, obs: TensorDict):
     """An action in [-1, 1] from `policy(obs)`, or uniform ones (the warm-up) when `policy` is None,
@@ -352,7 +355,7 @@ def collect(run, step, buffer: ReplayBuffer, noise_std: torch.Tensor, ep_stats: 
             obs: TensorDict) -> TensorDict:
     """Act and step (`step`), write the transition into the replay buffer (its device half: the caller
     advances the host copy), draw a new noise std for each env that starts an episode, and add the
-    episode statistics and finite checks to `stats`. No host read. Returns the next observation."""
+    episode statistics and the non-finite counts to `stats`. No host read. Returns the next observation."""
     action, next_obs, reward, terminated, truncated, info = step(obs)
     done = terminated | truncated
     # The true next observation: the final one where the episode ended (next_obs has reset).
@@ -362,19 +365,20 @@ def collect(run, step, buffer: ReplayBuffer, noise_std: torch.Tensor, ep_stats: 
     fresh_std = torch.rand(args.num_envs, 1, device=noise_std.device) * (args.std_max - args.std_min) + args.std_min
     noise_std.copy_(torch.where(done.unsqueeze(-1), fresh_std, noise_std))  # a new noise scale per episode
     episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=stats["episodes"])
-    stats["finite"] &= torch.stack([torch.isfinite(real_next_obs["policy"]).all(), torch.isfinite(reward).all()])
+    add_to(stats["nonfinite"], {"observations": (~torch.isfinite(real_next_obs["policy"])).sum(),
+                                "rewards": (~torch.isfinite(reward)).sum()})
     record_env_log(run, info)
     return next_obs
 
 
-def update(agent: Agent, buffer: ReplayBuffer, reward_normalizer: RewardNormalizer, critic_step, actor_step, stats: dict,
-           args: Args, actor_at: tuple[int, ...]) -> None:
-    """num_updates critic steps, each on a fresh batch, and an actor step after the critic steps `actor_at`."""
-    for i in range(args.num_updates):
-        batch = sample_batch(agent, buffer, reward_normalizer, args, args.batch_size)
-        stats["critic"] += critic_step(batch)
+def update(sample, critic_step, actor_step, stats: dict, num_updates: int, actor_at: tuple[int, ...]) -> None:
+    """num_updates critic steps, each on a fresh batch (`sample()`), and an actor step after the critic
+    steps `actor_at`; their statistics, by name, into stats."""
+    for i in range(num_updates):
+        batch = sample()
+        add_to(stats["critic"], critic_step(batch))
         if i in actor_at:
-            stats["actor"] += actor_step(batch)
+            add_to(stats["actor"], actor_step(batch))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -414,47 +418,52 @@ def train(run, args: Args) -> dict:
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
     noise_std = torch.rand(args.num_envs, 1, device=device) * (args.std_max - args.std_min) + args.std_min
 
-    # --- resume ---
-    update_count, last_fold = 0, 0  # critic updates so far; iteration of the last normalizer update
-    rank_state = restore(run, envs, agent, optimizers)
-    if run.checkpoint is not None:
-        reward_normalizer.load_state_dict(run.checkpoint["reward_normalizer"])
-        update_count, last_fold = run.checkpoint["update_count"], run.checkpoint["last_fold"]
-    if rank_state and rank_state["envs_continue"]:
-        next_obs = rank_state["next_obs"]
-        ep_stats.copy_(rank_state["ep_stats"])
-        reward_normalizer.returns.copy_(rank_state["reward_returns"])  # this rank's envs, not rank 0's
-        noise_std.copy_(rank_state["noise_std"])
-    restore_buffer(run, buffer, rank_state)
+    # --- what the checkpoints hold besides the counters: saved and restored (in place) from here ---
+    counters = {"update_count": 0, "last_fold": 0}  # critic updates so far; iteration of the last normalizer update
+    state = TrainingState(agent, optimizers, envs, shared={"reward_normalizer": reward_normalizer, "counters": counters},
+                          per_rank={"ep_stats": ep_stats, "noise_std": noise_std, "reward_returns": reward_normalizer.returns},
+                          buffer=buffer, save_buffer=args.save_buffer)
+    next_obs = restore(run, state, next_obs)
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
     # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64),  # between two host reads
-             "critic": torch.zeros(len(CRITIC_STATS), device=device, dtype=torch.float64),
-             "actor": torch.zeros(len(ACTOR_STATS), device=device, dtype=torch.float64),
-             "finite": torch.ones(2, device=device, dtype=torch.bool)}  # observations, rewards
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "critic": {}, "actor": {}, "nonfinite": {}}
     # A built-in env steps inside the graph: act, env step and replay write are one. An adapter's
     # simulator cannot be captured: its step runs eagerly after the captured acting step.
     whole_step = getattr(envs, "capturable", False)
-    acting = functools.partial(agent_inference.act, noise_std=noise_std)
+
+    def acting(obs: TensorDict) -> torch.Tensor:  # with each env's noise scale of this episode
+        return agent_inference.act(obs, noise_std=noise_std)
+
+    if not whole_step:
+        acting = captured(run, "acting", compiled(run, acting))
+
+    def policy_step(obs: TensorDict):
+        return act_and_step(envs, agent_inference, acting, args.bf16, obs)
+
+    def random_step(obs: TensorDict):  # the warm-up before --learning-starts: uniform actions
+        return act_and_step(envs, agent_inference, None, False, obs)
+
     if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
-        policy_step = compiled(run, functools.partial(act_and_step, envs, agent_inference, acting, args.bf16))
-    else:
-        policy_step = functools.partial(act_and_step, envs, agent_inference, captured(run, "acting", compiled(run, acting)), args.bf16)
-    collect_fn = {random: captured(run, "random step" if random else "step", functools.partial(
-        collect, run, functools.partial(act_and_step, envs, agent_inference, None, False) if random else policy_step,
-        buffer, noise_std, ep_stats, stats, args), capture=whole_step) for random in (True, False)}
+        policy_step = compiled(run, policy_step)
+    collect_policy = captured(run, "step", lambda obs: collect(run, policy_step, buffer, noise_std, ep_stats, stats, args, obs),
+                              capture=whole_step)
+    collect_random = captured(run, "random step", lambda obs: collect(run, random_step, buffer, noise_std, ep_stats, stats, args, obs),
+                              capture=whole_step)
+    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))
+    actor_fn = compiled(run, lambda batch: actor_step(agent, actor_optimizer, args, batch))
+    sample = lambda: sample_batch(agent, buffer, reward_normalizer, args, args.batch_size)  # noqa: E731
     # The actor steps after every policy_frequency-th critic step of the run: which steps of an iteration
     # those are depends on its phase (critic steps before it, mod policy_frequency). One update function
     # per phase, each captured whole: a single one when num_updates is a multiple of policy_frequency.
     actor_at = {p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
                 for p in range(args.policy_frequency)}
     phases = args.policy_frequency // math.gcd(args.num_updates, args.policy_frequency)
-    gradient_steps = (compiled(run, functools.partial(critic_step, agent, q_optimizer, args)),
-                      compiled(run, functools.partial(actor_step, agent, actor_optimizer, args)))
-    update_fn = {p: captured(run, "update" if phases == 1 else f"update, phase {p}", functools.partial(
-        update, agent, buffer, reward_normalizer, *gradient_steps, stats, args, at)) for p, at in actor_at.items()}
+    update_fn = {}
+    for phase, at in actor_at.items():
+        update_fn[phase] = captured(run, "update" if phases == 1 else f"update, phase {phase}",
+                                    lambda at=at: update(sample, critic_fn, actor_fn, stats, args.num_updates, at))
     graphs = "off" if not args.cudagraphs else (
         f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all {args.num_updates} "
         f"updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of the actor's schedule)")
@@ -470,49 +479,43 @@ def train(run, args: Args) -> dict:
         final_iteration = run.global_step + 2 * steps_per_iteration > total_steps
         # --- act and store: no host-device synchronisation here ---
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = collect_fn[run.global_step < args.learning_starts](next_obs)
+            next_obs = (collect_random if run.global_step < args.learning_starts else collect_policy)(next_obs)
         buffer.advance_host()  # the write ran on the device (a graph replay runs no Python)
         run.global_step += steps_per_iteration
 
         # --- normalizer statistics: every log interval and before the first update ---
         is_ready = ready()
         if run.iteration % args.log_interval == 0 or (is_ready and not was_ready):
-            fold_statistics(agent, buffer, reward_normalizer, args, k=min(run.iteration - last_fold, len(buffer)))
-            last_fold = run.iteration
+            fold_statistics(agent, buffer, reward_normalizer, args, k=min(run.iteration - counters["last_fold"], len(buffer)))
+            counters["last_fold"] = run.iteration
         was_ready = is_ready
 
         # --- updates: num_updates critic steps, the actor every policy_frequency-th ---
         if is_ready:
-            phase = update_count % args.policy_frequency
+            phase = counters["update_count"] % args.policy_frequency
             with timed(run, "update"):
                 update_fn[phase]()
-            update_count, critic_updates = update_count + args.num_updates, critic_updates + args.num_updates
+            counters["update_count"] += args.num_updates
+            critic_updates += args.num_updates
             actor_updates += len(actor_at[phase])
 
         # --- once per log interval (and before evals and saves): one host read ---
-        if not (run.iteration % args.log_interval == 0 or host_read_due(run, final_iteration)):
+        due = what_is_due(run, final_iteration)
+        if not due.log:
             continue
-        critic_sums, actor_sums, finite = stats["critic"], stats["actor"], stats["finite"]
-        means = {f"losses/{k}": critic_sums[i] / critic_updates for i, k in enumerate(CRITIC_STATS)} if critic_updates else {}
-        means.update({f"losses/{k}": actor_sums[i] / actor_updates for i, k in enumerate(ACTOR_STATS)} if actor_updates else {})
-        checks = {"observations": finite[0], "rewards": finite[1],
-                  **{k: torch.isfinite(critic_sums[i]) for i, k in enumerate(CRITIC_STATS)},
-                  **{k: torch.isfinite(actor_sums[i]) for i, k in enumerate(ACTOR_STATS)}}
+        means = {f"losses/{name}": total / updates for part, updates in (("critic", critic_updates), ("actor", actor_updates))
+                 if updates for name, total in stats[part].items()}
+        checks = {**{name: count == 0 for name, count in stats["nonfinite"].items()},
+                  **{name: torch.isfinite(total) for part in ("critic", "actor") for name, total in stats[part].items()}}
         log(run, reduce_iteration(run, episodes=stats["episodes"], means=means, checks=checks))
-        for t in (stats["episodes"], critic_sums, actor_sums):
-            t.zero_()
-        finite.fill_(True)
+        zero_(stats)
         critic_updates = actor_updates = 0
 
         # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if eval_due(run, final_iteration):
+        if due.eval:
             evaluate(run, eval_envs, agent_inference)
-        if names := checkpoints_due(run, final_iteration):
-            save(run, names, agent, optimizers,
-                 state={"reward_normalizer": reward_normalizer.state_dict(), "update_count": update_count, "last_fold": last_fold},
-                 per_rank={"env": envs.state_dict(), "next_obs": next_obs, "ep_stats": ep_stats, "noise_std": noise_std,
-                           "reward_returns": reward_normalizer.returns},
-                 last_only={"buffer": buffer.state_dict()} if args.save_buffer else None)
+        if names := checkpoints_to_write(run, due):
+            save(run, names, state, next_obs)
         if run.stop_reason:
             break
     return finish(run, agent)

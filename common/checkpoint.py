@@ -1,5 +1,9 @@
 """Checkpoints that survive a kill and load with `torch.load(weights_only=True)`.
 
+    state = TrainingState(model, optimizers, shared={...}, per_rank={...}, envs=envs)  # declared once
+    next_obs = restore(run, state, next_obs)       # in place, from --resume (or a torchrun restart)
+    save(run, names, state, next_obs)              # best.pt / last.pt / step_N.pt of this iteration
+
 A checkpoint is one file holding a dict of tensors and plain Python values (never pickled
 objects): format version, algorithm, env id, args, counters, model/optimizer/normalizer state
 dicts, best eval return, the RNG states of every rank and the env state where available.
@@ -12,14 +16,26 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import time
 import zipfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict, TensorDictBase
 
+from common import distributed
+from common.args import RUN_FLAGS
+from common.export import export_policy
+
+if TYPE_CHECKING:
+    from common.run import Run
+
+# 3: a script's host counters under "counters", a tensor learning rate as a tensor
 # 2: per-rank state (RNG, env, ...) under "ranks", optimizers under "optimizers" (1: "rng", "env", "optimizer")
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 LAST, BEST = "last.pt", "best.pt"
 
 
@@ -198,3 +214,174 @@ def stable_run_name(run_name: str | None, default_name: str, output_dir: str | o
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(name)
     return name, False
+
+
+# ----------------------------------------------------------------------------------------------
+# A run's checkpoints: what a script declares, saved and restored across ranks (collectives)
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class TrainingState:
+    """What a script's checkpoints hold besides the run's counters, declared once in its `train`:
+    `save` writes it and `restore` reads it back in place, so the two never disagree on a name.
+
+    - `model`, `optimizers`: the same on every rank; rank 0's are written.
+    - `shared`: {name: object}, the same on every rank: a module or another object with
+      state_dict/load_state_dict (a normalizer), a tensor (a learning rate: filled in place), or a
+      dict of host counters (updated in place).
+    - `per_rank`: {name: tensor} of this rank's envs (episode statistics, partial returns, hidden
+      states, exploration noise): gathered to rank 0 with the rank's RNG states and env snapshot,
+      and read back in place only where this rank's envs continue their episodes exactly.
+    - `buffer`: a replay buffer (common.buffer.ReplayBuffer), written into last.pt when
+      `save_buffer`, and read back from a checkpoint that holds one.
+    """
+
+    model: torch.nn.Module
+    optimizers: dict
+    envs: Any
+    shared: dict = field(default_factory=dict)
+    per_rank: dict = field(default_factory=dict)
+    buffer: Any = None
+    save_buffer: bool = False
+
+
+def _state_of(obj):
+    if hasattr(obj, "state_dict"):
+        return obj.state_dict()
+    return dict(obj) if isinstance(obj, dict) else obj
+
+
+def _load_into(obj, saved) -> None:
+    if hasattr(obj, "load_state_dict"):
+        obj.load_state_dict(saved)
+    elif isinstance(obj, dict):
+        obj.update(saved)
+    else:
+        obj.copy_(torch.as_tensor(saved))
+
+
+def _to_cpu(x):
+    """Tensors (also inside dicts, lists and TensorDicts) as CPU tensors, the rest as is."""
+    if isinstance(x, TensorDictBase):
+        return x.detach().cpu().to_dict()
+    if torch.is_tensor(x):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+def _to_device(x, device):
+    if torch.is_tensor(x):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def export_run_policy(run: Run, out_dir, model: torch.nn.Module, source) -> Path:
+    """The deterministic policy of `model` exported to `out_dir` (common.export), labelled with the run."""
+    info = {"algo": run.algo, "env_id": run.args.env_id, "global_step": run.global_step, "iteration": run.iteration,
+            "checkpoint": str(source)}
+    return export_policy(out_dir, model, run.observation_space, run.action_space, info)
+
+
+def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
+    """Write the checkpoints `names` (BEST, LAST, step_N.pt) of this iteration. A collective: every rank calls it.
+
+    Rank 0's model, optimizers and shared state are written; each rank's own state (RNG states, env
+    snapshot, `next_obs`, state.per_rank) is gathered to rank 0 as CPU tensors, so that no rank
+    rebuilds another's tensors on its GPU. The replay buffer goes into last.pt only. Rank 0 writes
+    each file atomically, keeps the newest --keep-checkpoints numbered ones, and exports the policy
+    with best.pt under --export-best.
+    """
+    args = run.args
+    mine = {"rng": capture_rng_state(), "env": state.envs.state_dict(), "next_obs": next_obs, **state.per_rank}
+    if LAST in names and state.save_buffer:
+        mine["buffer"] = state.buffer.state_dict()
+    ranks = distributed.gather_object(_to_cpu(mine))
+    if run.is_main:
+        checkpoint = {
+            "format_version": FORMAT_VERSION, "algo": run.algo, "env_id": args.env_id, "args": asdict(args),
+            "world_size": run.world_size, "global_step": run.global_step, "iteration": run.iteration,
+            "best_eval_return": run.best_eval_return, "model": state.model.state_dict(),
+            "optimizers": {k: opt.state_dict() for k, opt in state.optimizers.items()},
+            **{k: _to_cpu(_state_of(v)) for k, v in state.shared.items()},
+        }
+        for name in names:
+            keep = ranks if name == LAST else [{k: v for k, v in r.items() if k != "buffer"} for r in ranks]
+            save_checkpoint({**checkpoint, "ranks": keep}, checkpoint_dir(run.run_dir) / name)
+        if args.keep_checkpoints > 0:  # the newest M numbered checkpoints stay
+            numbered = sorted(checkpoint_dir(run.run_dir).glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
+            for old in numbered[: -args.keep_checkpoints]:
+                old.unlink()
+        if BEST in names and args.export_best:
+            export_run_policy(run, run.run_dir / "export", state.model, BEST)
+    if LAST in names:
+        run.last_save_time = time.time()
+
+
+def restore(run: Run, state: TrainingState, next_obs):
+    """Read the resumed checkpoint (run.checkpoint) back into `state` in place. Returns the next
+    observation to act on: the checkpoint's where this rank's envs continue, else `next_obs`.
+
+    Model, optimizers and shared state always come back. This rank's RNG states come back when the
+    checkpoint has the run's world size and --num-envs (otherwise its env and RNG streams are
+    re-derived from the seed, and the run says so); its env snapshot, next observation and
+    per-rank tensors too when the envs can be snapshotted (gym: and mjlab: envs start fresh
+    episodes). A replay buffer in the checkpoint is read back, or the run says it refills it.
+    """
+    ckpt, args = run.checkpoint, run.args
+    if ckpt is None:
+        return next_obs
+    try:
+        state.model.load_state_dict(ckpt["model"])
+        for name, opt in state.optimizers.items():
+            load_optimizer_state(opt, ckpt["optimizers"][name])
+    except (RuntimeError, ValueError, KeyError) as e:
+        saved, now = ckpt["args"], asdict(args)
+        differ = [k for k in saved if k not in RUN_FLAGS and saved[k] != now.get(k)]
+        flags = " ".join(f"--{k.replace('_', '-')} {_flag_value(saved[k])}" for k in differ) or "(the same flags)"
+        raise SystemExit(f"error: {run.resume_path} holds networks of another shape than this run builds; it was saved "
+                         f"with {flags}: resume with those ({str(e).splitlines()[0][:120]})") from None
+    for name, obj in state.shared.items():
+        _load_into(obj, _to_device(ckpt[name], run.device))
+    run.say(f"resumed from {run.resume_path} at iteration {run.iteration}, global step {run.global_step}")
+    mine, continues = None, False
+    if ckpt["world_size"] != run.world_size or ckpt["args"]["num_envs"] != args.num_envs:
+        run.say(f"notice: checkpoint from {ckpt['world_size']} process(es) x {ckpt['args']['num_envs']} envs; env and "
+                f"RNG streams re-derived from the seed (networks, optimizers, normalizers restored)")
+    else:
+        restore_rng_state(ckpt["ranks"][run.rank]["rng"])  # CPU tensors
+        mine = _to_device(ckpt["ranks"][run.rank], run.device)
+        continues = bool(mine.get("env"))  # an env without snapshots (gym:, mjlab:) starts fresh episodes
+        if continues:
+            state.envs.load_state_dict(mine["env"])
+            next_obs = TensorDict(mine["next_obs"], batch_size=[args.num_envs], device=run.device)
+            for name, tensor in state.per_rank.items():
+                tensor.copy_(mine[name])
+    if state.buffer is not None:
+        _restore_buffer(run, state.buffer, mine, continues)
+    return next_obs
+
+
+def _restore_buffer(run: Run, buffer, mine: dict | None, continues: bool) -> None:
+    if mine is not None and "buffer" in mine:
+        try:
+            buffer.load_state_dict(mine["buffer"])
+        except ValueError as e:  # another --buffer-size
+            raise SystemExit(f"error: {e}") from None
+        if not continues:
+            buffer.end_episodes()  # the envs start fresh episodes: no n-step window across the join
+    if len(buffer) == 0 and not run.args.eval_only:
+        ckpt = run.checkpoint
+        if mine is None and "buffer" in ckpt["ranks"][0]:  # each rank's buffer holds its own envs' steps
+            run.say(f"notice: the checkpoint's replay buffers belong to {ckpt['world_size']} process(es) x "
+                    f"{ckpt['args']['num_envs']} envs, not this run's; refilling them before updates resume")
+        else:
+            run.say("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume")
+
+
+def _flag_value(v) -> str:
+    return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)

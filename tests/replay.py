@@ -1,6 +1,6 @@
 """A CPU check of what a CUDA graph needs: record what each captured function would put in its graph.
 
-`record_captured(monkeypatch, script)` makes `captured()` (in the script and in common.run) record
+`record_captured(monkeypatch, script)` makes `captured()` (in the script and in common.evaluation) record
 the ReplaySignature and the host syncs of the first calls of every function it would capture;
 `assert_replays_alike` then checks that two calls after the warm-up recorded the same signature,
 and `assert_no_host_sync` that no call after the first read a value back to the host (on CUDA a
@@ -62,9 +62,9 @@ def _tensor_leaves(tree) -> list[torch.Tensor]:
 
 def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
     """{function name: [(ops, external storages, host syncs) of its first 4 calls]} of every function
-    `script` (an imported algos/ module) and common.run capture; `before_call(name, fn)` runs before
+    `script` (an imported algos/ module) and common.evaluation capture; `before_call(name, fn)` runs before
     every call."""
-    import common.run
+    import common.evaluation
 
     signatures: dict[str, list] = {}
 
@@ -85,7 +85,7 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
         return call
 
     monkeypatch.setattr(script, "captured", recording)
-    monkeypatch.setattr(common.run, "captured", recording)
+    monkeypatch.setattr(common.evaluation, "captured", recording)
     return signatures
 
 

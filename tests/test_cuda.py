@@ -107,7 +107,7 @@ def test_gaussian_acting_step_captures_in_a_plain_cuda_graph():
 
 def test_env_metrics_inside_a_capture_are_refused():
     """An env that reports metrics cannot be stepped inside a graph (their sums are Python): refused."""
-    from common.run import record_env_log
+    from common.stats import record_env_log
 
     value = torch.ones((), device="cuda")
     graph = torch.cuda.CUDAGraph()

@@ -327,7 +327,7 @@ class _ReportsSuccess(gym.Env):
 
 
 def test_success_at_episode_end_reaches_the_eval_success_rate():
-    from common.run import run_episodes
+    from common.evaluation import run_episodes
 
     gym.register("ReportsSuccess-v0", entry_point=_ReportsSuccess)
     envs = make_env("gym:ReportsSuccess-v0", 4, seed=0)

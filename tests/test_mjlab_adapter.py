@@ -28,7 +28,8 @@ import torch
 
 from common.envs import mjlab_adapter
 from common.envs.mjlab_adapter import ManagerBasedEnvAdapter
-from common.run import Run, record_env_log, reduce_iteration
+from common.run import Run
+from common.stats import record_env_log, reduce_iteration
 from tests import fake_mjlab
 from tests.fake_mjlab import FakeEnvCfg, FakeManagerBasedRlEnv
 from tests.host_sync import RecordHostSyncsByOwner

@@ -208,15 +208,15 @@ def test_compiled_targets_compute_what_eager_computes():
         agent = ppo.Agent(3, None, env.single_action_space, args)
         agent.obs_rms.update(torch.randn(100, 3))
         state = dict(agent=agent, reward_normalizer=ppo.RewardNormalizer(N, args.gamma), ep_stats=torch.rand(2, N).double(),
-                     stats={"episodes": torch.zeros(3, dtype=torch.float64), "losses": torch.zeros(len(ppo.LOSS_NAMES)),
-                            "nonfinite": torch.zeros(3)})
+                     episodes=torch.zeros(3, dtype=torch.float64))
         return state
 
     results = []
     for fn in (ppo.targets, torch.compile(ppo.targets)):
         s = fresh()
         with torch.no_grad():
-            batch = fn(s["agent"], s["reward_normalizer"], data, next_obs, s["ep_stats"], s["stats"], args)
+            batch, logged, nonfinite = fn(s["agent"], s["reward_normalizer"], data, next_obs, s["ep_stats"], s["episodes"], args)
+        s["stats"] = {"episodes": s["episodes"], **logged, **nonfinite}
         results.append((batch, s))
     (batch_e, e), (batch_c, c) = results
     for key in ("advantages", "returns", "values"):

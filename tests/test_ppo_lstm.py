@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common.envs import make_env
-from common.run import run_episodes
+from common.evaluation import run_episodes
 from tests.helpers import load_script, run_main
 
 ppo_lstm = load_script("ppo_lstm")

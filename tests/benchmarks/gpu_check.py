@@ -56,7 +56,7 @@ from tests.helpers import free_port, load_script, subprocess_env  # noqa: E402
 
 SECTIONS = ("tests", "checks", "torchrun", "speed")
 MARKER = "GPU_CHECK_RESULT "
-HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_due", "save", "finish", "eval_only")
+HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_to_write", "save", "finish", "eval_only")
 SPEED_ROWS = [("CartPole-v1", 4096, ("ppo", "pqn")), ("CartPole-v1", 65536, ("ppo", "pqn")),
               ("Pendulum-v1", 4096, ("ppo", "td3", "sac"))]
 SPEED_MODES = ("eager", "compile+cudagraphs")
@@ -112,7 +112,8 @@ def where(tb=None) -> str:
 def worker(cfg: dict) -> dict:
     """One run of cfg["algo"] with cfg["args"]; with cfg["check"], the sync window and recompile count."""
     import common.buffer
-    import common.run
+    import common.capture
+    import common.evaluation
     from torch._dynamo.utils import counters
 
     module = load_script(cfg["algo"])
@@ -123,7 +124,7 @@ def worker(cfg: dict) -> dict:
     window, recompiles = SyncWindow(cuda), []
 
     if cfg["check"]:
-        real_captured = common.run.captured
+        real_captured = common.capture.captured
 
         def captured(run, name, fn, capture=True):
             wrapped = real_captured(run, name, fn, capture)
@@ -155,7 +156,7 @@ def worker(cfg: dict) -> dict:
             with real_timed(run, phase):
                 yield
 
-        module.captured = common.run.captured = captured
+        module.captured = common.capture.captured = common.evaluation.captured = captured
         module.timed = timed
         for name in HOST_READS:
             if hasattr(module, name):

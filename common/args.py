@@ -1,0 +1,92 @@
+"""The flags of the run around an algorithm: each script's `Args` extends `RunArgs` with its own.
+
+Every flag has a one-line docstring (tyro prints it with --help). `RUN_FLAGS` are the flags that
+change how a run is driven, not what its networks are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class RunArgs:
+    """The flags of the run around the algorithm; each script's Args extends them (and may change defaults)."""
+
+    env_id: str = "CartPole-v1"
+    """environment id: a built-in env (CartPole-v1, Pendulum-v1, ...) or an adapter prefix (gym:..., mjlab:...)"""
+    num_envs: int = 4096
+    """parallel environments per process (per GPU)"""
+    env_kwargs: str | None = None
+    """JSON object of extra make_env arguments, e.g. '{"max_episode_steps": 100}' or '{"vectorization": "async"}'"""
+    total_timesteps: int = 5_000_000
+    """env steps to train for, summed over all processes"""
+    seed: int = 1
+    """seed of the experiment; every env stream and generator of every rank derives from a hash of (seed, rank, stream)"""
+    device: str = "auto"
+    """'auto' (this rank's GPU if any, else CPU), 'cpu', 'cuda'"""
+    torch_deterministic: bool | Literal["auto"] = "auto"
+    """deterministic kernels (cudnn.deterministic, torch.use_deterministic_algorithms): True, False, or auto (on
+    CPU, where exact resume rests on them and they cost nothing; off on CUDA, where they are sort-based and slow)"""
+    output_dir: str = "runs"
+    """where run directories are created"""
+    run_name: str | None = None
+    """name of the run directory; default {env_id}__{algo}__{seed}__{timestamp}"""
+    resume: str | None = None
+    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists)"""
+    eval_only: bool = False
+    """load --resume, evaluate the deterministic policy, print the returns, and exit"""
+    save_interval: int = 50
+    """iterations between writes of checkpoints/last.pt (also written at the end and on SIGTERM/SIGUSR1)"""
+    save_interval_seconds: float | None = None
+    """also write last.pt when this many seconds have passed since the last write (checked when the statistics are logged)"""
+    eval_interval: int = 10
+    """iterations between evaluations (0 disables); best.pt is written when the eval return improves"""
+    eval_episodes: int = 1
+    """episodes per eval env in an evaluation"""
+    num_eval_envs: int = 128
+    """eval environments per process (separate from the training envs)"""
+    eval_env_kwargs: str | None = None
+    """JSON object merged over --env-kwargs for the eval envs only (evaluate on a differently configured env)"""
+    capture_video: bool = False
+    """record the episodes of the first --video-envs eval envs at every evaluation: TensorBoard (videos/eval),
+    wandb, and videos/step_<global_step>.mp4 in the run directory (needs the [video] extra)"""
+    video_envs: int = 1
+    """eval envs whose episodes --capture-video records (their videos follow one another)"""
+    checkpoint_interval: int = 0
+    """also keep checkpoints/step_<global_step>.pt every this many iterations (0: only last.pt and best.pt)"""
+    keep_checkpoints: int = 0
+    """keep only the newest this many step_<global_step>.pt files (0: all)"""
+    export: str | None = None
+    """with --eval-only: write the checkpoint's deterministic policy to this directory (policy.pt TorchScript,
+    policy.onnx, policy.json), observation normalization included"""
+    export_best: bool = False
+    """export the policy to {run_dir}/export/ every time best.pt is written"""
+    target_return: float | None = None
+    """stop once the eval return reaches this value"""
+    max_wall_seconds: float | None = None
+    """stop (and save) after this many seconds of training (checked when the statistics are logged)"""
+    track: bool = False
+    """mirror the TensorBoard logs to Weights & Biases"""
+    wandb_project_name: str = "parallel-rl"
+    """wandb project"""
+    wandb_entity: str | None = None
+    """wandb team or user"""
+    progress: bool = True
+    """show a progress bar on the main process (only on a terminal, never under CI)"""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile the hot functions (acting with the env step, targets, update): True, False, or auto (on CUDA)"""
+    cudagraphs: bool | Literal["auto"] = "auto"
+    """capture the hot functions in CUDA graphs (a built-in env's whole rollout, the whole update): True, False,
+    or auto (on CUDA)"""
+    log_interval: int | None = None
+    """iterations between two reductions of the statistics (logs, NaN guard, stop flags: one host read each);
+    default by device"""
+    dist_timeout: float = 600.0
+    """seconds a collective may wait for the other ranks before the run fails (a dead or hung rank)"""
+
+
+# Flags that change how a run is driven, not what the networks are: left out of the
+# "saved with ..." hint of a checkpoint that does not fit.
+RUN_FLAGS = {f for f in RunArgs.__dataclass_fields__} - {"env_id", "env_kwargs"}

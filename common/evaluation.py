@@ -1,0 +1,184 @@
+"""Evaluation of the deterministic policy on the eval envs, with its video and export.
+
+    evaluate(run, eval_envs, policy)      # in the loop: eval/ tags, the best return, --target-return
+    eval_only(run, eval_envs, policy)     # --eval-only: the resumed checkpoint's return (and video, export)
+
+`policy.deterministic(obs)` is the evaluated action; a recurrent policy also has
+`reset_state(done)` (see `run_episodes`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from tensordict import TensorDict
+
+from common import distributed, video
+from common.capture import captured, compiled
+from common.checkpoint import export_run_policy
+from common.run import close, eval_seed
+
+if TYPE_CHECKING:
+    from common.run import Run
+
+
+EVAL_CHUNK = 64  # eval steps between two host reads ("has every env finished?"); one graph with --cudagraphs
+
+
+def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> TensorDict:
+    """One deterministic step of every eval env; the first `episodes` episodes of each env are
+    added into `acc` in place (running return/length, episodes done, and the sums of returns,
+    lengths, episodes, successes and success reports)."""
+    obs, reward, terminated, truncated, info = eval_envs.step(model.deterministic(obs["policy"]))
+    if hasattr(model, "reset_state"):  # a recurrent policy: zero the hidden state of the envs whose episode ended
+        model.reset_state(terminated | truncated)
+    running, done_count = acc["running"], acc["done_count"]
+    active = done_count < episodes
+    running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
+    done = (terminated | truncated) & active
+    ended = done.double().sum()
+    success = info.get("success")  # per env, valid where an episode ended
+    succeeded = (success.bool() & done).double().sum() if success is not None else torch.zeros_like(ended)
+    reported = ended if success is not None else torch.zeros_like(ended)
+    acc["sums"] += torch.stack([(running[0] * done).sum(), (running[1] * done).sum(), ended, succeeded, reported])
+    done_count += done.long()
+    running *= ~done
+    return obs
+
+
+def _eval_chunk(run: Run | None, eval_envs, model, episodes: int):
+    """EVAL_CHUNK eval steps as one function over accumulators that live as long as it does:
+    compiled and captured (a built-in env) once per run, model and eval envs. Returns (chunk, acc)."""
+    n, dev = eval_envs.num_envs, eval_envs.device
+    key = (id(eval_envs), id(model), episodes)
+    cache = run.eval_chunks if run is not None else {}
+    if key not in cache:
+        acc = {"running": torch.zeros(2, n, device=dev, dtype=torch.float64),  # return, length
+               "done_count": torch.zeros(n, device=dev, dtype=torch.long),
+               "sums": torch.zeros(5, device=dev, dtype=torch.float64)}
+        step = functools.partial(_eval_step, eval_envs, model, episodes, acc)
+        capturable = getattr(eval_envs, "capturable", False)
+        if run is not None and capturable:
+            step = compiled(run, step)
+
+        def chunk(obs: TensorDict) -> TensorDict:
+            for _ in range(EVAL_CHUNK):
+                obs = step(obs)
+            return obs
+
+        cache[key] = (captured(run, "evaluation", chunk, capture=capturable) if run is not None else chunk, acc)
+    return cache[key]
+
+
+@torch.no_grad()
+def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, record: int = 0,
+                 run: Run | None = None) -> dict:
+    """The first `episodes` episodes of every eval env with `model.deterministic(obs)`, reduced over
+    all ranks (a collective): mean return and length, the success rate where the env reports
+    per-env success at episode ends (info["success"]), and the frames of the first `record` envs.
+
+    A recurrent policy keeps one hidden state per eval env inside `model` and has
+    `reset_state(done)`, a bool [num_eval_envs]: it is called with all True after the eval envs'
+    reset and with terminated | truncated after every step, and zeroes those envs' state in place.
+
+    Without recording, the steps run EVAL_CHUNK at a time, with one host read after each chunk
+    (compiled and captured as the run's flags ask, given `run` and a built-in env). Recording
+    reads the recorded envs' state to the host at every step: evaluation only.
+    """
+    chunk, acc = _eval_chunk(run, eval_envs, model, episodes)
+    for t in acc.values():
+        t.zero_()
+    obs, _ = eval_envs.reset(seed=seed)
+    if hasattr(model, "reset_state"):
+        model.reset_state(torch.ones(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device))
+    recorded = list(range(min(record, eval_envs.num_envs)))
+    frames = {i: [f] for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
+    max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000
+    done_count = acc["done_count"]
+    for start in range(0, max_steps * episodes + 1, EVAL_CHUNK):  # the steps past an env's episodes add nothing
+        if not recorded:
+            obs = chunk(obs)
+        else:
+            for _ in range(EVAL_CHUNK):
+                obs = _eval_step(eval_envs, model, episodes, acc, obs)
+                # the recorded envs that are still within their episodes: one host read per step
+                alive = [i for i, c in zip(recorded, done_count[recorded].tolist()) if c < episodes]
+                for i, f in zip(alive, eval_envs.render(alive) if alive else []):
+                    frames[i].append(f)
+                recorded = alive
+        if bool((done_count >= episodes).all()):  # one sync per chunk, not per step
+            break
+    sums = distributed.all_reduce(acc["sums"].clone())
+    ret, length, count, succ, rep = sums.tolist()
+    return {"return": ret / count, "length": length / count, "success_rate": succ / rep if rep > 0 else None,
+            "frames": [frame for i in sorted(frames) for frame in frames[i]]}
+
+
+def record_video(run: Run, eval_envs, frames: list, writer=None) -> Path:
+    """The recorded frames as videos/step_<global_step>.mp4 (and in TensorBoard and wandb)."""
+    fps = getattr(eval_envs, "render_fps", 30)
+    path = video.write_mp4(run.run_dir / "videos" / f"step_{run.global_step}.mp4", frames, fps)
+    if writer is not None:
+        video.add_video(writer, "videos/eval", frames, run.global_step, fps)
+    if run.wandb_run is not None:
+        import wandb
+
+        run.wandb_run.log({"videos/eval": wandb.Video(str(path), format="mp4")}, step=run.global_step)
+    return path
+
+
+def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
+    """Evaluate `model.deterministic` on the eval envs (a collective), log eval/ (and a video with
+    --capture-video), record a new best return (run.best_eval_return, run.best_iteration), and set
+    run.stop_reason at --target-return. Returns the mean return."""
+    args = run.args
+    record = args.video_envs if args.capture_video and run.is_main else 0  # rank 0's envs are the ones shown
+    t0 = time.time()
+    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run)
+    run.seconds["evaluation"] = run.seconds.get("evaluation", 0.0) + time.time() - t0  # ends with a host read
+    ret = result["return"]
+    if run.is_main:
+        run.writer.add_scalar("eval/episodic_return", ret, run.global_step)
+        run.writer.add_scalar("eval/episodic_length", result["length"], run.global_step)
+        if result["success_rate"] is not None:
+            run.writer.add_scalar("eval/success_rate", result["success_rate"], run.global_step)
+        if result["frames"]:
+            record_video(run, eval_envs, result["frames"], run.writer)
+        run.writer.flush()
+    run.say(f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, "
+                f"train return {run.last_train_return:.2f}, SPS {run.sps:,.0f}")
+    if ret > run.best_eval_return:  # best.pt is due (common.run.checkpoints_to_write)
+        run.best_eval_return, run.best_iteration = ret, run.iteration
+    if args.target_return is not None and ret >= args.target_return:
+        run.stop_reason = "target_return"
+    return ret
+
+
+def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
+    """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end;
+    with --capture-video also record it (videos/ of the checkpoint's run directory), with --export
+    also write the exported policy.
+
+    The eval envs get the seeds of the evaluation at the checkpoint's iteration: with the same
+    eval flags, best.pt gives back the return it was saved for (exactly, on CPU)."""
+    args = run.args
+    record = args.video_envs if args.capture_video and run.is_main else 0
+    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run)
+    out = {"eval_episodic_return": result["return"], "eval_episodic_length": result["length"],
+           "checkpoint": str(run.resume_path)}
+    if result["success_rate"] is not None:
+        out["eval_success_rate"] = result["success_rate"]
+    if run.is_main and result["frames"]:
+        run.run_dir = run.resume_path.resolve().parent.parent  # the checkpoint's run directory
+        out["video"] = str(record_video(run, eval_envs, result["frames"]))
+    if run.is_main and args.export is not None:
+        out["export"] = str(export_run_policy(run, args.export, model, run.resume_path))
+    if run.is_main:
+        print(json.dumps(out))
+    close(run)
+    return {"eval_return": result["return"], "eval_length": result["length"], **out}

@@ -1,0 +1,169 @@
+"""Statistics: gathered on the device by name between two log points, reduced over the ranks in
+one host read, checked for non-finite values, and written to TensorBoard.
+
+    episode_sums(running, rewards, dones, sums)   # finished episodes' return, length and count
+    add_to(sums, {"value_loss": v, ...})          # named running sums, in place on the device
+    record_env_log(run, info)                     # the env's own metrics (env/...)
+    log(run, reduce_iteration(run, episodes=..., means=..., checks=...))
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from common import distributed
+from common.capture import read_timings
+from common.checkpoint import checkpoint_dir
+
+if TYPE_CHECKING:
+    from common.run import Run
+
+
+@torch.no_grad()
+def episode_sums(running: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor,
+                 sums: torch.Tensor | None = None) -> torch.Tensor:
+    """Return sum, length sum and count [3] (float64) of the episodes that finished in [T, N] steps,
+    added into `sums` when given (a per-step caller keeps one accumulator: nothing allocated per step).
+
+    `running` [2, N] holds each env's return and length so far; it is updated in place and
+    zeroed where an episode ends. On the device, without a host read.
+    """
+    if sums is None:
+        sums = torch.zeros(3, device=running.device, dtype=torch.float64)
+    for t in range(rewards.shape[0]):
+        running[0] += rewards[t]
+        running[1] += 1
+        d = dones[t]
+        sums += torch.stack([(running[0] * d).sum(), (running[1] * d).sum(), d.sum().double()])
+        running *= ~d
+    return sums
+
+
+def add_to(sums: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Add named scalars (0-d tensors) into `sums` in place, on the device; returns `sums`.
+
+    A name seen for the first time gets a float64 sum of its own, a copy of its value: a script's
+    sums start as {} and take their names from what its loss functions return, so a new logged
+    scalar is one entry in a loss's dict. In a captured function the first call (an eager warm-up)
+    creates them; every later call, the capture and its replays, adds in place. Never inside a
+    compiled function: a new name there would make torch.compile trace it twice.
+    """
+    for name, value in values.items():
+        if name in sums:
+            sums[name] += value
+        else:
+            sums[name] = value.detach().to(torch.float64, copy=True)
+    return sums
+
+
+def zero_(stats) -> None:
+    """Zero in place every tensor of `stats` (a tensor, or a dict of them, nested): the sums start over after a log."""
+    if isinstance(stats, dict):
+        for value in stats.values():
+            zero_(value)
+    else:
+        stats.zero_()
+
+
+def record_env_log(run: Run, info: dict) -> None:
+    """Add the env's own metrics of one step (info["log"]: name -> number or 0-d tensor) to the sums
+    logged under env/ (each name: the mean over the steps that reported it, read by reduce_iteration).
+
+    Numbers are summed on the host as floats; a tensor is summed on its device, into a float64
+    running sum of our own (in place after the first report of the interval): no host read and no
+    host-to-device copy per step.
+    """
+    log_values = info.get("log", {})
+    if log_values and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"the env reports metrics ({', '.join(log_values)}) inside a captured rollout, where their "
+                           f"Python sums would not run again; an env that logs must say capturable = False")
+    for k, v in log_values.items():
+        acc = run.env_log.get(k)
+        if acc is None:  # a copy, never the env's tensor: the sum is updated in place
+            run.env_log[k] = [v.detach().to(torch.float64, copy=True) if isinstance(v, torch.Tensor) else float(v), 1]
+            continue
+        s = acc[0]
+        if isinstance(s, torch.Tensor) and (not isinstance(v, torch.Tensor) or v.shape == s.shape):
+            s += v.detach() if isinstance(v, torch.Tensor) else v
+        else:
+            acc[0] = s + (v.detach() if isinstance(v, torch.Tensor) else v)
+        acc[1] += 1
+
+
+def reduce_iteration(run: Run, episodes: torch.Tensor | None = None, means: dict | None = None,
+                     checks: dict | None = None, local: dict | None = None) -> dict[str, float]:
+    """The statistics since the last call over all ranks: one all-reduce and one host read. A collective.
+
+    - `episodes`: [3] return sum, length sum and count of finished episodes (from episode_sums),
+      summed over ranks -> charts/episodic_return and charts/episodic_length when any finished;
+    - `means`: {tag: scalar tensor}, averaged over ranks (losses/...);
+    - `checks`: {name: bool tensor} that must hold on every rank: the NaN guard. A failed one
+      raises FloatingPointError naming it, before anything is saved, so the last good
+      checkpoint stays;
+    - `local`: {tag: scalar tensor or float}, rank 0's own values (e.g. the learning rate), read
+      in the same host read, with the env's own metrics (env/<name>, rank 0's alone: ranks may
+      report different keys).
+
+    This rank's stop and save flags (a signal, --max-wall-seconds, --save-interval-seconds) ride
+    along: one rank's flag counts for all, so every rank stops or saves after the same iteration.
+    Returns {tag: float} with charts/SPS.
+    """
+    args, dev = run.args, run.device
+    means, checks, local = means or {}, checks or {}, dict(local or {})
+    local.update({f"env/{k}": torch.as_tensor(s / c, device=dev).double().mean() for k, (s, c) in run.env_log.items()})
+    run.env_log = {}
+    now = time.time()
+    flags = [run.guard is not None and run.guard.received is not None,
+             args.max_wall_seconds is not None and now - run.start_time >= args.max_wall_seconds,
+             args.save_interval_seconds is not None and now - run.last_save_time >= args.save_interval_seconds]
+    as_row = lambda v: torch.as_tensor(v, device=dev).double().reshape(-1)  # noqa: E731
+    reduced = [as_row(episodes if episodes is not None else [0.0, 0.0, 0.0]),
+               *(as_row(v) for v in means.values()), *(as_row(v.all()) for v in checks.values()),
+               torch.tensor(flags, dtype=torch.float64).to(dev)]
+    packed = distributed.all_reduce(torch.cat(reduced))
+    host = torch.cat([packed, *(as_row(v) for v in local.values())]).tolist()
+
+    ep_return, ep_length, ep_count = host[0:3]
+    values = iter(host[3:])
+    out = {tag: next(values) / run.world_size for tag in means}
+    failed = [name for name in checks if next(values) < run.world_size]
+    stop_signal, out_of_time, save_time_due = (next(values) > 0 for _ in range(3))
+    out.update({tag: next(values) for tag in local})
+    if failed:
+        raise FloatingPointError(
+            f"non-finite {', '.join(failed)} at iteration {run.iteration} (global steps {run.reduced_step:,} to "
+            f"{run.global_step:,}); last good checkpoint kept in {checkpoint_dir(run.run_dir)}"
+        )
+    run.reduced_step = run.global_step
+    run.save_time_due = save_time_due
+    if out_of_time:
+        run.stop_reason = "max_wall_seconds"
+    elif stop_signal:
+        run.stop_reason = f"signal:{(run.guard and run.guard.received) or 'peer'}"
+    run.sps = (run.global_step - run.steps_at_start) / max(time.time() - run.start_time, 1e-9)
+    out["charts/SPS"] = run.sps
+    if ep_count > 0:
+        run.last_train_return = ep_return / ep_count
+        out["charts/episodic_return"] = run.last_train_return
+        out["charts/episodic_length"] = ep_length / ep_count
+    return out
+
+
+def log(run: Run, stats: dict[str, float]) -> None:
+    """Write the scalars (tag -> value, x-axis: global step) on rank 0 and flush, so the curves on
+    disk keep up with training, also for a run that gets killed."""
+    read_timings(run)
+    interval_seconds, run.interval_seconds = run.interval_seconds, {}
+    if not run.is_main:
+        return
+    for tag, value in stats.items():
+        run.writer.add_scalar(tag, value, run.global_step)
+    for phase, (seconds, iterations) in interval_seconds.items():
+        run.writer.add_scalar(f"charts/{phase}_seconds", seconds / iterations, run.global_step)
+    run.writer.flush()
+    if run.progress is not None:
+        run.progress.update(run.global_step - run.progress.n)
+        run.progress.set_postfix(sps=f"{run.sps:,.0f}", ret=f"{run.last_train_return:.1f}", refresh=False)
