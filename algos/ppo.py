@@ -17,7 +17,6 @@ details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate from the meas
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
+from common.nets import mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
     begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
@@ -106,24 +106,6 @@ class Args(RunArgs):
 # ----------------------------------------------------------------------------------------------
 # Networks
 # ----------------------------------------------------------------------------------------------
-ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU, "silu": nn.SiLU}
-
-
-def layer_init(layer: nn.Linear, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.constant_(layer.bias, bias)
-    return layer
-
-
-def mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], activation: str, out_gain: float) -> nn.Sequential:
-    layers, last = [], in_dim
-    for h in hidden:
-        layers += [layer_init(nn.Linear(last, h)), ACTIVATIONS[activation]()]
-        last = h
-    layers.append(layer_init(nn.Linear(last, out_dim), gain=out_gain))
-    return nn.Sequential(*layers)
-
-
 class Agent(nn.Module):
     """Actor and critic MLPs, with the observation normalizers so that one state_dict holds all.
 

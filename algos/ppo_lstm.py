@@ -3,18 +3,14 @@
     python algos/ppo_lstm.py --env-id CartPole-v1 --env-kwargs '{"mask_velocity": true}'
     torchrun --nproc-per-node 8 algos/ppo_lstm.py --env-id Pendulum-v1 --env-kwargs '{"mask_velocity": true}'
 
-algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor head and
-a critic head; EvalPolicy: one hidden state per eval env) -> GAE, the adaptive learning rate and the PPO loss of
-a minibatch of sequences -> rollout -> targets -> update -> main and train.
-The hidden state of every env is one tensor [k * rnn_layers, num_envs, rnn_hidden_size] (k = 2 for an LSTM: its
-h rows, then its c rows; 1 for a GRU):
-- the rollout keeps it as a live tensor written in place (so a built-in env's whole rollout is still one CUDA
-  graph), copies it at the start of each rollout, and zeroes the rows of every env whose episode ended
-  (terminated or truncated) before the next step reads them;
-- the update replays each env's whole rollout as one sequence from that copy (truncated BPTT over --num-steps),
-  zeroing the state at the episode starts inside the sequence as the rollout did; minibatches are sets of envs
-  with all their steps, never slices of time;
-- a checkpoint holds each rank's hidden states beside its env states: a resume is exact.
+algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor and a
+critic head; EvalPolicy: one hidden state per eval env) -> GAE, the adaptive learning rate, the PPO loss of a
+minibatch of sequences -> rollout -> targets -> update -> main and train. The hidden state of every env is one
+tensor [k * rnn_layers, num_envs, rnn_hidden_size] (k = 2 for an LSTM: h rows, then c rows): the rollout writes
+it in place (a built-in env's rollout stays one CUDA graph), copies it at the rollout's start and zeroes the rows
+of every env whose episode ended before the next step reads them; the update replays each env's rollout as one
+sequence from that copy (truncated BPTT over --num-steps), zeroing it at the episode starts as the rollout did;
+minibatches are sets of envs with all their steps. Checkpoints hold each rank's hidden states: resume is exact.
 Flags as ppo.py's, less its --target-kl (a host read per epoch) and --anneal-lr (--lr-schedule linear).
 References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability);
 Huang et al. 2022 ("The 37 implementation details of PPO", the LSTM details); Rudin et al. 2022 (rsl_rl).
@@ -23,7 +19,6 @@ Huang et al. 2022 ("The 37 implementation details of PPO", the LSTM details); Ru
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +40,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
+from common.nets import mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
@@ -111,24 +107,6 @@ class Args(RunArgs):
 # ----------------------------------------------------------------------------------------------
 # Networks
 # ----------------------------------------------------------------------------------------------
-ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU, "silu": nn.SiLU}
-
-
-def layer_init(layer: nn.Linear, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.constant_(layer.bias, bias)
-    return layer
-
-
-def mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], activation: str, out_gain: float) -> nn.Sequential:
-    layers, last = [], in_dim
-    for h in hidden:
-        layers += [layer_init(nn.Linear(last, h)), ACTIVATIONS[activation]()]
-        last = h
-    layers.append(layer_init(nn.Linear(last, out_dim), gain=out_gain))
-    return nn.Sequential(*layers)
-
-
 class Agent(nn.Module):
     """A recurrent cell over the normalized policy observations, shared by an actor head and a
     critic head (one cell step per env step, as CleanRL's; the critic head also reads the "critic"
@@ -222,9 +200,8 @@ class Agent(nn.Module):
 
 
 class EvalPolicy(nn.Module):
-    """The deterministic policy as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes,
-    in place, one hidden state per eval env, and `reset_state(done)` zeroes the envs whose episode
-    ended (run.py calls it after the eval envs' reset and after every eval step)."""
+    """The deterministic policy as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes, in
+    place, one hidden state per eval env; `reset_state(done)` zeroes those whose episode ended (after every step)."""
 
     def __init__(self, agent: Agent, num_envs: int):
         super().__init__()
@@ -412,11 +389,9 @@ def train(run, args: Args) -> dict:
 
     def end_step(final_obs: TensorDict, state: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """V(final_obs), then the hidden states of the envs whose episode ended are zeroed in place.
-
-        final_obs is the observation that follows the last action of an episode, so the state the
-        cell reads it with is the one the episode had reached (`state`, after its last observation,
-        before any reset), exactly what the rollout would have used had the episode gone on: its
-        value is V of the episode's true next step. The reset state belongs to the new episode."""
+        final_obs follows the episode's last action, so the cell reads it with the state the episode had
+        reached (`state`, before any reset), as the rollout would have had the episode gone on: its value
+        is V of the episode's true next step. The reset state belongs to the new episode."""
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             final_value = agent_inference.value_from(final_obs, state)
         rnn_state.copy_(state * ~done.unsqueeze(-1))

@@ -3,13 +3,10 @@
     torchrun --nproc-per-node 8 algos/td3.py --env-id <task> --num-envs 1024 --batch-size 32768
     python algos/td3.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
-The file, top to bottom: Args -> networks (ensemble critics, C51 projection, Agent) -> the
-critic and actor losses -> replay sampling and normalizer statistics -> main (setup, then the
-loop: act and store -> updates -> log -> eval/save). An iteration is one vectorised step of
-every env followed by `--num-updates` gradient updates on large replay batches. The run around
-it (run directory, checkpoints, torchrun, evaluation, logging) is in common/.
-`--num-envs` is per process, `--total-timesteps` counts env steps of all processes. Continuous
-actions only (use ppo.py or pqn.py for discrete ones).
+Top to bottom: Args -> networks (ensemble critics, C51 projection, Agent) -> the critic and actor
+losses -> replay sampling and normalizer statistics -> main and train (setup, then the loop: act and
+store -> updates -> log -> eval/save). An iteration is one vectorised step of every env (`--num-envs`
+per process) followed by `--num-updates` gradient updates on large replay batches. Continuous actions.
 References: Fujimoto et al. 2018 (TD3); Bellemare et al. 2017 (C51); Seo et al. 2025 (FastTD3).
 """
 
@@ -39,6 +36,7 @@ from common.buffer import ReplayBuffer  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
+from common.nets import EnsembleLinear, mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
     begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
@@ -126,38 +124,8 @@ NUM_CRITICS = 2  # clipped double Q
 
 
 # ----------------------------------------------------------------------------------------------
-# Networks
+# Networks (ReLU MLPs; the critics an ensemble of them, common/nets.py)
 # ----------------------------------------------------------------------------------------------
-def mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], linear=nn.Linear) -> nn.Sequential:
-    """ReLU MLP; `linear(in, out)` builds each layer (nn.Linear, or an ensemble of them)."""
-    layers, last = [], in_dim
-    for h in hidden:
-        layers += [linear(last, h), nn.ReLU()]
-        last = h
-    layers.append(linear(last, out_dim))
-    return nn.Sequential(*layers)
-
-
-class EnsembleLinear(nn.Module):
-    """`num` independent linear layers evaluated as one batched matmul: [B, in] or [E, B, in] -> [E, B, out].
-
-    Why not torch.vmap over stacked modules: stacked plain Parameters are what the optimizer,
-    state_dict, all_reduce_gradients, the in-place target lerp_ and torch.compile/CUDA graphs
-    already handle, with no functional_call plumbing; the math stays visible, and every layer
-    of every critic is one GEMM. Each member starts from nn.Linear's own initialisation.
-    """
-
-    def __init__(self, num: int, in_dim: int, out_dim: int):
-        super().__init__()
-        members = [nn.Linear(in_dim, out_dim) for _ in range(num)]
-        self.weight = nn.Parameter(torch.stack([m.weight.detach().T for m in members]))  # [E, in, out]
-        self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in members]).unsqueeze(1))  # [E, 1, out]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.matmul(x, self.weight)  # broadcasts [B, in] over the members
-        return out + self.bias.to(out.dtype)  # keeps bfloat16 under autocast
-
-
 def categorical_projection(probs: torch.Tensor, rewards: torch.Tensor, bootstrap: torch.Tensor, v_min: float, v_max: float) -> torch.Tensor:
     """C51's projection of the distribution of rewards + bootstrap * Z back onto Z's atoms.
 
@@ -318,11 +286,7 @@ def fold_statistics(agent: Agent, buffer: ReplayBuffer, reward_normalizer: Rewar
 
 
 def check_args(args: Args, batch_size: int, capacity: int) -> None:
-    """Flags that cannot work together: a clear error before anything runs."""
-    for name, value in (("batch_size", batch_size), ("n_step", args.n_step), ("policy_frequency", args.policy_frequency),
-                        ("log_interval", args.log_interval)):
-        if value < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {value}")
+    """Flags that cannot work together: a clear error before anything runs (each flag alone: common.args)."""
     if capacity < args.n_step:
         raise SystemExit(f"error: --buffer-size {args.buffer_size} gives {capacity} slots per env for {args.num_envs} envs, "
                          f"fewer than --n-step {args.n_step}; raise --buffer-size to at least {args.n_step * args.num_envs}")
@@ -402,7 +366,7 @@ def train(run, args: Args) -> dict:
     open_run(run)
 
     # --- agent, optimizers, normalizers, replay buffer ---
-    obs_dim, act_dim = next_obs["policy"].shape[-1], space.shape[0]
+    obs_dim = next_obs["policy"].shape[-1]
     critic_dim = next_obs["critic"].shape[-1] if args.asymmetric_critic and "critic" in next_obs.keys() else None
     low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high))
     agent = Agent(obs_dim, critic_dim, low, high, args).to(device)
@@ -432,25 +396,16 @@ def train(run, args: Args) -> dict:
     # A built-in env steps inside the graph: act, env step and replay write are one. An adapter's
     # simulator cannot be captured: its step runs eagerly after the captured acting step.
     whole_step = getattr(envs, "capturable", False)
-
-    def acting(obs: TensorDict) -> torch.Tensor:  # with each env's noise scale of this episode
-        return agent_inference.act(obs, noise_std=noise_std)
-
+    acting = lambda obs: agent_inference.act(obs, noise_std=noise_std)  # noqa: E731 (each env's noise scale of this episode)
     if not whole_step:
         acting = captured(run, "acting", compiled(run, acting))
-
-    def policy_step(obs: TensorDict):
-        return act_and_step(envs, agent_inference, acting, args.bf16, obs)
-
-    def random_step(obs: TensorDict):  # the warm-up before --learning-starts: uniform actions
-        return act_and_step(envs, agent_inference, None, False, obs)
-
+    policy_step = lambda obs: act_and_step(envs, agent_inference, acting, args.bf16, obs)  # noqa: E731
+    random_step = lambda obs: act_and_step(envs, agent_inference, None, False, obs)  # noqa: E731 (uniform actions)
     if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
         policy_step = compiled(run, policy_step)
-    collect_policy = captured(run, "step", lambda obs: collect(run, policy_step, buffer, noise_std, ep_stats, stats, args, obs),
-                              capture=whole_step)
-    collect_random = captured(run, "random step", lambda obs: collect(run, random_step, buffer, noise_std, ep_stats, stats, args, obs),
-                              capture=whole_step)
+    collect_with = lambda step: lambda obs: collect(run, step, buffer, noise_std, ep_stats, stats, args, obs)  # noqa: E731
+    collect_policy = captured(run, "step", collect_with(policy_step), capture=whole_step)
+    collect_random = captured(run, "random step", collect_with(random_step), capture=whole_step)
     critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))
     actor_fn = compiled(run, lambda batch: actor_step(agent, actor_optimizer, args, batch))
     sample = lambda: sample_batch(agent, buffer, reward_normalizer, args, args.batch_size)  # noqa: E731
@@ -460,10 +415,9 @@ def train(run, args: Args) -> dict:
     actor_at = {p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
                 for p in range(args.policy_frequency)}
     phases = args.policy_frequency // math.gcd(args.num_updates, args.policy_frequency)
-    update_fn = {}
-    for phase, at in actor_at.items():
-        update_fn[phase] = captured(run, "update" if phases == 1 else f"update, phase {phase}",
-                                    lambda at=at: update(sample, critic_fn, actor_fn, stats, args.num_updates, at))
+    update_fn = {phase: captured(run, "update" if phases == 1 else f"update, phase {phase}",
+                                 lambda at=at: update(sample, critic_fn, actor_fn, stats, args.num_updates, at))
+                 for phase, at in actor_at.items()}
     graphs = "off" if not args.cudagraphs else (
         f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all {args.num_updates} "
         f"updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of the actor's schedule)")

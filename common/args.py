@@ -90,3 +90,41 @@ class RunArgs:
 # Flags that change how a run is driven, not what the networks are: left out of the
 # "saved with ..." hint of a checkpoint that does not fit.
 RUN_FLAGS = {f for f in RunArgs.__dataclass_fields__} - {"env_id", "env_kwargs"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Numeric flags are checked by name when the run starts, before anything is written, so that every
+# script's flags (and those of a script copied from one) are checked without a list of its own.
+# ----------------------------------------------------------------------------------------------
+INTEGERS_FROM_ZERO = {"eval_interval", "checkpoint_interval", "keep_checkpoints", "learning_starts"}  # 0 disables or means none
+INTEGERS_ANY = {"seed"}
+FLOAT_RANGES = [  # (a test on the flag's name, lowest, highest, whether the lowest is allowed)
+    (lambda n: n in ("gamma", "gae_lambda", "q_lambda", "tau", "epsilon_spread", "start_e", "end_e",
+                     "exploration_fraction"), 0.0, 1.0, True),
+    (lambda n: n.endswith("_coef") or n in ("policy_noise", "noise_clip", "std_min", "std_max", "ent_coef"), 0.0, None, True),
+    (lambda n: n.endswith(("_lr", "learning_rate", "_clip", "_kl", "_seconds", "_timeout", "_norm", "_scale"))
+     or n == "alpha", 0.0, None, False),
+]
+
+
+def check_numbers(args) -> None:
+    """Every integer flag >= 1 (or >= 0, see above), and every float flag named in FLOAT_RANGES within
+    its range: otherwise stop with one line naming the flag."""
+    from dataclasses import fields
+
+    for f in fields(args):
+        name, value = f.name, getattr(args, f.name)
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, bool) or value is None or name in INTEGERS_ANY:
+            continue
+        if isinstance(value, int):
+            lowest = 0 if name in INTEGERS_FROM_ZERO else 1
+            if value < lowest:
+                raise SystemExit(f"error: {flag} must be >= {lowest}, got {value}")
+        elif isinstance(value, float):
+            for applies, low, high, closed in FLOAT_RANGES:
+                if applies(name):
+                    if not (value >= low if closed else value > low) or (high is not None and value > high) or value != value:
+                        bound = f"in [{low:g}, {high:g}]" if high is not None else f"{'>=' if closed else '>'} {low:g}"
+                        raise SystemExit(f"error: {flag} must be {bound}, got {value}")
+                    break

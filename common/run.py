@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from common import distributed, video
+from common.args import check_numbers
 from common.capture import read_timings, release_graphs
 from common.checkpoint import (
     BEST, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, load_checkpoint, resolve_resume, stable_run_name,
@@ -118,9 +119,7 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         args.torch_deterministic = not cuda
     if args.cudagraphs and info.device.type != "cuda":
         raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
-    for name in ("num_envs", "num_eval_envs", "save_interval", "eval_episodes", "video_envs", "log_interval"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_numbers(args)  # one line naming the flag, before anything is written
     if args.export is not None and not args.eval_only:
         raise SystemExit("error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)")
     if args.capture_video:
