@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.envs import make_env
-from tests.helpers import load_script, run, subprocess_env
+from tests.helpers import ROOT, load_script, run, subprocess_env
 
 ppo = load_script("ppo")
 
@@ -228,3 +228,55 @@ def test_compiled_targets_compute_what_eager_computes():
     torch.testing.assert_close(c["ep_stats"], e["ep_stats"])
     for k in e["stats"]:
         torch.testing.assert_close(c["stats"][k], e["stats"][k], rtol=1e-4, atol=1e-5, equal_nan=True, msg=k)
+
+
+def test_a_logged_scalar_added_in_the_middle_of_the_loss_changes_nothing_else(tmp_path, monkeypatch):
+    """Statistics go by name: a copy of ppo.py (outside algos/) with one more logged scalar put in the
+    middle of ppo_loss's dict logs it, and its adaptive learning rate (which reads the KL by name),
+    its other tags and values, and its weights are those of the original."""
+    import importlib.util
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tests.helpers import run_main
+
+    source = (ROOT / "algos" / "ppo.py").read_text()
+    anchor = '{"policy_loss": pg_loss.detach(), '
+    assert source.count(anchor) == 1
+    copy = tmp_path / "my_ppo.py"
+    copy.write_text(source.replace(anchor, anchor + '"ratio_max": ratio.max().detach(), '))
+    spec = importlib.util.spec_from_file_location("my_ppo", copy)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "my_ppo", module)
+    spec.loader.exec_module(module)
+
+    settings = dict(device="cpu", progress=False, run_name="run", env_id="Pendulum-v1", num_envs=16, num_steps=8,
+                    num_minibatches=2, lr_schedule="adaptive", desired_kl=0.002, total_timesteps=16 * 8 * 4,
+                    eval_interval=0, hidden_sizes=(16, 16))
+    curves = {}
+    for name, script in (("original", load_script("ppo")), ("copy", module)):
+        run_main(script, output_dir=str(tmp_path / name), **settings)
+        events = EventAccumulator(str(tmp_path / name / "run"))
+        events.Reload()
+        curves[name] = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+                        if not tag.endswith("_seconds") and tag != "charts/SPS"}
+    original, copied = curves["original"], curves["copy"]
+    assert set(copied) == set(original) | {"losses/ratio_max"}
+    assert len({v for _, v in original["charts/learning_rate"]}) > 1, "the adaptive schedule moved the rate"
+    for tag, values in original.items():
+        assert copied[tag] == values, tag
+    weights = [torch.load(tmp_path / name / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
+               for name in ("original", "copy")]
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+
+
+def test_a_copy_outside_algos_without_the_package_says_how_to_get_it(tmp_path, monkeypatch):
+    import importlib.util
+    import runpy
+
+    copy = tmp_path / "my_ppo.py"
+    copy.write_text((ROOT / "algos" / "ppo.py").read_text())
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "common" else find_spec(name, *a))
+    with pytest.raises(SystemExit, match=r"^error: my_ppo\.py needs the project's common/ package: .*pip install -e \."):
+        runpy.run_path(str(copy), run_name="copied")

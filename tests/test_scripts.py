@@ -27,47 +27,66 @@ from tests.helpers import ROOT, Job, inject_nan_rewards, load_script, run, run_m
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.replay import assert_no_host_sync, assert_replays_alike, record_captured
 
-SCRIPTS = ["ppo", "pqn", "td3", "sac", "ppo_lstm"]
-
-# Tiny settings per script. `steps`: env steps of one process per iteration; `sync`: iterations
-# between two host reads (the per-iteration reduction); a "unit" below is `sync` iterations.
-# `captures`: overrides that give each layout of the script's captured functions (built-in env,
-# adapter, other update schedules), every one of which the capture test checks.
+# Every script in algos/ joins these tests with one entry here: its tiny settings, and what the
+# tests cannot guess from outside.
+# - `steps`: env steps of one process per iteration; `sync`: iterations between two host reads (a
+#   "unit" below is `sync` iterations); `kwargs`: the tiny settings;
+# - `captures`: overrides that give each layout of its captured functions (built-in env, adapter,
+#   other update schedules), every one of which the capture test checks;
+# - `tags`: the TensorBoard tags of its own (beyond charts/ and eval/ that every script logs);
+# - `per_read`: the flag that sets the env steps between two host reads (the rollout length, or
+#   the log interval); `log_interval_only_logs`: whether --log-interval changes the logs alone (not
+#   the training, as it does where it also paces the normalizer updates);
+# - `wrong_actions`: an env of the action kind it cannot act in, and the script the error points to;
+# - `policy(module, args, obs_dim, action_space)`: its evaluated model as the export test rebuilds it
+#   (None: a recurrent policy, whose export tests/test_ppo_lstm.py runs through episodes).
 GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
+PPO_TAGS = {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
+            "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"}
+
+
+def box_bounds(space):
+    return [torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high)]
+
+
 TINY = {
     "ppo": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True),
-        captures=[{}, dict(target_kl=1.0), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
+        captures=[{}, dict(target_kl=1.0), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+        tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None,
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args)),
     "pqn": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="CartPole-v1", num_envs=16, num_steps=8, num_minibatches=2, obs_norm=True, epsilon_spread=0.5,
         exploration_fraction=0.5, loss="huber"),
-        captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16)]),
+        captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16)],
+        tags={"losses/td_loss", "losses/q_values", "charts/epsilon", "charts/learning_rate", "charts/rollout_seconds",
+              "charts/update_seconds"},
+        per_read="num_steps", log_interval_only_logs=True, wrong_actions=("Pendulum-v1", "ppo.py"),
+        policy=lambda module, args, obs_dim, space: module.QNetwork(obs_dim, int(space.n), args)),
     "td3": dict(steps=8, sync=4, kwargs=dict(
         env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
         reward_norm=True, save_buffer=True, distributional=True, v_min=-100.0, v_max=0.0),
-        captures=[dict(learning_starts=32), dict(learning_starts=32, num_updates=1), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
+        captures=[dict(learning_starts=32), dict(learning_starts=32, num_updates=1), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+        tags={"losses/q_loss", "losses/q_values", "losses/actor_loss", "charts/rollout_seconds", "charts/update_seconds"},
+        per_read="log_interval", log_interval_only_logs=False, wrong_actions=("CartPole-v1", "pqn.py"),
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args)),
     "sac": dict(steps=8, sync=4, kwargs=dict(
         env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
         reward_norm=True, save_buffer=True),
-        captures=[dict(learning_starts=32), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
+        captures=[dict(learning_starts=32), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+        tags={"losses/q_loss", "losses/q_values", "losses/actor_loss", "losses/alpha", "losses/entropy",
+              "charts/rollout_seconds", "charts/update_seconds"},
+        per_read="log_interval", log_interval_only_logs=False, wrong_actions=("Acrobot-v1", "pqn.py"),
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args)),
     "ppo_lstm": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True,
         rnn_hidden_size=16),
-        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)]),
+        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+        tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None),
 }
+SCRIPTS = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))  # every script, found, not listed
 COMMON = dict(device="cpu", progress=False, run_name="run", num_eval_envs=4, eval_interval=0, save_interval=10_000,
               hidden_sizes=(32, 32), env_kwargs='{"max_episode_steps": 16}')
-TAGS = {
-    "ppo": {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
-            "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"},
-    "pqn": {"losses/td_loss", "losses/q_values", "charts/epsilon", "charts/learning_rate", "charts/rollout_seconds",
-            "charts/update_seconds"},
-    "td3": {"losses/q_loss", "losses/q_values", "losses/actor_loss", "charts/rollout_seconds", "charts/update_seconds"},
-    "sac": {"losses/q_loss", "losses/q_values", "losses/actor_loss", "losses/alpha", "losses/entropy",
-            "charts/rollout_seconds", "charts/update_seconds"},
-    "ppo_lstm": {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
-                 "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"},
-}
 SUMMARY_FIELDS = {"algo", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
                   "best_eval_return", "stop_reason", "world_size", "params_in_sync", "rollout_seconds", "update_seconds",
                   "peak_memory_mb", "checkpoints", "compile_seconds", "compile_seconds_by_function", "compile", "cudagraphs",
@@ -155,6 +174,13 @@ def logged_steps(run_dir: Path, tag: str = "charts/SPS") -> list[int]:
 # --------------------------------------------------------------------------------------------
 # checkpoints and exact resume
 # --------------------------------------------------------------------------------------------
+def test_every_script_in_algos_has_its_entry():
+    """A script added to algos/ is found here; it joins every test below with one entry in TINY."""
+    missing = [algo for algo in SCRIPTS if algo not in TINY]
+    assert not missing, f"add an entry to TINY in tests/test_scripts.py for {missing} (see the comment above it)"
+    assert set(TINY) <= set(SCRIPTS), set(TINY) - set(SCRIPTS)
+
+
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_resume_is_bit_identical_to_an_uninterrupted_run(algo, tmp_path):
     """Stopped after the first and the second unit (a wall-time budget of 0 s) and resumed each
@@ -255,7 +281,7 @@ def test_tensorboard_tags_on_the_global_step(algo, tmp_path):
     acc = EventAccumulator(str(tmp_path / "run"))
     acc.Reload()
     expected = {"charts/SPS", "charts/episodic_return", "charts/episodic_length", "eval/episodic_return",
-                "eval/episodic_length"} | TAGS[algo]
+                "eval/episodic_length"} | TINY[algo]["tags"]
     assert expected <= set(acc.Tags()["scalars"]), expected - set(acc.Tags()["scalars"])
     assert logged_steps(tmp_path / "run") == [sync * steps * i for i in range(1, 7)]  # x-axis: global env steps
     assert logged_steps(tmp_path / "run", "eval/episodic_return") == [sync * steps * i for i in (2, 4, 6)]
@@ -284,7 +310,7 @@ def test_no_host_sync_per_env_step(algo, tmp_path):
     """The host reads of a unit do not grow with its number of env steps: the rollout length of
     the on-policy scripts, the log interval of the off-policy ones."""
     load_script(algo)  # imported outside the recorder
-    knob = "num_steps" if "num_steps" in TINY[algo]["kwargs"] else "log_interval"
+    knob = TINY[algo]["per_read"]
     counts = {}
     for value in (2, 6):  # three units of 2 and of 6 env steps per env
         recorder = SyncsOutsideTheOptimizer()
@@ -294,7 +320,7 @@ def test_no_host_sync_per_env_step(algo, tmp_path):
     assert counts[2] == counts[6], counts
 
 
-@pytest.mark.parametrize("algo", ["ppo", "pqn", "ppo_lstm"])
+@pytest.mark.parametrize("algo", [algo for algo in SCRIPTS if TINY[algo]["log_interval_only_logs"]])
 def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_path):
     """--log-interval k: the statistics of k iterations, gathered on the device, are read once; the
     training is untouched and the logged losses are the means of the k iterations'."""
@@ -304,7 +330,7 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
     assert_same(checkpoint(every)["model"], checkpoint(k)["model"])
     steps = TINY[algo]["steps"]
     curves_every, curves_k = scalars(every / "run"), scalars(k / "run")
-    loss = "losses/td_loss" if algo == "pqn" else "losses/value_loss"
+    loss = min(tag for tag in TINY[algo]["tags"] if tag.startswith("losses/"))
     assert [s for s, _ in curves_k[loss]] == [4 * steps, 8 * steps]
     per_iteration = [v for _, v in curves_every[loss]]
     assert [v for _, v in curves_k[loss]] == pytest.approx([np.mean(per_iteration[:4]), np.mean(per_iteration[4:])], rel=1e-5)
@@ -379,9 +405,6 @@ def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_
 # --------------------------------------------------------------------------------------------
 # bad input: a clear one-line cause before training, and nothing written
 # --------------------------------------------------------------------------------------------
-WRONG_ACTIONS = {"pqn": ("Pendulum-v1", "ppo.py"), "td3": ("CartPole-v1", "pqn.py"), "sac": ("Acrobot-v1", "pqn.py")}
-
-
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
     out = tmp_path / "out"
@@ -389,8 +412,8 @@ def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
         train(algo, out, env_id="Nope-v0")
     with pytest.raises(SystemExit, match=r"^error: .*max_steps"):
         train(algo, out, env_kwargs='{"max_steps": 10}')
-    if algo in WRONG_ACTIONS:
-        env_id, pointer = WRONG_ACTIONS[algo]
+    if TINY[algo]["wrong_actions"] is not None:
+        env_id, pointer = TINY[algo]["wrong_actions"]
         with pytest.raises(SystemExit, match=rf"^error: {algo}\.py needs .* actions.*{pointer}"):
             train(algo, out, env_id=env_id, env_kwargs=None)
     assert not out.exists(), "nothing is written for a run that cannot start"
@@ -617,19 +640,12 @@ def build_model(algo: str, state: dict, env):
     """The script's own model with the checkpoint's weights (what the script evaluates)."""
     module = load_script(algo)
     args = module.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["args"].items()})
-    obs_dim, space = env.single_observation_space.shape[0], env.single_action_space
-    if algo == "ppo":
-        model = module.Agent(obs_dim, None, space, args)
-    elif algo == "pqn":
-        model = module.QNetwork(obs_dim, int(space.n), args)
-    else:
-        low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high))
-        model = module.Agent(obs_dim, None, low, high, args)
+    model = TINY[algo]["policy"](module, args, env.single_observation_space.shape[0], env.single_action_space)
     model.load_state_dict(state["model"])
     return model.eval()
 
 
-@pytest.mark.parametrize("algo", [a for a in SCRIPTS if a != "ppo_lstm"])  # recurrent: tests/test_ppo_lstm.py
+@pytest.mark.parametrize("algo", [algo for algo in SCRIPTS if TINY[algo]["policy"] is not None])
 def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     from common.envs import make_env
