@@ -193,7 +193,7 @@ def live_tensors(obj, path: str = "", depth: int = 0, seen: set | None = None) -
     from tensordict import TensorDictBase
 
     seen = set() if seen is None else seen
-    if id(obj) in seen or depth > 5:
+    if id(obj) in seen or depth > 8:
         return {}
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
@@ -208,6 +208,8 @@ def live_tensors(obj, path: str = "", depth: int = 0, seen: set | None = None) -
     children = {}
     if isinstance(obj, functools.partial):
         children = {"func": obj.func, **dict(enumerate(obj.args)), **obj.keywords}
+    elif getattr(obj, "__closure__", None):  # a closure (the scripts' wiring): what it reads from its scope
+        children = {name: cell.cell_contents for name, cell in zip(obj.__code__.co_freevars, obj.__closure__)}
     elif isinstance(obj, (list, tuple)):
         children = dict(enumerate(obj))
     elif isinstance(obj, dict):
