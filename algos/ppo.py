@@ -316,6 +316,7 @@ def main(args: Args) -> dict:
 
 
 def train(run, args: Args) -> dict:
+    open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:
@@ -327,7 +328,6 @@ def train(run, args: Args) -> dict:
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
-    open_run(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_dim = next_obs["policy"].shape[-1]
@@ -403,8 +403,7 @@ def train(run, args: Args) -> dict:
         f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
         f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}")
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process); {total_steps // global_batch} iterations for {total_steps} steps; compile "
-                        f"{'on' if args.compile else 'off'}, CUDA graphs: {graphs}")
+                        f"per process); compile {'on' if args.compile else 'off'}, CUDA graphs: {graphs}", global_batch)
     iterations_in_stats = 0
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its linear schedule continues where it was.

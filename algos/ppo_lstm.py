@@ -350,6 +350,7 @@ def main(args: Args) -> dict:
 
 
 def train(run, args: Args) -> dict:
+    open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
     if args.num_envs % args.num_minibatches != 0:
         raise SystemExit(f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
@@ -357,7 +358,6 @@ def train(run, args: Args) -> dict:
     global_batch = args.num_envs * args.num_steps * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
-    open_run(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_dim = next_obs["policy"].shape[-1]
@@ -439,8 +439,8 @@ def train(run, args: Args) -> dict:
 
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves it
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
-                        f" envs x {args.num_steps} steps per process); {total_steps // global_batch} iterations; {args.cell} "
-                        f"{args.rnn_layers}x{args.rnn_hidden_size}; compile {args.compile}, CUDA graphs {args.cudagraphs}")
+                        f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}; "
+                        f"compile {args.compile}, CUDA graphs {args.cudagraphs}", global_batch)
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1

@@ -34,7 +34,10 @@ class RunArgs:
     run_name: str | None = None
     """name of the run directory; default {env_id}__{algo}__{seed}__{timestamp}"""
     resume: str | None = None
-    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists)"""
+    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists); the env and
+    the algorithm's flags not given on the command line are the checkpoint's"""
+    overwrite: bool = False
+    """start over in an existing run directory: remove it whole first (without it, a run never writes over another)"""
     eval_only: bool = False
     """load --resume, evaluate the deterministic policy, print the returns, and exit"""
     save_interval: int = 50
