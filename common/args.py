@@ -104,8 +104,8 @@ INTEGERS_ANY = {"seed"}
 FLOAT_RANGES = [  # (a test on the flag's name, lowest, highest, whether the lowest is allowed)
     (lambda n: n in ("gamma", "gae_lambda", "q_lambda", "tau", "epsilon_spread", "start_e", "end_e",
                      "exploration_fraction"), 0.0, 1.0, True),
-    (lambda n: n.endswith("_coef") or n in ("policy_noise", "noise_clip", "std_min", "std_max", "ent_coef"), 0.0, None, True),
-    (lambda n: n.endswith(("_lr", "learning_rate", "_clip", "_kl", "_seconds", "_timeout", "_norm", "_scale"))
+    (lambda n: n.endswith(("_coef", "_seconds")) or n in ("policy_noise", "noise_clip", "std_min", "std_max"), 0.0, None, True),
+    (lambda n: n.endswith(("_lr", "learning_rate", "_clip", "_kl", "_timeout", "_norm", "_scale"))
      or n == "alpha", 0.0, None, False),
 ]
 
