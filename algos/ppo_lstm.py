@@ -152,10 +152,14 @@ class Agent(nn.Module):
     def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The cell over sequences [T, B, obs_dim] from `state`, zeroed where an episode starts
         (starts [T, B]) as the rollout zeroed it: the outputs [T, B, H] the rollout acted on."""
-        outputs = []
-        for t in range(policy_obs_n.shape[0]):
-            out, state = self.memory(policy_obs_n[t], state * (~starts[t]).unsqueeze(-1))
-            outputs.append(out)
+        keep, x, outputs = (~starts).unsqueeze(-1), policy_obs_n.unsqueeze(1), []  # x[t]: [1, B, obs_dim]
+        h, c = state.chunk(2) if self.lstm else (state, None)  # split once, not at every step as `memory` does
+        for t in range(x.shape[0]):
+            if self.lstm:
+                out, (h, c) = self.rnn(x[t], (h * keep[t], c * keep[t]))
+            else:
+                out, h = self.rnn(x[t], h * keep[t])
+            outputs.append(out[0])
         return torch.stack(outputs)
 
     def value(self, out: torch.Tensor, obs_n: TensorDict) -> torch.Tensor:
