@@ -22,6 +22,7 @@ from gymnasium import spaces
 
 from common.envs import make_env
 from common.envs.gym_adapter import GymVecEnv
+from tests.helpers import printed_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -272,7 +273,7 @@ def run_ppo(tmp_path: Path, *args: str, timeout: int = 300) -> dict:
         capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return printed_summary(proc.stdout)
 
 
 @pytest.mark.slow
