@@ -8,7 +8,6 @@ to float32, the contract's dtype).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -15,7 +15,6 @@ Two halves:
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
