@@ -27,7 +27,6 @@ from typing import Literal
 import gymnasium as gym
 import torch
 import torch.nn as nn
-import tyro
 from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -35,7 +34,7 @@ if importlib.util.find_spec("common") is None:
     sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
-from common.args import RunArgs  # noqa: E402
+from common.args import RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
@@ -235,11 +234,9 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
     advantages = torch.zeros_like(rewards)
     last_gae = torch.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
-        next_v = next_value if t == rewards.shape[0] - 1 else values[t + 1]
         not_done = 1.0 - dones[t]
-        delta = rewards[t] + gamma * next_v * not_done - values[t]
-        last_gae = delta + gamma * lam * not_done * last_gae
-        advantages[t] = last_gae
+        delta = rewards[t] + gamma * (next_value if t == rewards.shape[0] - 1 else values[t + 1]) * not_done - values[t]
+        advantages[t] = last_gae = delta + gamma * lam * not_done * last_gae
     return advantages, advantages + values
 
 
@@ -303,10 +300,9 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
     nonfinite = {"observations": (~torch.isfinite(data["obs", "policy"])).sum(), "rewards": (~torch.isfinite(data["rewards"])).sum()}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    values = data["values"]  # computed while acting, from the cell's outputs the actions came from
+    values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
     with torch.autocast(next_obs["policy"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         next_value = agent.value_from(next_obs, rnn_state)  # the state the next rollout starts from
-    rewards = data["rewards"]
     if args.reward_norm:
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
@@ -481,4 +477,4 @@ def train(run, args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args(Args))
