@@ -27,7 +27,6 @@ from typing import Literal
 import gymnasium as gym
 import torch
 import torch.nn as nn
-import tyro
 from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -35,7 +34,7 @@ if importlib.util.find_spec("common") is None:
     sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
-from common.args import RunArgs  # noqa: E402
+from common.args import RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
@@ -152,10 +151,14 @@ class Agent(nn.Module):
     def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The cell over sequences [T, B, obs_dim] from `state`, zeroed where an episode starts
         (starts [T, B]) as the rollout zeroed it: the outputs [T, B, H] the rollout acted on."""
-        outputs = []
-        for t in range(policy_obs_n.shape[0]):
-            out, state = self.memory(policy_obs_n[t], state * (~starts[t]).unsqueeze(-1))
-            outputs.append(out)
+        keep, x, outputs = (~starts).unsqueeze(-1), policy_obs_n.unsqueeze(1), []  # x[t]: [1, B, obs_dim]
+        h, c = state.chunk(2) if self.lstm else (state, None)  # split once, not at every step as `memory` does
+        for t in range(x.shape[0]):
+            if self.lstm:
+                out, (h, c) = self.rnn(x[t], (h * keep[t], c * keep[t]))
+            else:
+                out, h = self.rnn(x[t], h * keep[t])
+            outputs.append(out[0])
         return torch.stack(outputs)
 
     def value(self, out: torch.Tensor, obs_n: TensorDict) -> torch.Tensor:
@@ -231,11 +234,9 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
     advantages = torch.zeros_like(rewards)
     last_gae = torch.zeros_like(next_value)
     for t in reversed(range(rewards.shape[0])):
-        next_v = next_value if t == rewards.shape[0] - 1 else values[t + 1]
         not_done = 1.0 - dones[t]
-        delta = rewards[t] + gamma * next_v * not_done - values[t]
-        last_gae = delta + gamma * lam * not_done * last_gae
-        advantages[t] = last_gae
+        delta = rewards[t] + gamma * (next_value if t == rewards.shape[0] - 1 else values[t + 1]) * not_done - values[t]
+        advantages[t] = last_gae = delta + gamma * lam * not_done * last_gae
     return advantages, advantages + values
 
 
@@ -299,10 +300,9 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
     nonfinite = {"observations": (~torch.isfinite(data["obs", "policy"])).sum(), "rewards": (~torch.isfinite(data["rewards"])).sum()}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    values = data["values"]  # computed while acting, from the cell's outputs the actions came from
+    values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
     with torch.autocast(next_obs["policy"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         next_value = agent.value_from(next_obs, rnn_state)  # the state the next rollout starts from
-    rewards = data["rewards"]
     if args.reward_norm:
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
@@ -350,6 +350,7 @@ def main(args: Args) -> dict:
 
 
 def train(run, args: Args) -> dict:
+    open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
     if args.num_envs % args.num_minibatches != 0:
         raise SystemExit(f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
@@ -357,7 +358,6 @@ def train(run, args: Args) -> dict:
     global_batch = args.num_envs * args.num_steps * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
-    open_run(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_dim = next_obs["policy"].shape[-1]
@@ -439,8 +439,8 @@ def train(run, args: Args) -> dict:
 
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves it
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
-                        f" envs x {args.num_steps} steps per process); {total_steps // global_batch} iterations; {args.cell} "
-                        f"{args.rnn_layers}x{args.rnn_hidden_size}; compile {args.compile}, CUDA graphs {args.cudagraphs}")
+                        f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}; "
+                        f"compile {args.compile}, CUDA graphs {args.cudagraphs}", global_batch)
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -477,4 +477,4 @@ def train(run, args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args(Args))

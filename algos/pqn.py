@@ -29,7 +29,6 @@ import gymnasium as gym
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -37,7 +36,7 @@ if importlib.util.find_spec("common") is None:
     sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
-from common.args import RunArgs  # noqa: E402
+from common.args import RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
@@ -237,6 +236,7 @@ def main(args: Args) -> dict:
 
 
 def train(run, args: Args) -> dict:
+    open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:
@@ -248,7 +248,6 @@ def train(run, args: Args) -> dict:
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py")
-    open_run(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_dim, num_actions = next_obs["policy"].shape[-1], int(envs.single_action_space.n)
@@ -316,10 +315,9 @@ def train(run, args: Args) -> dict:
 
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch: one graph, the batch never leaves it
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process); {total_steps // global_batch} iterations for {total_steps} steps; compile "
-                        f"{'on' if args.compile else 'off'}, CUDA graphs: "
+                        f"per process); compile {'on' if args.compile else 'off'}, CUDA graphs: "
                         f"{'off' if not args.cudagraphs else 'the whole rollout' if whole_rollout else 'each acting step'}"
-                        f"{', the targets and the whole update' if args.cudagraphs else ''}")
+                        f"{', the targets and the whole update' if args.cudagraphs else ''}", global_batch)
     iterations_in_stats = 0
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.
@@ -363,4 +361,4 @@ def train(run, args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args(Args))

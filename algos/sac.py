@@ -28,7 +28,6 @@ import gymnasium as gym
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -36,7 +35,7 @@ if importlib.util.find_spec("common") is None:
     sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
-from common.args import RunArgs  # noqa: E402
+from common.args import RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
@@ -339,6 +338,7 @@ def main(args: Args) -> dict:
 
 
 def train(run, args: Args) -> dict:
+    open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device, batch_size = run.device, args.batch_size
     capacity = args.buffer_size // args.num_envs  # slots per env
     check_args(args, batch_size, capacity)
@@ -349,7 +349,6 @@ def train(run, args: Args) -> dict:
     if not space.is_bounded():
         raise SystemExit(f"error: {ALGO}.py scales a tanh policy to the action bounds, but {args.env_id}'s action space {space} is unbounded")
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    open_run(run)
 
     # --- agent, optimizers, normalizers, replay buffer ---
     obs_dim, act_dim = next_obs["policy"].shape[-1], space.shape[0]
@@ -413,8 +412,7 @@ def train(run, args: Args) -> dict:
     ready = lambda: len(buffer) >= args.n_step and len(buffer) * steps_per_iteration >= args.learning_starts  # noqa: E731
     was_ready = ready()
     begin_training(run, f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env; "
-                        f"{total_steps // steps_per_iteration} iterations; compile {'on' if args.compile else 'off'}, "
-                        f"CUDA graphs: {graphs}")
+                        f"compile {'on' if args.compile else 'off'}, CUDA graphs: {graphs}", steps_per_iteration)
     # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1
@@ -464,4 +462,4 @@ def train(run, args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args(Args))

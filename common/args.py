@@ -34,7 +34,10 @@ class RunArgs:
     run_name: str | None = None
     """name of the run directory; default {env_id}__{algo}__{seed}__{timestamp}"""
     resume: str | None = None
-    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists)"""
+    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists); the env and
+    the algorithm's flags not given on the command line are the checkpoint's"""
+    overwrite: bool = False
+    """start over in an existing run directory: remove it whole first (without it, a run never writes over another)"""
     eval_only: bool = False
     """load --resume, evaluate the deterministic policy, print the returns, and exit"""
     save_interval: int = 50
@@ -128,3 +131,58 @@ def check_numbers(args) -> None:
                         bound = f"in [{low:g}, {high:g}]" if high is not None else f"{'>=' if closed else '>'} {low:g}"
                         raise SystemExit(f"error: {flag} must be {bound}, got {value}")
                     break
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line: the algorithm's flags first, then the run's, in two groups of --help
+# ----------------------------------------------------------------------------------------------
+def field_docs(cls) -> dict[str, str]:
+    """{field: the string under it in the class body} of `cls` and its bases (the nearest wins)."""
+    import ast
+    import inspect
+    import textwrap
+
+    docs = {}
+    for klass in reversed([k for k in cls.__mro__ if k is not object]):
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError):  # no source (a class made at run time)
+            continue
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def parse_args(args_class, argv: list[str] | None = None):
+    """`args_class` (a script's Args, which extends RunArgs) from the command line. The flags stay flat
+    (--learning-rate, --env-id); --help shows the algorithm's own first and the run's after them."""
+    import sys
+    import typing
+    from dataclasses import MISSING, asdict, fields, make_dataclass
+
+    import tyro
+
+    hints, docs = typing.get_type_hints(args_class, include_extras=True), field_docs(args_class)
+
+    def group(name: str, keep) -> type:
+        spec = [(f.name, typing.Annotated[hints[f.name], tyro.conf.arg(help=docs.get(f.name, ""))],
+                 dataclasses_field(f)) for f in fields(args_class) if keep(f.name)]
+        return make_dataclass(name, spec)
+
+    def dataclasses_field(f):
+        from dataclasses import field
+
+        return field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
+
+    run_names = set(RunArgs.__dataclass_fields__)
+    module = sys.modules.get(args_class.__module__)
+    algo = getattr(module, "ALGO", "algorithm")
+    cli = make_dataclass("CommandLine", [
+        (algo, typing.Annotated[group(f"{algo} flags", lambda n: n not in run_names), tyro.conf.OmitArgPrefixes]),
+        ("run", typing.Annotated[group("run flags", lambda n: n in run_names), tyro.conf.OmitArgPrefixes]),
+    ])
+    description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
+    parsed = tyro.cli(cli, args=argv, description=description)
+    return args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))

@@ -349,6 +349,8 @@ def restore(run: Run, state: TrainingState, next_obs):
         _load_into(obj, _to_device(ckpt[name], run.device))
     run.say(f"resumed from {run.resume_path} at iteration {run.iteration}, global step {run.global_step}")
     mine, continues = None, False
+    if args.eval_only:  # the eval envs are seeded as the checkpoint's evaluation was: nothing of the ranks is needed
+        return next_obs
     if ckpt["world_size"] != run.world_size or ckpt["args"]["num_envs"] != args.num_envs:
         run.say(f"notice: checkpoint from {ckpt['world_size']} process(es) x {ckpt['args']['num_envs']} envs; env and "
                 f"RNG streams re-derived from the seed (networks, optimizers, normalizers restored)")

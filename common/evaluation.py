@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -150,8 +151,9 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
         if result["frames"]:
             record_video(run, eval_envs, result["frames"], run.writer)
         run.writer.flush()
-    run.say(f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, "
-                f"train return {run.last_train_return:.2f}, SPS {run.sps:,.0f}")
+    train = "no episode finished yet" if math.isnan(run.last_train_return) else f"{run.last_train_return:.2f}"
+    run.say(f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, train return {train}, "
+            f"SPS {run.sps:,.0f}")
     if ret > run.best_eval_return:  # best.pt is due (common.run.checkpoints_to_write)
         run.best_eval_return, run.best_iteration = ret, run.iteration
     if args.target_return is not None and ret >= args.target_return:

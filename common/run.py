@@ -32,10 +32,11 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 
 from common import distributed, video
-from common.args import check_numbers
+from common.args import RUN_FLAGS, check_numbers
 from common.capture import read_timings, release_graphs
 from common.checkpoint import (
     BEST, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, load_checkpoint, resolve_resume, stable_run_name,
@@ -90,6 +91,8 @@ class Run:
     closed: bool = False  # close() ran: graphs, writers and the process group are gone
     observation_space: Any = None  # of one env's "policy" observations (for export)
     action_space: Any = None
+    given: set = field(default_factory=set)  # the flags the command line set (see given_flags)
+    final_step: int = 0  # the global step the run ends at (begin_training)
 
     def say(self, msg: str) -> None:
         """Print a line on rank 0 (above the progress bar, if one is shown)."""
@@ -107,6 +110,7 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     known (sizes that suit a GPU starve a CPU of gradient steps); the resolved values are what the
     run's config.json and checkpoints record.
     """
+    given = given_flags(args)
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     cuda = info.device.type == "cuda"
     for name, (on_cuda, elsewhere) in {"log_interval": (1, 1), **(device_defaults or {})}.items():
@@ -124,6 +128,11 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         raise SystemExit("error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)")
     if args.capture_video:
         video.check_dependencies(builtin_env=":" not in args.env_id)
+    if args.track:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise SystemExit("error: --track needs wandb: pip install wandb (or the [wandb] extra)") from None
     if args.export is not None or args.export_best:
         try:
             import onnx  # noqa: F401
@@ -136,7 +145,18 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         # step are the same code objects in every run of one process, and once their entries reach
         # the recompile limit dynamo runs them eagerly without a word. Each run compiles its own.
         torch._dynamo.reset()
-    return Run(args=args, algo=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main)
+    return Run(args=args, algo=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main,
+               given=given)
+
+
+def given_flags(args) -> set[str]:
+    """The flags this run was given: on the command line when the script runs as a program, and any
+    flag whose value is not its default. A checkpoint supplies the others (open_run)."""
+    defaults = type(args)()
+    given = {f.name for f in fields(args) if getattr(args, f.name) != getattr(defaults, f.name)}
+    if getattr(sys.modules.get("__main__"), "Args", None) is type(args):  # parsed from sys.argv
+        given |= {token[2:].split("=")[0].replace("-", "_") for token in sys.argv[1:] if token.startswith("--")}
+    return given
 
 
 def derive_seed(run: Run, stream: str) -> int:
@@ -199,17 +219,26 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
 
 
 def _json_object(flag: str, text: str | None) -> dict:
-    value = json.loads(text) if text else {}
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--{flag.replace('_', '-')} is not valid JSON ({e.msg} at column {e.colno}): {text!r}; "
+                         f"""e.g. '{{"max_episode_steps": 100}}' (keys in double quotes)""") from None
     if not isinstance(value, dict):
         raise ValueError(f"--{flag.replace('_', '-')} must be a JSON object, got {text!r}")
     return value
 
 
 def open_run(run: Run) -> dict | None:
-    """The run directory (one name across torchrun restarts), config.json, the checkpoint to resume
-    from, and on rank 0 the TensorBoard writer (and wandb). Returns the checkpoint, or None."""
+    """Decide the run directory (one name across torchrun restarts) and load the checkpoint to resume
+    from, taking from it the flags the command line left alone. Writes nothing: a run that cannot
+    start leaves no directory behind (`begin_training` writes). A collective. Returns the checkpoint.
+
+    A run directory that exists is never written over: without --resume the run stops and says how
+    to go on (--resume auto, another --run-name, or --overwrite, which removes it whole when the
+    training begins). A torchrun restart of the worker group keeps its name on purpose and resumes."""
     args = run.args
-    run_name, later_group = args.run_name, False
+    run_name, later_group, error = args.run_name, False, None
     if run.is_main:
         default = f"{args.env_id.replace(':', '-').replace('/', '-')}__{run.algo}__{args.seed}__{int(time.time())}"
         try:
@@ -218,18 +247,14 @@ def open_run(run: Run) -> dict | None:
             else:
                 run_name, later_group = stable_run_name(run_name, default, args.output_dir)
         except OSError:
-            run_name = run_name or default  # reported just below, with the directory
+            run_name = run_name or default  # reported when the directory is written
         later_group = later_group or elastic_restart_count() > 0
+        error = _existing_run_dir(Path(args.output_dir) / run_name, args, later_group)
     # rank 0 decides for all: after a node joined, the new node's agent counts no restart
-    run_name, later_group = distributed.broadcast_object((run_name, later_group))
+    run_name, later_group, error = distributed.broadcast_object((run_name, later_group, error))
+    if error:
+        raise SystemExit(error)
     run.run_dir = Path(args.output_dir) / run_name
-    if run.is_main and not args.eval_only:
-        try:
-            checkpoint_dir(run.run_dir).mkdir(parents=True, exist_ok=True)
-            (run.run_dir / "config.json").write_text(json.dumps(asdict(args), indent=2))
-        except OSError as e:
-            raise SystemExit(f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir") from None
-    distributed.barrier()
     if args.resume is None and later_group and not args.eval_only:
         args.resume = "auto"  # torchrun restarted or re-formed the worker group: continue from last.pt
     try:
@@ -237,46 +262,100 @@ def open_run(run: Run) -> dict | None:
         if args.eval_only and run.resume_path is None:
             raise CheckpointError("--eval-only needs --resume PATH of a checkpoint")
         if run.resume_path is not None:
-            run.checkpoint = load_checkpoint(run.resume_path, algo=run.algo, env_id=args.env_id)
+            run.checkpoint = load_checkpoint(run.resume_path, algo=run.algo)
+            _take_flags_from(run, run.checkpoint)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
     if run.checkpoint is not None:
         run.global_step, run.iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
         run.best_eval_return = run.checkpoint["best_eval_return"]
-    if run.is_main and not args.eval_only:
-        if args.track:
-            try:
-                import wandb
-            except ImportError:
-                raise SystemExit("error: --track needs wandb: pip install wandb (or the [wandb] extra)") from None
-            run.wandb_run = wandb.init(
-                project=args.wandb_project_name, entity=args.wandb_entity, name=run.run_dir.name, id=run.run_dir.name,
-                resume="allow", config=asdict(args), sync_tensorboard=True, dir=str(run.run_dir),
-            )
-        from torch.utils.tensorboard import SummaryWriter
-
-        # purge_step: a resumed run drops the events logged after its checkpoint, so each curve
-        # stays one line without the repeated steps of the work lost to a fault.
-        run.writer = SummaryWriter(str(run.run_dir), purge_step=run.global_step + 1 if run.checkpoint else None)
-        table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return run.checkpoint
 
 
-def begin_training(run: Run, description: str) -> None:
-    """Print what runs, start the clocks, the signal handler and the progress bar: the loop starts next."""
+def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
+    """The one-line error for a run that would write over an existing run directory, or None."""
+    if args.overwrite and args.resume is not None:
+        return "error: --overwrite starts the run over and --resume continues it: drop one of them"
+    if args.eval_only or args.resume is not None or later_group or args.overwrite:
+        return None
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        return (f"error: the run directory {run_dir} exists; continue it with --resume auto, start another with "
+                f"--run-name NAME, or remove it with --overwrite")
+    return None
+
+
+def _take_flags_from(run: Run, checkpoint: dict) -> None:
+    """The checkpoint's env id, env kwargs and the algorithm's own flags (network shapes among them),
+    for every one of them the command line left alone; one given that contradicts the checkpoint's
+    env id is an error (a network shape that does not fit is restore's)."""
+    args, saved = run.args, checkpoint.get("args", {})
+    if "env_id" in run.given and saved.get("env_id", args.env_id) != args.env_id:
+        raise CheckpointError(f"{run.resume_path} was trained on env {saved['env_id']!r}, not {args.env_id!r}: drop "
+                              f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}")
+    taken = []
+    for name, value in saved.items():
+        if name in RUN_FLAGS or name in run.given or not hasattr(args, name):
+            continue
+        value = tuple(value) if isinstance(getattr(args, name), tuple) and isinstance(value, list) else value
+        if value != getattr(args, name):
+            setattr(args, name, value)
+            taken.append(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, tuple) else value}")
+    if taken:
+        run.say(f"from the checkpoint: {' '.join(taken)}")
+
+
+def begin_training(run: Run, description: str, steps_per_iteration: int) -> None:
+    """Write the run directory (config.json, TensorBoard, wandb), print what runs, and start the
+    clocks, the signal handler and the progress bar: the loop starts next. A collective.
+
+    The run ends at the last whole iteration within --total-timesteps (at least one): the progress
+    bar counts to those steps, run.final_step."""
+    args = run.args
+    total = max(args.total_timesteps, steps_per_iteration)
+    run.final_step = run.global_step + (total - run.global_step) // steps_per_iteration * steps_per_iteration
+    error = _write_run_dir(run) if run.is_main else None
+    error = distributed.broadcast_object(error)
+    if error:
+        raise SystemExit(error)
     run.guard = distributed.PreemptionGuard()
     run.start_time = run.last_save_time = time.time()
     run.steps_at_start = run.reduced_step = run.global_step
     if not run.is_main:
         return
-    print(f"{run.algo} on {run.args.env_id}: {run.world_size} process(es) x {run.args.num_envs} envs on {run.device}; "
-          f"{description}; run dir {run.run_dir}", flush=True)
-    if run.args.progress and not os.environ.get("CI") and sys.stderr.isatty():
+    print(f"{run.algo} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
+          f"{description}; {(run.final_step - run.global_step) // steps_per_iteration} iterations to step "
+          f"{run.final_step:,}; run dir {run.run_dir}", flush=True)
+    if args.progress and not os.environ.get("CI") and sys.stderr.isatty():
         from tqdm import tqdm
 
-        run.progress = tqdm(total=run.args.total_timesteps, initial=run.global_step, unit="step", unit_scale=True,
-                            dynamic_ncols=True)
+        run.progress = tqdm(total=run.final_step, initial=run.global_step, unit="step", unit_scale=True, dynamic_ncols=True)
+
+
+def _write_run_dir(run: Run) -> str | None:
+    """Rank 0: the run directory with config.json, the TensorBoard writer and wandb. Returns an error line, or None."""
+    args = run.args
+    try:
+        if args.overwrite and run.run_dir.is_dir():
+            shutil.rmtree(run.run_dir)
+        checkpoint_dir(run.run_dir).mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "config.json").write_text(json.dumps(asdict(args), indent=2))
+    except OSError as e:
+        return f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir"
+    if args.track:
+        import wandb
+
+        run.wandb_run = wandb.init(
+            project=args.wandb_project_name, entity=args.wandb_entity, name=run.run_dir.name, id=run.run_dir.name,
+            resume="allow", config=asdict(args), sync_tensorboard=True, dir=str(run.run_dir),
+        )
+    from torch.utils.tensorboard import SummaryWriter
+
+    # purge_step: a resumed run drops the events logged after its checkpoint, so each curve
+    # stays one line without the repeated steps of the work lost to a fault.
+    run.writer = SummaryWriter(str(run.run_dir), purge_step=run.global_step + 1 if run.checkpoint else None)
+    table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+    run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,10 +462,48 @@ def finish(run: Run, model: torch.nn.Module) -> dict:
         "compile_seconds": sum(run.compile_seconds.values()), "compile_seconds_by_function": run.compile_seconds,
         "compile": bool(run.args.compile), "cudagraphs": bool(run.args.cudagraphs),
         "peak_memory_mb": peak_memory_mb(run.device),
-        "checkpoints": {"last": str(ckpts / LAST), "best": str(ckpts / BEST)},
+        "checkpoints": {name: str(ckpts / file) for name, file in (("last", LAST), ("best", BEST)) if (ckpts / file).is_file()},
     }
     if run.is_main:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(json.dumps(summary), flush=True)
+        run.say("\n".join(closing_words(run, summary)))
     close(run)
     return summary
+
+
+# Run flags that a continued run gets from its command line, not from the checkpoint (see open_run)
+_NOT_REPEATED = {"resume", "overwrite", "run_name", "output_dir", "eval_only", "export", "progress"}
+
+
+def closing_words(run: Run, summary: dict) -> list[str]:
+    """What the run did, in a few lines: steps and speed, why it ended, the returns, where its files
+    are, and, when it stopped early, the command that continues it."""
+    args, reason = run.args, summary["stop_reason"]
+    ended = {"total_timesteps": f"--total-timesteps {args.total_timesteps:,} reached",
+             "target_return": "--target-return reached", "max_wall_seconds": "--max-wall-seconds reached"}
+    lines = [f"{run.algo} on {args.env_id}: {run.global_step:,} steps ({run.iteration} iterations) in "
+             f"{summary['wall_seconds']:.0f} s, {run.sps:,.0f} steps/s; "
+             f"{ended.get(reason, 'stopped by ' + reason.partition(':')[2])}"]
+    best, train = summary["best_eval_return"], summary["last_train_return"]
+    lines.append(f"{'best eval return ' + format(best, '.2f') if best is not None else 'no evaluation ran'}; "
+                 f"{'last train return ' + format(train, '.2f') if train is not None else 'no training episode finished'}")
+    kept = ", ".join(Path(path).name for path in summary["checkpoints"].values()) or "none written"
+    lines.append(f"checkpoints: {checkpoint_dir(run.run_dir)} ({kept}); summary: {run.run_dir / 'summary.json'}")
+    if reason.startswith("signal") or reason == "max_wall_seconds":
+        lines.append(f"continue with: {continue_command(run)}")
+    return lines
+
+
+def continue_command(run: Run) -> str:
+    """The command that continues this run from its last.pt: the same run directory, its run flags."""
+    args = run.args
+    as_program = getattr(sys.modules.get("__main__"), "Args", None) is type(args)
+    flags = []
+    for name in sorted((run.given & RUN_FLAGS) - _NOT_REPEATED):
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            flags.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
+    return " ".join([f"python {sys.argv[0] if as_program else f'algos/{run.algo}.py'}", *flags,
+                     f"--output-dir {args.output_dir} --run-name {run.run_dir.name} --resume auto"])

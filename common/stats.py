@@ -166,4 +166,5 @@ def log(run: Run, stats: dict[str, float]) -> None:
     run.writer.flush()
     if run.progress is not None:
         run.progress.update(run.global_step - run.progress.n)
-        run.progress.set_postfix(sps=f"{run.sps:,.0f}", ret=f"{run.last_train_return:.1f}", refresh=False)
+        ret = "-" if run.last_train_return != run.last_train_return else f"{run.last_train_return:.1f}"  # none finished yet
+        run.progress.set_postfix(sps=f"{run.sps:,.0f}", ret=ret, refresh=False)

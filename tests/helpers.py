@@ -158,3 +158,11 @@ def inject_nan_rewards(monkeypatch, after: int) -> None:
 
     real_make_env = common.run.make_env
     monkeypatch.setattr(common.run, "make_env", lambda *a, **k: NaNRewardsAfter(real_make_env(*a, **k), after))
+
+
+def printed_summary(stdout: str) -> dict:
+    """The summary.json of the run whose closing lines (`... summary: PATH`) are in `stdout`."""
+    import json
+
+    path = next(line.rpartition("summary: ")[2] for line in reversed(stdout.splitlines()) if "; summary: " in line)
+    return json.loads(Path(path).read_text())

@@ -8,7 +8,6 @@ to float32, the contract's dtype).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from gymnasium import spaces
 
 from common.envs import make_env
 from common.envs.gym_adapter import GymVecEnv
+from tests.helpers import printed_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -272,7 +272,7 @@ def run_ppo(tmp_path: Path, *args: str, timeout: int = 300) -> dict:
         capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return printed_summary(proc.stdout)
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ Two halves:
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from common.run import Run
 from common.stats import record_env_log, reduce_iteration
 from tests import fake_mjlab
 from tests.fake_mjlab import FakeEnvCfg, FakeManagerBasedRlEnv
+from tests.helpers import printed_summary
 from tests.host_sync import RecordHostSyncsByOwner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -615,7 +615,7 @@ def test_ppo_runs_mjlab_with_asymmetric_critic(tmp_path):
         env={"OMP_NUM_THREADS": "1", **os.environ, "CI": "1"},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = printed_summary(proc.stdout)
     assert summary["global_step"] == 64 and summary["iteration"] == 2
     checkpoint = torch.load(summary["checkpoints"]["last"], weights_only=True)
     assert "critic_obs_rms.mean" in checkpoint["model"]  # the critic read the task's "critic" group

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import load_script, run, run_main
+from tests.helpers import load_script, printed_summary, run, run_main
 from tests.replay import assert_replays_alike, record_captured
 
 
@@ -24,7 +24,7 @@ def script(algo: str, tmp_path, *args: str, timeout: float = 240):
 def summary_of(result) -> dict:
     """The summary line the main process prints last."""
     assert result.returncode == 0, result.stdout[-4000:]
-    return json.loads(next(line for line in reversed(result.stdout.splitlines()) if line.startswith('{"algo"')))
+    return printed_summary(result.stdout)
 
 
 def train(algo: str, tmp_path, **overrides) -> dict:

@@ -416,6 +416,12 @@ def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
         env_id, pointer = TINY[algo]["wrong_actions"]
         with pytest.raises(SystemExit, match=rf"^error: {algo}\.py needs .* actions.*{pointer}"):
             train(algo, out, env_id=env_id, env_kwargs=None)
+    with pytest.raises(SystemExit, match=r"^error: --total-timesteps must be >= 1, got -5"):
+        train(algo, out, total_timesteps=-5)
+    with pytest.raises(SystemExit, match=r"^error: --gamma must be in \[0, 1\], got 1.5"):
+        train(algo, out, gamma=1.5)
+    with pytest.raises(SystemExit, match=r"^error: --env-kwargs is not valid JSON .*max_episode_steps"):
+        train(algo, out, env_kwargs="{max_episode_steps: 100}")
     assert not out.exists(), "nothing is written for a run that cannot start"
 
     blocker = tmp_path / "file"
@@ -436,6 +442,7 @@ def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # an import of wandb fails
     with pytest.raises(SystemExit, match="--track needs wandb"):
         train(algo, out, track=True)
+    assert not out.exists(), "a bad checkpoint or flag leaves no run directory behind"
 
 
 @pytest.mark.parametrize("algo", SCRIPTS)
@@ -733,3 +740,50 @@ def test_eval_env_kwargs_and_success_rate(algo, tmp_path, monkeypatch):
     assert length <= 5 and max(v for _, v in curves["charts/episodic_length"]) > 5  # training envs: 16 steps
     [(_, rate)] = curves["eval/success_rate"]
     assert rate == 0.5
+
+
+# --------------------------------------------------------------------------------------------
+# a new user's first runs: no run written over, a checkpoint that knows its run, files that exist
+# --------------------------------------------------------------------------------------------
+def test_a_run_never_writes_over_another(tmp_path):
+    first = train("ppo", tmp_path, total_timesteps=units("ppo", 2), checkpoint_interval=1)
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    with pytest.raises(SystemExit, match=rf"^error: the run directory {tmp_path / 'run'} exists; continue it with "
+                                         r"--resume auto, start another with --run-name NAME, or remove it with --overwrite"):
+        train("ppo", tmp_path, total_timesteps=units("ppo", 1))
+    assert last.read_bytes() == before and summary_of(tmp_path)["global_step"] == first["global_step"]
+    resumed = train("ppo", tmp_path, total_timesteps=units("ppo", 3), resume="auto")  # continues it
+    assert resumed["global_step"] == units("ppo", 3)
+    with pytest.raises(SystemExit, match="--overwrite starts the run over and --resume continues it"):
+        train("ppo", tmp_path, overwrite=True, resume="auto")
+    again = train("ppo", tmp_path, total_timesteps=units("ppo", 1), overwrite=True)  # starts over, the old files gone
+    assert again["global_step"] == units("ppo", 1)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["last.pt"]
+    assert len(list((tmp_path / "run").glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_checkpoint_supplies_its_env_and_network_flags(tmp_path):
+    """--eval-only, --export and --resume of a run on another env with other network sizes, given no
+    flag of either: the checkpoint's are taken; an --env-id that contradicts it is a clear error."""
+    from tests.helpers import run_main
+
+    module = load_script("ppo")
+    trained = dict(env_id="Pendulum-v1", num_envs=16, num_steps=8, hidden_sizes=(16, 16), activation="elu")
+    plain = dict(device="cpu", progress=False, num_eval_envs=4, output_dir=str(tmp_path))
+    first = run_main(module, **plain, **trained, run_name="run", total_timesteps=16 * 8 * 2, eval_interval=1)
+    best = str(tmp_path / "run" / "checkpoints" / "best.pt")
+    result = run_main(module, **plain, eval_only=True, resume=best)  # the default env id and network flags
+    assert result["eval_return"] == pytest.approx(first["best_eval_return"], rel=1e-9)  # its own evaluation, replayed
+    with pytest.raises(SystemExit, match=r"trained on env 'Pendulum-v1', not 'Acrobot-v1': drop --env-id"):
+        run_main(module, **plain, eval_only=True, resume=best, env_id="Acrobot-v1")
+    resumed = run_main(module, **plain, run_name="run", resume="auto", num_envs=16, total_timesteps=16 * 8 * 3)
+    assert resumed["env_id"] == "Pendulum-v1" and resumed["global_step"] == 16 * 8 * 3
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["hidden_sizes"] == [16, 16]
+
+
+def test_summary_lists_only_the_checkpoints_that_exist(tmp_path):
+    summary = train("ppo", tmp_path, total_timesteps=units("ppo", 2), eval_interval=0)
+    assert set(summary["checkpoints"]) == {"last"} and Path(summary["checkpoints"]["last"]).is_file()
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())["checkpoints"]
+    assert on_disk == summary["checkpoints"]
