@@ -158,3 +158,18 @@ def inject_nan_rewards(monkeypatch, after: int) -> None:
 
     real_make_env = common.run.make_env
     monkeypatch.setattr(common.run, "make_env", lambda *a, **k: NaNRewardsAfter(real_make_env(*a, **k), after))
+
+
+def load_exported_program(path):
+    """torch.export.load(path).module() of an exported policy.pt2, as the README loads it; fails on
+    any deprecation notice (DeprecationWarning, FutureWarning) while loading."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = torch.export.load(str(path)).module()
+    deprecations = [w for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    assert not deprecations, [f"{w.category.__name__}: {w.message}" for w in deprecations]
+    return module
