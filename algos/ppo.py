@@ -200,9 +200,15 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
     """rsl_rl's schedule, in place on the device: lr / 1.5 when the KL of the last minibatch is
-    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 1e-2]."""
+    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 5e-3].
+
+    rsl_rl's cap is 1e-2. A solved task keeps each step's KL under the target (its advantages are
+    mostly noise), so the rate sits at the cap, and at 1e-2 the policy drifts off what it solved
+    (CartPole-v1: eval 495 -> 289, final 457.8 +- 84.3 over seeds 1-5). At 5e-3 every seed holds
+    500 and the median seed reaches 475 sooner (983,040 env steps, not 1,966,080); Pendulum-v1,
+    which starts at the cap, reaches -200 later (median 3.9M steps, not 2.9M) and ends higher."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
-    lr.copy_((lr * factor).clamp(1e-5, 1e-2))
+    lr.copy_((lr * factor).clamp(1e-5, 5e-3))
 
 
 # ----------------------------------------------------------------------------------------------

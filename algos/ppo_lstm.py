@@ -242,9 +242,9 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
     """rsl_rl's schedule, in place on the device: lr / 1.5 when the KL of the last minibatch is
-    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 1e-2]."""
+    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 5e-3] (ppo.py's cap, and why)."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
-    lr.copy_((lr * factor).clamp(1e-5, 1e-2))
+    lr.copy_((lr * factor).clamp(1e-5, 5e-3))
 
 
 def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):

@@ -62,8 +62,8 @@ class RunArgs:
     keep_checkpoints: int = 0
     """keep only the newest this many step_<global_step>.pt files (0: all)"""
     export: str | None = None
-    """with --eval-only: write the checkpoint's deterministic policy to this directory (policy.pt TorchScript,
-    policy.onnx, policy.json), observation normalization included"""
+    """with --eval-only: write the checkpoint's deterministic policy to this directory (policy.pt2, a
+    torch.export program; policy.onnx; policy.json), observation normalization included"""
     export_best: bool = False
     """export the policy to {run_dir}/export/ every time best.pt is written"""
     target_return: float | None = None

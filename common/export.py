@@ -1,8 +1,9 @@
-"""The trained policy out of the training script: TorchScript, ONNX and a JSON of its interface.
+"""The trained policy out of the training script: a torch.export program, ONNX and a JSON of its interface.
 
     python algos/ppo.py --eval-only --resume runs/RUN/checkpoints/best.pt --export exported/
 
-writes `policy.pt` (TorchScript), `policy.onnx` and `policy.json`. Both models map a batch of
+writes `policy.pt2` (`torch.export`: load it with `torch.export.load(path).module()`),
+`policy.onnx` and `policy.json`. Both models map a batch of
 raw "policy" observations [B, obs_dim] (float32) to the env's actions: the observation
 normalization is folded in, and the action is the script's deterministic one (PPO: the Gaussian
 mean clipped to the bounds, or the most likely action; TD3/SAC: the squashed action scaled to
@@ -11,6 +12,11 @@ the bounds; PQN: the greedy action). Each script's model provides it as `determi
 A recurrent policy (ppo_lstm) provides `recurrent_step(obs, state) -> (action, next_state)` and
 `state_shape` (rows, hidden): its exported models take `obs` [B, obs_dim] and `state` [rows, B,
 hidden] and return `action` and `next_state`; policy.json says the shape and the reset rule.
+
+torch.export, not TorchScript: `torch.jit.load` warns on current torch that TorchScript is
+deprecated, and torch.export's program loads without a warning and has the batch dimension
+dynamic by declaration (`Dim("batch")`) rather than by a tracer's luck. Runtimes without Python
+take policy.onnx.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch.nn as nn
 
 
 class DeterministicPolicy(nn.Module):
-    """`model.deterministic(obs)` as a module's forward: what gets traced and exported."""
+    """`model.deterministic(obs)` as a module's forward: what gets exported."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -66,7 +72,7 @@ def space_json(space: gym.Space) -> dict:
 @torch.no_grad()
 def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.Space, action_space: gym.Space,
                   info: dict) -> Path:
-    """Write policy.pt, policy.onnx and policy.json of `model.deterministic` to `out_dir` (on CPU)."""
+    """Write policy.pt2, policy.onnx and policy.json of `model.deterministic` to `out_dir` (on CPU)."""
     import copy
 
     out = Path(out_dir)
@@ -80,15 +86,17 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
         example += (torch.zeros(rows, 4, hidden),)
         names = {"input_names": ["obs", "state"], "output_names": ["action", "next_state"],
                  "dynamic_axes": {**names["dynamic_axes"], "state": {1: "batch"}, "next_state": {1: "batch"}}}
+    batch = torch.export.Dim("batch")
+    dynamic = ({0: batch}, {1: batch})[:len(example)]  # obs [B, obs_dim]; state [rows, B, hidden]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer and exporter deprecation notices
-        traced = torch.jit.trace(policy, example)
-        traced.save(str(out / "policy.pt"))
+        warnings.simplefilter("ignore")  # exporters' notices (an RNN's weights re-flattened, the ONNX exporter's)
+        program = torch.export.export(policy, example, dynamic_shapes=dynamic)
+        torch.export.save(program, str(out / "policy.pt2"))
         kwargs = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
         torch.onnx.export(policy, example, str(out / "policy.onnx"), **names, **kwargs)
     meta = {
         **info,
-        "files": {"torchscript": "policy.pt", "onnx": "policy.onnx"},
+        "files": {"torch_export": "policy.pt2", "onnx": "policy.onnx"},
         "input": {"name": "obs", "key": "policy", "batch_dim": 0, "observation_space": space_json(observation_space),
                   "normalization": "included: pass raw observations"},
         "output": {"name": "action", "action_space": space_json(action_space),

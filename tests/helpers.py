@@ -166,3 +166,18 @@ def printed_summary(stdout: str) -> dict:
 
     path = next(line.rpartition("summary: ")[2] for line in reversed(stdout.splitlines()) if "; summary: " in line)
     return json.loads(Path(path).read_text())
+
+
+def load_exported_program(path):
+    """torch.export.load(path).module() of an exported policy.pt2, as the README loads it; fails on
+    any deprecation notice (DeprecationWarning, FutureWarning) while loading."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = torch.export.load(str(path)).module()
+    deprecations = [w for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+    assert not deprecations, [f"{w.category.__name__}: {w.message}" for w in deprecations]
+    return module

@@ -4,6 +4,7 @@ is compared with a speed (speed claims come from running the benchmark, never fr
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +135,74 @@ def test_learning_results_command_writes_curves_table_and_figures(tmp_path):
     assert f"{sum(final) / 2:,.1f} ±" in row and "196,608" in row
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "learning_steps.png").stat().st_size > 0 and (tmp_path / "learning_time.png").stat().st_size > 0
+
+
+def committed_files() -> dict:
+    from tests.benchmarks import learning
+
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in learning.COMMITTED.rglob("*") if p.is_file()}
+
+
+def test_learning_results_command_writes_only_where_named(tmp_path, capsys):
+    """No default directory, and the committed results (what the README shows) are rewritten only
+    with --update-committed: the command stops with the cause before any run or any write."""
+    from tests.benchmarks import learning
+
+    before = committed_files()
+    for argv, cause in (
+        (["--experiments", "ppo:CartPole-v1"], "--out DIR is required"),
+        (["--experiments", "ppo:CartPole-v1", "--out", str(learning.COMMITTED)], "holds the committed results"),
+        (["--out", str(learning.COMMITTED / "fast")], "pass --update-committed to rewrite them"),
+        (["--report", str(learning.COMMITTED / "learning.json")], "holds the committed results"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            learning.main(argv)
+        assert stop.value.code == 2 and cause in capsys.readouterr().err
+    assert committed_files() == before
+    # a --report of the committed learning.json into a directory named: the same table, written there
+    code = learning.main(["--report", str(learning.COMMITTED / "learning.json"), "--out", str(tmp_path)])
+    assert code == 0 and committed_files() == before
+    committed_table = (learning.COMMITTED / "learning.md").read_text()
+    assert (tmp_path / "learning.md").read_text().split("\n![")[0] == committed_table.split("\n![")[0]
+
+
+def synthetic_report() -> dict:
+    """A learning.json of two seeds of ppo:CartPole-v1, three evaluations each."""
+    runs = [{"name": "ppo:CartPole-v1", "algo": "ppo", "env_id": "CartPole-v1", "seed": seed, "target": 475.0,
+             "budget": 300, "threads": 1, "command": "python algos/ppo.py", "returncode": 0, "summary": {},
+             "curve": {"steps": [100, 200, 300], "seconds": [1.0, 2.0, 3.0], "returns": returns},
+             "steps_to_target": steps, "seconds_to_target": seconds}
+            for seed, returns, steps, seconds in ((1, [100.0, 480.0, 500.0], 200, 2.0), (2, [50.0, 300.0, 400.0], None, None))]
+    return {"date": "2026-01-01", "command": "python -m tests.benchmarks.learning --out somewhere", "jobs": 1,
+            "machine": {"cpu": "a CPU", "cpu_cores": 2, "torch": "2", "gpu": None}, "wall_seconds": 1.0,
+            "experiments": {"ppo:CartPole-v1": {"target": 475.0, "budget": 300, "flags": []}}, "threads": 1, "runs": runs}
+
+
+def test_learning_report_rewrites_table_and_figures_with_a_legend(tmp_path, monkeypatch):
+    """--report: the table and the figures from a learning.json, beside it by default; each figure has
+    a legend saying that the line is the mean over seeds and the band their min-max."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    from tests.benchmarks import learning
+
+    legends, savefig = {}, matplotlib.figure.Figure.savefig
+
+    def recording_savefig(fig, path, *args, **kwargs):
+        legends[Path(path).name] = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+        return savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", recording_savefig)
+    (tmp_path / "learning.json").write_text(json.dumps(synthetic_report()))
+    assert learning.main(["--report", str(tmp_path / "learning.json")]) == 0
+    table = (tmp_path / "learning.md").read_text()
+    assert table.startswith("`python -m tests.benchmarks.learning --out somewhere` (2026-01-01, a CPU (2 cores)")
+    row = next(line for line in table.splitlines() if line.startswith("| ppo | CartPole-v1"))
+    assert "| 1/2 | 200 (200-200) | 2.0 (2.0-2.0) | 450.0 ± 50.0 | 450.0 ± 50.0 |" in row
+    assert legends == {"learning_steps.png": ["mean over seeds", "min-max over seeds", "target"],
+                       "learning_time.png": ["mean over seeds", "min-max over seeds", "target"]}
+    for name in legends:
+        assert (tmp_path / name).stat().st_size > 0 and f"]({name})" in table
 
 
 def test_mjlab_benchmark_stops_with_the_cause_without_mjlab(monkeypatch):

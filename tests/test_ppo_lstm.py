@@ -12,7 +12,7 @@ import torch
 
 from common.envs import make_env
 from common.evaluation import run_episodes
-from tests.helpers import load_script, run_main
+from tests.helpers import load_exported_program, load_script, run_main
 
 ppo_lstm = load_script("ppo_lstm")
 MASKED = '{"mask_velocity": true}'
@@ -134,7 +134,7 @@ def exported_episodes(step, env, seed: int, episodes: int, state_shape) -> tuple
 
 
 def test_exported_policy_runs_episodes_as_the_script_evaluates(tmp_path):
-    """--export of a trained checkpoint: TorchScript and ONNX, fed back their own next_state and
+    """--export of a trained checkpoint: the torch.export program and ONNX, fed back their own next_state and
     reset as policy.json says, act through whole episodes as the script's deterministic policy, and
     reach the return the script's evaluation measures on the same episodes. The memory matters: the
     same policy with its state zeroed at every step acts otherwise."""
@@ -154,8 +154,8 @@ def test_exported_policy_runs_episodes_as_the_script_evaluates(tmp_path):
     assert agent.obs_rms.count > 0, "the run had observation normalization"
     with torch.no_grad():
         expected, script_returns = exported_episodes(agent.recurrent_step, env, 7, 2, (rows, hidden))
-        torchscript = torch.jit.load(str(out / "policy.pt"))
-        got_ts, ts_returns = exported_episodes(torchscript, env, 7, 2, (rows, hidden))
+        program = load_exported_program(out / "policy.pt2")  # no deprecation notice
+        got_pt2, pt2_returns = exported_episodes(program, env, 7, 2, (rows, hidden))
     onnx = onnxruntime.InferenceSession(str(out / "policy.onnx"))
 
     def onnx_step(obs, state):
@@ -164,9 +164,9 @@ def test_exported_policy_runs_episodes_as_the_script_evaluates(tmp_path):
 
     got_onnx, onnx_returns = exported_episodes(onnx_step, env, 7, 2, (rows, hidden))
     assert len(expected) >= 60
-    for a, b, c in zip(expected, got_ts, got_onnx):
+    for a, b, c in zip(expected, got_pt2, got_onnx):
         assert torch.equal(a, b) and torch.equal(a, c)
-    np.testing.assert_array_equal(ts_returns, script_returns)
+    np.testing.assert_array_equal(pt2_returns, script_returns)
     np.testing.assert_array_equal(onnx_returns, script_returns)
     # the script's evaluation (one hidden state per eval env, reset at episode ends) on the same episodes
     evaluated = run_episodes(env, ppo_lstm.EvalPolicy(agent, env.num_envs), episodes=2, seed=7)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
-from tests.helpers import ROOT, Job, inject_nan_rewards, load_script, run, run_main, torchrun_cmd
+from tests.helpers import ROOT, Job, inject_nan_rewards, load_exported_program, load_script, run, run_main, torchrun_cmd
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.replay import assert_no_host_sync, assert_replays_alike, record_captured
 
@@ -672,12 +672,15 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     obs = torch.cat([*obs, torch.randn(64, obs[0].shape[-1]) * 5])
     with torch.no_grad():
         expected = model.deterministic(obs)
-    torchscript = torch.jit.load(str(tmp_path / "export" / "policy.pt"))
+    program = load_exported_program(tmp_path / "export" / "policy.pt2")  # no deprecation notice
     onnx = onnxruntime.InferenceSession(str(tmp_path / "export" / "policy.onnx"))
-    got_ts = torchscript(obs)
+    with torch.no_grad():
+        got_pt2 = program(obs)
+        one_row = program(obs[:1])  # the batch dimension is dynamic: not fixed to the example's
     got_onnx = torch.as_tensor(onnx.run(None, {"obs": obs.numpy()})[0])
-    assert got_ts.dtype == got_onnx.dtype == expected.dtype
-    torch.testing.assert_close(got_ts, expected, rtol=0, atol=1e-5)
+    assert got_pt2.dtype == got_onnx.dtype == expected.dtype
+    torch.testing.assert_close(got_pt2, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(one_row, expected[:1], rtol=0, atol=1e-5)
     torch.testing.assert_close(got_onnx, expected, rtol=0, atol=1e-5)
     # the normalizer is inside: its statistics are constants of the exported graph...
     import onnx
@@ -695,6 +698,8 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
             assert not torch.equal(model.deterministic(obs), expected)
     meta = json.loads((tmp_path / "export" / "policy.json").read_text())
     assert meta["algo"] == algo and meta["global_step"] == state["global_step"]
+    assert meta["files"] == {"torch_export": "policy.pt2", "onnx": "policy.onnx"}
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["policy.json", "policy.onnx", "policy.pt2"]
     assert meta["input"]["observation_space"]["shape"] == [obs.shape[-1]]
     kind = type(env.single_action_space).__name__
     assert meta["output"]["action_space"]["type"] == kind

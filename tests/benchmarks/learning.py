@@ -1,7 +1,8 @@
 """Learning results: scripts x envs x seeds, run with their default flags, into a table and figures.
 
-    python -m tests.benchmarks.learning --out results            # every experiment, seeds 1-5
-    python -m tests.benchmarks.learning --experiments ppo:CartPole-v1 --seeds 1 2 3 --jobs 2
+    python -m tests.benchmarks.learning --out runs/results       # every experiment, seeds 1-5
+    python -m tests.benchmarks.learning --experiments ppo:CartPole-v1 --seeds 1 2 3 --jobs 2 --out runs/cartpole
+    python -m tests.benchmarks.learning --report runs/cartpole/learning.json   # the table and figures again
 
 Each run is `python algos/<algo>.py --env-id <env> --seed <s>` with the experiment's budget (and
 flags, if any) in a subprocess of its own; runs go `--jobs` at a time, with cores / jobs torch
@@ -15,6 +16,10 @@ From each run's TensorBoard events it takes the eval curve and writes, under --o
 - `learning_steps.png`, `learning_time.png`: eval return against env steps and against training
   wall time, mean over seeds with a min-max band, one panel per env (needs matplotlib: the
   `[plot]` extra).
+
+--out names the directory; there is no default. The results the README shows live in
+tests/benchmarks/results/ and are rewritten only on request: an --out there (or a --report of a
+learning.json there) also needs --update-committed.
 
 Training seconds count from the start of the training loop (after start-up and compilation)
 and include the evaluations. The README's Results section is this command's output.
@@ -40,6 +45,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.benchmarks.bench import machine_info, machine_label  # noqa: E402
+
+COMMITTED = ROOT / "tests" / "benchmarks" / "results"  # the results the README shows
 
 # script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise)
 EXPERIMENTS = {
@@ -159,8 +166,12 @@ def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list
     return rows
 
 
+LEGEND = ("mean over seeds", "min-max over seeds", "target")  # the line, the band, the dashed line
+
+
 def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path]:
-    """Eval return against env steps and against training seconds: mean and min-max band over seeds."""
+    """Eval return against env steps and against training seconds: mean and min-max band over seeds,
+    with a legend that says which is which."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,11 +191,11 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
                 n = min(len(r["curve"]["returns"]) for r in runs)  # the evaluations every seed has
                 x = np.mean([r["curve"][axis][:n] for r in runs], axis=0) if axis == "seconds" else runs[0]["curve"]["steps"][:n]
                 y = np.array([r["curve"]["returns"][:n] for r in runs])
-                ax.fill_between(x, y.min(0), y.max(0), alpha=0.25, linewidth=0)
-                ax.plot(x, y.mean(0), linewidth=1.5, marker="o" if n < 8 else None, markersize=3)
+                ax.fill_between(x, y.min(0), y.max(0), alpha=0.25, linewidth=0, label=LEGEND[1])
+                ax.plot(x, y.mean(0), linewidth=1.5, marker="o" if n < 8 else None, markersize=3, label=LEGEND[0])
             target = EXPERIMENTS.get(name, {}).get("target")
             if target is not None:
-                ax.axhline(target, color="gray", linestyle="--", linewidth=0.8)
+                ax.axhline(target, color="gray", linestyle="--", linewidth=0.8, label=LEGEND[2])
             ax.set_title(f"{algo} {env_id}{' (' + label + ')' if label else ''}", fontsize=9)
             ax.set_xlabel(xlabel, fontsize=8)
             ax.tick_params(labelsize=7)
@@ -194,7 +205,15 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
         for ax in list(axes.flat)[len(experiments):]:
             ax.axis("off")
         axes[0][0].set_ylabel("eval return", fontsize=8)
-        fig.tight_layout()
+        entries = {}  # one legend for all panels, below them
+        for ax in axes.flat:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                entries.setdefault(label, handle)
+        labels = [label for label in LEGEND if label in entries]
+        ncol = max(1, min(len(labels), cols))  # as many entries side by side as the panels are wide
+        legend_height = (0.1 + 0.16 * math.ceil(len(labels) / ncol)) / fig.get_figheight()  # inches -> fraction
+        fig.legend([entries[label] for label in labels], labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+        fig.tight_layout(rect=(0, legend_height, 1, 1))
         path = out / filename
         fig.savefig(path, dpi=80)
         plt.close(fig)
@@ -209,21 +228,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)),
                         help="runs at a time; each gets cores // jobs torch threads")
     parser.add_argument("--budget", type=int, default=None, help="env steps of every run (default: each experiment's)")
-    parser.add_argument("--out", default="results", help="directory of the JSON, the table and the figures")
+    parser.add_argument("--out", default=None,
+                        help="directory of the JSON, the table and the figures (required; with --report: default "
+                             "the learning.json's directory)")
     parser.add_argument("--runs-dir", default=None, help="directory of the runs' own outputs (default: OUT/runs)")
-    parser.add_argument("--report", default=None, help="no runs: rewrite the table and figures of a learning.json")
+    parser.add_argument("--report", default=None, help="no runs: write the table and figures of a learning.json again")
+    parser.add_argument("--update-committed", action="store_true",
+                        help=f"allow writing into {COMMITTED.relative_to(ROOT)}/, the results the README shows")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags passed on to every run")
     args = parser.parse_args(argv)
+    if args.out is None and not args.report:
+        parser.error("--out DIR is required: the directory of the JSON, the table and the figures (e.g. runs/results)")
+    out = Path(args.out) if args.out is not None else Path(args.report).parent
+    if is_committed(out) and not args.update_committed:
+        parser.error(f"{out} holds the committed results that the README shows; name another --out, or pass "
+                     "--update-committed to rewrite them")
     if args.report:
         report = json.loads(Path(args.report).read_text())
         names = list(report["experiments"])
         seeds = sorted({r["seed"] for r in report["runs"]})
-        write_report(report, names, seeds, Path(args.report).parent, report.get("threads", 1))
+        out.mkdir(parents=True, exist_ok=True)
+        write_report(report, names, seeds, out, report.get("threads", 1))
         return 0
     unknown = [e for e in args.experiments if e not in EXPERIMENTS and ":" not in e]
     if unknown:
         parser.error(f"unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)} (or any script:env)")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path(args.out) / "runs"  # as given: commands stay portable
     jobs = []
@@ -251,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     (out / "learning.json").write_text(json.dumps(report, indent=1))
     write_report(report, args.experiments, args.seeds, out, threads)
     return 0 if all("error" not in r for r in records) else 1
+
+
+def is_committed(path: Path) -> bool:
+    """Whether path is tests/benchmarks/results/ or inside it."""
+    path = path.resolve()
+    return path == COMMITTED or COMMITTED in path.parents
 
 
 def write_report(report: dict, experiments: list[str], seeds: list[int], out: Path, threads: int) -> None:
