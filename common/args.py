@@ -1,12 +1,17 @@
 """The flags of the run around an algorithm: each script's `Args` extends `RunArgs` with its own.
 
 Every flag has a one-line docstring (tyro prints it with --help). `RUN_FLAGS` are the flags that
-change how a run is driven, not what its networks are.
+change how a run is driven, not what its networks are. Also here: the numeric checks
+(`check_numbers`), the command line (`parse_args`: the algorithm's flags, then the run's), the
+flags a run was given and those a checkpoint supplies (`given_flags`, `take_flags_from`), and the
+seeds derived from --seed (`derive_seed`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import sys
+from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
 from typing import Literal
 
 
@@ -113,8 +118,6 @@ FLOAT_RANGES = [  # (a test on the flag's name, lowest, highest, whether the low
 def check_numbers(args) -> None:
     """Every integer flag >= 1 (or >= 0, see above), and every float flag named in FLOAT_RANGES within
     its range: otherwise stop with one line naming the flag."""
-    from dataclasses import fields
-
     for f in fields(args):
         name, value = f.name, getattr(args, f.name)
         flag = f"--{name.replace('_', '-')}"
@@ -158,9 +161,7 @@ def field_docs(cls) -> dict[str, str]:
 def parse_args(args_class, argv: list[str] | None = None):
     """`args_class` (a script's Args, which extends RunArgs) from the command line. The flags stay flat
     (--learning-rate, --env-id); --help shows the algorithm's own first and the run's after them."""
-    import sys
     import typing
-    from dataclasses import MISSING, asdict, fields, make_dataclass
 
     import tyro
 
@@ -172,8 +173,6 @@ def parse_args(args_class, argv: list[str] | None = None):
         return make_dataclass(name, spec)
 
     def dataclasses_field(f):
-        from dataclasses import field
-
         return field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
 
     run_names = set(RunArgs.__dataclass_fields__)
@@ -186,3 +185,60 @@ def parse_args(args_class, argv: list[str] | None = None):
     description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
     parsed = tyro.cli(cli, args=argv, description=description)
     return args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))
+
+
+# ----------------------------------------------------------------------------------------------
+# The flags given, the ones a checkpoint supplies, and the seeds derived from --seed
+# ----------------------------------------------------------------------------------------------
+def given_flags(args) -> set[str]:
+    """The flags this run was given: on the command line when the script runs as a program, and any
+    flag whose value is not its default. A checkpoint supplies the others (open_run)."""
+    defaults = type(args)()
+    given = {f.name for f in fields(args) if getattr(args, f.name) != getattr(defaults, f.name)}
+    if getattr(sys.modules.get("__main__"), "Args", None) is type(args):  # parsed from sys.argv
+        given |= {token[2:].split("=")[0].replace("-", "_") for token in sys.argv[1:] if token.startswith("--")}
+    return given
+
+
+def take_flags_from(run, checkpoint: dict) -> None:
+    """The checkpoint's env id, env kwargs and the algorithm's own flags (network shapes among them),
+    for every one of them the command line left alone; one given that contradicts the checkpoint's
+    env id is an error (a network shape that does not fit is restore's)."""
+    args, saved = run.args, checkpoint.get("args", {})
+    if "env_id" in run.given and saved.get("env_id", args.env_id) != args.env_id:
+        raise SystemExit(f"error: {run.resume_path} was trained on env {saved['env_id']!r}, not {args.env_id!r}: drop "
+                              f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}")
+    taken = []
+    for name, value in saved.items():
+        if name in RUN_FLAGS or name in run.given or not hasattr(args, name):
+            continue
+        value = tuple(value) if isinstance(getattr(args, name), tuple) and isinstance(value, list) else value
+        if value != getattr(args, name):
+            setattr(args, name, value)
+            taken.append(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, tuple) else value}")
+    if taken:
+        run.say(f"from the checkpoint: {' '.join(taken)}")
+
+
+def derive_seed(run, stream: str) -> int:
+    """A 62-bit seed for one random stream of this rank, hashed from (--seed, rank, stream).
+
+    Env i of a batch seeded s gets seed s + i, so with seeds like `seed + rank * num_envs` the
+    runs --seed 1 and --seed 2 would share all but one env stream, and ranks would overlap the
+    same way. Hashed bases put every (seed, rank, stream) at an unrelated place in a 2**62
+    range: two runs, two ranks, or the training and eval envs share a stream only if their bases
+    fall within num_envs of each other (probability about num_envs / 2**62).
+    """
+    digest = hashlib.blake2b(f"{run.args.seed}/{run.rank}/{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def env_seed(run) -> int:
+    """Seed of this rank's training envs (env i gets env_seed + i)."""
+    return derive_seed(run, "envs")
+
+
+def eval_seed(run, iteration: int) -> int:
+    """Seed of this rank's eval envs for the evaluation at `iteration`: each evaluation sees new
+    episodes, and --eval-only of a checkpoint replays the evaluation of its iteration."""
+    return derive_seed(run, f"eval/{iteration}")

@@ -117,3 +117,12 @@ def release_graphs(run: Run) -> None:
             if graph is not None:
                 graph.reset()
     run.graphs.clear()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated by torch on CUDA; peak resident set size of the process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux

@@ -27,7 +27,6 @@ common.checkpoint (what a script checkpoints, save and restore).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -36,7 +35,7 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +43,13 @@ import numpy as np
 import torch
 
 from common import distributed, video
-from common.args import RUN_FLAGS, check_numbers
-from common.capture import read_timings, release_graphs
+from common.args import check_numbers, derive_seed, env_seed, eval_seed, given_flags, take_flags_from
+from common.capture import peak_memory_mb, read_timings, release_graphs
 from common.checkpoint import (
     BEST, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, load_checkpoint, resolve_resume, stable_run_name,
 )
 from common.envs import make_env
+from common.stats import closing_words
 
 
 @dataclass
@@ -149,40 +149,6 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
                given=given)
 
 
-def given_flags(args) -> set[str]:
-    """The flags this run was given: on the command line when the script runs as a program, and any
-    flag whose value is not its default. A checkpoint supplies the others (open_run)."""
-    defaults = type(args)()
-    given = {f.name for f in fields(args) if getattr(args, f.name) != getattr(defaults, f.name)}
-    if getattr(sys.modules.get("__main__"), "Args", None) is type(args):  # parsed from sys.argv
-        given |= {token[2:].split("=")[0].replace("-", "_") for token in sys.argv[1:] if token.startswith("--")}
-    return given
-
-
-def derive_seed(run: Run, stream: str) -> int:
-    """A 62-bit seed for one random stream of this rank, hashed from (--seed, rank, stream).
-
-    Env i of a batch seeded s gets seed s + i, so with seeds like `seed + rank * num_envs` the
-    runs --seed 1 and --seed 2 would share all but one env stream, and ranks would overlap the
-    same way. Hashed bases put every (seed, rank, stream) at an unrelated place in a 2**62
-    range: two runs, two ranks, or the training and eval envs share a stream only if their bases
-    fall within num_envs of each other (probability about num_envs / 2**62).
-    """
-    digest = hashlib.blake2b(f"{run.args.seed}/{run.rank}/{stream}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
-
-
-def env_seed(run: Run) -> int:
-    """Seed of this rank's training envs (env i gets env_seed + i)."""
-    return derive_seed(run, "envs")
-
-
-def eval_seed(run: Run, iteration: int) -> int:
-    """Seed of this rank's eval envs for the evaluation at `iteration`: each evaluation sees new
-    episodes, and --eval-only of a checkpoint replays the evaluation of its iteration."""
-    return derive_seed(run, f"eval/{iteration}")
-
-
 def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
     """This rank's training and eval envs, then the torch seed of this rank.
 
@@ -263,7 +229,7 @@ def open_run(run: Run) -> dict | None:
             raise CheckpointError("--eval-only needs --resume PATH of a checkpoint")
         if run.resume_path is not None:
             run.checkpoint = load_checkpoint(run.resume_path, algo=run.algo)
-            _take_flags_from(run, run.checkpoint)
+            take_flags_from(run, run.checkpoint)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
     if run.checkpoint is not None:
@@ -282,26 +248,6 @@ def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
         return (f"error: the run directory {run_dir} exists; continue it with --resume auto, start another with "
                 f"--run-name NAME, or remove it with --overwrite")
     return None
-
-
-def _take_flags_from(run: Run, checkpoint: dict) -> None:
-    """The checkpoint's env id, env kwargs and the algorithm's own flags (network shapes among them),
-    for every one of them the command line left alone; one given that contradicts the checkpoint's
-    env id is an error (a network shape that does not fit is restore's)."""
-    args, saved = run.args, checkpoint.get("args", {})
-    if "env_id" in run.given and saved.get("env_id", args.env_id) != args.env_id:
-        raise CheckpointError(f"{run.resume_path} was trained on env {saved['env_id']!r}, not {args.env_id!r}: drop "
-                              f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}")
-    taken = []
-    for name, value in saved.items():
-        if name in RUN_FLAGS or name in run.given or not hasattr(args, name):
-            continue
-        value = tuple(value) if isinstance(getattr(args, name), tuple) and isinstance(value, list) else value
-        if value != getattr(args, name):
-            setattr(args, name, value)
-            taken.append(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, tuple) else value}")
-    if taken:
-        run.say(f"from the checkpoint: {' '.join(taken)}")
 
 
 def begin_training(run: Run, description: str, steps_per_iteration: int) -> None:
@@ -396,15 +342,6 @@ def checkpoints_to_write(run: Run, due: Due) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Finishing
 # ----------------------------------------------------------------------------------------------
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak GPU memory allocated by torch on CUDA; peak resident set size of the process on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-
-
 def close(run: Run) -> None:
     """Let go of everything the run holds, in the order that cannot hang: the signal handlers, the
     progress bar, the writers, the CUDA graphs, and last the process group. Called by `finish` and
@@ -469,41 +406,3 @@ def finish(run: Run, model: torch.nn.Module) -> dict:
         run.say("\n".join(closing_words(run, summary)))
     close(run)
     return summary
-
-
-# Run flags that a continued run gets from its command line, not from the checkpoint (see open_run)
-_NOT_REPEATED = {"resume", "overwrite", "run_name", "output_dir", "eval_only", "export", "progress"}
-
-
-def closing_words(run: Run, summary: dict) -> list[str]:
-    """What the run did, in a few lines: steps and speed, why it ended, the returns, where its files
-    are, and, when it stopped early, the command that continues it."""
-    args, reason = run.args, summary["stop_reason"]
-    ended = {"total_timesteps": f"--total-timesteps {args.total_timesteps:,} reached",
-             "target_return": "--target-return reached", "max_wall_seconds": "--max-wall-seconds reached"}
-    lines = [f"{run.algo} on {args.env_id}: {run.global_step:,} steps ({run.iteration} iterations) in "
-             f"{summary['wall_seconds']:.0f} s, {run.sps:,.0f} steps/s; "
-             f"{ended.get(reason, 'stopped by ' + reason.partition(':')[2])}"]
-    best, train = summary["best_eval_return"], summary["last_train_return"]
-    lines.append(f"{'best eval return ' + format(best, '.2f') if best is not None else 'no evaluation ran'}; "
-                 f"{'last train return ' + format(train, '.2f') if train is not None else 'no training episode finished'}")
-    kept = ", ".join(Path(path).name for path in summary["checkpoints"].values()) or "none written"
-    lines.append(f"checkpoints: {checkpoint_dir(run.run_dir)} ({kept}); summary: {run.run_dir / 'summary.json'}")
-    if reason.startswith("signal") or reason == "max_wall_seconds":
-        lines.append(f"continue with: {continue_command(run)}")
-    return lines
-
-
-def continue_command(run: Run) -> str:
-    """The command that continues this run from its last.pt: the same run directory, its run flags."""
-    args = run.args
-    as_program = getattr(sys.modules.get("__main__"), "Args", None) is type(args)
-    flags = []
-    for name in sorted((run.given & RUN_FLAGS) - _NOT_REPEATED):
-        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
-        if isinstance(value, bool):
-            flags.append(flag if value else f"--no-{flag[2:]}")
-        else:
-            flags.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
-    return " ".join([f"python {sys.argv[0] if as_program else f'algos/{run.algo}.py'}", *flags,
-                     f"--output-dir {args.output_dir} --run-name {run.run_dir.name} --resume auto"])

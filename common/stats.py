@@ -9,12 +9,15 @@ one host read, checked for non-finite values, and written to TensorBoard.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from common import distributed
+from common.args import RUN_FLAGS
 from common.capture import read_timings
 from common.checkpoint import checkpoint_dir
 
@@ -168,3 +171,41 @@ def log(run: Run, stats: dict[str, float]) -> None:
         run.progress.update(run.global_step - run.progress.n)
         ret = "-" if run.last_train_return != run.last_train_return else f"{run.last_train_return:.1f}"  # none finished yet
         run.progress.set_postfix(sps=f"{run.sps:,.0f}", ret=ret, refresh=False)
+
+
+# Run flags that a continued run gets from its command line, not from the checkpoint (see open_run)
+_NOT_REPEATED = {"resume", "overwrite", "run_name", "output_dir", "eval_only", "export", "progress"}
+
+
+def closing_words(run: Run, summary: dict) -> list[str]:
+    """What the run did, in a few lines: steps and speed, why it ended, the returns, where its files
+    are, and, when it stopped early, the command that continues it."""
+    args, reason = run.args, summary["stop_reason"]
+    ended = {"total_timesteps": f"--total-timesteps {args.total_timesteps:,} reached",
+             "target_return": "--target-return reached", "max_wall_seconds": "--max-wall-seconds reached"}
+    lines = [f"{run.algo} on {args.env_id}: {run.global_step:,} steps ({run.iteration} iterations) in "
+             f"{summary['wall_seconds']:.0f} s, {run.sps:,.0f} steps/s; "
+             f"{ended.get(reason, 'stopped by ' + reason.partition(':')[2])}"]
+    best, train = summary["best_eval_return"], summary["last_train_return"]
+    lines.append(f"{'best eval return ' + format(best, '.2f') if best is not None else 'no evaluation ran'}; "
+                 f"{'last train return ' + format(train, '.2f') if train is not None else 'no training episode finished'}")
+    kept = ", ".join(Path(path).name for path in summary["checkpoints"].values()) or "none written"
+    lines.append(f"checkpoints: {checkpoint_dir(run.run_dir)} ({kept}); summary: {run.run_dir / 'summary.json'}")
+    if reason.startswith("signal") or reason == "max_wall_seconds":
+        lines.append(f"continue with: {continue_command(run)}")
+    return lines
+
+
+def continue_command(run: Run) -> str:
+    """The command that continues this run from its last.pt: the same run directory, its run flags."""
+    args = run.args
+    as_program = getattr(sys.modules.get("__main__"), "Args", None) is type(args)
+    flags = []
+    for name in sorted((run.given & RUN_FLAGS) - _NOT_REPEATED):
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            flags.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
+    return " ".join([f"python {sys.argv[0] if as_program else f'algos/{run.algo}.py'}", *flags,
+                     f"--output-dir {args.output_dir} --run-name {run.run_dir.name} --resume auto"])
