@@ -241,10 +241,10 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
-    """rsl_rl's schedule, in place on the device: lr / 1.5 when the KL of the last minibatch is
-    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 5e-3] (ppo.py's cap, and why)."""
+    """rsl_rl's schedule in place: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, * 1.5 below half,
+    in [1e-5, 1e-2] (ppo.py's 5e-3 cap left 2 of 5 unmasked CartPole seeds short of 475 in 3M steps here)."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
-    lr.copy_((lr * factor).clamp(1e-5, 5e-3))
+    lr.copy_((lr * factor).clamp(1e-5, 1e-2))
 
 
 def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
