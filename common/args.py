@@ -167,13 +167,12 @@ def parse_args(args_class, argv: list[str] | None = None):
 
     hints, docs = typing.get_type_hints(args_class, include_extras=True), field_docs(args_class)
 
-    def group(name: str, keep) -> type:
-        spec = [(f.name, typing.Annotated[hints[f.name], tyro.conf.arg(help=docs.get(f.name, ""))],
-                 dataclasses_field(f)) for f in fields(args_class) if keep(f.name)]
-        return make_dataclass(name, spec)
+    def flag(f):  # a field of args_class as a group's: its type with its docstring as the help, its default
+        default = field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
+        return f.name, typing.Annotated[hints[f.name], tyro.conf.arg(help=docs.get(f.name, ""))], default
 
-    def dataclasses_field(f):
-        return field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
+    def group(name: str, keep) -> type:
+        return make_dataclass(name, [flag(f) for f in fields(args_class) if keep(f.name)])
 
     run_names = set(RunArgs.__dataclass_fields__)
     module = sys.modules.get(args_class.__module__)
