@@ -83,8 +83,8 @@ class Args(RunArgs):
     """entropy bonus coefficient"""
     vf_coef: float = 1.0
     """value loss coefficient"""
-    max_grad_norm: float = 1.0
-    """global gradient-norm clip"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip (CleanRL's 0.5: at ppo.py's 1.0, one unmasked CartPole seed of five collapsed)"""
     hidden_sizes: tuple[int, ...] = (64,)
     """hidden layer sizes of the actor and critic heads after the cell"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"

@@ -110,13 +110,15 @@ def test_steady_state_window_leaves_out_the_warmup():
 
 
 def test_learning_results_command_writes_curves_table_and_figures(tmp_path):
-    """tests/benchmarks/learning.py end to end at a tiny budget: two seeds of one experiment."""
+    """tests/benchmarks/learning.py end to end at a tiny budget: two seeds of one experiment, each run
+    told to stop at the experiment's target (--stop-at-target)."""
     from tests.benchmarks import learning
 
     threads = torch.get_num_threads()
     try:
         code = learning.main(["--experiments", "ppo:CartPole-v1", "--seeds", "1", "2", "--jobs", "2",
-                              "--budget", str(4096 * 24 * 2), "--out", str(tmp_path), "--extra", "--eval-interval", "1"])
+                              "--budget", str(4096 * 24 * 2), "--out", str(tmp_path), "--stop-at-target",
+                              "--extra", "--eval-interval", "1"])
     finally:
         torch.set_num_threads(threads)
     assert code == 0
@@ -127,7 +129,8 @@ def test_learning_results_command_writes_curves_table_and_figures(tmp_path):
         curve = r["curve"]
         assert curve["steps"] == [4096 * 24, 4096 * 24 * 2]  # an eval every iteration
         assert len(curve["returns"]) == len(curve["seconds"]) == 2 and 0 < curve["seconds"][0] < curve["seconds"][1]
-        assert r["summary"]["global_step"] == 4096 * 24 * 2
+        assert r["summary"]["global_step"] == 4096 * 24 * 2  # not reached at this budget: every step ran
+        assert "--target-return 475.0" in r["command"]
     assert runs[0]["curve"]["returns"] != runs[1]["curve"]["returns"]  # two seeds, two runs
     table = (tmp_path / "learning.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| ppo | CartPole-v1"))

@@ -21,6 +21,9 @@ From each run's TensorBoard events it takes the eval curve and writes, under --o
 tests/benchmarks/results/ and are rewritten only on request: an --out there (or a --report of a
 learning.json there) also needs --update-committed.
 
+With --stop-at-target each run stops at its experiment's target (`--target-return`), so its
+final return is the one that reached the target, and a budget is spent only where it is not reached.
+
 Training seconds count from the start of the training loop (after start-up and compilation)
 and include the evaluations. The README's Results section is this command's output.
 """
@@ -235,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", default=None, help="no runs: write the table and figures of a learning.json again")
     parser.add_argument("--update-committed", action="store_true",
                         help=f"allow writing into {COMMITTED.relative_to(ROOT)}/, the results the README shows")
+    parser.add_argument("--stop-at-target", action="store_true",
+                        help="stop each run at its experiment's target (--target-return): 'final' is then the return that reached it")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags passed on to every run")
     args = parser.parse_args(argv)
     if args.out is None and not args.report:
@@ -261,10 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         algo, env_id, _ = split_name(name)
         spec = EXPERIMENTS.get(name, dict(target=math.inf, budget=1_000_000, flags=[]))
         budget = args.budget or spec["budget"]
+        stop = ["--target-return", str(spec["target"])] if args.stop_at_target and math.isfinite(spec["target"]) else []
         for seed in args.seeds:
             jobs.append(dict(name=name, algo=algo, env_id=env_id, seed=seed, target=spec["target"], budget=budget,
                              threads=threads, out=str(runs_dir),
-                             command=run_command(name, seed, budget, [*spec["flags"], *args.extra], runs_dir)))
+                             command=run_command(name, seed, budget, [*spec["flags"], *stop, *args.extra], runs_dir)))
     started = time.time()
     records = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
