@@ -20,7 +20,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import gymnasium as gym
 import torch
@@ -32,7 +32,7 @@ if importlib.util.find_spec("common") is None:
     sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
-from common.args import RunArgs, parse_args  # noqa: E402
+from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
@@ -51,39 +51,39 @@ ALGO = "ppo"
 class Args(RunArgs):
     bf16: bool = False
     """run the networks under bfloat16 autocast (distribution math and losses stay float32)"""
-    num_steps: int = 24
+    num_steps: Annotated[int, Ge(1)] = 24
     """steps per env per rollout; the batch per process is num_envs * num_steps"""
-    num_minibatches: int = 4
+    num_minibatches: Annotated[int, Ge(1)] = 4
     """minibatches per epoch"""
-    update_epochs: int = 5
+    update_epochs: Annotated[int, Ge(1)] = 5
     """epochs over the batch per iteration"""
-    learning_rate: float = 1e-3
+    learning_rate: Annotated[float, Gt(0)] = 1e-3
     """initial learning rate of Adam"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
     anneal_lr: bool = False
     """CleanRL's flag: same as --lr-schedule linear"""
-    desired_kl: float = 0.01
+    desired_kl: Annotated[float, Gt(0)] = 0.01
     """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
-    gae_lambda: float = 0.95
+    gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
     """GAE lambda"""
     adv_norm: Literal["none", "minibatch", "batch"] = "minibatch"
     """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all"""
-    clip_coef: float = 0.2
+    clip_coef: Annotated[float, Ge(0)] = 0.2
     """surrogate clipping coefficient"""
     clip_vloss: bool = True
     """clip the value loss around the old values"""
-    ent_coef: float = 0.005
+    ent_coef: Annotated[float, Ge(0)] = 0.005
     """entropy bonus coefficient"""
-    vf_coef: float = 1.0
+    vf_coef: Annotated[float, Ge(0)] = 1.0
     """value loss coefficient"""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, Gt(0)] = 1.0
     """global gradient-norm clip"""
-    target_kl: float | None = None
+    target_kl: Annotated[float | None, Gt(0)] = None
     """stop the epoch loop early when the approximate KL exceeds this"""
-    hidden_sizes: tuple[int, ...] = (64, 64)
+    hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
     """hidden layer sizes of the actor and the critic"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
     """activation of the hidden layers"""
@@ -93,12 +93,12 @@ class Args(RunArgs):
     """feed the critic the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
     """normalize observations with running statistics of the rollouts"""
-    obs_clip: float = 10.0
+    obs_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
     reward_norm: bool = True
     """scale rewards by the running std of the discounted return (keeps the value loss O(1), so the
     global gradient clip does not starve the policy when returns are large)"""
-    reward_clip: float = 10.0
+    reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
 
 

@@ -23,7 +23,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import gymnasium as gym
 import torch
@@ -36,7 +36,7 @@ if importlib.util.find_spec("common") is None:
     sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
-from common.args import RunArgs, parse_args  # noqa: E402
+from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
@@ -59,43 +59,43 @@ class Args(RunArgs):
     """load --resume, evaluate the greedy policy, print the returns, and exit"""
 
     # --- PQN ---
-    num_steps: int = 16
+    num_steps: Annotated[int, Ge(1)] = 16
     """steps per env per rollout; the batch per process is num_envs * num_steps"""
-    num_minibatches: int = 8
+    num_minibatches: Annotated[int, Ge(1)] = 8
     """minibatches per epoch"""
-    update_epochs: int = 2
+    update_epochs: Annotated[int, Ge(1)] = 2
     """epochs over the batch per iteration"""
-    learning_rate: float = 2.5e-3
+    learning_rate: Annotated[float, Gt(0)] = 2.5e-3
     """initial learning rate of Adam"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the iterations"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
-    q_lambda: float = 0.65
+    q_lambda: Annotated[float, Ge(0), Le(1)] = 0.65
     """lambda of the Q(lambda) targets (0: one-step Q-learning, 1: Monte-Carlo returns within the rollout)"""
-    reward_scale: float = 0.1
+    reward_scale: Annotated[float, Gt(0)] = 0.1
     """rewards are multiplied by this in the targets (the Q-values learn scaled returns; logged returns stay raw):
     Q-values of O(10), not O(100), for the last Linear after a LayerNorm to regress"""
     loss: Literal["mse", "huber"] = "mse"
     """regression loss of Q(s, a) on the targets: 0.5 * squared error, or Huber (delta 1)"""
-    max_grad_norm: float = 10.0
+    max_grad_norm: Annotated[float, Gt(0)] = 10.0
     """global gradient-norm clip"""
-    start_e: float = 1.0
+    start_e: Annotated[float, Ge(0), Le(1)] = 1.0
     """epsilon of the epsilon-greedy policy at the start"""
-    end_e: float = 0.05
+    end_e: Annotated[float, Ge(0), Le(1)] = 0.05
     """epsilon at the end of the linear decay (kept afterwards)"""
-    exploration_fraction: float = 0.2
+    exploration_fraction: Annotated[float, Ge(0), Le(1)] = 0.2
     """fraction of --total-timesteps over which epsilon decays from start_e to end_e"""
-    epsilon_spread: float = 0.0
+    epsilon_spread: Annotated[float, Ge(0), Le(1)] = 0.0
     """per-env exploration: env i of M (over all processes) uses epsilon * (1 - spread * i / (M - 1)); 0: all alike"""
-    hidden_sizes: tuple[int, ...] = (128, 128)
+    hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (128, 128)
     """hidden layer sizes of the Q-network (each Linear -> LayerNorm -> activation)"""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """activation of the hidden layers"""
     obs_norm: bool = True
     """normalize observations with running statistics of the rollouts (Acrobot's velocities reach 28, its
     angles' sines 1: unnormalized, the velocities dominate the first LayerNorm)"""
-    obs_clip: float = 10.0
+    obs_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
 
 

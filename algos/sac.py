@@ -23,6 +23,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import gymnasium as gym
 import torch
@@ -35,7 +36,7 @@ if importlib.util.find_spec("common") is None:
     sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
-from common.args import RunArgs, parse_args  # noqa: E402
+from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
@@ -67,27 +68,27 @@ class Args(RunArgs):
     """run the networks under bfloat16 autocast (losses, targets and parameters stay float32)"""
 
     # --- SAC ---
-    buffer_size: int = 1_000_000
+    buffer_size: Annotated[int, Ge(1)] = 1_000_000
     """replay capacity per process in transitions (buffer_size // num_envs per env)"""
-    batch_size: int | None = None
+    batch_size: Annotated[int | None, Ge(1)] = None
     """transitions per gradient update, per process; default 32768 on CUDA, 512 elsewhere"""
-    num_updates: int = 2
+    num_updates: Annotated[int, Ge(1)] = 2
     """gradient updates of the critics per iteration (one vectorised env step)"""
-    learning_starts: int = 10_000
+    learning_starts: Annotated[int, Ge(0)] = 10_000
     """env steps (all processes) of uniform random actions before the first update"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
-    tau: float = 0.1
+    tau: Annotated[float, Ge(0), Le(1)] = 0.1
     """soft target update rate: target <- target + tau * (online - target), after every critic update"""
-    n_step: int = 3
+    n_step: Annotated[int, Ge(1)] = 3
     """n-step returns (cut at episode ends)"""
-    policy_lr: float = 3e-4
+    policy_lr: Annotated[float, Gt(0)] = 3e-4
     """Adam learning rate of the actor"""
-    q_lr: float = 3e-4
+    q_lr: Annotated[float, Gt(0)] = 3e-4
     """Adam learning rate of the critics"""
-    policy_frequency: int = 2
+    policy_frequency: Annotated[int, Ge(1)] = 2
     """critic updates per actor (and temperature) update"""
-    alpha: float = 0.2
+    alpha: Annotated[float, Gt(0)] = 0.2
     """entropy temperature (the initial one with --autotune)"""
     autotune: bool = True
     """tune the temperature so that the policy's entropy approaches --target-entropy"""
@@ -97,19 +98,19 @@ class Args(RunArgs):
     """lower bound of the Gaussian's log std"""
     log_std_max: float = 2.0
     """upper bound of the Gaussian's log std"""
-    hidden_sizes: tuple[int, ...] = (256, 256)
+    hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (256, 256)
     """hidden layer sizes of the actor"""
-    critic_hidden_sizes: tuple[int, ...] | None = None
+    critic_hidden_sizes: Annotated[tuple[int, ...] | None, Ge(1)] = None
     """hidden layer sizes of each critic; default: --hidden-sizes"""
     asymmetric_critic: bool = True
     """feed the critics the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
     """normalize observations with running statistics of the collected data"""
-    obs_clip: float = 10.0
+    obs_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
     reward_norm: bool = False
     """scale rewards by the running std of the discounted return"""
-    reward_clip: float = 10.0
+    reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized (n-step) rewards to [-reward_clip, reward_clip]"""
 
 

@@ -19,6 +19,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import gymnasium as gym
 import torch
@@ -30,7 +31,7 @@ if importlib.util.find_spec("common") is None:
     sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
 
 from common import distributed  # noqa: E402
-from common.args import RunArgs, parse_args  # noqa: E402
+from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
@@ -62,41 +63,41 @@ class Args(RunArgs):
     """run the networks under bfloat16 autocast (losses, targets and parameters stay float32)"""
 
     # --- TD3 ---
-    buffer_size: int = 1_000_000
+    buffer_size: Annotated[int, Ge(1)] = 1_000_000
     """replay capacity per process in transitions (buffer_size // num_envs per env)"""
-    batch_size: int | None = None
+    batch_size: Annotated[int | None, Ge(1)] = None
     """transitions per gradient update, per process; default 32768 on CUDA, 512 elsewhere"""
-    num_updates: int = 2
+    num_updates: Annotated[int, Ge(1)] = 2
     """gradient updates of the critics per iteration (one vectorised env step)"""
-    learning_starts: int = 10_000
+    learning_starts: Annotated[int, Ge(0)] = 10_000
     """env steps (all processes) of uniform random actions before the first update"""
-    gamma: float = 0.99
+    gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
-    tau: float = 0.1
+    tau: Annotated[float, Ge(0), Le(1)] = 0.1
     """soft target update rate: target <- target + tau * (online - target), after every critic update"""
-    n_step: int = 3
+    n_step: Annotated[int, Ge(1)] = 3
     """n-step returns (cut at episode ends)"""
-    policy_lr: float = 3e-4
+    policy_lr: Annotated[float, Gt(0)] = 3e-4
     """Adam learning rate of the actor"""
-    q_lr: float = 3e-4
+    q_lr: Annotated[float, Gt(0)] = 3e-4
     """Adam learning rate of the critics"""
-    policy_frequency: int = 2
+    policy_frequency: Annotated[int, Ge(1)] = 2
     """critic updates per actor update (TD3's delayed policy update)"""
-    std_min: float = 0.001
+    std_min: Annotated[float, Ge(0)] = 0.001
     """smallest exploration noise std (per env, drawn uniformly in [std_min, std_max] at every episode start)"""
-    std_max: float = 0.4
+    std_max: Annotated[float, Ge(0)] = 0.4
     """largest exploration noise std, in units of the half action range"""
-    policy_noise: float = 0.2
+    policy_noise: Annotated[float, Ge(0)] = 0.2
     """std of the target policy smoothing noise"""
-    noise_clip: float = 0.5
+    noise_clip: Annotated[float, Ge(0)] = 0.5
     """clip of the target policy smoothing noise"""
-    hidden_sizes: tuple[int, ...] = (256, 256)
+    hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (256, 256)
     """hidden layer sizes of the actor"""
-    critic_hidden_sizes: tuple[int, ...] | None = None
+    critic_hidden_sizes: Annotated[tuple[int, ...] | None, Ge(1)] = None
     """hidden layer sizes of each critic; default: --hidden-sizes"""
     distributional: bool = False
     """C51 critics: a categorical return distribution on --num-atoms atoms in [--v-min, --v-max]"""
-    num_atoms: int = 101
+    num_atoms: Annotated[int, Ge(1)] = 101
     """atoms of the distributional critic"""
     v_min: float = -250.0
     """lowest atom (in reward units after --reward-norm)"""
@@ -106,11 +107,11 @@ class Args(RunArgs):
     """feed the critics the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
     """normalize observations with running statistics of the collected data"""
-    obs_clip: float = 10.0
+    obs_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
     reward_norm: bool = False
     """scale rewards by the running std of the discounted return"""
-    reward_clip: float = 10.0
+    reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized (n-step) rewards to [-reward_clip, reward_clip]"""
 
 

@@ -12,7 +12,80 @@ from __future__ import annotations
 import hashlib
 import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+
+# ----------------------------------------------------------------------------------------------
+# Numeric flags: each flag that has a valid range declares it beside its default, and the run checks
+# those declarations when it starts, before anything is written. A flag without one is accepted.
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Bound:
+    """One side of a numeric flag's valid range, declared in its annotation:
+    `clip_coef: Annotated[float, Ge(0)] = 0.2`, `gamma: Annotated[float, Ge(0), Le(1)] = 0.99`.
+    A tuple flag's bound holds for each of its numbers; None (an unset optional flag) is not checked."""
+
+    op: str  # ">=", ">", "<=", "<"
+    value: float
+
+    def holds(self, x) -> bool:
+        return {">=": x >= self.value, ">": x > self.value, "<=": x <= self.value, "<": x < self.value}[self.op]
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.value:g}"
+
+
+def Ge(value: float) -> Bound:  # noqa: N802 (read as a type's annotation)
+    return Bound(">=", value)
+
+
+def Gt(value: float) -> Bound:  # noqa: N802
+    return Bound(">", value)
+
+
+def Le(value: float) -> Bound:  # noqa: N802
+    return Bound("<=", value)
+
+
+def Lt(value: float) -> Bound:  # noqa: N802
+    return Bound("<", value)
+
+
+def declared_bounds(args_class) -> dict[str, tuple[Bound, ...]]:
+    """{flag: its bounds} as the classes of `args_class` declare them. A class that re-declares a
+    field without bounds (to change its default) keeps its base's; one that declares bounds replaces them."""
+    import typing
+
+    bounds = {}
+    for klass in reversed(args_class.__mro__):
+        own = klass.__dict__.get("__annotations__", {})
+        if not own:
+            continue
+        hints = typing.get_type_hints(klass, include_extras=True)
+        for name in own:
+            declared = tuple(m for m in getattr(hints.get(name), "__metadata__", ()) if isinstance(m, Bound))
+            if declared:
+                bounds[name] = declared
+    return bounds
+
+
+def check_numbers(args) -> None:
+    """Every numeric flag within the bounds declared with it: otherwise stop with one line naming the flag."""
+    for name, bounds in declared_bounds(type(args)).items():
+        value = getattr(args, name, None)
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        for x in values:
+            if x is None or isinstance(x, bool) or not isinstance(x, (int, float)):
+                continue
+            if x != x or not all(b.holds(x) for b in bounds):  # NaN fails every bound
+                low = [b for b in bounds if b.op in (">=", ">")]
+                high = [b for b in bounds if b.op in ("<=", "<")]
+                if len(low) == len(high) == 1 and low[0].op == ">=" and high[0].op == "<=":
+                    rule = f"in [{low[0].value:g}, {high[0].value:g}]"
+                else:
+                    rule = " and ".join(map(str, bounds))
+                what = "each of " if isinstance(value, (tuple, list)) else ""
+                raise SystemExit(f"error: {what}--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
 @dataclass
@@ -21,11 +94,11 @@ class RunArgs:
 
     env_id: str = "CartPole-v1"
     """environment id: a built-in env (CartPole-v1, Pendulum-v1, ...) or an adapter prefix (gym:..., mjlab:...)"""
-    num_envs: int = 4096
+    num_envs: Annotated[int, Ge(1)] = 4096
     """parallel environments per process (per GPU)"""
     env_kwargs: str | None = None
     """JSON object of extra make_env arguments, e.g. '{"max_episode_steps": 100}' or '{"vectorization": "async"}'"""
-    total_timesteps: int = 5_000_000
+    total_timesteps: Annotated[int, Ge(1)] = 5_000_000
     """env steps to train for, summed over all processes"""
     seed: int = 1
     """seed of the experiment; every env stream and generator of every rank derives from a hash of (seed, rank, stream)"""
@@ -39,32 +112,38 @@ class RunArgs:
     run_name: str | None = None
     """name of the run directory; default {env_id}__{algo}__{seed}__{timestamp}"""
     resume: str | None = None
-    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists); the env and
-    the algorithm's flags not given on the command line are the checkpoint's"""
+    """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists); the run it
+    continues defines every flag not given on the command line: the env, --num-envs, --total-timesteps, --seed and
+    the algorithm's flags are the checkpoint's"""
+    init_from: str | None = None
+    """start a new run from the model weights and normalizers of this checkpoint (a path or a run directory), e.g.
+    a baseline for a modified script: nothing else is taken (no counters, optimizers, schedules or flags); tensors
+    whose name or shape differ keep this run's initialisation, and the run says which. A checkpoint that --resume
+    finds wins (so --resume auto --init-from X survives restarts)"""
     overwrite: bool = False
     """start over in an existing run directory: remove it whole first (without it, a run never writes over another)"""
     eval_only: bool = False
     """load --resume, evaluate the deterministic policy, print the returns, and exit"""
-    save_interval: int = 50
+    save_interval: Annotated[int, Ge(1)] = 50
     """iterations between writes of checkpoints/last.pt (also written at the end and on SIGTERM/SIGUSR1)"""
-    save_interval_seconds: float | None = None
+    save_interval_seconds: Annotated[float | None, Ge(0)] = None
     """also write last.pt when this many seconds have passed since the last write (checked when the statistics are logged)"""
-    eval_interval: int = 10
+    eval_interval: Annotated[int, Ge(0)] = 10
     """iterations between evaluations (0 disables); best.pt is written when the eval return improves"""
-    eval_episodes: int = 1
+    eval_episodes: Annotated[int, Ge(1)] = 1
     """episodes per eval env in an evaluation"""
-    num_eval_envs: int = 128
+    num_eval_envs: Annotated[int, Ge(1)] = 128
     """eval environments per process (separate from the training envs)"""
     eval_env_kwargs: str | None = None
     """JSON object merged over --env-kwargs for the eval envs only (evaluate on a differently configured env)"""
     capture_video: bool = False
     """record the episodes of the first --video-envs eval envs at every evaluation: TensorBoard (videos/eval),
     wandb, and videos/step_<global_step>.mp4 in the run directory (needs the [video] extra)"""
-    video_envs: int = 1
+    video_envs: Annotated[int, Ge(1)] = 1
     """eval envs whose episodes --capture-video records (their videos follow one another)"""
-    checkpoint_interval: int = 0
+    checkpoint_interval: Annotated[int, Ge(0)] = 0
     """also keep checkpoints/step_<global_step>.pt every this many iterations (0: only last.pt and best.pt)"""
-    keep_checkpoints: int = 0
+    keep_checkpoints: Annotated[int, Ge(0)] = 0
     """keep only the newest this many step_<global_step>.pt files (0: all)"""
     export: str | None = None
     """with --eval-only: write the checkpoint's deterministic policy to this directory (policy.pt2, a
@@ -73,7 +152,7 @@ class RunArgs:
     """export the policy to {run_dir}/export/ every time best.pt is written"""
     target_return: float | None = None
     """stop once the eval return reaches this value"""
-    max_wall_seconds: float | None = None
+    max_wall_seconds: Annotated[float | None, Ge(0)] = None
     """stop (and save) after this many seconds of training (checked when the statistics are logged)"""
     track: bool = False
     """mirror the TensorBoard logs to Weights & Biases"""
@@ -88,52 +167,20 @@ class RunArgs:
     cudagraphs: bool | Literal["auto"] = "auto"
     """capture the hot functions in CUDA graphs (a built-in env's whole rollout, the whole update): True, False,
     or auto (on CUDA)"""
-    log_interval: int | None = None
+    log_interval: Annotated[int | None, Ge(1)] = None
     """iterations between two reductions of the statistics (logs, NaN guard, stop flags: one host read each);
     default by device"""
-    dist_timeout: float = 600.0
+    dist_timeout: Annotated[float, Gt(0)] = 600.0
     """seconds a collective may wait for the other ranks before the run fails (a dead or hung rank)"""
 
 
-# Flags that change how a run is driven, not what the networks are: left out of the
-# "saved with ..." hint of a checkpoint that does not fit.
-RUN_FLAGS = {f for f in RunArgs.__dataclass_fields__} - {"env_id", "env_kwargs"}
-
-
-# ----------------------------------------------------------------------------------------------
-# Numeric flags are checked by name when the run starts, before anything is written, so that every
-# script's flags (and those of a script copied from one) are checked without a list of its own.
-# ----------------------------------------------------------------------------------------------
-INTEGERS_FROM_ZERO = {"eval_interval", "checkpoint_interval", "keep_checkpoints", "learning_starts"}  # 0 disables or means none
-INTEGERS_ANY = {"seed"}
-FLOAT_RANGES = [  # (a test on the flag's name, lowest, highest, whether the lowest is allowed)
-    (lambda n: n in ("gamma", "gae_lambda", "q_lambda", "tau", "epsilon_spread", "start_e", "end_e",
-                     "exploration_fraction"), 0.0, 1.0, True),
-    (lambda n: n.endswith(("_coef", "_seconds")) or n in ("policy_noise", "noise_clip", "std_min", "std_max"), 0.0, None, True),
-    (lambda n: n.endswith(("_lr", "learning_rate", "_clip", "_kl", "_timeout", "_norm", "_scale"))
-     or n == "alpha", 0.0, None, False),
-]
-
-
-def check_numbers(args) -> None:
-    """Every integer flag >= 1 (or >= 0, see above), and every float flag named in FLOAT_RANGES within
-    its range: otherwise stop with one line naming the flag."""
-    for f in fields(args):
-        name, value = f.name, getattr(args, f.name)
-        flag = f"--{name.replace('_', '-')}"
-        if isinstance(value, bool) or value is None or name in INTEGERS_ANY:
-            continue
-        if isinstance(value, int):
-            lowest = 0 if name in INTEGERS_FROM_ZERO else 1
-            if value < lowest:
-                raise SystemExit(f"error: {flag} must be >= {lowest}, got {value}")
-        elif isinstance(value, float):
-            for applies, low, high, closed in FLOAT_RANGES:
-                if applies(name):
-                    if not (value >= low if closed else value > low) or (high is not None and value > high) or value != value:
-                        bound = f"in [{low:g}, {high:g}]" if high is not None else f"{'>=' if closed else '>'} {low:g}"
-                        raise SystemExit(f"error: {flag} must be {bound}, got {value}")
-                    break
+# The run flags that define the run a checkpoint continues, beside the env and the algorithm's own flags:
+# --resume takes them from the checkpoint unless given (--num-envs sizes every per-rank tensor; the
+# schedules run to --total-timesteps; every random stream derives from --seed).
+CONTINUED_FLAGS = {"env_id", "env_kwargs", "eval_env_kwargs", "num_envs", "total_timesteps", "seed"}
+# Flags that change how a run is driven, not what it is: never taken from a checkpoint, and left out
+# of the "saved with ..." hint of a checkpoint that does not fit.
+RUN_FLAGS = {f for f in RunArgs.__dataclass_fields__} - CONTINUED_FLAGS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,10 +213,12 @@ def parse_args(args_class, argv: list[str] | None = None):
     import tyro
 
     hints, docs = typing.get_type_hints(args_class, include_extras=True), field_docs(args_class)
+    bounds = declared_bounds(args_class)
 
-    def flag(f):  # a field of args_class as a group's: its type with its docstring as the help, its default
+    def flag(f):  # a field of args_class as a group's: its type with its docstring (and range) as the help, its default
         default = field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
-        return f.name, typing.Annotated[hints[f.name], tyro.conf.arg(help=docs.get(f.name, ""))], default
+        help = docs.get(f.name, "") + (f" [{', '.join(map(str, bounds[f.name]))}]" if f.name in bounds else "")
+        return f.name, typing.Annotated[hints[f.name], tyro.conf.arg(help=help)], default
 
     def group(name: str, keep) -> type:
         return make_dataclass(name, [flag(f) for f in fields(args_class) if keep(f.name)])
@@ -182,21 +231,30 @@ def parse_args(args_class, argv: list[str] | None = None):
         ("run", typing.Annotated[group("run flags", lambda n: n in run_names), tyro.conf.OmitArgPrefixes]),
     ])
     description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
+    argv = sys.argv[1:] if argv is None else argv
     parsed = tyro.cli(cli, args=argv, description=description)
-    return args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))
+    args = args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))
+    # the flags the command line names, also where a value equals its default (given_flags); an
+    # attribute of this instance, not a field, so no class name is compared (a copy may rename Args)
+    names = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
+    args._command_line = {n[3:] if n.startswith("no_") and n[3:] in args_class.__dataclass_fields__ else n for n in names}
+    return args
 
 
 # ----------------------------------------------------------------------------------------------
 # The flags given, the ones a checkpoint supplies, and the seeds derived from --seed
 # ----------------------------------------------------------------------------------------------
 def given_flags(args) -> set[str]:
-    """The flags this run was given: on the command line when the script runs as a program, and any
-    flag whose value is not its default. A checkpoint supplies the others (open_run)."""
+    """The flags this run was given: those its command line names (parse_args), and any flag whose
+    value is not its default. A checkpoint supplies the others (open_run)."""
     defaults = type(args)()
     given = {f.name for f in fields(args) if getattr(args, f.name) != getattr(defaults, f.name)}
-    if getattr(sys.modules.get("__main__"), "Args", None) is type(args):  # parsed from sys.argv
-        given |= {token[2:].split("=")[0].replace("-", "_") for token in sys.argv[1:] if token.startswith("--")}
-    return given
+    return given | getattr(args, "_command_line", set())
+
+
+def from_command_line(args) -> bool:
+    """Whether `args` was parsed from a command line (the script runs as a program), not built in code."""
+    return hasattr(args, "_command_line")
 
 
 def take_flags_from(run, checkpoint: dict) -> None:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable
@@ -57,8 +58,56 @@ def read_timings(run: Run) -> None:
 
 def compiled(run: Run, fn: Callable) -> Callable:
     """`fn` under `torch.compile` with --compile, else `fn`: for the per-step functions (acting and
-    the env step, a minibatch's update) whose loops `captured` then takes whole."""
-    return torch.compile(fn) if run.args.compile else fn
+    the env step, a minibatch's update) whose loops `captured` then takes whole.
+
+    What a compiled function may change: tensors in place (parameters, optimizer state, normalizer
+    statistics, a running statistic of a copy's own, storage), of any shape and dtype; and dicts
+    of tensors it only reads from or adds into in place (a new key in a dict makes dynamo trace
+    again: create the sums before, as common.stats.add_to does in a captured function's eager
+    warm-up). Python values (counters, attributes) it changes are traced as constants: keep them
+    outside. One case torch.compile gets wrong is handled here: an in-place write to a 0-d float64
+    tensor on the CPU (`ema.mul_(0.9).add_(x)`) is dropped from the compiled graph (torch 2.13;
+    dynamo takes such tensors for Python floats); a graph with one runs uncompiled, whole and
+    correct, and the run says which tensor it was (a [1]-shaped or float32 one compiles).
+    """
+    if not run.args.compile:
+        return fn
+    return torch.compile(fn, backend=functools.partial(_inductor_keeping_writes, run, getattr(fn, "__name__", "fn")))
+
+
+def _inductor_keeping_writes(run: Run, name: str, gm: torch.fx.GraphModule, example_inputs):
+    """torch.compile's backend for `compiled`: inductor, unless the graph writes in place to a 0-d
+    float64 CPU tensor, which inductor's path would drop; such a graph runs as dynamo traced it."""
+    dropped = zero_d_float64_writes(gm)
+    if dropped:
+        run.say(f"notice: {name} writes in place to 0-d float64 tensor(s) {', '.join(dropped)}, which torch.compile "
+                f"drops on the CPU: that graph runs uncompiled")
+        return gm.forward
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs)
+
+
+def zero_d_float64_writes(gm: torch.fx.GraphModule) -> list[str]:
+    """The inputs of a dynamo graph that it writes to in place and that are 0-d float64 CPU tensors."""
+    import operator
+
+    inplace_operators = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow}
+    found = []
+    for node in gm.graph.nodes:
+        target = node.target
+        op_name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        inplace = (node.op in ("call_method", "call_function") and op_name.endswith("_") and not op_name.endswith("__")) \
+            or target in inplace_operators
+        if not inplace or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        written = node.args[0]
+        value = written.meta.get("example_value")
+        if (written.op == "placeholder" and isinstance(value, torch.Tensor) and value.dim() == 0
+                and value.dtype == torch.float64 and value.device.type == "cpu"):
+            source = written.meta.get("grapharg")
+            found.append(source.source.name if source is not None else written.name)
+    return sorted(set(found))
 
 
 def captured(run: Run, name: str, fn: Callable, capture: bool = True) -> Callable:

@@ -33,9 +33,15 @@ from common.export import export_policy
 if TYPE_CHECKING:
     from common.run import Run
 
+# 4: a script's own state in namespaces of its own: TrainingState.shared under "state", each rank's
+#    TrainingState.per_rank under ranks[r]["state"] (3 had them beside the format's keys; still read)
 # 3: a script's host counters under "counters", a tensor learning rate as a tensor
 # 2: per-rank state (RNG, env, ...) under "ranks", optimizers under "optimizers" (1: "rng", "env", "optimizer")
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
+# The keys of the format itself (v3 and v4): a v3 checkpoint's other keys are the script's own state.
+FORMAT_KEYS = {"format_version", "algo", "env_id", "args", "world_size", "global_step", "iteration", "best_eval_return",
+               "model", "optimizers", "ranks", "state"}
+RANK_KEYS = {"rng", "env", "next_obs", "buffer", "state"}
 LAST, BEST = "last.pt", "best.pt"
 
 
@@ -94,6 +100,11 @@ def load_checkpoint(
         ) from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no format_version entry)")
+    if state["format_version"] == 3:  # the script's own state beside the format's keys: moved into its namespaces
+        state = {**{k: v for k, v in state.items() if k in FORMAT_KEYS}, "format_version": FORMAT_VERSION,
+                 "state": {k: v for k, v in state.items() if k not in FORMAT_KEYS},
+                 "ranks": [{**{k: v for k, v in r.items() if k in RANK_KEYS},
+                            "state": {k: v for k, v in r.items() if k not in RANK_KEYS}} for r in state.get("ranks", [])]}
     if state["format_version"] != FORMAT_VERSION:
         age = "newer" if state["format_version"] > FORMAT_VERSION else "older"
         raise CheckpointError(
@@ -226,11 +237,16 @@ class TrainingState:
 
     - `model`, `optimizers`: the same on every rank; rank 0's are written.
     - `shared`: {name: object}, the same on every rank: a module or another object with
-      state_dict/load_state_dict (a normalizer), a tensor (a learning rate: filled in place), or a
-      dict of host counters (updated in place).
+      state_dict/load_state_dict (a normalizer), a tensor (a learning rate, a running statistic:
+      filled in place), or a dict of host counters (updated in place). Saved under "state".
     - `per_rank`: {name: tensor} of this rank's envs (episode statistics, partial returns, hidden
-      states, exploration noise): gathered to rank 0 with the rank's RNG states and env snapshot,
-      and read back in place only where this rank's envs continue their episodes exactly.
+      states, exploration noise): gathered to rank 0 with the rank's RNG states and env snapshot
+      (under ranks[r]["state"]), and read back in place only where this rank's envs continue their
+      episodes exactly (the run names those it cannot restore).
+
+    The names are the script's own (no name of the format can collide with them). A checkpoint to
+    resume must hold exactly the names the script declares: a copy that adds one resumes its own
+    runs, and starts from another script's with --init-from.
     - `buffer`: a replay buffer (common.buffer.ReplayBuffer), written into last.pt when
       `save_buffer`, and read back from a checkpoint that holds one.
     """
@@ -297,7 +313,7 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
     with best.pt under --export-best.
     """
     args = run.args
-    mine = {"rng": capture_rng_state(), "env": state.envs.state_dict(), "next_obs": next_obs, **state.per_rank}
+    mine = {"rng": capture_rng_state(), "env": state.envs.state_dict(), "next_obs": next_obs, "state": state.per_rank}
     if LAST in names and state.save_buffer:
         mine["buffer"] = state.buffer.state_dict()
     ranks = distributed.gather_object(_to_cpu(mine))
@@ -307,7 +323,7 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
             "world_size": run.world_size, "global_step": run.global_step, "iteration": run.iteration,
             "best_eval_return": run.best_eval_return, "model": state.model.state_dict(),
             "optimizers": {k: opt.state_dict() for k, opt in state.optimizers.items()},
-            **{k: _to_cpu(_state_of(v)) for k, v in state.shared.items()},
+            "state": {k: _to_cpu(_state_of(v)) for k, v in state.shared.items()},
         }
         for name in names:
             keep = ranks if name == LAST else [{k: v for k, v in r.items() if k != "buffer"} for r in ranks]
@@ -323,37 +339,42 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
 
 
 def restore(run: Run, state: TrainingState, next_obs):
-    """Read the resumed checkpoint (run.checkpoint) back into `state` in place. Returns the next
-    observation to act on: the checkpoint's where this rank's envs continue, else `next_obs`.
+    """Read the resumed checkpoint (run.checkpoint) back into `state` in place, or, for a new run with
+    --init-from, its weights and normalizers (`init_from`). Returns the next observation to act on:
+    the checkpoint's where this rank's envs continue, else `next_obs`.
 
     Model, optimizers and shared state always come back. This rank's RNG states come back when the
     checkpoint has the run's world size and --num-envs (otherwise its env and RNG streams are
     re-derived from the seed, and the run says so); its env snapshot, next observation and
     per-rank tensors too when the envs can be snapshotted (gym: and mjlab: envs start fresh
-    episodes). A replay buffer in the checkpoint is read back, or the run says it refills it.
+    episodes; the run names the per-rank tensors it leaves at their start). A replay buffer in the
+    checkpoint is read back, or the run says it refills it.
     """
     ckpt, args = run.checkpoint, run.args
     if ckpt is None:
+        if run.init_checkpoint is not None:
+            init_from(run, state)
         return next_obs
+    if not args.eval_only:
+        _check_own_state(run, state, ckpt)
     try:
         state.model.load_state_dict(ckpt["model"])
         for name, opt in state.optimizers.items():
             load_optimizer_state(opt, ckpt["optimizers"][name])
     except (RuntimeError, ValueError, KeyError) as e:
-        saved, now = ckpt["args"], asdict(args)
-        differ = [k for k in saved if k not in RUN_FLAGS and saved[k] != now.get(k)]
-        flags = " ".join(f"--{k.replace('_', '-')} {_flag_value(saved[k])}" for k in differ) or "(the same flags)"
         raise SystemExit(f"error: {run.resume_path} holds networks of another shape than this run builds; it was saved "
-                         f"with {flags}: resume with those ({str(e).splitlines()[0][:120]})") from None
+                         f"with {_saved_network_flags(ckpt, args)}: resume with those ({str(e).splitlines()[0][:120]})") from None
     for name, obj in state.shared.items():
-        _load_into(obj, _to_device(ckpt[name], run.device))
+        if name in ckpt["state"]:  # all of them, but for --eval-only of another script's checkpoint
+            _load_into(obj, _to_device(ckpt["state"][name], run.device))
     run.say(f"resumed from {run.resume_path} at iteration {run.iteration}, global step {run.global_step}")
     mine, continues = None, False
     if args.eval_only:  # the eval envs are seeded as the checkpoint's evaluation was: nothing of the ranks is needed
         return next_obs
     if ckpt["world_size"] != run.world_size or ckpt["args"]["num_envs"] != args.num_envs:
-        run.say(f"notice: checkpoint from {ckpt['world_size']} process(es) x {ckpt['args']['num_envs']} envs; env and "
-                f"RNG streams re-derived from the seed (networks, optimizers, normalizers restored)")
+        run.say(f"notice: checkpoint from {ckpt['world_size']} process(es) x {ckpt['args']['num_envs']} envs, this run "
+                f"{run.world_size} x {args.num_envs}; env and RNG streams re-derived from the seed (networks, optimizers, "
+                f"normalizers restored)")
     else:
         restore_rng_state(ckpt["ranks"][run.rank]["rng"])  # CPU tensors
         mine = _to_device(ckpt["ranks"][run.rank], run.device)
@@ -362,10 +383,55 @@ def restore(run: Run, state: TrainingState, next_obs):
             state.envs.load_state_dict(mine["env"])
             next_obs = TensorDict(mine["next_obs"], batch_size=[args.num_envs], device=run.device)
             for name, tensor in state.per_rank.items():
-                tensor.copy_(mine[name])
+                tensor.copy_(mine["state"][name])
+    if not continues and state.per_rank:
+        why = "the envs start fresh episodes" if mine is not None else "another world size or --num-envs"
+        run.say(f"notice: per-rank state not restored ({why}), starting from its initial values: "
+                f"{', '.join(state.per_rank)}")
     if state.buffer is not None:
         _restore_buffer(run, state.buffer, mine, continues)
     return next_obs
+
+
+def _check_own_state(run: Run, state: TrainingState, ckpt: dict) -> None:
+    """One line, before anything is loaded, when the checkpoint's own state is not the script's."""
+    parts = {"shared": (set(state.shared), set(ckpt["state"])),
+             "per-rank": (set(state.per_rank), set(ckpt["ranks"][0]["state"]) if ckpt["ranks"] else set(state.per_rank))}
+    lacks = [f"{n} ({kind})" for kind, (declared, saved) in parts.items() for n in sorted(declared - saved)]
+    extra = [f"{n} ({kind})" for kind, (declared, saved) in parts.items() for n in sorted(saved - declared)]
+    if lacks or extra:
+        what = "; ".join(([f"it lacks {', '.join(lacks)}, which this script declares"] if lacks else []) +
+                         ([f"it holds {', '.join(extra)}, which this script does not declare"] if extra else []))
+        raise SystemExit(f"error: {run.resume_path} was written by a script with other checkpoint state ({ckpt['algo']}): "
+                         f"{what}; resume it with the script that wrote it, or start a new run from its weights with "
+                         f"--init-from {run.resume_path}")
+
+
+def init_from(run: Run, state: TrainingState) -> None:
+    """A new run from --init-from's checkpoint: its model tensors whose name and shape match this run's,
+    and the shared normalizers (modules) of the same name; nothing else (no counters, optimizer state,
+    schedules, RNG or env state). Says what it took and what it left at this run's initialisation."""
+    ckpt, path = run.init_checkpoint, run.init_path
+    own = state.model.state_dict()
+    taken = {k: v for k, v in ckpt["model"].items() if k in own and own[k].shape == v.shape}
+    if not taken:
+        raise SystemExit(f"error: --init-from {path}: none of its {len(ckpt['model'])} model tensors fits this run's "
+                         f"networks (names or shapes differ); it was saved with {_saved_network_flags(ckpt, run.args)}")
+    state.model.load_state_dict(taken, strict=False)
+    left = [f"{k}{list(own[k].shape)}" for k in own if k not in taken]
+    normalizers = [name for name, obj in state.shared.items() if isinstance(obj, torch.nn.Module) and name in ckpt["state"]]
+    for name in normalizers:
+        _load_into(state.shared[name], _to_device(ckpt["state"][name], run.device))
+    run.say(f"initialised from {path} ({ckpt['algo']} on {ckpt['env_id']}, global step {ckpt['global_step']:,}): "
+            f"{len(taken)} of {len(own)} model tensors" + (f", normalizers {', '.join(normalizers)}" if normalizers else "")
+            + (f"; kept this run's initialisation for {', '.join(left)}" if left else "")
+            + (f"; not used: {', '.join(k for k in ckpt['model'] if k not in taken)}" if len(taken) < len(ckpt["model"]) else ""))
+
+
+def _saved_network_flags(ckpt: dict, args) -> str:
+    saved, now = ckpt["args"], asdict(args)
+    differ = [k for k in saved if k not in RUN_FLAGS and k in now and saved[k] != now[k]]
+    return " ".join(f"--{k.replace('_', '-')} {_flag_value(saved[k])}" for k in differ) or "(the same flags)"
 
 
 def _restore_buffer(run: Run, buffer, mine: dict | None, continues: bool) -> None:

@@ -2,10 +2,11 @@
 
     run = start_run(args, "ppo")             # torchrun's group and this rank's device; writes nothing
     with closing(run):                       # whatever ends the run: graphs, writers, group released
+        open_run(run)                        # the run dir's name, the checkpoint to resume (its flags taken)
         envs, eval_envs = make_envs(run)     # per-rank seeds, a clear error for a bad id or kwargs
-        open_run(run)                        # run dir, config.json, the checkpoint to resume, TensorBoard
         ... networks, optimizers, TrainingState; restore (common.checkpoint) ...
-        begin_training(run, "what runs")
+        ... the algorithm's functions, then one block that compiles and captures them (common.capture) ...
+        begin_training(run, "what runs")     # writes the run dir, config.json, TensorBoard
         while ...:
             ... rollout -> targets -> update ...
             due = what_is_due(run, final_iteration)                # decided once, from counters and flags
@@ -67,6 +68,8 @@ class Run:
     wandb_run: Any = None
     checkpoint: dict | None = None  # the checkpoint this run resumes from
     resume_path: Path | None = None
+    init_checkpoint: dict | None = None  # --init-from's checkpoint: a new run starts from its weights
+    init_path: Path | None = None
     global_step: int = 0
     iteration: int = 0
     best_eval_return: float = -math.inf
@@ -235,6 +238,17 @@ def open_run(run: Run) -> dict | None:
     if run.checkpoint is not None:
         run.global_step, run.iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
         run.best_eval_return = run.checkpoint["best_eval_return"]
+        if args.total_timesteps < run.global_step and not args.eval_only:
+            raise SystemExit(f"error: {run.resume_path} is at global step {run.global_step:,}, past --total-timesteps "
+                             f"{args.total_timesteps:,}: drop --total-timesteps (the run's is "
+                             f"{run.checkpoint['args']['total_timesteps']:,}) or give a larger one")
+    elif args.init_from is not None:
+        try:
+            path = resolve_resume(args.init_from, run.run_dir)
+            run.init_checkpoint = load_checkpoint(path)
+        except CheckpointError as e:
+            raise SystemExit(f"error: --init-from: {e}") from None
+        run.init_path = path
     return run.checkpoint
 
 
@@ -259,6 +273,14 @@ def begin_training(run: Run, description: str, steps_per_iteration: int) -> None
     args = run.args
     total = max(args.total_timesteps, steps_per_iteration)
     run.final_step = run.global_step + (total - run.global_step) // steps_per_iteration * steps_per_iteration
+    ckpt = run.checkpoint
+    if ckpt is not None and run.final_step == run.global_step < args.total_timesteps and (
+            ckpt["args"]["num_envs"] != args.num_envs or ckpt["world_size"] != run.world_size):
+        # resumed with bigger iterations than the run's, and not one fits in what is left of it
+        raise SystemExit(f"error: an iteration of {run.world_size} process(es) x {args.num_envs} envs is "
+                         f"{steps_per_iteration:,} env steps, more than the {args.total_timesteps - run.global_step:,} "
+                         f"left from step {run.global_step:,} to --total-timesteps {args.total_timesteps:,}: resume "
+                         f"with the checkpoint's --num-envs {ckpt['args']['num_envs']} or a larger --total-timesteps")
     error = _write_run_dir(run) if run.is_main else None
     error = distributed.broadcast_object(error)
     if error:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from common import distributed
-from common.args import RUN_FLAGS
+from common.args import RUN_FLAGS, from_command_line
 from common.capture import read_timings
 from common.checkpoint import checkpoint_dir
 
@@ -199,7 +199,7 @@ def closing_words(run: Run, summary: dict) -> list[str]:
 def continue_command(run: Run) -> str:
     """The command that continues this run from its last.pt: the same run directory, its run flags."""
     args = run.args
-    as_program = getattr(sys.modules.get("__main__"), "Args", None) is type(args)
+    as_program = from_command_line(args)
     flags = []
     for name in sorted((run.given & RUN_FLAGS) - _NOT_REPEATED):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"

@@ -149,7 +149,7 @@ def test_resume_without_saved_buffer_refills_it_with_a_notice(tmp_path, capsys):
     summary = train("td3", tmp_path, total_timesteps=8 * 20, resume="auto")
     out = capsys.readouterr().out
     assert "notice: the checkpoint holds no replay buffer" in out and summary["global_step"] == 160
-    assert last_checkpoint(tmp_path)["counters"]["update_count"] > 0  # updates resumed once the buffer had refilled
+    assert last_checkpoint(tmp_path)["state"]["counters"]["update_count"] > 0  # updates resumed once the buffer had refilled
 
 
 @pytest.mark.parametrize("algo", ["td3", "sac"])
@@ -176,7 +176,7 @@ def test_bf16_autocast_runs_and_keeps_float32_storage(algo, tmp_path):
     extra = dict(distributional=True, v_min=-100.0, v_max=0.0) if algo == "td3" else {}
     train(algo, tmp_path, bf16=True, total_timesteps=8 * 12, learning_starts=8, **extra)
     state = last_checkpoint(tmp_path)
-    assert state["counters"]["update_count"] > 0
+    assert state["state"]["counters"]["update_count"] > 0
     assert all(v.dtype in (torch.float32, torch.float64) for v in state["model"].values() if v.is_floating_point())
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
@@ -276,7 +276,7 @@ def test_cudagraphs_fill_the_buffer_step_by_step_and_train(algo, tmp_path):
     assert ended.float().mean() == pytest.approx(1 / 50, abs=1e-3)  # every 50th step ends its episode
     assert (data["actions"].abs() <= 1).all() and data["actions"].std() > 0.1
     assert torch.isfinite(data["rewards"]).all() and (data["rewards"] <= 0).all() and (data["rewards"] >= -16.3).all()
-    assert ckpt["counters"]["update_count"] == 2 * (iterations - 9)
+    assert ckpt["state"]["counters"]["update_count"] == 2 * (iterations - 9)
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     for ret in (summary["last_train_return"], summary["best_eval_return"]):
         assert -16.3 * 50 <= ret <= 0, summary

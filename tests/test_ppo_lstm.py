@@ -99,9 +99,9 @@ def test_hidden_state_is_checkpointed_per_env(tmp_path):
     train(tmp_path, env_id="CartPole-v1", env_kwargs='{"max_episode_steps": 9}', rnn_layers=2, rnn_hidden_size=16,
           num_steps=9, total_timesteps=32 * 9)
     rank = checkpoint(tmp_path)["ranks"][0]
-    assert rank["rnn_state"].shape == (4, 32, 16)
+    assert rank["state"]["rnn_state"].shape == (4, 32, 16)
     ended = rank["env"]["episode_steps"] == 0  # 9-step episodes, 9-step rollouts: every env just restarted
-    assert ended.all() and (rank["rnn_state"] == 0).all()
+    assert ended.all() and (rank["state"]["rnn_state"] == 0).all()
 
 
 def test_minibatches_split_envs(tmp_path):
@@ -183,6 +183,6 @@ def test_gru_and_stacked_layers_train_evaluate_and_export_the_best(tmp_path):
     summary = train(tmp_path, env_id="Pendulum-v1", env_kwargs=MASKED, cell="gru", rnn_layers=2, rnn_hidden_size=16,
                     eval_interval=3, bf16=True, export_best=True)
     assert summary["global_step"] == 32 * 16 * 3 and summary["best_eval_return"] is not None
-    assert checkpoint(tmp_path)["ranks"][0]["rnn_state"].shape == (2, 32, 16)
+    assert checkpoint(tmp_path)["ranks"][0]["state"]["rnn_state"].shape == (2, 32, 16)
     meta = json.loads((tmp_path / "run" / "export" / "policy.json").read_text())
     assert meta["state"]["shape"] == [2, "batch", 16] and meta["global_step"] == 32 * 16 * 3
