@@ -104,13 +104,13 @@ class Job:
         self.proc.wait()
 
 
-def load_script(name: str):
-    """Import algos/<name>.py as a module (the scripts are files, not a package)."""
+def load_script(name: str, path: Path | None = None):
+    """Import algos/<name>.py (or the script at `path`) as the module `name` (the scripts are files, not a package)."""
     import importlib.util
 
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "algos" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path or ROOT / "algos" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up here
     spec.loader.exec_module(module)

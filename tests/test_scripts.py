@@ -85,6 +85,16 @@ TINY = {
         tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None),
 }
 SCRIPTS = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))  # every script, found, not listed
+
+
+def algo_of(script: str) -> str:
+    """The ALGO a script declares (a copy of ppo.py keeps ppo's unless it renames it)."""
+    found = re.search(r'^ALGO = "(\w+)"', (ROOT / "algos" / f"{script}.py").read_text(), re.M)
+    return found.group(1) if found else script
+
+
+# A copy in algos/ without an entry of its own joins every test with the entry of the script it was copied from.
+TINY.update({script: TINY[algo_of(script)] for script in SCRIPTS if script not in TINY and algo_of(script) in TINY})
 COMMON = dict(device="cpu", progress=False, run_name="run", num_eval_envs=4, eval_interval=0, save_interval=10_000,
               hidden_sizes=(32, 32), env_kwargs='{"max_episode_steps": 16}')
 SUMMARY_FIELDS = {"algo", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
@@ -175,7 +185,8 @@ def logged_steps(run_dir: Path, tag: str = "charts/SPS") -> list[int]:
 # checkpoints and exact resume
 # --------------------------------------------------------------------------------------------
 def test_every_script_in_algos_has_its_entry():
-    """A script added to algos/ is found here; it joins every test below with one entry in TINY."""
+    """A script added to algos/ is found here; it joins every test below with one entry in TINY (a copy of
+    a script that keeps its ALGO, with the entry of that script)."""
     missing = [algo for algo in SCRIPTS if algo not in TINY]
     assert not missing, f"add an entry to TINY in tests/test_scripts.py for {missing} (see the comment above it)"
     assert set(TINY) <= set(SCRIPTS), set(TINY) - set(SCRIPTS)
@@ -217,7 +228,7 @@ def test_checkpoints_load_weights_only_and_eval_only_gives_back_the_best_return(
     for name in ("last.pt", "best.pt"):
         state = checkpoint(tmp_path, name)  # torch.load(weights_only=True): plain values and tensors only
         assert CHECKPOINT_FIELDS <= set(state), CHECKPOINT_FIELDS - set(state)
-        assert state["algo"] == algo and state["format_version"] == FORMAT_VERSION and len(state["ranks"]) == 1
+        assert state["algo"] == algo_of(algo) and state["format_version"] == FORMAT_VERSION and len(state["ranks"]) == 1
         assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
     assert checkpoint(tmp_path)["iteration"] == 4 * sync and checkpoint(tmp_path)["global_step"] == units(algo, 4)
     best = checkpoint(tmp_path, "best.pt")
@@ -340,24 +351,46 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
         assert 4 * sum(v for _, v in means) == pytest.approx(summary[f"{phase}_seconds"], rel=1e-5)
 
 
-@pytest.mark.parametrize("algo", SCRIPTS)
-def test_compiled_run_computes_what_eager_computes(algo, tmp_path):
-    """--compile on CPU: with inductor drawing its random numbers as eager does (fallback_random),
-    two iterations end with eager's parameters, normalizer statistics and optimizer state up to
-    float rounding. A compiled in-place write that is silently dropped shows here."""
+def assert_runs_alike(eager_dir: Path, compiled_dir: Path, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Two runs of one script computed the same, up to float rounding: every value of their last.pt
+    (model, optimizers, the script's own shared and per-rank state, RNG, env state, replay buffers,
+    counters; all but the flags) and every logged scalar but the clocks, at the same steps."""
+    a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (eager_dir, compiled_dir))
+    a.pop("args"), b.pop("args")
+    flat_a, spec_a = torch.utils._pytree.tree_flatten(a)
+    flat_b, spec_b = torch.utils._pytree.tree_flatten(b)
+    assert spec_a == spec_b, "the two checkpoints hold other entries"
+    paths = [torch.utils._pytree.keystr(k) for k, _ in torch.utils._pytree.tree_flatten_with_path(a)[0]]
+    for path, x, y in zip(paths, flat_a, flat_b):
+        if torch.is_tensor(x) and x.is_floating_point():
+            torch.testing.assert_close(y, x, rtol=rtol, atol=atol, msg=lambda m, path=path: f"last.pt{path}: {m}")
+        elif torch.is_tensor(x):
+            assert torch.equal(x, y), f"last.pt{path}"
+        else:
+            assert x == y or (x != x and y != y), f"last.pt{path}: {x} != {y}"
+    curves_a, curves_b = scalars(eager_dir), scalars(compiled_dir)
+    assert curves_a.keys() == curves_b.keys(), curves_a.keys() ^ curves_b.keys()
+    for tag, points in curves_a.items():
+        assert [s for s, _ in points] == [s for s, _ in curves_b[tag]], tag
+        for (_, x), (_, y) in zip(points, curves_b[tag]):
+            assert y == pytest.approx(x, rel=rtol, abs=atol, nan_ok=True), f"{tag}: {x} (eager) != {y} (compiled)"
+
+
+@pytest.mark.parametrize("algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(TINY[algo]["captures"]))])
+def test_compiled_run_computes_what_eager_computes(algo, variant, tmp_path):
+    """--compile on CPU, in each of the script's layouts of compiled functions (TINY[algo]["captures"]):
+    with inductor drawing its random numbers as eager does (fallback_random), a run of a few
+    iterations ends with eager's whole TrainingState and logs the same statistics, up to float
+    rounding (assert_runs_alike). A compiled in-place write that is silently dropped shows here
+    (tests/test_copies.py shows it failing on such a write)."""
     import torch._inductor.config
 
-    eager = train(algo, tmp_path / "eager", total_timesteps=units(algo, 2), compile=False)
+    settings = dict(total_timesteps=units(algo, 2), **TINY[algo]["captures"][variant])
+    eager = train(algo, tmp_path / "eager", compile=False, **settings)
     with torch._inductor.config.patch(fallback_random=True):
-        compiled = train(algo, tmp_path / "compiled", total_timesteps=units(algo, 2), compile=True)
+        compiled = train(algo, tmp_path / "compiled", compile=True, **settings)
     assert compiled["compile"] and compiled["compile_seconds_by_function"]
-    a, b = checkpoint(tmp_path / "eager"), checkpoint(tmp_path / "compiled")
-    for part in ("model", "optimizers"):
-        flat_a, flat_b = (torch.utils._pytree.tree_leaves(x[part]) for x in (a, b))
-        assert len(flat_a) == len(flat_b)
-        for x, y in zip(flat_a, flat_b):
-            if torch.is_tensor(x):
-                torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
+    assert_runs_alike(tmp_path / "eager" / "run", tmp_path / "compiled" / "run")
     returns = eager["last_train_return"], compiled["last_train_return"]
     assert returns[1] == (None if returns[0] is None else pytest.approx(returns[0], rel=1e-4))
 
