@@ -4,7 +4,7 @@
     python algos/sac.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
 The file, top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob,
-Agent) -> the critic, actor and temperature losses -> replay sampling and normalizer statistics
+Agent) -> the critic, actor and temperature losses -> the checks of flags that go together
 -> main and train (setup, then the loop: act and store -> updates -> log -> eval/save). An iteration is
 one vectorised step of every env followed by `--num-updates` gradient updates on large replay
 batches. The run around it (run directory, checkpoints, torchrun, evaluation, logging) is
@@ -249,33 +249,8 @@ def actor_step(agent: Agent, actor_optimizer: torch.optim.Optimizer, alpha_optim
 
 
 # ----------------------------------------------------------------------------------------------
-# Replay: n-step batches, and the normalizers' statistics from the stored data
+# Flags that cannot work together (the replay's n-step batches and statistics: common/buffer.py)
 # ----------------------------------------------------------------------------------------------
-def sample_batch(agent: Agent, buffer: ReplayBuffer, reward_normalizer: RewardNormalizer, args: Args, batch_size: int):
-    """An n-step batch with normalized observations and bootstrap = discount * (1 - terminated)."""
-    b = buffer.sample(batch_size, args.n_step, args.gamma)
-    rewards = reward_normalizer.normalize(b["rewards"].float()) if args.reward_norm else b["rewards"].float()
-    return TensorDict(
-        {"obs_n": agent.normalize(b["obs"]), "next_obs_n": agent.normalize(b["next_obs"]), "actions": b["actions"],
-         "rewards": rewards, "bootstrap": (b["discount"] * ~b["terminated"]).float()},
-        batch_size=[batch_size], device=buffer.device,
-    )
-
-
-def fold_statistics(agent: Agent, buffer: ReplayBuffer, reward_normalizer: RewardNormalizer, args: Args, k: int) -> None:
-    """Fold the newest k transitions of every env into the normalizers (a collective under torchrun)."""
-    if k == 0 or not (args.obs_norm or args.reward_norm):
-        return
-    slots = (buffer.ptr - k + torch.arange(k, device=buffer.device)) % buffer.capacity  # chronological
-    window = buffer.data[:, slots]  # [N, k]
-    if args.obs_norm:
-        agent.obs_rms.update(window["obs", "policy"])
-        if agent.critic_key == "critic":
-            agent.critic_obs_rms.update(window["obs", "critic"])
-    if args.reward_norm:
-        reward_normalizer.update(window["rewards"].T, (window["terminated"] | window["truncated"]).T)
-
-
 def check_args(args: Args, batch_size: int, capacity: int) -> None:
     """Flags that cannot work together: a clear error before anything runs (each flag alone: common.args)."""
     if capacity < args.n_step:
@@ -366,6 +341,8 @@ def train(run, args: Args) -> dict:
     alpha_optimizer = torch.optim.Adam([agent.log_alpha], lr=args.q_lr, capturable=device.type == "cuda")
     optimizers = {"actor": actor_optimizer, "critic": q_optimizer, "alpha": alpha_optimizer}
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
+    obs_normalizers = {group: m for group, m in (("policy", agent.obs_rms), ("critic", agent.critic_obs_rms))
+                       if isinstance(m, RunningMeanStd)}  # what the replay's statistics feed
     buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
@@ -378,33 +355,38 @@ def train(run, args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
-    # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
+    # --- the iteration's functions: act and store (the policy's action, or a uniform one before
+    # --learning-starts), a critic step, an actor step, an n-step batch, the updates of an iteration ---
     stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "critic": {}, "actor": {}, "nonfinite": {}}
-    # A built-in env steps inside the graph: act, env step and replay write are one. An adapter's
-    # simulator cannot be captured: its step runs eagerly after the captured acting step.
-    whole_step = getattr(envs, "capturable", False)
     acting = agent_inference.act
-
-    if not whole_step:
-        acting = captured(run, "acting", compiled(run, acting))
     policy_step = lambda obs: act_and_step(envs, agent_inference, acting, args.bf16, obs)  # noqa: E731
     random_step = lambda obs: act_and_step(envs, agent_inference, None, False, obs)  # noqa: E731 (uniform actions)
-    if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
-        policy_step = compiled(run, policy_step)
     collect_with = lambda step: lambda obs: collect(run, step, buffer, ep_stats, stats, args, obs)  # noqa: E731
-    collect_policy = captured(run, "step", collect_with(policy_step), capture=whole_step)
-    collect_random = captured(run, "random step", collect_with(random_step), capture=whole_step)
-    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))
-    actor_fn = compiled(run, lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch))
-    sample = lambda: sample_batch(agent, buffer, reward_normalizer, args, args.batch_size)  # noqa: E731
+    critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)  # noqa: E731
+    actor_fn = lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)  # noqa: E731
+    sample = lambda: buffer.sample_targets(  # noqa: E731 (an n-step batch with normalized observations)
+        args.batch_size, args.n_step, args.gamma, agent.normalize, reward_normalizer.normalize if args.reward_norm else None)
     # The actor steps after every policy_frequency-th critic step of the run: which steps of an iteration
     # those are depends on its phase (critic steps before it, mod policy_frequency). One update function
     # per phase, each captured whole: a single one when num_updates is a multiple of policy_frequency.
     actor_at = {p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
                 for p in range(args.policy_frequency)}
     phases = args.policy_frequency // math.gcd(args.num_updates, args.policy_frequency)
-    update_fn = {phase: captured(run, "update" if phases == 1 else f"update, phase {phase}",
-                                 lambda at=at: update(sample, critic_fn, actor_fn, stats, args.num_updates, at))
+    update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)  # noqa: E731
+
+    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged (the names
+    # above are rebound to their compiled and captured forms, which the functions that call them use) ---
+    # A built-in env steps inside the graph: act, env step and replay write are one. An adapter's
+    # simulator cannot be captured: its step runs eagerly after the captured acting step.
+    whole_step = getattr(envs, "capturable", False)
+    if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
+        policy_step = compiled(run, policy_step)
+    else:
+        acting = captured(run, "acting", compiled(run, acting))
+    collect_policy = captured(run, "step", collect_with(policy_step), capture=whole_step)
+    collect_random = captured(run, "random step", collect_with(random_step), capture=whole_step)
+    critic_fn, actor_fn = compiled(run, critic_fn), compiled(run, actor_fn)
+    update_fn = {phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
                  for phase, at in actor_at.items()}
     graphs = "off" if not args.cudagraphs else (
         f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all {args.num_updates} "
@@ -427,7 +409,8 @@ def train(run, args: Args) -> dict:
         # --- normalizer statistics: every log interval and before the first update ---
         is_ready = ready()
         if run.iteration % args.log_interval == 0 or (is_ready and not was_ready):
-            fold_statistics(agent, buffer, reward_normalizer, args, k=min(run.iteration - counters["last_fold"], len(buffer)))
+            buffer.fold_into(min(run.iteration - counters["last_fold"], len(buffer)), obs_normalizers,
+                             reward_normalizer if args.reward_norm else None)
             counters["last_fold"] = run.iteration
         was_ready = is_ready
 

@@ -14,6 +14,8 @@ host-device synchronisation per step (see the performance rules in the design no
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -111,6 +113,10 @@ class ReplayBuffer:
         target = batch["rewards"] + batch["discount"] * (~batch["terminated"]) * Q(batch["next_obs"])
 
     With ``n_step=1`` this is the usual one-step target (``discount == gamma``).
+
+    ``sample_targets`` adds the normalized observations and the bootstrap factor of a TD target, and
+    ``fold_into(k, ...)`` feeds the newest ``k`` transitions of every env to the normalizers: the
+    replay's slot arithmetic lives here alone (TD3 and SAC share it).
 
     ``capturable=True`` draws the sampled slots against the device fill level, so that a graph
     captured while the buffer fills samples from every written slot at each replay; the default
@@ -245,6 +251,43 @@ class ReplayBuffer:
         out["discount"] = gamma ** effective_n.to(rewards.dtype)
         out["effective_n"] = effective_n
         return out
+
+    def sample_targets(self, batch_size: int, n_step: int, gamma: float, normalize_obs: Callable,
+                       normalize_rewards: Callable | None = None, generator: torch.Generator | None = None) -> TensorDict:
+        """``sample``, ready for an n-step TD target ``rewards + bootstrap * Q(next_obs_n)``: ``obs_n`` and
+        ``next_obs_n`` (``normalize_obs`` of the observations, e.g. a script's ``agent.normalize``),
+        ``actions``, ``rewards`` (float32, through ``normalize_rewards`` when given) and
+        ``bootstrap = discount * (1 - terminated)`` (float32). No host-device sync."""
+        b = self.sample(batch_size, n_step, gamma, generator)
+        rewards = b["rewards"].float()
+        if normalize_rewards is not None:
+            rewards = normalize_rewards(rewards)
+        return TensorDict(
+            {"obs_n": normalize_obs(b["obs"]), "next_obs_n": normalize_obs(b["next_obs"]), "actions": b["actions"],
+             "rewards": rewards, "bootstrap": (b["discount"] * ~b["terminated"]).float()},
+            batch_size=[batch_size], device=self.device,
+        )
+
+    def newest(self, k: int) -> TensorDict:
+        """The newest ``k`` transitions of every env in the order they were written: ``[num_envs, k]``
+        (a copy), placed by the host pointer (no device read)."""
+        if not 0 < k <= self.size:
+            raise ValueError(f"ReplayBuffer.newest: k={k} needs 0 < k <= written steps per env ({self.size})")
+        slots = (self.ptr - k + torch.arange(k, device=self.device)) % self.capacity  # chronological, across the wrap
+        return self.data[:, slots]
+
+    def fold_into(self, k: int, obs_normalizers: dict, reward_normalizer=None) -> None:
+        """Fold the newest ``k`` transitions of every env into the running statistics: each
+        ``obs_normalizers[group]`` (a ``RunningMeanStd``) with ``obs[group]``, and the
+        ``reward_normalizer`` (a ``RewardNormalizer``) with the rewards and episode ends, each env's
+        steps in order. A collective under torchrun (the normalizers merge every rank's data)."""
+        if k == 0 or not (obs_normalizers or reward_normalizer is not None):
+            return
+        window = self.newest(k)
+        for group, normalizer in obs_normalizers.items():
+            normalizer.update(window["obs", group])
+        if reward_normalizer is not None:  # [T, N]: the discounted returns run along each env's steps
+            reward_normalizer.update(window["rewards"].T, (window["terminated"] | window["truncated"]).T)
 
     def end_episodes(self) -> None:
         """Mark the newest transition of every env truncated: its env goes on with a fresh episode

@@ -138,6 +138,56 @@ def test_replay_wraparound_keeps_last_capacity_steps():
     assert (buffer.data["obs", "policy"][..., 0] == torch.arange(N).unsqueeze(1)).all()
 
 
+def test_replay_newest_and_fold_into_read_each_envs_last_steps_in_order_across_the_wrap():
+    """newest(k) is the last k written steps of every env, oldest first, also where they straddle the end
+    of the ring; fold_into feeds exactly those to the normalizers: the observation groups named, and
+    the rewards with their episode ends as [T, N] in each env's order (what a discounted return needs)."""
+    from common.normalize import RewardNormalizer, RunningMeanStd
+
+    N, C, k = 3, 5, 4
+    buffer = ReplayBuffer(N, C, "cpu")
+    ends = {4, 6}  # episode ends at these steps (env 1 only)
+    for step in range(7):  # slots 0..4, then 5 -> 0, 6 -> 1: the newest 4 are steps 3..6, in slots 3, 4, 0, 1
+        done = torch.tensor([False, step in ends, False])
+        buffer.add(marker_transition(N, step, rewards=torch.arange(N) + 10.0 * step, truncated=done))
+    window = buffer.newest(k)
+    assert window.batch_size == (N, k)
+    assert (window["obs", "policy"][..., 1] - 1 == torch.arange(3, 7)).all()  # steps 3..6 of every env, in order
+    assert (window["obs", "policy"][..., 0] == torch.arange(N).unsqueeze(1)).all()
+    with pytest.raises(ValueError, match="k=6 needs 0 < k <= written steps per env"):
+        buffer.newest(6)
+
+    policy, critic, rewards = RunningMeanStd(2, clip=None), RunningMeanStd(3, clip=None), RewardNormalizer(N, gamma=0.5)
+    buffer.fold_into(k, {"policy": policy, "critic": critic}, rewards)
+    expected = RunningMeanStd(2, clip=None)
+    expected.update(window["obs", "policy"])
+    assert policy.count == N * k and torch.equal(policy.mean, expected.mean) and torch.equal(policy.m2, expected.m2)
+    assert critic.count == N * k and torch.allclose(critic.mean, window["obs", "critic"].reshape(-1, 3).double().mean(0))
+    reference = RewardNormalizer(N, gamma=0.5)
+    reference.update(window["rewards"].T, window["truncated"].T)  # [T, N]: env 1's return restarts after steps 4 and 6
+    got, want = rewards.return_rms, reference.return_rms
+    assert got.count == N * k and torch.equal(got.mean, want.mean) and torch.equal(got.m2, want.m2)
+    assert torch.equal(rewards.returns, reference.returns) and rewards.returns[1] == 0  # ended at step 6
+    untouched = RunningMeanStd(2)
+    buffer.fold_into(0, {"policy": untouched})
+    assert untouched.count == 0
+
+
+def test_replay_sample_targets_is_sample_with_normalized_observations_and_the_bootstrap_factor():
+    N, C = 2, 6
+    buffer = ReplayBuffer(N, C, "cpu")
+    for step in range(C):
+        buffer.add(marker_transition(N, step, rewards=torch.ones(N), terminated=torch.tensor([step == 3, False])))
+    normalize = lambda obs: obs.apply(lambda x: x * 2)  # noqa: E731
+    batch = buffer.sample_targets(64, 3, 0.5, normalize, lambda r: r / 4, generator=torch.Generator().manual_seed(0))
+    plain = buffer.sample(64, 3, 0.5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(batch["obs_n", "policy"], 2 * plain["obs", "policy"])
+    assert torch.equal(batch["next_obs_n", "critic"], 2 * plain["next_obs", "critic"])
+    assert torch.equal(batch["actions"], plain["actions"]) and torch.equal(batch["rewards"], plain["rewards"].float() / 4)
+    assert torch.equal(batch["bootstrap"], (plain["discount"] * ~plain["terminated"]).float())
+    assert (batch["bootstrap"][plain["terminated"]] == 0).all() and plain["terminated"].any()
+
+
 def test_replay_add_is_in_place():
     buffer = ReplayBuffer(2, 4, "cpu")
     buffer.add(marker_transition(2, 0))
