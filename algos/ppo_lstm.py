@@ -3,14 +3,15 @@
     python algos/ppo_lstm.py --env-id CartPole-v1 --env-kwargs '{"mask_velocity": true}'
     torchrun --nproc-per-node 8 algos/ppo_lstm.py --env-id Pendulum-v1 --env-kwargs '{"mask_velocity": true}'
 
-algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor and a
-critic head; EvalPolicy: one hidden state per eval env) -> GAE, the adaptive learning rate, the PPO loss of a
-minibatch of sequences -> rollout -> targets -> update -> main and train. The hidden state of every env is one
-tensor [k * rnn_layers, num_envs, rnn_hidden_size] (k = 2 for an LSTM: h rows, then c rows): the rollout writes
-it in place (a built-in env's rollout stays one CUDA graph), copies it at the rollout's start and zeroes the rows
-of every env whose episode ended before the next step reads them; the update replays each env's rollout as one
-sequence from that copy (truncated BPTT over --num-steps), zeroing it at the episode starts as the rollout did;
-minibatches are sets of envs with all their steps. Checkpoints hold each rank's hidden states: resume is exact.
+algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor and a critic
+head; EvalPolicy: one hidden state per eval env) -> GAE, the adaptive learning rate, the PPO loss of a minibatch of
+sequences -> rollout -> targets -> update -> main and train (setup; the iteration's functions, then one block that
+compiles and captures them; the loop). The hidden state of every env is one tensor [k * rnn_layers, num_envs,
+rnn_hidden_size] (k = 2 for an LSTM: h rows, then c rows): the rollout writes it in place (a built-in env's rollout
+stays one CUDA graph), copies it at the rollout's start and zeroes the rows of every env whose episode ended before
+the next step reads them; the update replays each env's rollout as one sequence from that copy (truncated BPTT over
+--num-steps), zeroing it at the episode starts as the rollout did; minibatches are sets of envs with all their
+steps. Checkpoints hold each rank's hidden states: resume is exact.
 Flags as ppo.py's, less its --target-kl (a host read per epoch) and --anneal-lr (--lr-schedule linear).
 References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability);
 Huang et al. 2022 ("The 37 implementation details of PPO", the LSTM details); Rudin et al. 2022 (rsl_rl).
@@ -388,7 +389,10 @@ def train(run, args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, eval_policy)
 
-    # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
+    storage = RolloutStorage(args.num_steps, args.num_envs, device)
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
+
+    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     def policy_step(obs: TensorDict):  # no autocast cache: a captured step casts the weights at every replay
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             return agent_inference.act(obs, rnn_state)
@@ -421,20 +425,11 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return losses
 
-    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator cannot
-    # be captured: its step runs eagerly between the captured acting and end-of-step functions.
-    whole_rollout = getattr(envs, "capturable", False)
-    if whole_rollout:
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        end_step = captured(run, "end of step", compiled(run, end_step))
-    storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
-    update_minibatch = compiled(run, update_minibatch)
-    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats,
-                                                   stats["episodes"], args))
-    rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage, rnn_state, initial_state), capture=whole_rollout)
+    def rollout_fn(obs: TensorDict) -> TensorDict:
+        return rollout(run, env_step, obs, storage, rnn_state, initial_state)
+
+    def targets_fn(obs: TensorDict):
+        return targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats, stats["episodes"], args)
 
     def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
@@ -443,6 +438,17 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, initial_state, lr, stats, args)
 
+    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
+    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator cannot
+    # be captured: its step runs eagerly between the captured acting and end-of-step functions.
+    whole_rollout = getattr(envs, "capturable", False)
+    if whole_rollout:
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        end_step = captured(run, "end of step", compiled(run, end_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves it
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
                         f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}; "
