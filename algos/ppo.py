@@ -6,9 +6,9 @@
 The file, top to bottom: Args -> networks (Agent) -> GAE with truncation bootstrapping and the
 adaptive-KL learning rate -> the PPO loss -> an iteration as three functions, rollout -> targets ->
 update, compiled and captured in two CUDA graphs on a GPU (the rollout; the targets with the
-update) -> main and train (setup, then the loop: rollout -> targets -> update -> log every --log-interval ->
-eval/save). The run around it (run directory, checkpoints, torchrun, evaluation, logging) is in
-common/ (common/run.py lists its modules).
+update) -> main and train (setup; the iteration's functions, then one block that compiles and captures them;
+the loop: rollout -> targets -> update -> log every --log-interval -> eval/save). The run around it (run
+directory, checkpoints, torchrun, evaluation, logging) is in common/ (common/run.py lists its modules).
 `--num-envs` is per process; `--total-timesteps` counts env steps over all processes.
 References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37 implementation
 details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate from the measured KL).
@@ -356,7 +356,12 @@ def train(run, args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
-    # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
+    storage = RolloutStorage(args.num_steps, args.num_envs, device)
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
+
+    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    policy_step = agent_inference.act
+
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         # no autocast cache: a captured acting step must cast the weights itself at every replay
@@ -378,22 +383,11 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return losses
 
-    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
-    # cannot be captured: its step runs eagerly between the captured acting steps.
-    whole_rollout = getattr(envs, "capturable", False)
-    policy_step = agent_inference.act
-    if whole_rollout:
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-    storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
-    update_minibatch = compiled(run, update_minibatch)
-    targets_fn = compiled(run, lambda obs: targets(agent, reward_normalizer, storage.data, obs, ep_stats, stats["episodes"], args))
-    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
-        targets_fn = captured(run, "targets", targets_fn)
-        update_minibatch = captured(run, "minibatch update", update_minibatch)
-    rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
+    def rollout_fn(obs: TensorDict) -> TensorDict:
+        return rollout(run, env_step, obs, storage)
+
+    def targets_fn(obs: TensorDict):
+        return targets(agent, reward_normalizer, storage.data, obs, ep_stats, stats["episodes"], args)
 
     def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
@@ -402,6 +396,19 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, lr, stats, args)
 
+    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
+    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
+    # cannot be captured: its step runs eagerly between the captured acting steps.
+    whole_rollout = getattr(envs, "capturable", False)
+    if whole_rollout:
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
         update_fn = captured(run, "update", update_fn)
     graphs = "off" if not args.cudagraphs else (

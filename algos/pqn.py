@@ -6,12 +6,12 @@
 
 The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule -> an
 iteration as three functions (rollout, targets, update), compiled and captured in two CUDA graphs
-on a GPU (the rollout; the targets with the update) -> main and train (setup, then the loop: epsilon-greedy
-rollout -> Q(lambda) targets -> epochs of minibatch regression -> log every --log-interval ->
-eval/save). No replay buffer and no target network: the many parallel envs decorrelate the data,
-and LayerNorm in the Q-network keeps the bootstrapped regression stable. The run around it (run
-directory, checkpoints, torchrun, evaluation, logging) is in common/. `--num-envs` is per
-process; `--total-timesteps` counts env steps over all processes.
+on a GPU (the rollout; the targets with the update) -> main and train (setup; the iteration's functions, then
+one block that compiles and captures them; the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs of
+minibatch regression -> log every --log-interval -> eval/save). No replay buffer and no target network:
+the many parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
+regression stable. The run around it (run directory, checkpoints, torchrun, evaluation, logging) is
+in common/. `--num-envs` is per process; `--total-timesteps` counts env steps over all processes.
 References: Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (PQN);
 Watkins 1989 and Peng & Williams 1996 (Q(lambda)); CleanRL's DQN for the flag names.
 """
@@ -272,7 +272,12 @@ def train(run, args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, qnet_inference)
 
-    # --- the hot functions, compiled and captured as --compile / --cudagraphs ask ---
+    storage = RolloutStorage(args.num_steps, args.num_envs, device)
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
+
+    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    policy_step = qnet_inference.act
+
     def env_step(obs: TensorDict):
         """Act epsilon-greedily and step every env once: (next observation, the transition to store, the env's info)."""
         action = policy_step(obs["policy"], epsilon)
@@ -293,19 +298,11 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return {"td_loss": loss.detach(), "q_values": q.mean().detach()}
 
-    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
-    # cannot be captured: its step runs eagerly between the captured acting steps.
-    whole_rollout = getattr(envs, "capturable", False)
-    policy_step = qnet_inference.act
-    if whole_rollout:
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-    update_minibatch = compiled(run, update_minibatch)
-    storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
-    rollout_fn = captured(run, "rollout", lambda obs: rollout(run, env_step, obs, storage), capture=whole_rollout)
-    targets_fn = compiled(run, lambda obs: targets(qnet, storage.data, obs, ep_stats, stats["episodes"], args))
+    def rollout_fn(obs: TensorDict) -> TensorDict:
+        return rollout(run, env_step, obs, storage)
+
+    def targets_fn(obs: TensorDict):
+        return targets(qnet, storage.data, obs, ep_stats, stats["episodes"], args)
 
     def update_fn(obs: TensorDict) -> None:
         """The Q(lambda) targets of the rollout, then the epochs of the update; their statistics into `stats`."""
@@ -313,6 +310,16 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, stats, args)
 
+    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
+    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
+    # cannot be captured: its step runs eagerly between the captured acting steps.
+    whole_rollout = getattr(envs, "capturable", False)
+    if whole_rollout:
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch: one graph, the batch never leaves it
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
                         f"per process); compile {'on' if args.compile else 'off'}, CUDA graphs: "
