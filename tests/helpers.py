@@ -181,3 +181,33 @@ def load_exported_program(path):
     deprecations = [w for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
     assert not deprecations, [f"{w.category.__name__}: {w.message}" for w in deprecations]
     return module
+
+
+# Two one-line changes to a copy of algos/ppo.py that a GPU would not survive and that CPU runs do not
+# notice by their results: each puts into the captured `update_fn` what a CUDA graph's replay would
+# not do. The tests show the capture checks failing on them (the copies are written to a temporary
+# directory; algos/ is never edited). name -> [(text of ppo.py, its replacement)].
+MUTATIONS = {
+    # a read to the host that dispatches no aten op on a CPU tensor (on CUDA: a sync inside the capture)
+    "tolist": [("        batch, rollout_stats, nonfinite = targets_fn(obs)\n",
+                "        batch, rollout_stats, nonfinite = targets_fn(obs)\n"
+                "        explained = rollout_stats[\"explained_variance\"].tolist()  # noqa: F841\n")],
+    # a Python counter moved into the captured function (on CUDA it stops after the capture, and the
+    # logged means divide by zero)
+    "counter": [("            update_fn(next_obs)  # targets, then the epochs\n        iterations_in_stats += 1\n",
+                 "            update_fn(next_obs)  # targets, then the epochs\n"),
+                ("        \"\"\"The targets of the rollout, then the epochs of the update; their statistics into `stats`.\"\"\"\n",
+                 "        \"\"\"The targets of the rollout, then the epochs of the update; their statistics into `stats`.\"\"\"\n"
+                 "        nonlocal iterations_in_stats\n        iterations_in_stats += 1\n")],
+}
+
+
+def mutated_ppo(directory: Path, mutation: str) -> Path:
+    """A copy of algos/ppo.py with MUTATIONS[mutation], written as directory/ppo_<mutation>.py."""
+    text = (ROOT / "algos" / "ppo.py").read_text()
+    for old, new in MUTATIONS[mutation]:
+        assert text.count(old) == 1, f"algos/ppo.py changed: the {mutation} mutation no longer applies"
+        text = text.replace(old, new)
+    path = Path(directory) / f"ppo_{mutation}.py"
+    path.write_text(text)
+    return path

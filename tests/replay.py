@@ -1,20 +1,27 @@
 """A CPU check of what a CUDA graph needs: record what each captured function would put in its graph.
 
 `record_captured(monkeypatch, script)` makes `captured()` (in the script and in common.evaluation) record
-the ReplaySignature and the host syncs of the first calls of every function it would capture;
-`assert_replays_alike` then checks that two calls after the warm-up recorded the same signature,
-and `assert_no_host_sync` that no call after the first read a value back to the host (on CUDA a
-sync inside a capture stops it: "operation not permitted when stream is capturing").
+the ReplaySignature, the host syncs and the changes of Python state of the first calls of every
+function it would capture; `assert_replays_alike` then checks that two calls after the warm-up
+recorded the same signature, `assert_no_host_sync` that no call after the first read a value back
+to the host (on CUDA a sync inside a capture stops it: "operation not permitted when stream is
+capturing"), and `assert_keeps_python_state` that no call after the first changed Python state
+(a replay runs no Python: a counter kept in a closure would stop counting after the capture).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+import types
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.host_sync import SyncsOutsideTheOptimizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class ReplaySignature(TorchDispatchMode):
@@ -60,10 +67,134 @@ def _tensor_leaves(tree) -> list[torch.Tensor]:
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
+# ----------------------------------------------------------------------------------------------
+# Python state: what a replay would not change
+# ----------------------------------------------------------------------------------------------
+SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.device, torch.dtype, torch.Size)
+
+
+def python_state(fn, run=None, depth: int = 8) -> dict[str, str]:
+    """{path: value} of the Python state a call of `fn` can change and a CUDA graph's replay would
+    not: Python values (numbers, strings, the keys and lengths of containers) and which object
+    every name holds (a tensor by its identity: rebinding a name to a new tensor shows).
+
+    Walked from `fn` and `run` (the run's attributes), `depth` levels deep, through what the
+    project's own code holds (algos/, common/ and the file of `fn`, so a copy of a script anywhere):
+    its functions' closure cells (`<name>`) and the module attributes their code names
+    (`module.name`; of a project module, also those used as `module.attr`); bound methods and
+    functools.partial; dicts, lists, tuples and sets; TensorDicts by their leaves; and the
+    attributes of instances of the project's classes, nn.Modules and optimizers. Anything else
+    (torch's and other packages' functions, classes, writers, spaces) counts by its identity only,
+    and tensor values are not Python state (ReplaySignature checks the tensors a call reads)."""
+    from tensordict import TensorDictBase
+
+    own_files = {fn.__code__.co_filename} if isinstance(fn, types.FunctionType) else set()
+    ours = lambda filename: filename in own_files or _project_file(filename)  # noqa: E731
+    state: dict[str, str] = {}
+    seen: set[int] = set()
+
+    def walk(x, path: str, level: int, names=()) -> None:
+        if isinstance(x, SCALARS):
+            state[path] = repr(x)
+            return
+        if isinstance(x, torch.Tensor):
+            state[path] = f"tensor@{id(x):x}"
+            return
+        state[path] = f"{type(x).__qualname__}@{id(x):x}"
+        if id(x) in seen or level >= depth:
+            return
+        seen.add(id(x))
+        if isinstance(x, TensorDictBase):
+            for key, leaf in x.items(include_nested=True, leaves_only=True):
+                walk(leaf, f"{path}[{key!r}]", level + 1)
+        elif isinstance(x, dict):
+            state[path] += f" keys {[_key(k) for k in x]}"
+            for k, v in x.items():
+                walk(v, f"{path}[{_key(k)}]", level + 1)
+        elif isinstance(x, (list, tuple)):
+            state[path] += f" len {len(x)}"
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]", level + 1)
+        elif isinstance(x, (set, frozenset)):
+            state[path] += f" {sorted(_key(v) for v in x)}"
+        elif isinstance(x, types.FunctionType):
+            if ours(x.__code__.co_filename):
+                walk_function(x, path, level)
+        elif isinstance(x, types.MethodType):
+            walk(x.__self__, f"{path}.__self__", level + 1)
+            walk(x.__func__, f"{path}.__func__", level + 1)
+        elif isinstance(x, functools.partial):
+            walk(x.func, f"{path}.func", level + 1)
+            walk(x.args, f"{path}.args", level + 1)
+            walk(x.keywords, f"{path}.keywords", level + 1)
+        elif isinstance(x, types.ModuleType):
+            if ours(getattr(x, "__file__", None)):  # the attributes the code uses as module.attr
+                for name in names:
+                    if name in vars(x):
+                        walk(vars(x)[name], f"{x.__name__}.{name}", level + 1)
+        elif not isinstance(x, type) and hasattr(x, "__dict__") and (
+                isinstance(x, (torch.nn.Module, torch.optim.Optimizer)) or ours(_class_file(type(x)))):
+            for k, v in vars(x).items():
+                walk(v, f"{path}.{k}", level + 1)
+
+    def walk_function(f, path: str, level: int) -> None:
+        code = f.__code__
+        for name, cell in zip(code.co_freevars, f.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # a cell not yet bound
+                value = "<unbound>"
+            walk(value, f"{path}.<{name}>", level + 1)
+        names = _code_names(code)
+        module = f.__globals__.get("__name__", "?")
+        for name in names:
+            if name in f.__globals__:
+                walk(f.__globals__[name], f"{module}.{name}", level + 1, names)
+
+    walk(fn, getattr(fn, "__name__", "fn"), 0)
+    if run is not None:
+        walk(run, "run", 0)
+    return state
+
+
+def _key(k) -> str:
+    return repr(k) if isinstance(k, SCALARS) else f"<{type(k).__name__}@{id(k):x}>"
+
+
+@functools.lru_cache(maxsize=None)
+def _project_file(filename) -> bool:
+    """A file of the project's algos/ or common/."""
+    if not filename:
+        return False
+    path = Path(filename).resolve()
+    return any(path.is_relative_to(ROOT / part) for part in ("algos", "common"))
+
+
+def _class_file(cls) -> str | None:
+    module = sys.modules.get(cls.__module__)
+    return getattr(module, "__file__", None)
+
+
+@functools.lru_cache(maxsize=None)
+def _code_names(code: types.CodeType) -> tuple[str, ...]:
+    """The global and attribute names a code object and the functions defined in it use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(_code_names(const))
+    return tuple(sorted(names))
+
+
+def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The paths whose value a call changed, as `path: before -> after`."""
+    paths = sorted(set(before) | set(after))
+    return [f"{p}: {before.get(p, '(absent)')} -> {after.get(p, '(absent)')}" for p in paths if before.get(p) != after.get(p)]
+
+
 def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
-    """{function name: [(ops, external storages, host syncs) of its first 4 calls]} of every function
-    `script` (an imported algos/ module) and common.evaluation capture; `before_call(name, fn)` runs before
-    every call."""
+    """{function name: [(ops, external storages, host syncs, Python state changes) of its first 4 calls]}
+    of every function `script` (an imported algos/ module) and common.evaluation capture;
+    `before_call(name, fn)` runs before every call."""
     import common.evaluation
 
     signatures: dict[str, list] = {}
@@ -78,9 +209,10 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
                 before_call(name, fn)
             if len(calls) >= 4:
                 return fn(*args, **kwargs)
+            before = python_state(fn, run)
             with ReplaySignature((args, kwargs)) as sig, SyncsOutsideTheOptimizer() as syncs:
                 out = fn(*args, **kwargs)
-            calls.append((sig.ops, sig.external, syncs.syncs))
+            calls.append((sig.ops, sig.external, syncs.syncs, changes(before, python_state(fn, run))))
             return out
         return call
 
@@ -92,7 +224,7 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
 def assert_replays_alike(name: str, calls: list) -> None:
     """The second and third calls (after the first allocated what lives on) ran the same ops on the same tensors."""
     assert len(calls) >= 3, (name, len(calls))
-    (ops_a, ext_a, _), (ops_b, ext_b, _) = calls[1], calls[2]
+    (ops_a, ext_a, *_), (ops_b, ext_b, *_) = calls[1], calls[2]
     first = next((i for i, (a, b) in enumerate(zip(ops_a, ops_b)) if a != b), None)
     assert ops_a == ops_b, f"{name}: the calls run other ops (from op {first}: {ops_a[first:first + 3]} vs {ops_b[first:first + 3]})"
     assert ext_a == ext_b, f"{name}: the calls read other tensors: a captured graph would read stale state"
@@ -101,5 +233,14 @@ def assert_replays_alike(name: str, calls: list) -> None:
 def assert_no_host_sync(name: str, calls: list) -> None:
     """No call after the first (which may allocate, as a warm-up call does) read a tensor on the host."""
     assert len(calls) >= 2, (name, len(calls))
-    for i, (_, _, syncs) in enumerate(calls[1:], start=2):
+    for i, (_, _, syncs, _) in enumerate(calls[1:], start=2):
         assert not syncs, f"{name}: call {i} reads tensors on the host ({', '.join(syncs)}): it cannot be captured"
+
+
+def assert_keeps_python_state(name: str, calls: list) -> None:
+    """No call after the first (which may create what lives on: sums, storage) changed Python state:
+    after the capture, calls are replays that run no Python, so such a change would stop happening."""
+    assert len(calls) >= 2, (name, len(calls))
+    for i, (*_, changed) in enumerate(calls[1:], start=2):
+        assert not changed, (f"{name}: call {i} changes Python state, which a graph replay would not: "
+                             + "; ".join(changed[:5]))

@@ -25,7 +25,7 @@ import torch
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
 from tests.helpers import ROOT, Job, inject_nan_rewards, load_exported_program, load_script, run, run_main, torchrun_cmd
 from tests.host_sync import SyncsOutsideTheOptimizer
-from tests.replay import assert_no_host_sync, assert_replays_alike, record_captured
+from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, record_captured
 
 # Every script in algos/ joins these tests with one entry here: its tiny settings, and what the
 # tests cannot guess from outside.
@@ -433,6 +433,7 @@ def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_
     for name, calls in signatures.items():
         assert_replays_alike(name, calls)
         assert_no_host_sync(name, calls)
+        assert_keeps_python_state(name, calls)
 
 
 # --------------------------------------------------------------------------------------------

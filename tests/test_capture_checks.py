@@ -1,0 +1,109 @@
+"""The CPU checks of the capture contract catch what they say they catch: the host-sync recorder
+(tests/host_sync.py) and the Python-state check (tests/replay.py), on their own and on copies of
+algos/ppo.py with one of tests/helpers.py's MUTATIONS (written to tmp_path; algos/ is never edited).
+tests/test_bench.py shows gpu_check's CPU part failing on the same copies."""
+
+from __future__ import annotations
+
+import operator
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import load_script, mutated_ppo, run_main
+from tests.host_sync import RecordHostSyncs
+from tests.replay import (assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, changes, python_state,
+                          record_captured)
+from tests.test_scripts import COMMON, TINY, units
+
+
+def test_the_recorder_catches_each_read_to_the_host_once_and_nothing_else():
+    """Each read is recorded once, by its name, including those that dispatch no aten op on a CPU
+    tensor (.cpu(), .tolist(), .numpy(), .to("cpu"), repr); ops that keep values on the device are not."""
+    t, s, i = torch.arange(3.0), torch.tensor(2.0), torch.tensor(1)
+    reads = {"cpu": lambda: t.cpu(), "tolist": lambda: t.tolist(), "numpy": lambda: t.numpy(), "item": lambda: s.item(),
+             "__bool__": lambda: bool(s), "__int__": lambda: int(s), "__float__": lambda: float(s),
+             "__index__": lambda: operator.index(i), "__repr__": lambda: repr(t), "__format__": lambda: f"{s:.2f}",
+             "__array__": lambda: np.asarray(t), "to(cpu)": lambda: t.to("cpu"), "nonzero": lambda: t.nonzero(),
+             "index": lambda: t[t > 1], "_local_scalar_dense": lambda: t[i]}  # a 0-d index is read in C++
+    for name, read in reads.items():
+        with RecordHostSyncs() as recorder:
+            read()
+        assert recorder.syncs == [name], (name, recorder.syncs)
+    with RecordHostSyncs() as recorder:  # on the device, whatever the device: no read
+        t + 1, t.to(torch.float64), t.to(torch.device("cpu")), t.sum(), torch.where(t > 1, t, 0.0), t[1:], t.clone()
+    assert recorder.syncs == []
+
+
+COUNTER = 0
+
+
+def test_python_state_sees_closure_cells_run_attributes_and_module_attributes():
+    """What a replay would not redo shows as a change; a tensor written in place (which a replay
+    redoes) does not."""
+    from common.run import Run
+
+    global COUNTER
+    run = Run(args=None, algo="x", rank=0, world_size=1, device=torch.device("cpu"), is_main=True)
+    sums, live, calls = {}, torch.zeros(2), 0
+
+    def fn(kind):
+        nonlocal live, calls
+        global COUNTER
+        if kind == "cell":
+            calls += 1
+        elif kind == "run":
+            run.sps += 1.0
+        elif kind == "module":
+            COUNTER += 1
+        elif kind == "key":
+            sums["new"] = torch.zeros(())
+        elif kind == "rebound":
+            live = live + 1
+        else:
+            live.add_(1)
+
+    expected = {"cell": "fn.<calls>: 0 -> 1", "run": "fn.<run>.sps: 0.0 -> 1.0",
+                "module": f"{__name__}.COUNTER: 0 -> 1", "key": "fn.<sums>", "rebound": "fn.<live>: tensor@"}
+    for kind, change in expected.items():
+        before = python_state(fn, run)
+        fn(kind)
+        found = changes(before, python_state(fn, run))
+        assert len(found) >= 1 and found[0].startswith(change), (kind, found)
+    before = python_state(fn, run)
+    fn("in place")
+    assert changes(before, python_state(fn, run)) == []
+    COUNTER = 0
+
+
+@pytest.mark.parametrize("mutation, message", [
+    ("tolist", r"update: call 2 reads tensors on the host \(tolist\)"),
+    ("counter", r"update: call 2 changes Python state, which a graph replay would not: "
+                r"update_fn\.<iterations_in_stats>: 0 -> 1"),
+])
+def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_python_state(mutation, message, tmp_path,
+                                                                                         monkeypatch):
+    """The capture contract test's checks (tests/test_scripts.py) on a copy of ppo.py with a `.tolist()`
+    in its captured update, or its `iterations_in_stats += 1` moved into it: the copy trains as ppo
+    does on a CPU, and the check of its update fails, naming it; every other captured function passes."""
+    path = mutated_ppo(tmp_path, mutation)
+    module = load_script(path.stem, path)
+    signatures = record_captured(monkeypatch, module)
+    run_main(module, **{**COMMON, **TINY["ppo"]["kwargs"], "output_dir": str(tmp_path / "out"),
+                        "total_timesteps": units("ppo", 3)})
+    assert {"rollout", "update"} <= set(signatures)
+    for name, calls in signatures.items():
+        checks = (assert_replays_alike, assert_no_host_sync, assert_keeps_python_state)
+        if name != "update":
+            for check in checks:
+                check(name, calls)
+            continue
+        failed = []
+        for check in checks:
+            try:
+                check(name, calls)
+            except AssertionError as e:
+                failed.append(str(e))
+        assert len(failed) == 1 and re.match(message, failed[0]), failed
