@@ -80,15 +80,17 @@ def python_state(fn, run=None, depth: int = 8) -> dict[str, str]:
 
     Walked from `fn` and `run` (the run's attributes), `depth` levels deep, through what the
     project's own code holds (algos/, common/ and the file of `fn`, so a copy of a script anywhere):
-    its functions' closure cells (`<name>`) and the module attributes their code names
-    (`module.name`; of a project module, also those used as `module.attr`); bound methods and
-    functools.partial; dicts, lists, tuples and sets; TensorDicts by their leaves; and the
-    attributes of instances of the project's classes, nn.Modules and optimizers. Anything else
-    (torch's and other packages' functions, classes, writers, spaces) counts by its identity only,
-    and tensor values are not Python state (ReplaySignature checks the tensors a call reads)."""
+    its functions' closure cells (`<name>`; through torch.compile's wrapper to the function it
+    compiles) and the module attributes their code names (`module.name`; of a project module, also
+    those used as `module.attr`); bound methods and functools.partial; dicts, lists, tuples and
+    sets; TensorDicts by their leaves; and the attributes of instances of the project's classes,
+    nn.Modules and optimizers. Anything else (torch's and other packages' functions, classes,
+    writers, spaces) counts by its identity only, and tensor values are not Python state
+    (ReplaySignature checks the tensors a call reads)."""
     from tensordict import TensorDictBase
 
-    own_files = {fn.__code__.co_filename} if isinstance(fn, types.FunctionType) else set()
+    root = getattr(fn, "_torchdynamo_orig_callable", fn)
+    own_files = {root.__code__.co_filename} if isinstance(root, types.FunctionType) else set()
     ours = lambda filename: filename in own_files or _project_file(filename)  # noqa: E731
     state: dict[str, str] = {}
     seen: set[int] = set()
@@ -120,6 +122,8 @@ def python_state(fn, run=None, depth: int = 8) -> dict[str, str]:
         elif isinstance(x, types.FunctionType):
             if ours(x.__code__.co_filename):
                 walk_function(x, path, level)
+            elif hasattr(x, "_torchdynamo_orig_callable"):  # torch.compile's wrapper: the function it compiles
+                walk(x._torchdynamo_orig_callable, f"{path}.<compiled>", level + 1)
         elif isinstance(x, types.MethodType):
             walk(x.__self__, f"{path}.__self__", level + 1)
             walk(x.__func__, f"{path}.__func__", level + 1)

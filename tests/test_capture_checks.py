@@ -75,6 +75,10 @@ def test_python_state_sees_closure_cells_run_attributes_and_module_attributes():
     before = python_state(fn, run)
     fn("in place")
     assert changes(before, python_state(fn, run)) == []
+    compiled = torch.compile(fn)  # seen through torch.compile's wrapper (never called here: nothing compiles)
+    before = python_state(compiled, run)
+    fn("cell")
+    assert changes(before, python_state(compiled, run)) == ["fn.<compiled>.<calls>: 1 -> 2"]
     COUNTER = 0
 
 
