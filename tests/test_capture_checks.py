@@ -86,7 +86,7 @@ def test_python_state_sees_closure_cells_run_attributes_and_module_attributes():
     ("tolist", r"update: call 2 reads tensors on the host \(tolist\)"),
     ("counter", r"update: call 2 changes Python state, which a graph replay would not: "
                 r"update_fn\.<iterations_in_stats>: 0 -> 1"),
-])
+], ids=["tolist", "counter"])
 def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_python_state(mutation, message, tmp_path,
                                                                                          monkeypatch):
     """The capture contract test's checks (tests/test_scripts.py) on a copy of ppo.py with a `.tolist()`
