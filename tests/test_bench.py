@@ -4,6 +4,7 @@ is compared with a speed (speed claims come from running the benchmark, never fr
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -254,29 +255,132 @@ def test_mjlab_benchmark_smoke(tmp_path, capsys):
 
 def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
     """python -m tests.benchmarks.gpu_check without a GPU: every script's iterations with the host-sync
-    recorder, the compiled acting step against eager, torchrun with one rank (gloo) and its NaN-guard
-    exit; the CUDA tests, the parity of the compiled runs and the speed table listed as skipped. The
-    report is written as markdown and JSON."""
+    recorder and the Python-state check, the compiled acting step against eager and its own random
+    numbers, torchrun with one rank (gloo) and its NaN-guard exit; the CUDA tests, the compiled runs
+    and the speed sections listed as skipped. Beside the scripts, two copies of ppo.py with a mutation
+    each (tests/helpers.py's MUTATIONS): today's scripts pass, and each copy fails, naming its captured
+    function. The report is written as markdown and JSON."""
     import subprocess
     import sys
 
     from tests.benchmarks.gpu_check import ROOT
-    from tests.helpers import subprocess_env
+    from tests.helpers import mutated_ppo, subprocess_env
 
     if torch.cuda.is_available():
         pytest.skip("with a GPU the command runs its GPU part (minutes): run it by hand")
     out = tmp_path / "report"
-    result = subprocess.run([sys.executable, "-m", "tests.benchmarks.gpu_check", "--out", str(out), "--num-envs", "16",
-                             "--iterations", "12"], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((out / "gpu_check.json").read_text())
-    assert report["verdict"] == "all passed" and (out / "gpu_check.md").read_text().startswith("# GPU check")
     scripts = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))
-    assert sorted(r["algo"] for r in report["checks"]) == scripts
-    for r in report["checks"]:
-        assert r["status"] == "ok" and r["syncs"] == [] and r["summary"]["iteration"] == 12, r
-    assert report["acting_parity"]["status"] == "ok"
-    assert {k: r["status"] for k, r in report["torchrun"].items()} == {"distributed_paths": "ok", "nan_guard_exit": "ok"}
-    assert report["tests"]["status"] == "skipped" and len(report["tests"]["tests"]) >= 10
-    assert any("speed" in s for s in report["skipped"]) and "speed" not in report
+    copies = [str(mutated_ppo(tmp_path, mutation)) for mutation in ("tolist", "counter")]
+    result = subprocess.run([sys.executable, "-m", "tests.benchmarks.gpu_check", "--out", str(out), "--num-envs", "16",
+                             "--iterations", "12", "--algos", *scripts, *copies], cwd=ROOT, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["verdict"] == "failed: checks" and (out / "gpu_check.md").read_text().startswith("# GPU check")
+    sections = report["sections"]
+    checks = {r["algo"]: r for r in sections["checks"]["result"]["scripts"]}
+    assert sorted(checks) == sorted([*scripts, "ppo_tolist", "ppo_counter"])
+    for algo in scripts:
+        r = checks[algo]
+        assert r["status"] == "ok" and r["syncs"] == [] and r["python_state"] == [] and r["summary"]["iteration"] == 12, r
+    assert checks["ppo_tolist"]["syncs"] and all(re.fullmatch(r"tolist in \S+/ppo_tolist\.py:\d+ update_fn", s)
+                                                 for s in checks["ppo_tolist"]["syncs"]), checks["ppo_tolist"]["syncs"]
+    assert checks["ppo_tolist"]["python_state"] == [] and checks["ppo_counter"]["syncs"] == []
+    assert checks["ppo_counter"]["python_state"][0].startswith("update: call 2 changes update_fn.<iterations_in_stats>")
+    assert {f.split(":")[0] for f in sections["checks"]["failures"]} == {"ppo_tolist", "ppo_counter"}
+    acting = sections["parity"]["result"]["acting"]
+    assert acting["status"] == "ok" and acting["rng"]["status"] == "ok"
+    assert sections["parity"]["status"] == sections["torchrun"]["status"] == "ok"
+    assert {k: r["status"] for k, r in sections["torchrun"]["result"].items()} == {"distributed_paths": "ok",
+                                                                                   "nan_guard_exit": "ok"}
+    assert sections["tests"]["status"] == "skipped" and len(sections["tests"]["result"]["tests"]) >= 10
+    assert sum("speed" in s for s in report["skipped"]) == 2 and "speed" not in sections
+
+
+def test_gpu_check_parts_fit_a_short_reservation(capsys):
+    """Each of gpu_check's parts is expected within 9 minutes on one H100, together they hold every
+    section once, and the plan a run prints lists its sections' expected minutes and the parts."""
+    from tests.benchmarks import gpu_check
+
+    assert sorted(s for part in gpu_check.PARTS for s in part) == sorted(gpu_check.SECTIONS)
+    assert all(gpu_check.expected_minutes(part) <= 9 for part in gpu_check.PARTS)
+    assert gpu_check.expected_minutes(gpu_check.SECTIONS) <= 20
+    gpu_check.print_plan(list(gpu_check.SECTIONS), "gpu", "cuda")
+    plan = capsys.readouterr().err
+    for section, minutes in gpu_check.EXPECTED_MINUTES.items():
+        assert re.search(rf"{re.escape(section)} +{minutes:4.1f} min on one H100", plan), plan
+    for part in gpu_check.PARTS:
+        assert f"--sections {' '.join(part)}   # about {gpu_check.expected_minutes(part):.1f} min" in plan
+
+
+def test_gpu_check_parity_compares_the_same_plan_eager_and_compiled(tmp_path):
+    """Both sides of gpu_check's parity take one plan (the same --total-timesteps and iterations):
+    pqn, whose epsilon schedule depends on the total steps, run eagerly on both sides ends iteration 5
+    with every tensor of its checkpoint (model, optimizer, normalizers, env and each rank's state)
+    equal. A run planned for fewer total steps (what the eager side once was) differs."""
+    from tests.benchmarks import gpu_check
+    from tests.helpers import load_script, run_main
+
+    pqn = load_script("pqn")
+    args = gpu_check.plan("pqn", "cpu", True, 8, 16, tmp_path)
+    for name, total in (("eager", None), ("compiled", None), ("shorter", 5 * 16 * pqn.Args().num_steps)):
+        run_main(pqn, **{**args, "run_name": name, **({"total_timesteps": total} if total else {})})
+    same = gpu_check.parity(tmp_path / "eager", tmp_path / "compiled")
+    assert same["status"] == "ok" and same["max_abs_diff"] == 0.0 and same["iteration"] == 5, same
+    assert same["parts"] == ["model", "optimizers", "ranks", "state"] and same["tensors"] > 20
+    other = gpu_check.parity(tmp_path / "eager", tmp_path / "shorter")
+    assert other["status"] == "differs" and other["max_abs_diff"] > 0, other
+
+
+def test_gpu_check_accepts_only_the_graph_breaks_that_an_update_step_brings():
+    """dynamo's graph breaks as gpu_check's checks judge them: those of compiling a whole update step
+    (backward(), the optimizer's zero_grad and step, a normalizer update kept out on purpose with
+    torch.compiler.disable) are by design; an nn.LSTM that dynamo will not trace and a graph_break()
+    of a script's own fail. Dynamo's own breaks, traced with its eager backend (no inductor)."""
+    from torch._dynamo.utils import graph_break_reasons
+
+    from common.normalize import RunningMeanStd
+    from tests.benchmarks.gpu_check import accepted_break
+
+    net, lstm, rms = torch.nn.Linear(3, 1), torch.nn.LSTM(3, 3), RunningMeanStd(3)
+    optimizer = torch.optim.Adam(net.parameters())
+
+    def update(x):
+        rms.update(x)
+        loss = net(rms(x)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    def act(x):
+        return lstm(x)[0] + 1
+
+    def own_break(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    judged = {}
+    for name, fn, x in (("update", update, torch.randn(4, 3)), ("act", act, torch.randn(2, 4, 3)),
+                        ("own_break", own_break, torch.randn(3))):
+        torch._dynamo.reset()
+        first = len(graph_break_reasons)
+        torch.compile(fn, backend="eager")(x)
+        judged[name] = [accepted_break(r) for r in graph_break_reasons[first:] if r.graph_break]
+    torch._dynamo.reset()
+    assert set(judged["update"]) == {"backward()", "the optimizer's zero_grad", "the optimizer's step",
+                                     "a torch.compiler.disable'd function"}, judged
+    assert judged["act"] and judged["own_break"] and set(judged["act"] + judged["own_break"]) == {None}, judged
+
+
+def test_gpu_check_judges_captured_random_numbers_by_distribution():
+    """The judgment of the captured acting step's own random numbers: independent standard normal
+    draws pass; the same draws at every replay or every step, or a wrong scale, fail by name."""
+    from tests.benchmarks.gpu_check import judge_noise
+
+    g = torch.Generator().manual_seed(0)
+    draws = torch.randn(6, 4, 256, generator=g)
+    assert judge_noise(draws)["status"] == "ok", judge_noise(draws)
+    assert judge_noise(draws[:1].expand(6, 4, 256))["failed"] == ["across_replays"]
+    assert judge_noise(draws[:, :1].expand(6, 4, 256))["failed"] == ["across_steps"]
+    assert judge_noise(0.9 * draws)["failed"] == ["var"]

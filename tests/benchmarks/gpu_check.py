@@ -1,32 +1,64 @@
-"""Does the GPU path work, and how fast is it? One command for a person with one GPU and ten minutes:
+"""Does the GPU path work, and how fast is it? One command for a person with one GPU, in parts that
+each fit a short reservation:
 
-    python -m tests.benchmarks.gpu_check [--out DIR] [--sections tests checks torchrun speed]
+    python -m tests.benchmarks.gpu_check --sections tests torchrun     # part 1, about 4.5 min on one H100
+    python -m tests.benchmarks.gpu_check --sections checks parity      # part 2, about 6 min
+    python -m tests.benchmarks.gpu_check --sections speed              # part 3, about 6.5 min
+    python -m tests.benchmarks.gpu_check --sections speed-pendulum     # part 4, about 4 min
 
-It writes DIR/gpu_check.md and DIR/gpu_check.json (DIR defaults to runs/gpu_check), prints the
-markdown, and exits non-zero if anything that ran failed. Sections, each in processes of its own
-(on a GPU 1-3 side by side, as their time is mostly compiling on the CPU's cores, then 4 alone):
+Without --sections it runs them all (about 18 minutes; the parts one after another, about 21). Each run prints its plan first (the
+sections with their expected minutes), writes DIR/gpu_check.md and DIR/gpu_check.json (DIR:
+--out, default runs/gpu_check), prints the markdown, and exits non-zero if anything it ran failed.
+Parts run one after another into the same DIR add up to one report (sections of the same commit
+and device are kept; a section run again replaces its earlier result). The expected minutes are
+estimates (the last measured H100 figure, ppo CartPole-v1 at 4096 envs with compile and CUDA
+graphs at 1.22M SPS, and 30-90 s of compiling per script process), not measurements: the report
+gives each section's measured minutes beside them.
 
-1. tests: the CUDA tests (`pytest -m cuda`: tests/test_cuda.py and the CUDA cases elsewhere).
-2. checks: every script in algos/ for 20 iterations at its CUDA defaults (compile and CUDA graphs
-   on; --log-interval 5 and an evaluation every 10 so that the host-read points come round), with
-   torch.cuda's sync debug mode set to "error" from the start of each iteration's rollout to its
-   first host read (the log, evaluation or save), and dynamo's frame counter read around every
-   call of a captured function once it is warm: zero syncs, zero recompiles, or the function that
-   broke it. Beside it the same flags run eagerly, and the parameters of both after iteration 5
-   (checkpoints/step_*.pt) are compared: inductor draws its random numbers as eager does
-   (fallback_random), and td3/sac's replay buffer samples against its device fill level in both.
-3. torchrun: ppo under `torchrun --nproc-per-node 1`, whose one rank joins an NCCL group and so
-   runs every distributed path (the all-reduces inside the captured update, gather_object at
-   save, the parameter check at the end); then the NaN guard under the same launcher, which must
-   end the rank with the error within seconds (graphs released before the group goes).
-4. speed: ppo and pqn on CartPole-v1 at 4096 and 65536 envs, ppo, td3 and sac on Pendulum-v1 at
-   4096, eager and compile+cudagraphs, each run alone in its own process (tests/benchmarks/bench.py:
-   steady state over 3 log intervals after one of warm-up, from the logged events), next to the
-   env-only SPS.
+Sections (on a GPU the correctness sections, tests to torchrun, run side by side, as their time is
+mostly compiling on the CPU's cores; the speed sections after them, each run alone on the GPU):
 
-Without a GPU it runs what a CPU can and lists the rest as skipped: the checks' iterations on the
-CPU (eager, with a host-sync recorder in place of the sync debug mode), torchrun with gloo, and
-the parity of the compiled acting step; CI runs that mode (tests/test_bench.py).
+tests     the CUDA tests (`pytest -m cuda`: tests/test_cuda.py and the CUDA cases elsewhere).
+checks    every script in algos/ for 20 iterations at its CUDA defaults, compiled and captured,
+          with inductor's own random numbers (the production path; --log-interval 5 and an
+          evaluation every 10 so that the host-read points come round):
+          - torch.cuda's sync debug mode set to "error" from the start of each iteration's rollout
+            to its first host read (the log, evaluation or save): zero syncs, or where one was;
+          - dynamo's counters while each captured function warms up (its compile, warm-up and
+            capture calls): graph breaks (must be 0, with their reasons) and frames compiled;
+            once the function is ready, every call runs under dynamo's error_on_recompile, and a
+            frame compiled then (a new one, not a recompile) fails it too;
+          - the Python state (closure cells, `run` attributes, module attributes) that a captured
+            function changes in any call after its first: none, since a replay runs no Python;
+          - judged by distribution against eager runs of seeds 1-6 (one process): the mean over
+            the run's log points of the episodic return and of every logged loss lies within
+            [min - 3R, max + 3R] of the eager seeds' means (R their range).
+parity    every script: the same plan eager and compiled and captured (the same --total-timesteps,
+          iterations and flags), with inductor drawing its random numbers as eager does
+          (fallback_random); the first numbered checkpoint (iteration 5) of both compared: model,
+          optimizers, normalizers, counters, each rank's state and env state (not the RNG states).
+          And ppo's Gaussian acting step compiled and captured: against eager with fallback_random,
+          and with inductor's own random numbers, judged by distribution (the standardised noise
+          of 6 replays of 4 steps: mean 0, variance 1, no correlation between steps or replays).
+torchrun  ppo under `torchrun --nproc-per-node 1`, whose one rank joins an NCCL group and so runs
+          every distributed path (the all-reduces inside the captured update, gather_object at
+          save, the parameter check at the end); then the NaN guard under the same launcher,
+          which must end the rank with the error within seconds (graphs released before the group).
+speed     CartPole-v1: ppo, ppo_lstm and pqn at 4096 envs, ppo at 65536; eager and
+          compile+cudagraphs, each run alone in its own process (tests/benchmarks/bench.py: steady
+          state over 3 log intervals after one of warm-up), next to the env-only SPS. A run below
+          its floor (FLOORS: 90% of the last figure measured on an H100, applied on H100 and H200)
+          fails, naming the floor.
+speed-pendulum   the same for ppo, td3 and sac on Pendulum-v1 at 4096 envs.
+
+On a machine without a GPU, and no --device, it runs its CPU part, what needs no GPU (CI runs
+it): the checks' iterations eager, with a host-sync recorder (tests/host_sync.py) in place of the
+sync debug mode and the Python-state check; the compiled acting step against eager and its own
+random numbers by distribution; torchrun with gloo; and it lists the rest as skipped. With
+`--device cpu` it runs the GPU plan itself on the CPU, every run eager (a dry run of the plan: the
+checks against eager seeds, the parity of the two plans, which compares like with like when its
+difference is 0.0; the speed sections are listed, not run). A GPU never runs the CPU part.
+--algos takes script names or paths (a copy of a script elsewhere).
 """
 
 from __future__ import annotations
@@ -34,6 +66,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import subprocess
 import sys
@@ -53,22 +86,44 @@ import torch  # noqa: E402
 from tests.benchmarks import bench  # noqa: E402
 from tests.helpers import free_port, load_script, subprocess_env  # noqa: E402
 
-SECTIONS = ("tests", "checks", "torchrun", "speed")
+SECTIONS = ("tests", "checks", "parity", "torchrun", "speed", "speed-pendulum")
+CORRECTNESS = ("tests", "checks", "parity", "torchrun")  # side by side on a GPU
+# Expected minutes on one H100 with 16 cores (estimates, see the docstring): the CUDA tests are
+# mostly their two compiled learning runs (3M and 8M steps); checks and parity compile every
+# script once each, five processes side by side; a speed process is about 55 s compiled (90 s for
+# ppo_lstm) and 20-40 s eager, one at a time.
+EXPECTED_MINUTES = {"tests": 4.0, "checks": 5.0, "parity": 4.0, "torchrun": 1.5, "speed": 6.5, "speed-pendulum": 4.0}
+PARTS = (("tests", "torchrun"), ("checks", "parity"), ("speed",), ("speed-pendulum",))
+WHAT = {"tests": "the CUDA tests (pytest -m cuda)",
+        "checks": "every script compiled and captured: syncs, graph breaks, recompiles, Python state; against eager seeds",
+        "parity": "every script's compiled and eager plans at iteration 5; ppo's captured acting step and its RNG",
+        "torchrun": "ppo under torchrun with one NCCL rank; the NaN guard's exit",
+        "speed": "CartPole-v1 at 4096 (ppo, ppo_lstm, pqn) and 65536 envs (ppo), eager and captured",
+        "speed-pendulum": "Pendulum-v1 at 4096 envs (ppo, td3, sac), eager and captured"}
 MARKER = "GPU_CHECK_RESULT "
 HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_to_write", "save", "finish", "eval_only")
-SPEED_ROWS = [("CartPole-v1", 4096, ("ppo", "pqn")), ("CartPole-v1", 65536, ("ppo", "pqn")),
-              ("Pendulum-v1", 4096, ("ppo", "td3", "sac"))]
+SPEED_ROWS = [("speed", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")), ("speed", "CartPole-v1", 65536, ("ppo",)),
+              ("speed-pendulum", "Pendulum-v1", 4096, ("ppo", "td3", "sac"))]
 SPEED_MODES = ("eager", "compile+cudagraphs")
+# The last measured training SPS of a row, on an H100: its floor is FLOOR_SHARE of it (run-to-run
+# noise), applied on the GPUs named in FLOOR_GPUS (an H200 is at least as fast at these sizes).
+# Rows without a figure have no floor yet: the report prints their figures to add here.
+FLOORS = {("ppo", "CartPole-v1", 4096, "compile+cudagraphs"): 1.22e6}
+FLOOR_SHARE, FLOOR_GPUS = 0.9, ("H100", "H200")
+DISTRIBUTION_SEEDS = (1, 2, 3, 4, 5, 6)
+OUTSIDE = "(outside captured functions)"
+STATISTICS = re.compile(r"^(charts/episodic_return|losses/.*)$")
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. checks: the worker that runs one script with the sync window and the recompile counter
+# The worker: one process, one script, one job (check, eager seeds or parity)
 # ----------------------------------------------------------------------------------------------
 class SyncWindow:
-    """Host syncs are errors while `open`: CUDA's sync debug mode, or on CPU a recorder of the ops
-    that would sync (the optimizers' own step reads left out, as in the contract test)."""
+    """Host syncs are errors while `open`: CUDA's sync debug mode, or on CPU a recorder of the reads
+    that would sync (tests/host_sync.py; the optimizers' own step reads left out, as in the contract
+    test)."""
 
-    def __init__(self, cuda: bool):
+    def __init__(self, cuda: bool, files: set[str]):
         self.cuda, self.open, self.syncs = cuda, False, []
         if not cuda:
             from tests.host_sync import SyncsOutsideTheOptimizer
@@ -76,12 +131,11 @@ class SyncWindow:
             window = self
 
             class Recorder(SyncsOutsideTheOptimizer):
-                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                def record(self, name: str) -> None:
                     before = len(self.syncs)
-                    out = super().__torch_dispatch__(func, types, args, kwargs)
+                    super().record(name)
                     if window.open and len(self.syncs) > before:
-                        window.syncs.append(f"{self.syncs[-1]} in {where()}")
-                    return out
+                        window.syncs.append(f"{name} in {where(files)}")
 
             self.recorder = Recorder()
 
@@ -100,190 +154,312 @@ class SyncWindow:
             self.set(was)
 
 
-def where(tb=None) -> str:
-    """The innermost frame of the project's own code (algos/, common/) in a stack or traceback."""
+def where(files: set[str], tb=None) -> str:
+    """The innermost frame of the checked script or of common/ in a stack or traceback."""
     frames = traceback.extract_tb(tb) if tb is not None else traceback.extract_stack()
-    ours = [f for f in frames if "/algos/" in f.filename or "/common/" in f.filename]
+    ours = [f for f in frames if f.filename in files or "/common/" in f.filename]
     f = (ours or frames)[-1]
     return f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno} {f.name}"
 
 
-def worker(cfg: dict) -> dict:
-    """One run of cfg["algo"] with cfg["args"]; with cfg["check"], the sync window and recompile count."""
-    import common.buffer
-    import common.capture
-    import common.evaluation
+def dynamo_counts() -> tuple[int, int]:
+    """(frames dynamo compiled, graph breaks) so far in this process."""
     from torch._dynamo.utils import counters
 
-    module = load_script(cfg["algo"])
-    real_init = common.buffer.ReplayBuffer.__init__  # sampled against the device fill level in both runs
-    common.buffer.ReplayBuffer.__init__ = lambda self, *a, **k: real_init(self, *a, **{**k, "capturable": True})
-    torch._inductor.config.fallback_random = True
-    cuda = cfg["args"]["device"].startswith("cuda")
-    window, recompiles = SyncWindow(cuda), []
+    return counters["frames"].get("total", 0), sum(counters["graph_break"].values())
 
-    if cfg["check"]:
-        real_captured = common.capture.captured
 
-        def captured(run, name, fn, capture=True):
-            wrapped = real_captured(run, name, fn, capture)
-            ready = getattr(wrapped, "ready", lambda: True)
+def accepted_break(reason) -> str | None:
+    """Why a graph break (dynamo's GraphCompileReason) is there by design, or None. compiled() takes a
+    minibatch's whole update step, and dynamo traces neither backward() nor the optimizer's zero_grad,
+    and torch's optimizer breaks its own step around its gradient mode: the forward, the backward and
+    the optimizer step compile as graphs of their own, and the CUDA graph captures them all. The
+    normalizer updates are kept out of torch.compile on purpose (torch.compiler.disable: inductor
+    drops in-place writes to 0-d float64 tensors). Any other break (an nn.LSTM that dynamo will not
+    trace, data-dependent control flow, a graph_break() of a script's own) is not."""
+    text, frame = reason.reason, (reason.user_stack[-1] if reason.user_stack else None)
+    if "Tensor.backward()" in text:
+        return "backward()"
+    if "Optimizer.zero_grad" in text:
+        return "the optimizer's zero_grad"
+    if frame is not None and "/torch/optim/" in frame.filename:
+        return "the optimizer's step"
+    if "torch.compiler.disable" in text:
+        return "a torch.compiler.disable'd function"
+    return None
 
-            def call(*a, **k):
-                if not ready():  # compile, warm-up and capture may sync and compile
-                    with window.closed():
-                        return wrapped(*a, **k)
-                before = counters["frames"]["ok"]
-                out = wrapped(*a, **k)
-                if counters["frames"]["ok"] > before:
-                    recompiles.append(name)
-                return out
-            return call
 
-        def closing_window(fn):
-            def call(*a, **k):
-                window.set(False)
+def break_text(reason) -> str:
+    frame = reason.user_stack[-1] if reason.user_stack else None
+    at = f" at {Path(frame.filename).name}:{frame.lineno} {frame.name}" if frame is not None else ""
+    return reason.reason.splitlines()[0] + at
+
+
+def statistics(run_dir: Path) -> dict[str, list[float]]:
+    """The logged episodic returns and losses of a run, {tag: [value at each log point]}."""
+    return {tag: [v for _, _, v in events] for tag, events in bench.read_scalars(run_dir).items() if STATISTICS.match(tag)}
+
+
+def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
+    """One run with the sync window, the dynamo counters of each captured function's warm-up,
+    error_on_recompile once it is ready, and the Python state its calls after the first change."""
+    import common.capture
+    import common.evaluation
+    from tests.replay import changes, python_state
+
+    window = SyncWindow(cuda, files)
+    warmup, after_warmup, state_changes, breaks, accepted = {}, {}, [], [], set()
+    real_captured = common.capture.captured
+
+    def watched(name, fn, run):
+        """fn, with the Python state of its calls 2-4 compared before and after (a warm-up or capture
+        call on CUDA; the replays after run no Python, so a change there would stop happening)."""
+        calls = [0]
+
+        def call(*a, **k):
+            calls[0] += 1
+            if not 2 <= calls[0] <= 4:
                 return fn(*a, **k)
-            return call
+            before = python_state(fn, run)
+            out = fn(*a, **k)
+            changed = changes(before, python_state(fn, run))
+            if changed:  # the first call that changed it, and what it changed
+                state_changes.append(f"{name}: call {calls[0]} changes {'; '.join(changed[:3])}")
+                calls[0] = 4
+            return out
+        return call
 
-        real_timed = module.timed
+    def captured(run, name, fn, capture=True):  # capture=False: run step by step, Python state allowed
+        wrapped = real_captured(run, name, watched(name, fn, run) if capture else fn, capture)
+        ready = getattr(wrapped, "ready", lambda: True)
 
-        @contextmanager
-        def timed(run, phase):
-            if phase == "rollout":
-                window.set(True)  # an iteration starts: no host read until its first host-read point
-            with real_timed(run, phase):
-                yield
+        def call(*a, **k):
+            frames, graph_breaks = dynamo_counts()
+            if not ready():  # compile, warm-up and capture may sync and compile
+                from torch._dynamo.utils import graph_break_reasons
 
-        module.captured = common.capture.captured = common.evaluation.captured = captured
-        module.timed = timed
-        for name in HOST_READS:
-            if hasattr(module, name):
-                setattr(module, name, closing_window(getattr(module, name)))
+                first = len(graph_break_reasons)
+                with window.closed():
+                    out = wrapped(*a, **k)
+                counts = warmup.setdefault(name, {"frames": 0, "graph_breaks": 0, "accepted": 0})
+                frames_now, breaks_now = dynamo_counts()
+                counts["frames"] += frames_now - frames
+                counts["graph_breaks"] += breaks_now - graph_breaks
+                for reason in graph_break_reasons[first:]:
+                    why = accepted_break(reason)
+                    if reason.graph_break and why is None:
+                        breaks.append(f"{name}: {break_text(reason)}")
+                    elif reason.graph_break:
+                        counts["accepted"] += 1
+                        accepted.add(f"{name}: {why}")
+                return out
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                out = wrapped(*a, **k)
+            if dynamo_counts()[0] > frames:
+                after_warmup[name] = after_warmup.get(name, 0) + dynamo_counts()[0] - frames
+            return out
+        return call
 
-    result = {"algo": cfg["algo"], "status": "ok"}
+    def closing_window(fn):
+        def call(*a, **k):
+            window.set(False)
+            return fn(*a, **k)
+        return call
+
+    real_timed = module.timed
+
+    @contextmanager
+    def timed(run, phase):
+        if phase == "rollout":
+            window.set(True)  # an iteration starts: no host read until its first host-read point
+        with real_timed(run, phase):
+            yield
+
+    module.captured = common.capture.captured = common.evaluation.captured = captured
+    module.timed = timed
+    for name in HOST_READS:
+        if hasattr(module, name):
+            setattr(module, name, closing_window(getattr(module, name)))
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # never fall back to eager without a word
+    start = dynamo_counts()
+    result = {"status": "ok"}
     try:
-        if cfg["check"] and not cuda:
-            with window.recorder:
-                summary = module.main(module.Args(**cfg["args"]))
+        if cuda or args.get("compile"):  # (on a CPU a dispatch mode would keep dynamo from compiling)
+            summary = module.main(module.Args(**args))
         else:
-            summary = module.main(module.Args(**cfg["args"]))
+            with window.recorder:
+                summary = module.main(module.Args(**args))
         result["summary"] = {k: summary.get(k) for k in ("global_step", "iteration", "compile", "cudagraphs",
                                                          "compile_seconds", "wall_seconds", "params_in_sync")}
+        result["statistics"] = statistics(Path(args["output_dir"]) / args["run_name"])
     except BaseException as e:  # noqa: BLE001 -- reported, with where it happened
         window.set(False)
         result.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                      at=where(e.__traceback__))
-    result.update(syncs=window.syncs, recompiles=sorted(set(recompiles)))
+                      at=where(files, e.__traceback__))
+    end = dynamo_counts()
+    elsewhere = {"frames": end[0] - start[0] - sum(c["frames"] for c in warmup.values()) - sum(after_warmup.values()),
+                 "graph_breaks": end[1] - start[1] - sum(c["graph_breaks"] for c in warmup.values())}
+    if any(elsewhere.values()):  # compiled code called outside the captured functions
+        warmup[OUTSIDE] = elsewhere
+    result.update(syncs=window.syncs, warmup=warmup, graph_breaks=sorted(set(breaks), key=breaks.index),
+                  accepted_breaks=sorted(accepted), frames_after_warmup=after_warmup, python_state=state_changes)
     return result
+
+
+def parity(eager: Path, compiled: Path) -> dict:
+    """Every tensor of the first numbered checkpoints of two runs, compared (the RNG states left out:
+    inductor's draws leave other generator states): floats to rtol 1e-3 and atol 1e-4, the rest exactly."""
+    def first(run_dir):
+        files = sorted((run_dir / "checkpoints").glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
+        return torch.load(files[0], weights_only=True) if files else None
+
+    a, b = first(eager), first(compiled)
+    if a is None or b is None:
+        return {"status": "failed", "error": "no step checkpoint"}
+    if a["iteration"] != b["iteration"] or a["global_step"] != b["global_step"]:
+        return {"status": "failed", "error": f"checkpoints of iterations {a['iteration']} and {b['iteration']}"}
+    worst, worst_name, bad, compared, parts = 0.0, None, [], 0, set()
+
+    def walk(x, y, path):
+        nonlocal worst, worst_name, compared
+        if isinstance(x, dict):
+            for k in x:
+                if k != "rng":
+                    walk(x[k], y.get(k) if isinstance(y, dict) else None, f"{path}/{k}")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, y[i] if isinstance(y, (list, tuple)) and i < len(y) else None, f"{path}[{i}]")
+        elif torch.is_tensor(x):
+            compared += 1
+            parts.add(path.split("/")[1].split("[")[0])
+            if not torch.is_tensor(y) or y.shape != x.shape:
+                bad.append(f"{path}: missing or of another shape")
+                return
+            if x.is_floating_point():
+                diff = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
+                if diff > worst or math.isnan(diff):
+                    worst, worst_name = diff, path
+                if not torch.allclose(y.double(), x.double(), rtol=1e-3, atol=1e-4, equal_nan=True):
+                    bad.append(path)
+            elif not torch.equal(x, y):
+                bad.append(path)
+
+    walk({k: a[k] for k in ("model", "optimizers", "state", "ranks") if k in a},
+         {k: b[k] for k in ("model", "optimizers", "state", "ranks") if k in b}, "")
+    return {"status": "ok" if not bad else "differs", "iteration": a["iteration"], "max_abs_diff": worst,
+            "worst_tensor": worst_name, "tensors": compared, "parts": sorted(parts), "differing": bad[:5]}
+
+
+def worker(cfg: dict) -> dict:
+    """cfg["job"] of cfg["script"] (a name in algos/ or a path) with cfg["args"]:
+    check: one checked run; seeds: eager runs of cfg["seeds"]; parity: the plan eager, then compiled
+    (cfg["compile"]) with fallback_random, their checkpoints compared."""
+    import common.buffer
+
+    module = load(cfg["script"])
+    files = {str(Path(module.__file__).resolve()), module.__file__}
+    real_init = common.buffer.ReplayBuffer.__init__  # sampled against the device fill level in every run
+    common.buffer.ReplayBuffer.__init__ = lambda self, *a, **k: real_init(self, *a, **{**k, "capturable": True})
+    args = cfg["args"]
+    cuda = args["device"].startswith("cuda")
+    result = {"algo": cfg["algo"], "job": cfg["job"]}
+    if cfg["job"] == "check":
+        return {**result, **check_run(module, args, cuda, files)}
+    try:
+        if cfg["job"] == "seeds":
+            result["statistics"] = {}
+            for seed in cfg["seeds"]:
+                module.main(module.Args(**{**args, "seed": seed, "run_name": f"seed{seed}"}))
+                result["statistics"][seed] = statistics(Path(args["output_dir"]) / f"seed{seed}")
+        else:  # parity
+            out = Path(args["output_dir"])
+            module.main(module.Args(**{**args, "run_name": "eager", "compile": False, "cudagraphs": False}))
+            with torch._inductor.config.patch(fallback_random=True):
+                module.main(module.Args(**{**args, "run_name": "compiled", "compile": cfg["compile"],
+                                           "cudagraphs": cfg["compile"] and cuda}))
+            result["parity"] = parity(out / "eager", out / "compiled")
+        result["status"] = "ok"
+    except BaseException as e:  # noqa: BLE001 -- reported, with where it happened
+        result.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                      at=where(files, e.__traceback__))
+    return result
+
+
+def say(msg: str) -> None:
+    print(f"[gpu_check] {msg}", file=sys.stderr, flush=True)
 
 
 def run_worker(cfg: dict, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "tests.benchmarks.gpu_check", "--worker", json.dumps(cfg)]
+    t0 = time.time()
     rc, output = bench.run_command(cmd, timeout, subprocess_env())
     lines = [line for line in output.splitlines() if line.startswith(MARKER)]
-    if not lines:
-        return {"algo": cfg["algo"], "status": "failed", "error": bench.failure_reason(output), "returncode": rc}
-    return json.loads(lines[-1][len(MARKER):])
+    if lines:
+        result = {**json.loads(lines[-1][len(MARKER):]), "seconds": time.time() - t0}
+    else:
+        result = {"algo": cfg["algo"], "job": cfg["job"], "status": "failed", "error": bench.failure_reason(output),
+                  "returncode": rc, "seconds": time.time() - t0}
+    say(f"{cfg['job']} of {cfg['algo']}: {result['status']} in {result['seconds']:.0f} s")
+    return result
 
 
-def plan(algo: str, device: str, iterations: int, num_envs: int | None, out: Path, name: str) -> dict:
-    """The flags of a check run: the script's defaults on the device, and the schedule of host reads."""
-    module = load_script(algo)
+# ----------------------------------------------------------------------------------------------
+# The plan of a script's runs
+# ----------------------------------------------------------------------------------------------
+def script_name(algo: str) -> str:
+    return Path(algo).stem if algo.endswith(".py") else algo
+
+
+def load(algo: str):
+    """A script by its name in algos/, or by its path (a copy elsewhere)."""
+    return load_script(script_name(algo), Path(algo) if algo.endswith(".py") else None)
+
+
+def plan(algo: str, device: str, gpu_sizes: bool, iterations: int, num_envs: int | None, out: Path) -> dict:
+    """The flags of a planned run: the script's defaults (on a GPU's sizes with `gpu_sizes`, also on a
+    CPU for a dry run), and the schedule of host reads. Every run of a script (checked, eager seeds,
+    both sides of the parity) takes these flags, so the same --total-timesteps and schedules."""
+    module = load(algo)
     fields = {f.name: f.default for f in dataclasses.fields(module.Args)}
-    cuda = device.startswith("cuda")
     if num_envs is None:
         num_envs = fields["num_envs"]
         if num_envs is None:  # a device default of the script's (td3/sac: DEVICE_DEFAULTS)
-            num_envs = module.DEVICE_DEFAULTS["num_envs"][0 if cuda else 1]
+            num_envs = module.DEVICE_DEFAULTS["num_envs"][0 if gpu_sizes else 1]
     steps = num_envs * fields.get("num_steps", 1)
     args = dict(device=device, num_envs=num_envs, total_timesteps=iterations * steps, output_dir=str(out),
-                run_name=name, progress=False, log_interval=5, eval_interval=10, checkpoint_interval=5,
+                run_name="run", progress=False, log_interval=5, eval_interval=10, checkpoint_interval=5,
                 save_interval=10**9, num_eval_envs=min(fields["num_eval_envs"], num_envs))
     if "learning_starts" in fields:  # off-policy: updates from the third iteration on
         args["learning_starts"] = 2 * steps
     return args
 
 
-def parity(eager_dir: Path, compiled_dir: Path) -> dict:
-    """The models of the first numbered checkpoints (iteration 5) of both runs, compared."""
-    def first(run_dir):
-        files = sorted((run_dir / "checkpoints").glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
-        return torch.load(files[0], weights_only=True) if files else None
-
-    a, b = first(eager_dir), first(compiled_dir)
-    if a is None or b is None:
-        return {"status": "failed", "error": "no step checkpoint"}
-    worst, worst_name, close = 0.0, None, True
-    for k, x in a["model"].items():
-        if not x.is_floating_point():
-            continue
-        y = b["model"][k]
-        diff = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
-        if diff > worst:
-            worst, worst_name = diff, k
-        close &= torch.allclose(y.double(), x.double(), rtol=1e-3, atol=1e-4)
-    return {"status": "ok" if close else "differs", "iteration": a["iteration"], "max_abs_diff": worst,
-            "worst_tensor": worst_name}
-
-
-def section_checks(device: str, algos: list[str], iterations: int, num_envs: int | None, timeout: float) -> list[dict]:
-    """On CUDA the scripts' runs go side by side (correctness only: most of their time is compiling,
-    which runs on the CPU's cores); on a CPU one after the other."""
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        def check(algo: str) -> dict:
-            out = Path(tmp) / algo
-            t0 = time.time()
-            if device.startswith("cuda"):
-                checked = run_worker({"algo": algo, "check": True, "args": {
-                    **plan(algo, device, iterations, num_envs, out, "compiled"), "compile": True, "cudagraphs": True}},
-                    timeout)
-                eager = run_worker({"algo": algo, "check": False, "args": {
-                    **plan(algo, device, 5, num_envs, out, "eager"), "compile": False, "cudagraphs": False}}, timeout)
-                checked["parity"] = (parity(out / "eager", out / "compiled") if "ok" == checked["status"] == eager["status"]
-                                     else {"status": "skipped", "error": eager.get("error") or "the checked run failed"})
-            else:  # the same iterations, eager: the sync recorder stands in for the debug mode
-                checked = run_worker({"algo": algo, "check": True, "args": plan(algo, device, iterations, num_envs, out,
-                                                                                  "checked")}, timeout)
-                checked["parity"] = {"status": "skipped", "error": "needs CUDA"}
-            checked["seconds"] = time.time() - t0
-            return checked
-
-        with ThreadPoolExecutor(max_workers=len(algos) if device.startswith("cuda") else 1) as pool:
-            return list(pool.map(check, algos))
-
-
-def acting_parity(device: str) -> dict:
-    """ppo's Gaussian acting step compiled (and captured on CUDA) against eager: the same actions and
-    log-probs from the same generator state (inductor's fallback_random)."""
-    import torch._inductor.config
-    from tensordict.nn import CudaGraphModule
-
-    from common.envs import make_env
-
-    ppo = load_script("ppo")
-    envs = make_env("Pendulum-v1", 256, device=device, seed=1)
-    obs, _ = envs.reset()
-    agent = ppo.Agent(obs["policy"].shape[-1], None, envs.single_action_space, ppo.Args()).to(device)
-    act = lambda o: agent.act(o)  # noqa: E731
-    fast = torch.compile(act)
-    if device.startswith("cuda"):
-        fast = CudaGraphModule(fast, warmup=3)
-    results = []
-    with torch.no_grad(), torch._inductor.config.patch(fallback_random=True):
-        for fn in (act, fast):
-            torch.manual_seed(0)
-            results.append([tuple(t.clone() for t in fn(obs)) for _ in range(5)])
-    diffs = [max((x - y).abs().max().item() for x, y in zip(a, b)) for a, b in zip(*results)]
-    return {"status": "ok" if max(diffs) < 1e-5 else "differs", "max_abs_diff": max(diffs),
-            "captured": device.startswith("cuda")}
+def distribution(checked: dict, eager: dict) -> dict:
+    """Each statistic's mean over the log points of the checked run against the eager seeds' means:
+    within [min - 3R, max + 3R], R the seeds' range (at least 1e-3 of their mean's size, so seeds
+    that agree to the bit still allow rounding). With 6 seeds a draw of the same distribution falls
+    outside with a probability of about 4e-4 (normal draws)."""
+    rows, bad = [], []
+    for tag, values in sorted(checked.items()):
+        means = [sum(v) / len(v) for v in (s.get(tag) for s in eager.values()) if v]
+        if len(means) < len(eager) or not values:
+            continue  # a statistic some run never logged (no episode finished): nothing to compare
+        value = sum(values) / len(values)
+        lo, hi = min(means), max(means)
+        r = max(hi - lo, 1e-3 * abs(sum(means) / len(means)))
+        inside = math.isfinite(value) and lo - 3 * r <= value <= hi + 3 * r
+        rows.append({"tag": tag, "value": value, "band": [lo - 3 * r, hi + 3 * r], "eager": [min(means), max(means)]})
+        if not inside:
+            bad.append(f"{tag} {value:.4g} outside [{lo - 3 * r:.4g}, {hi + 3 * r:.4g}]")
+    return {"status": "ok" if rows and not bad else "differs" if bad else "failed", "statistics": rows, "outside": bad,
+            "seeds": sorted(eager), **({} if rows else {"error": "no statistic logged by every run"})}
 
 
 # ----------------------------------------------------------------------------------------------
-# 1, 3, 4: tests, torchrun, speed
+# Sections
 # ----------------------------------------------------------------------------------------------
-def section_tests(cuda: bool, timeout: float) -> dict:
-    if not cuda:
+def section_tests(gpu: bool, timeout: float) -> dict:
+    if not gpu:
         out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider"],
                              cwd=ROOT, capture_output=True, text=True, env=subprocess_env())
         return {"status": "skipped", "error": "needs CUDA", "tests": [ln for ln in out.stdout.splitlines() if "::" in ln]}
@@ -296,6 +472,125 @@ def section_tests(cuda: bool, timeout: float) -> dict:
         failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
     return {"status": "ok" if rc == 0 else "failed", "returncode": rc, "counts": counts, "failed": failed,
             "tail": output.splitlines()[-1] if output else ""}
+
+
+def section_checks(mode: str, device: str, algos: list[str], cfg: argparse.Namespace) -> dict:
+    """mode "gpu": each script's checked run (compiled and captured) and its eager seeds, side by side;
+    "dry": the same plan on a CPU, every run eager; "cpu": the checked runs only, eager (the CPU part)."""
+    cuda = device.startswith("cuda")
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        def job(algo: str, kind: str) -> dict:
+            out = Path(tmp) / script_name(algo) / kind
+            args = plan(algo, device, mode != "cpu", cfg.iterations, cfg.num_envs, out)
+            spec = {"algo": script_name(algo), "script": algo, "job": kind}
+            if kind == "check":
+                return run_worker({**spec, "args": {**args, "compile": cuda, "cudagraphs": cuda}}, cfg.timeout)
+            return run_worker({**spec, "seeds": list(DISTRIBUTION_SEEDS),
+                               "args": {**args, "compile": False, "cudagraphs": False}}, cfg.timeout)
+
+        kinds = ("check",) if mode == "cpu" else ("check", "seeds")
+        jobs = [(algo, kind) for algo in algos for kind in kinds]
+        t0 = time.time()
+        with ThreadPoolExecutor(max_workers=len(jobs) if cuda else 1) as pool:
+            done = dict(zip(jobs, pool.map(lambda j: job(*j), jobs)))
+    rows = []
+    for algo in algos:
+        row = done[(algo, "check")]
+        if mode == "cpu":
+            row["distribution"] = {"status": "skipped", "error": "needs CUDA: here the checked run is eager"}
+        else:
+            seeds = done[(algo, "seeds")]
+            row["distribution"] = (distribution(row["statistics"], seeds["statistics"])
+                                   if row["status"] == seeds["status"] == "ok"
+                                   else {"status": "skipped", "error": seeds.get("error") or "the checked run failed"})
+        row.pop("statistics", None)
+        if mode != "cpu":
+            row["seconds"] = max(row["seconds"], done[(algo, "seeds")]["seconds"])  # side by side on a GPU
+        rows.append(row)
+    return {"scripts": rows, "seconds": time.time() - t0, "compiled": cuda, "mode": mode, "iterations": cfg.iterations}
+
+
+def section_parity(mode: str, device: str, algos: list[str], cfg: argparse.Namespace) -> dict:
+    """Each script's plan eager and compiled (captured on CUDA) with fallback_random, one process per
+    script; then ppo's acting step. The CPU part runs the acting step only."""
+    cuda = device.startswith("cuda")
+    rows = []
+    t0 = time.time()
+    if mode != "cpu":
+        with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+            def job(algo: str) -> dict:
+                args = plan(algo, device, True, cfg.iterations, cfg.num_envs, Path(tmp) / script_name(algo))
+                return run_worker({"algo": script_name(algo), "script": algo, "job": "parity", "compile": cuda,
+                                   "args": args}, cfg.timeout)
+
+            with ThreadPoolExecutor(max_workers=len(algos) if cuda else 1) as pool:
+                rows = list(pool.map(job, algos))
+    return {"scripts": rows, "acting": acting_step(device), "seconds": time.time() - t0, "compiled": cuda,
+            **({"skipped": "needs CUDA; --device cpu runs both eager, a dry run"} if mode == "cpu" else {})}
+
+
+def acting_step(device: str) -> dict:
+    """ppo's Gaussian acting step compiled (and captured on CUDA) against eager: the same actions and
+    log-probs from the same generator state with fallback_random; and with inductor's own random
+    numbers, four steps per call as in a rollout, replayed six times on one observation: the noise
+    (action - mean) / std is judged by distribution, each bound 5 standard errors (a broken draw
+    under capture, such as the same numbers at every replay or every step, fails it)."""
+    import torch._inductor.config
+    from tensordict.nn import CudaGraphModule
+
+    from common.envs import make_env
+
+    cuda = device.startswith("cuda")
+    ppo = load_script("ppo")
+    envs = make_env("Pendulum-v1", 256, device=device, seed=1)
+    obs, _ = envs.reset()
+    agent = ppo.Agent(obs["policy"].shape[-1], None, envs.single_action_space, ppo.Args()).to(device)
+    act = lambda o: agent.act(o)  # noqa: E731
+    fast = torch.compile(act)
+    if cuda:
+        fast = CudaGraphModule(fast, warmup=3)
+    results = []
+    with torch.no_grad(), torch._inductor.config.patch(fallback_random=True):
+        for fn in (act, fast):
+            torch.manual_seed(0)
+            results.append([tuple(t.clone() for t in fn(obs)) for _ in range(5)])
+    diffs = [max((x - y).abs().max().item() for x, y in zip(a, b)) for a, b in zip(*results)]
+    out = {"status": "ok" if max(diffs) < 1e-5 else "differs", "max_abs_diff": max(diffs), "captured": cuda}
+
+    steps = 4
+    rollout = torch.compile(lambda o: torch.stack([agent.act(o)[0] for _ in range(steps)]))
+    if cuda:
+        rollout = CudaGraphModule(rollout, warmup=3)
+    with torch.no_grad():
+        d = agent.dist(agent.obs_rms(obs["policy"]))
+        for _ in range(3):  # warm-up and capture
+            rollout(obs)
+        z = torch.stack([((rollout(obs) - d.mean) / d.stddev).clone() for _ in range(6)])  # [6, 4, N, A]
+    out["rng"] = judge_noise(z)
+    return out
+
+
+def judge_noise(z: torch.Tensor) -> dict:
+    """Standardised noise z [replays, steps, ...] of a captured function, judged as independent
+    standard normal draws, each bound 5 standard errors: mean 0, variance 1, and no correlation
+    between one replay and the next nor between one step and the next."""
+    replays, steps = z.shape[:2]
+    flat = z.double().reshape(replays, steps, -1)
+    n, per = flat.numel(), flat.shape[-1]
+
+    def corr(a, b):
+        a, b = a - a.mean(), b - b.mean()
+        return ((a * b).sum() / (a.norm() * b.norm())).item()
+
+    found = {"mean": flat.mean().item(), "var": flat.var().item(),
+             "across_replays": max(abs(corr(flat[r], flat[r + 1])) for r in range(replays - 1)),
+             "across_steps": max(abs(corr(flat[:, s], flat[:, s + 1])) for s in range(steps - 1))}
+    bounds = {"mean": 5 / math.sqrt(n), "var": 5 * math.sqrt(2 / n), "across_replays": 5 / math.sqrt(steps * per),
+              "across_steps": 5 / math.sqrt(replays * per)}
+    off = {"mean": abs(found["mean"]), "var": abs(found["var"] - 1), "across_replays": found["across_replays"],
+           "across_steps": found["across_steps"]}
+    failed = [name for name in bounds if not off[name] <= bounds[name]]
+    return {"status": "ok" if not failed else "differs", **found, "bounds": bounds, "draws": n, "failed": failed}
 
 
 def section_torchrun(device: str, num_envs: int, timeout: float) -> dict:
@@ -331,97 +626,233 @@ def section_torchrun(device: str, num_envs: int, timeout: float) -> dict:
     return out
 
 
-def section_speed(device: str, timeout: float, iterations: int) -> list[dict]:
+def floor_of(algo: str, env_id: str, num_envs: int, mode: str, gpu: str | None) -> dict | None:
+    figure = FLOORS.get((algo, env_id, num_envs, mode))
+    if figure is None or not gpu or not any(name in gpu for name in FLOOR_GPUS):
+        return None
+    return {"sps": FLOOR_SHARE * figure, "measured": figure,
+            "text": f"{FLOOR_SHARE * figure:,.0f} SPS ({FLOOR_SHARE:.0%} of {figure:,.0f}, the last measured on an H100)"}
+
+
+def section_speed(section: str, device: str, timeout: float, iterations: int, gpu: str | None) -> dict:
     rows = []
-    for env_id, num_envs, algos in SPEED_ROWS:
+    t0 = time.time()
+    for _, env_id, num_envs, algos in (r for r in SPEED_ROWS if r[0] == section):
         row = {"env_id": env_id, "num_envs": num_envs,
                "env_only_sps": bench.measure_env_only(env_id, num_envs, torch.device(device))["sps"], "runs": []}
         for algo in algos:
             args_cls = load_script(algo).Args
             for mode in SPEED_MODES:
                 record = bench.run_training(algo, args_cls, env_id, num_envs, device, mode, iterations, 1, timeout=timeout)
-                row["runs"].append({k: record.get(k) for k in ("algo", "mode", "status", "sps", "rollout_seconds",
-                                                               "update_seconds", "peak_memory_mb", "process_seconds",
-                                                               "error", "command")})
+                run = {k: record.get(k) for k in ("algo", "mode", "status", "sps", "rollout_seconds", "update_seconds",
+                                                  "peak_memory_mb", "process_seconds", "error", "command")}
+                floor = floor_of(algo, env_id, num_envs, mode, gpu)
+                if floor is not None:
+                    run["floor"] = floor
+                    if run["status"] == "ok" and not run.get("sps", 0) >= floor["sps"]:
+                        run["status"] = "below floor"
+                        run["error"] = f"{run['sps']:,.0f} SPS is below its floor of {floor['text']}"
+                row["runs"].append(run)
         rows.append(row)
-    return rows
+    return {"rows": rows, "seconds": time.time() - t0}
+
+
+def speed_commands(section: str) -> list[str]:
+    return [f"python -m tests.benchmarks.bench --device cuda --env-id {env_id} --num-envs {n} --algos {' '.join(algos)} "
+            f"--modes {' '.join(SPEED_MODES)}" for s, env_id, n, algos in SPEED_ROWS if s == section]
 
 
 # ----------------------------------------------------------------------------------------------
-# Report
+# Verdict and report
 # ----------------------------------------------------------------------------------------------
+def failures(name: str, result: dict) -> list[str]:
+    """What failed in a section's result, each naming the script and the function or run."""
+    bad = []
+    if name == "tests" and result.get("status") == "failed":
+        bad.append("CUDA tests: " + (", ".join(result.get("failed", [])) or result.get("tail", "")))
+    if name == "checks":
+        for r in result["scripts"]:
+            algo = r["algo"]
+            if r["status"] != "ok":
+                bad.append(f"{algo}: {r.get('error')} at {r.get('at')}")
+            syncs = r.get("syncs", [])
+            bad += [f"{algo}: sync {s}" + (f" ({syncs.count(s)} times)" if syncs.count(s) > 1 else "")
+                    for s in sorted(set(syncs), key=syncs.index)[:3]]
+            bad += [f"{algo}: graph break in {b}" for b in r.get("graph_breaks", [])[:5]]
+            bad += [f"{algo}: {n} graph break(s) in compiled code outside the captured functions"
+                    for n in [r.get("warmup", {}).get(OUTSIDE, {}).get("graph_breaks", 0)] if n]
+            bad += [f"{algo}: {n} frame(s) compiled in {fn} after its warm-up" for fn, n in r.get("frames_after_warmup", {}).items()]
+            bad += [f"{algo}: {s}" for s in r.get("python_state", [])[:3]]
+            d = r.get("distribution", {})
+            if d.get("status") not in ("ok", "skipped"):
+                bad.append(f"{algo}: against eager seeds: " + ("; ".join(d.get("outside", [])) or d.get("error", "")))
+    if name == "parity":
+        for r in result["scripts"]:
+            p = r.get("parity", {})
+            if r["status"] != "ok" or p.get("status") != "ok":
+                bad.append(f"{r['algo']}: " + (r.get("error") or f"{p.get('status')} ({', '.join(p.get('differing', []))})"))
+        acting = result["acting"]
+        if acting["status"] != "ok":
+            bad.append(f"acting step against eager: max abs diff {acting['max_abs_diff']:.2g}")
+        if acting["rng"]["status"] != "ok":
+            bad.append(f"acting step's own random numbers: {', '.join(acting['rng']['failed'])} out of bounds")
+    if name == "torchrun":
+        bad += [f"{k}: {r.get('error')}" for k, r in result.items() if isinstance(r, dict) and r.get("status") != "ok"]
+    if name.startswith("speed"):
+        bad += [f"{r['algo']} {r['mode']} {row['env_id']} {row['num_envs']}: {r.get('error')}"
+                for row in result.get("rows", []) for r in row["runs"] if r["status"] != "ok"]
+    return bad
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"# GPU check, {report['date']}", "",
-             f"{bench.machine_label(m)}; torch {m['torch']}, tensordict {report['tensordict']}; "
-             f"{report['seconds']:.0f} s in all. Verdict: **{report['verdict']}**", ""]
+             f"{bench.machine_label(m)}; torch {m['torch']}, tensordict {report['tensordict']}; commit {report['commit']}; "
+             f"{report['mode_text']}. Verdict: **{report['verdict']}**", "",
+             "| section | what | expected on one H100 | measured | result |", "|---|---|---|---|---|"]
+    for name in SECTIONS:
+        s = report["sections"].get(name)
+        result = "not run" if s is None else s["status"]
+        measured = "-" if s is None else f"{s['seconds'] / 60:.1f} min" + ("" if report["mode"] == "gpu" else " on this CPU")
+        lines.append(f"| {name} | {WHAT[name]} | {EXPECTED_MINUTES[name]:.1f} min | {measured} | {result} |")
+    lines.append("")
     if report["skipped"]:
-        lines += ["Skipped (needs a GPU): " + "; ".join(report["skipped"]), ""]
-    tests = report.get("tests")
+        lines += ["Skipped: " + "; ".join(report["skipped"]), ""]
+    sections = report["sections"]
+    for name in SECTIONS:
+        if name in sections and sections[name]["failures"]:
+            lines += [f"Failed in {name}:", *[f"- {b}" for b in sections[name]["failures"]], ""]
+    tests = sections.get("tests", {}).get("result")
     if tests:
         lines += ["## CUDA tests", ""]
         if tests["status"] == "skipped":
             lines += [f"skipped ({tests['error']}): {len(tests['tests'])} tests: " + ", ".join(tests["tests"]), ""]
         else:
             lines += [f"{tests['status']}: {tests['tail']}", *[f"- failed: {t}" for t in tests["failed"]], ""]
-    if report.get("checks"):
-        lines += ["## Every script at its defaults: host syncs, recompiles, parity with eager", "",
-                  "| script | run | syncs between log points | recompiles after warm-up | parity after iteration 5 | seconds |",
-                  "|---|---|---|---|---|---|"]
-        for r in report["checks"]:
+    checks = sections.get("checks", {}).get("result")
+    if checks:
+        how = "compiled and captured" if checks["compiled"] else "eager"
+        sizes = "its CUDA defaults" if checks.get("mode") != "cpu" else "small sizes"
+        lines += [f"## checks: every script {how}, {checks.get('iterations')} iterations at {sizes}", "",
+                  "| script | run | syncs between log points | graph breaks in warm-up: not by design (by design), frames "
+                  "compiled | frames after warm-up "
+                  "| Python state changed after the first call | against eager seeds | seconds |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in checks["scripts"]:
             run = r["status"] if r["status"] == "ok" else f"failed: {r.get('error')} at {r.get('at')}"
-            p = r["parity"]
-            par = p["status"] + (f" (max abs diff {p['max_abs_diff']:.2g} in {p['worst_tensor']})" if "max_abs_diff" in p else
-                                 f" ({p.get('error')})" if p.get("error") else "")
-            lines.append(f"| {r['algo']} | {run} | {len(r.get('syncs', []))} {'; '.join(r.get('syncs', [])[:3])} | "
-                         f"{len(r.get('recompiles', []))} {', '.join(r.get('recompiles', []))} | {par} | {r['seconds']:.0f} |")
-        a = report["acting_parity"]
-        lines += ["", f"ppo's acting step, compiled{' and captured' if a['captured'] else ''} against eager: "
-                      f"{a['status']} (max abs diff {a['max_abs_diff']:.2g})", ""]
-    if report.get("torchrun"):
-        t = report["torchrun"]
+            warm = ", ".join(f"{fn}: {c['graph_breaks'] - c.get('accepted', 0)} ({c.get('accepted', 0)}), {c['frames']}"
+                             for fn, c in r.get("warmup", {}).items()) or "-"
+            after = ", ".join(f"{fn}: {n}" for fn, n in r.get("frames_after_warmup", {}).items()) or "0"
+            d = r.get("distribution", {})
+            dist = d.get("status", "-") + (f" ({len(d['statistics'])} statistics)" if d.get("statistics") else
+                                          f" ({d['error']})" if d.get("error") else "")
+            lines.append(f"| {r['algo']} | {run} | {len(r.get('syncs', []))} {'; '.join(r.get('syncs', [])[:3])} | {warm} "
+                         f"| {after} | {len(r.get('python_state', []))} {'; '.join(r.get('python_state', [])[:2])} | {dist} | "
+                         f"{r['seconds']:.0f} |")
+        reasons = [f"- {r['algo']}: {b}" for r in checks["scripts"] for b in r.get("graph_breaks", [])[:5]]
+        by_design = sorted({b.split(": ", 1)[1] for r in checks["scripts"] for b in r.get("accepted_breaks", [])})
+        lines += ["", *(["Graph breaks not by design:", *reasons, ""] if reasons else []),
+                  *([f"Graph breaks by design (gpu_check.accepted_break): {', '.join(by_design)}", ""] if by_design else [])]
+    parity_result = sections.get("parity", {}).get("result")
+    if parity_result:
+        other = ("compiled and captured (fallback_random)" if parity_result["compiled"] or parity_result.get("skipped")
+                 else "eager again (a dry run)")
+        lines += ["## parity", "", f"Each script's plan eager and {other}, their first numbered checkpoints: "
+                  + (f"skipped ({parity_result['skipped']})" if parity_result.get("skipped") else "compared"), ""]
+        if parity_result["scripts"]:
+            lines += ["| script | result | iteration | tensors compared (parts) | max abs diff |", "|---|---|---|---|---|"]
+            for r in parity_result["scripts"]:
+                p = r.get("parity", {})
+                res = p.get("status", r["status"]) if r["status"] == "ok" else f"failed: {r.get('error')} at {r.get('at')}"
+                diff = ("-" if "max_abs_diff" not in p else f"{p['max_abs_diff']:.3g} in {p['worst_tensor']}"
+                        if p["worst_tensor"] else "0.0 (every tensor equal)")
+                lines.append(f"| {r['algo']} | {res} | {p.get('iteration', '-')} | {p.get('tensors', '-')} "
+                             f"({', '.join(p.get('parts', []))}) | {diff} |")
+            lines.append("")
+        a = parity_result["acting"]
+        rng = a["rng"]
+        lines += [f"ppo's acting step, compiled{' and captured' if a['captured'] else ''} against eager: {a['status']} "
+                  f"(max abs diff {a['max_abs_diff']:.2g}); with its own random numbers ({rng['draws']} draws): "
+                  f"{rng['status']} (mean {rng['mean']:.3f}, variance {rng['var']:.3f}, correlation across replays "
+                  f"{rng['across_replays']:.3f}, across steps {rng['across_steps']:.3f})", ""]
+    torchrun = sections.get("torchrun", {}).get("result")
+    if torchrun:
         lines += ["## torchrun, one rank", ""]
-        for name, r in t.items():
+        for name, r in torchrun.items():
             lines.append(f"- {name}: {r['status']} in {r['seconds']:.0f} s" + (f" ({r['error']})" if r.get("error") else ""))
         lines.append("")
-    if report.get("speed"):
+    speed = [row for name in ("speed", "speed-pendulum") for row in sections.get(name, {}).get("result", {}).get("rows", [])]
+    if speed:
         lines += ["## Speed (steady state, each run alone in its own process)", "",
-                  "| env | num_envs | env only SPS | script | mode | SPS | x env only | rollout s | update s | peak MB |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for row in report["speed"]:
+                  "| env | num_envs | env only SPS | script | mode | SPS | x env only | floor | rollout s | update s | peak MB |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        new_floors = []
+        for row in speed:
             for r in row["runs"]:
                 sps = r.get("sps")
                 x = f"{sps / row['env_only_sps']:.2f}" if sps else "-"
+                floor = r["floor"]["text"] if r.get("floor") else "none yet"
+                if sps and r["status"] == "ok" and not r.get("floor"):
+                    new_floors.append(f'("{r["algo"]}", "{row["env_id"]}", {row["num_envs"]}, "{r["mode"]}"): {sps:.3g}')
                 lines.append(f"| {row['env_id']} | {row['num_envs']} | {row['env_only_sps']:,.0f} | {r['algo']} | {r['mode']} | "
-                             + (f"{sps:,.0f} | {x} | {bench.fmt(r.get('rollout_seconds'), '.4f')} | "
+                             + (f"{sps:,.0f} | {x} | {floor} | {bench.fmt(r.get('rollout_seconds'), '.4f')} | "
                                 f"{bench.fmt(r.get('update_seconds'), '.4f')} | {bench.fmt(r.get('peak_memory_mb'))} |"
-                                if r["status"] == "ok" else f"failed: {r.get('error')} | | | | |"))
+                                if sps else f"{r['status']}: {r.get('error')} | | {floor} | | | |"))
+        if new_floors:
+            lines += ["", "Figures for FLOORS in tests/benchmarks/gpu_check.py (rows measured here for the first time): "
+                      + ", ".join(new_floors)]
         lines.append("")
     return "\n".join(lines)
 
 
-def verdict(report: dict) -> str:
-    bad = []
-    if report.get("tests", {}).get("status") == "failed":
-        bad.append("CUDA tests")
-    for r in report.get("checks", []):
-        if r["status"] != "ok" or r.get("syncs") or r.get("recompiles") or r["parity"]["status"] not in ("ok", "skipped"):
-            bad.append(f"checks of {r['algo']}")
-    if report.get("acting_parity", {}).get("status") == "differs":
-        bad.append("acting parity")
-    bad += [f"torchrun {k}" for k, r in report.get("torchrun", {}).items() if r["status"] != "ok"]
-    bad += [f"speed {r['algo']} {r['mode']}" for row in report.get("speed", []) for r in row["runs"] if r["status"] != "ok"]
-    return "all passed" if not bad else "failed: " + ", ".join(bad)
+def git_commit() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+        return head.stdout.strip() + (" (modified)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+MODE_TEXT = {"gpu": "the GPU plan", "dry": "a dry run of the GPU plan on the CPU, every run eager", "cpu": "the CPU part"}
+
+
+def expected_minutes(sections) -> float:
+    """Expected minutes of a run of `sections` on one H100: the correctness sections side by side
+    (they share the CPU's cores while compiling: the longest, plus a quarter of the others), then
+    the speed sections one after another."""
+    side = [EXPECTED_MINUTES[s] for s in sections if s in CORRECTNESS]
+    alone = sum(EXPECTED_MINUTES[s] for s in sections if s not in CORRECTNESS)
+    return (max(side) + 0.25 * (sum(side) - max(side)) if side else 0.0) + alone
+
+
+def print_plan(sections: list[str], mode: str, device: str) -> None:
+    """The sections this run takes, each with its expected minutes on one H100, and the parts."""
+    say(f"plan on {device} ({MODE_TEXT[mode]}):")
+    for s in sections:
+        say(f"  {s:15s} {EXPECTED_MINUTES[s]:4.1f} min on one H100   {WHAT[s]}")
+    total = expected_minutes(sections)
+    say(f"  in all about {total:.1f} min on one H100")
+    if total > 9:
+        say("  for reservations of under ten minutes, run the parts one after another (the report adds them up):")
+        for part in PARTS:
+            say(f"    python -m tests.benchmarks.gpu_check --sections {' '.join(part)}   # about "
+                f"{expected_minutes(part):.1f} min")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/gpu_check", help="directory of gpu_check.md and gpu_check.json")
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    parser.add_argument("--device", default=None, help="default: cuda if there is one, else cpu")
-    parser.add_argument("--algos", nargs="+", default=None, help="scripts of the checks (default: all in algos/)")
-    parser.add_argument("--iterations", type=int, default=20, help="iterations of each checked run")
-    parser.add_argument("--num-envs", type=int, default=None, help="envs of the checked runs (default: each script's)")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                        help="the parts to run (default: all); see the parts above for reservations of under ten minutes")
+    parser.add_argument("--device", default=None,
+                        help="default: cuda if there is one (the GPU plan), else the CPU part; --device cpu: a dry run "
+                             "of the GPU plan on the CPU, every run eager")
+    parser.add_argument("--algos", nargs="+", default=None,
+                        help="scripts of checks and parity: names in algos/ or paths to copies (default: all in algos/)")
+    parser.add_argument("--iterations", type=int, default=20, help="iterations of each planned run")
+    parser.add_argument("--num-envs", type=int, default=None, help="envs of the planned runs (default: each script's)")
     parser.add_argument("--speed-iterations", type=int, default=3,
                         help="timed log intervals of each speed run, after one of warm-up (compile and capture)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one process may take")
@@ -433,49 +864,76 @@ def main(argv: list[str] | None = None) -> int:
     import tensordict
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = device.startswith("cuda")
+    gpu = device.startswith("cuda")
+    mode = "gpu" if gpu else "dry" if args.device else "cpu"
     algos = args.algos or sorted(bench.discover_algos(None)[0])
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": bench.machine_info(torch.device(device)),
-              "tensordict": tensordict.__version__, "device": device, "skipped": [], "command":
-              " ".join(["python -m tests.benchmarks.gpu_check", *(argv if argv is not None else sys.argv[1:])])}
-    t_all = time.time()
-    log = lambda msg: print(f"[gpu_check] {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    # The correctness sections side by side on a GPU (their time is mostly compiling, on the CPU's
-    # cores); the speed table after them, each of its runs alone on the GPU.
-    jobs = {"tests": lambda: section_tests(cuda, 3 * args.timeout),
-            "checks": lambda: section_checks(device, algos, args.iterations, args.num_envs, args.timeout),
-            "torchrun": lambda: section_torchrun(device, 4096 if cuda else 64, args.timeout)}
-    jobs = {name: job for name, job in jobs.items() if name in args.sections}
-    log(f"{', '.join(jobs)} on {device}{' side by side' if cuda else ''}")
-    with ThreadPoolExecutor(max_workers=len(jobs) if cuda else 1) as pool:
-        futures = {name: pool.submit(job) for name, job in jobs.items()}
-        report.update({name: f.result() for name, f in futures.items()})
-    if "checks" in report:
-        report["acting_parity"] = acting_parity(device)
-    if not cuda:
-        if "tests" in report:
-            report["skipped"].append(f"the {len(report['tests']['tests'])} CUDA tests")
-        if "checks" in report:
-            report["skipped"].append("sync debug mode, recompile counts and parity with eager of the compiled and "
-                                     "captured runs (here: the iterations eager, with the host-sync recorder)")
-        if "torchrun" in report:
-            report["skipped"].append("NCCL and captured all-reduces (here: gloo, eager)")
-    if "speed" in args.sections:
-        if cuda:
-            log("speed table")
-            report["speed"] = section_speed(device, args.timeout, args.speed_iterations)
-        else:
-            report["skipped"].append("the speed table")
-    report["seconds"] = time.time() - t_all
-    report["verdict"] = verdict(report)
+    sections = [s for s in SECTIONS if s in args.sections]
+    print_plan(sections, mode, device)
+    machine = bench.machine_info(torch.device(device))
+    commit = git_commit()
     out = Path(args.out)
+    previous = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").exists() else {}
+    same = previous.get("commit") == commit and previous.get("machine_label") == bench.machine_label(machine) \
+        and previous.get("mode") == mode
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine, "machine_label": bench.machine_label(machine),
+              "tensordict": tensordict.__version__, "device": device, "mode": mode, "commit": commit,
+              "mode_text": MODE_TEXT[mode],
+              "skipped": [], "sections": dict(previous.get("sections", {})) if same else {},
+              "commands": (previous.get("commands", []) if same else [])
+              + [" ".join(["python -m tests.benchmarks.gpu_check", *(argv if argv is not None else sys.argv[1:])])]}
+    # The correctness sections side by side on a GPU (their time is mostly compiling, on the CPU's
+    # cores); the speed sections after them, each of their runs alone on the GPU.
+    jobs = {"tests": lambda: section_tests(gpu, 3 * args.timeout),
+            "checks": lambda: section_checks(mode, device, algos, args),
+            "parity": lambda: section_parity(mode, device, algos, args),
+            "torchrun": lambda: section_torchrun(device, 4096 if gpu else 64, args.timeout)}
+    jobs = {name: job for name, job in jobs.items() if name in sections}
+
+    def timed_job(name):
+        t0 = time.time()
+        result = jobs[name]()
+        return result, time.time() - t0
+
+    with ThreadPoolExecutor(max_workers=max(len(jobs), 1) if gpu else 1) as pool:
+        futures = {name: pool.submit(timed_job, name) for name in jobs}
+        done = {name: f.result() for name, f in futures.items()}
+    for name, (result, seconds) in done.items():
+        bad = failures(name, result)
+        skipped = name == "tests" and result.get("status") == "skipped"
+        report["sections"][name] = {"status": "failed" if bad else "skipped" if skipped else "ok",
+                                    "seconds": seconds, "failures": bad, "result": result}
+    for name in ("speed", "speed-pendulum"):
+        if name not in sections:
+            continue
+        if gpu:
+            say(f"{name}: one run at a time")
+            t0 = time.time()
+            result = section_speed(name, device, args.timeout, args.speed_iterations, machine.get("gpu"))
+            bad = failures(name, result)
+            report["sections"][name] = {"status": "failed" if bad else "ok", "seconds": time.time() - t0,
+                                        "failures": bad, "result": result}
+        else:
+            report["skipped"].append(f"{name} (needs CUDA; its commands: {'; '.join(speed_commands(name))})")
+    if not gpu:
+        if "tests" in sections:
+            report["skipped"].append(f"the {len(report['sections']['tests']['result']['tests'])} CUDA tests")
+        if "checks" in sections:
+            report["skipped"].append("sync debug mode, graph breaks and recompiles of the compiled and captured runs "
+                                     "(here: the runs eager, with the host-sync recorder and the Python-state check)")
+        if "torchrun" in sections:
+            report["skipped"].append("NCCL and captured all-reduces (here: gloo, eager)")
+    this_run = [b for name in sections if name in report["sections"] for b in report["sections"][name]["failures"]]
+    all_bad = [name for name, s in report["sections"].items() if s["failures"]]
+    missing = [s for s in SECTIONS if s not in report["sections"] and (gpu or not s.startswith("speed"))]
+    report["verdict"] = ("failed: " + ", ".join(all_bad) if all_bad else "all passed") + \
+        (f" (not yet run: {', '.join(missing)})" if missing else "")
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(report)
     (out / "gpu_check.md").write_text(text + "\n")
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
     print(text)
     print(f"report: {out / 'gpu_check.md'} and {out / 'gpu_check.json'}")
-    return 0 if report["verdict"] == "all passed" else 1
+    return 1 if this_run else 0
 
 
 if __name__ == "__main__":
