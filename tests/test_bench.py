@@ -384,3 +384,33 @@ def test_gpu_check_judges_captured_random_numbers_by_distribution():
     assert judge_noise(draws[:1].expand(6, 4, 256))["failed"] == ["across_replays"]
     assert judge_noise(draws[:, :1].expand(6, 4, 256))["failed"] == ["across_steps"]
     assert judge_noise(0.9 * draws)["failed"] == ["var"]
+
+
+def test_gpu_check_speed_row_below_its_floor_fails_naming_the_floor(monkeypatch):
+    """The speed sections' judgment (the runs themselves stubbed): on an H100 a row below 90% of its last
+    measured figure fails, naming its floor; above it, or on a GPU the floors are not for, it passes;
+    rows without a figure are measured and printed as figures to add."""
+    from tests.benchmarks import gpu_check
+
+    sps = {}
+    monkeypatch.setattr(bench, "measure_env_only", lambda *a, **k: {"sps": 5e7})
+    monkeypatch.setattr(bench, "run_training", lambda algo, args_cls, env_id, num_envs, device, mode, *a, **k: {
+        "algo": algo, "mode": mode, "status": "ok", "sps": sps.get((algo, num_envs, mode), 2e6)})
+    h100 = "NVIDIA H100 80GB HBM3"
+    sps[("ppo", 4096, "compile+cudagraphs")] = 1.0e6
+    result = gpu_check.section_speed("speed", "cuda", 60, 3, h100)
+    assert gpu_check.failures("speed", result) == [
+        "ppo compile+cudagraphs CartPole-v1 4096: 1,000,000 SPS is below its floor of 1,098,000 SPS "
+        "(90% of 1,220,000, the last measured on an H100)"]
+    assert [(r["algo"], n["num_envs"]) for n in result["rows"] for r in n["runs"]][:6:2] == [
+        ("ppo", 4096), ("ppo_lstm", 4096), ("pqn", 4096)]
+    assert gpu_check.failures("speed", gpu_check.section_speed("speed", "cuda", 60, 3, "NVIDIA A100")) == []
+    sps[("ppo", 4096, "compile+cudagraphs")] = 1.1e6
+    result = gpu_check.section_speed("speed", "cuda", 60, 3, h100)
+    assert gpu_check.failures("speed", result) == []
+    report = {"date": "now", "machine": {"gpu": h100, "torch": "2"}, "tensordict": "0", "commit": "c", "mode": "gpu",
+              "mode_text": "the GPU plan", "verdict": "all passed", "skipped": [],
+              "sections": {"speed": {"status": "ok", "seconds": 60.0, "failures": [], "result": result}}}
+    text = gpu_check.markdown(report)
+    assert '("ppo_lstm", "CartPole-v1", 4096, "compile+cudagraphs"): 2e+06' in text
+    assert "1,098,000 SPS (90% of 1,220,000" in text
