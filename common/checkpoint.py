@@ -289,11 +289,7 @@ def _to_cpu(x):
 
 
 def _to_device(x, device):
-    if torch.is_tensor(x):
-        return x.to(device)
-    if isinstance(x, dict):
-        return {k: _to_device(v, device) for k, v in x.items()}
-    return x
+    return torch.utils._pytree.tree_map(lambda v: v.to(device) if torch.is_tensor(v) else v, x)
 
 
 def export_run_policy(run: Run, out_dir, model: torch.nn.Module, source) -> Path:
@@ -431,7 +427,8 @@ def init_from(run: Run, state: TrainingState) -> None:
 def _saved_network_flags(ckpt: dict, args) -> str:
     saved, now = ckpt["args"], asdict(args)
     differ = [k for k in saved if k not in RUN_FLAGS and k in now and saved[k] != now[k]]
-    return " ".join(f"--{k.replace('_', '-')} {_flag_value(saved[k])}" for k in differ) or "(the same flags)"
+    value = lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
+    return " ".join(f"--{k.replace('_', '-')} {value(saved[k])}" for k in differ) or "(the same flags)"
 
 
 def _restore_buffer(run: Run, buffer, mine: dict | None, continues: bool) -> None:
@@ -449,7 +446,3 @@ def _restore_buffer(run: Run, buffer, mine: dict | None, continues: bool) -> Non
                     f"{ckpt['args']['num_envs']} envs, not this run's; refilling them before updates resume")
         else:
             run.say("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume")
-
-
-def _flag_value(v) -> str:
-    return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
