@@ -37,8 +37,8 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import mlp  # noqa: E402
-from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
+from common.nets import group_mlp, observation_shape  # noqa: E402
+from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
 from common.run import (  # noqa: E402
     begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
 )
@@ -87,6 +87,9 @@ class Args(RunArgs):
     """hidden layer sizes of the actor and the critic"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
     """activation of the hidden layers"""
+    encoder: Literal["nature", "impala", "minatar", "mlp"] = "nature"
+    """encoder of image observation groups (uint8 [C, H, W]) before the hidden layers: the Atari DQN CNN,
+    IMPALA's ResNet, MinAtar's one-conv network, or the flattened frames (vector groups go in as they are)"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
     asymmetric_critic: bool = True
@@ -109,16 +112,20 @@ class Agent(nn.Module):
     """Actor and critic MLPs, with the observation normalizers so that one state_dict holds all.
 
     Discrete spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a
-    state-independent log-std. The critic reads the "critic" observations when given.
+    state-independent log-std. The critic reads the "critic" observations when given. A group's
+    shape is one env's: [D] (an int will do) for vectors, [C, H, W] for uint8 images, which go
+    through an --encoder of their own (scaled by 1/image_max there, never normalized).
     """
 
-    def __init__(self, obs_dim: int, critic_obs_dim: int | None, action_space: gym.Space, args: Args):
+    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max: float = 255.0):
         super().__init__()
+        obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.critic_key = "critic" if critic_obs_dim is not None else "policy"
+        self.critic_key = "critic" if critic_obs_shape is not None else "policy"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        self.actor = mlp(obs_dim, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
-        self.critic = mlp(critic_obs_dim or obs_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
+        net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder, max_value=image_max)
+        self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, **net)
+        self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, **net)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
@@ -126,9 +133,8 @@ class Agent(nn.Module):
         # (the stored action and its log-prob keep the raw sample). Not learned: not checkpointed.
         self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
         self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
-        norm = args.obs_norm
-        self.obs_rms = RunningMeanStd(obs_dim, clip=args.obs_clip) if norm else nn.Identity()
-        self.critic_obs_rms = RunningMeanStd(critic_obs_dim, clip=args.obs_clip) if norm and critic_obs_dim else nn.Identity()
+        self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
+        self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
     def normalize(self, obs: TensorDict) -> TensorDict:
         out = {"policy": self.obs_rms(obs["policy"])}
@@ -335,12 +341,13 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    obs_dim = next_obs["policy"].shape[-1]
-    critic_dim = next_obs["critic"].shape[-1] if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    agent = Agent(obs_dim, critic_dim, envs.single_action_space, args).to(device)
+    obs_shape = observation_shape(next_obs, "policy")
+    critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    image_max = float(envs.single_observation_space.high.max())  # of an image "policy" group: 255, or 1 for MinAtar's 0/1 channels
+    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
-    agent_inference = Agent(obs_dim, critic_dim, envs.single_action_space, args).to(device)
+    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
     from_module(agent).data.to_module(agent_inference)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
@@ -416,7 +423,7 @@ def train(run, args: Args) -> dict:
         f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}")
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
                         f"per process); compile {'on' if args.compile else 'off'}, CUDA graphs: {graphs}", global_batch)
-    iterations_in_stats = 0
+    iterations_in_stats, storage_said = 0, False
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its linear schedule continues where it was.
     while run.global_step + global_batch <= total_steps:
@@ -427,6 +434,9 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
+        if not storage_said:  # once the first rollout has laid the storage out (image groups stay uint8 in it)
+            run.say(storage.describe())
+            storage_said = True
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs

@@ -19,7 +19,6 @@ Watkins 1989 and Peng & Williams 1996 (Q(lambda)); CleanRL's DQN for the flag na
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,8 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.normalize import RunningMeanStd  # noqa: E402
+from common.nets import ACTIVATIONS, ImageEncoder, layer_init, observation_shape  # noqa: E402
+from common.normalize import observation_normalizer  # noqa: E402
 from common.run import (  # noqa: E402
     begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
 )
@@ -92,6 +92,9 @@ class Args(RunArgs):
     """hidden layer sizes of the Q-network (each Linear -> LayerNorm -> activation)"""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
     """activation of the hidden layers"""
+    encoder: Literal["nature", "impala", "minatar", "mlp"] = "nature"
+    """encoder of image observations (uint8 [C, H, W]) before the hidden layers: the Atari DQN CNN, IMPALA's
+    ResNet, MinAtar's one-conv network (PQN's there), or the flattened frames; its Linear gets a LayerNorm too"""
     obs_norm: bool = True
     """normalize observations with running statistics of the rollouts (Acrobot's velocities reach 28, its
     angles' sines 1: unnormalized, the velocities dominate the first LayerNorm)"""
@@ -102,31 +105,28 @@ class Args(RunArgs):
 # ----------------------------------------------------------------------------------------------
 # Q-network: an MLP with LayerNorm after every hidden Linear (before the activation)
 # ----------------------------------------------------------------------------------------------
-ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU, "silu": nn.SiLU}
-
-
-def layer_init(layer: nn.Linear, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.constant_(layer.bias, bias)
-    return layer
-
-
 class QNetwork(nn.Module):
     """Q(s, .) for every action, with the observation normalizer so that one state_dict holds all.
 
     LayerNorm is what lets PQN drop the target network: it keeps the features bounded, and with
-    them the bootstrapped regression from diverging (Gallici et al., 2024).
+    them the bootstrapped regression from diverging (Gallici et al., 2024). Observations of one env
+    are [D] vectors (an int will do) or uint8 [C, H, W] images, which go through an --encoder first
+    (scaled by 1/image_max there, never normalized).
     """
 
-    def __init__(self, obs_dim: int, num_actions: int, args: Args):
+    def __init__(self, obs_shape, num_actions: int, args: Args, image_max: float = 255.0):
         super().__init__()
-        layers, last = [], obs_dim
+        obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+        layers, last = [], obs_shape[0]
+        if len(obs_shape) == 3:
+            layers.append(ImageEncoder(args.encoder, obs_shape, image_max, layer_norm=True))
+            last = layers[0].out_dim
         for h in args.hidden_sizes:
             layers += [layer_init(nn.Linear(last, h)), nn.LayerNorm(h), ACTIVATIONS[args.activation]()]
             last = h
         layers.append(layer_init(nn.Linear(last, num_actions), gain=1.0))
         self.q = nn.Sequential(*layers)
-        self.obs_rms = RunningMeanStd(obs_dim, clip=args.obs_clip) if args.obs_norm else nn.Identity()
+        self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
 
     def forward(self, obs_n: torch.Tensor) -> torch.Tensor:  # Q-values [..., num_actions] of normalized obs
         return self.q(obs_n)
@@ -250,11 +250,12 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py")
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    obs_dim, num_actions = next_obs["policy"].shape[-1], int(envs.single_action_space.n)
-    qnet = QNetwork(obs_dim, num_actions, args).to(device)
+    obs_shape, num_actions = observation_shape(next_obs, "policy"), int(envs.single_action_space.n)
+    image_max = float(envs.single_observation_space.high.max())  # of image observations: 255, or 1 for MinAtar's 0/1 channels
+    qnet = QNetwork(obs_shape, num_actions, args, image_max).to(device)
     distributed.broadcast_module(qnet)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the network's storage: no copies, no autograd in the rollout.
-    qnet_inference = QNetwork(obs_dim, num_actions, args).to(device)
+    qnet_inference = QNetwork(obs_shape, num_actions, args, image_max).to(device)
     from_module(qnet).data.to_module(qnet_inference)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
@@ -325,7 +326,7 @@ def train(run, args: Args) -> dict:
                         f"per process); compile {'on' if args.compile else 'off'}, CUDA graphs: "
                         f"{'off' if not args.cudagraphs else 'the whole rollout' if whole_rollout else 'each acting step'}"
                         f"{', the targets and the whole update' if args.cudagraphs else ''}", global_batch)
-    iterations_in_stats = 0
+    iterations_in_stats, storage_said = 0, False
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.
     while run.global_step + global_batch <= total_steps:
@@ -339,6 +340,9 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
+        if not storage_said:  # once the first rollout has laid the storage out (image groups stay uint8 in it)
+            run.say(storage.describe())
+            storage_said = True
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs

@@ -10,6 +10,9 @@ observations (``{"policy": ..., "critic": ...}``) need no special handling:
 Keys, shapes and dtypes are registered by the first write, so a script never declares its
 storage layout twice. After that, every write is one in-place copy: no allocation and no
 host-device synchronisation per step (see the performance rules in the design notes).
+
+Each key keeps the dtype of its first write: image groups (uint8 [N, C, H, W] frames) are stored
+as uint8, 4x less memory than float32; ``bytes_per_transition`` says what one env step costs.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["RolloutStorage", "ReplayBuffer"]
+__all__ = ["RolloutStorage", "ReplayBuffer", "bytes_per_transition"]
 
 
 def _leaf_keys(td: TensorDictBase) -> frozenset:
@@ -33,6 +36,23 @@ def _allocate_like(td: TensorDictBase, batch_size: tuple[int, ...], device: torc
         batch_size=batch_size,
         device=device,
     )
+
+
+def bytes_per_transition(td: TensorDictBase) -> int:
+    """Bytes one env's transition takes in a storage laid out like ``td`` (its leading dims are batch dims)."""
+    return sum(x[(0,) * td.batch_dims].nbytes for x in td.values(include_nested=True, leaves_only=True))
+
+
+def describe_storage(td: TensorDictBase, rows: int) -> str:
+    """A line saying what ``rows`` transitions laid out like ``td`` take: bytes per transition, total, dtypes of
+    the observations."""
+    per = bytes_per_transition(td)
+    obs = ", ".join(f"{'.'.join(k) if isinstance(k, tuple) else k} {str(x.dtype).replace('torch.', '')} "
+                    f"{list(x.shape[td.batch_dims:])}" for k, x in td.items(include_nested=True, leaves_only=True)
+                    if x.ndim > td.batch_dims)
+    total = per * rows
+    size = next(f"{total / 2**p:,.1f} {unit}" for p, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B")) if total >= 2**p or not p)
+    return f"{per:,} bytes per transition x {rows:,} = {size} ({obs})"
 
 
 def _check_same_keys(expected: frozenset, td: TensorDictBase, what: str) -> None:
@@ -83,6 +103,12 @@ class RolloutStorage:
             _check_same_keys(self._keys, td, "RolloutStorage.write")
         # One copy per leaf into row `step` of the preallocated storage (a view; no allocation).
         self.data[step].update_(td)
+
+    def describe(self) -> str:
+        """What the allocated storage takes: bytes per transition and in all (a line to print)."""
+        if self.data is None:
+            raise RuntimeError("RolloutStorage.describe: nothing written yet")
+        return "rollout storage: " + describe_storage(self.data, self.num_steps * self.num_envs)
 
     def flatten(self) -> TensorDict:
         """View of the storage with batch shape ``[num_steps * num_envs]`` (step-major)."""

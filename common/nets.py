@@ -1,5 +1,5 @@
-"""Network pieces the scripts share: an MLP (with PPO's orthogonal initialisation, or the layers' own)
-and the ensemble layer of td3.py's and sac.py's critics."""
+"""Network pieces the scripts share: an MLP (with PPO's orthogonal initialisation, or the layers' own),
+the ensemble layer of td3.py's and sac.py's critics, and the encoders of image observation groups."""
 
 from __future__ import annotations
 
@@ -52,3 +52,97 @@ class EnsembleLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.matmul(x, self.weight)  # broadcasts [B, in] over the members
         return out + self.bias.to(out.dtype)  # keeps bfloat16 under autocast
+
+
+# ----------------------------------------------------------------------------------------------
+# Encoders of image observation groups: uint8 [..., C, H, W] -> float features [..., out_dim]
+# ----------------------------------------------------------------------------------------------
+def nature_convs(channels: int) -> nn.Sequential:
+    """The Atari DQN's three conv layers (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1; needs frames of 36x36 or more."""
+    return nn.Sequential(layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+                         layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                         layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU())
+
+
+class ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), 3x3 convs that keep the shape (IMPALA's block)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = layer_init(nn.Conv2d(channels, channels, 3, padding=1))
+        self.conv1 = layer_init(nn.Conv2d(channels, channels, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+def impala_convs(channels: int, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Sequential:
+    """IMPALA's ResNet (Espeholt et al. 2018): per depth a 3x3 conv, a 3x3/2 max-pool and two residual blocks."""
+    layers = []
+    for depth in depths:
+        layers += [layer_init(nn.Conv2d(channels, depth, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1),
+                   ResidualBlock(depth), ResidualBlock(depth)]
+        channels = depth
+    return nn.Sequential(*layers, nn.ReLU())
+
+
+def minatar_convs(channels: int) -> nn.Sequential:
+    """MinAtar's network (Young & Tian 2019), the one the PQN paper also uses there: one 16-filter 3x3/1 conv."""
+    return nn.Sequential(layer_init(nn.Conv2d(channels, 16, 3, stride=1)), nn.ReLU())
+
+
+# encoder name -> (its conv layers, the width of the Linear after them; 0: flattened frames, no Linear)
+ENCODERS = {"nature": (nature_convs, 512), "impala": (impala_convs, 256), "minatar": (minatar_convs, 128),
+            "mlp": (lambda channels: nn.Identity(), 0)}
+
+
+class ImageEncoder(nn.Module):
+    """An image group's features: uint8 frames [..., C, H, W] scaled to [0, 1] by 1/max_value (here, not
+    by the observation normalizer, which leaves image groups alone), through `kind`'s conv layers,
+    flattened, then one Linear (+ LayerNorm with `layer_norm`, as PQN puts after every hidden Linear)
+    and ReLU. "mlp" passes the scaled frames on flattened (an MLP on pixels, for contrast).
+    Leading dims are batch dims ([N] while acting, [T, N] over a rollout)."""
+
+    def __init__(self, kind: str, shape: tuple[int, int, int], max_value: float = 255.0, layer_norm: bool = False):
+        super().__init__()
+        make_convs, width = ENCODERS[kind]
+        self.shape, self.scale = tuple(shape), 1.0 / max_value
+        self.convs = make_convs(shape[0])
+        try:
+            with torch.no_grad():
+                flat = self.convs(torch.zeros(1, *shape)).numel()
+        except RuntimeError:  # a kernel larger than the frame
+            raise SystemExit(f"error: --encoder {kind} cannot take {shape[1]}x{shape[2]} frames (too small for its "
+                             f"kernels); use --encoder minatar or impala") from None
+        layers = [layer_init(nn.Linear(flat, width)), *([nn.LayerNorm(width)] if layer_norm else []), nn.ReLU()]
+        self.head = nn.Sequential(*layers) if width else nn.Identity()
+        self.out_dim = width or flat
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        lead = frames.shape[:-3]
+        x = self.convs(frames.reshape(-1, *self.shape).float() * self.scale)
+        return self.head(x.flatten(1)).reshape(*lead, -1)
+
+
+def observation_shape(obs, group: str) -> tuple[int, ...]:
+    """The shape of one env's observations of `group` ([N, D] vectors, or uint8 [N, C, H, W] images), with a
+    clear error for anything else."""
+    x = obs[group]
+    if x.ndim == 4 and x.dtype != torch.uint8:
+        raise SystemExit(f"error: observation group {group!r} is an image [N, C, H, W] of {x.dtype}; image groups "
+                         "must be uint8 (channel-first), as the env contract says")
+    if x.ndim not in (2, 4):
+        raise SystemExit(f"error: observation group {group!r} has shape {list(x.shape)}: expected vectors [N, D] or "
+                         "uint8 images [N, C, H, W]")
+    return tuple(x.shape[1:])
+
+
+def group_mlp(shape: tuple[int, ...], out_dim: int, hidden: tuple[int, ...], activation: str, encoder: str,
+              max_value: float = 255.0, out_gain: float | None = None) -> nn.Module:
+    """`mlp` on one observation group: a vector group [D] feeds it as it is; an image group [C, H, W] goes
+    through an ImageEncoder of `encoder` first (one network per group: an actor's and a critic's
+    encoders are not shared)."""
+    if len(shape) == 1:
+        return mlp(shape[0], out_dim, hidden, activation, out_gain=out_gain)
+    encoder = ImageEncoder(encoder, shape, max_value)
+    return nn.Sequential(encoder, mlp(encoder.out_dim, out_dim, hidden, activation, out_gain=out_gain))

@@ -156,3 +156,22 @@ class RewardNormalizer(nn.Module):
 
     def forward(self, rewards: torch.Tensor) -> torch.Tensor:
         return self.normalize(rewards)
+
+
+class Unnormalized(nn.Module):
+    """Stands where a RunningMeanStd would, for a group that is not normalized: an image group (uint8
+    frames, which the network scales to [0, 1] itself; per-pixel running moments would cost a float64
+    copy of every frame and turn the batch the update reads into float32, 4x the bytes), or
+    --no-obs-norm. Passes observations through unchanged (an image stays uint8) and learns nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def update(self, x: torch.Tensor) -> None:
+        pass
+
+
+def observation_normalizer(shape: tuple[int, ...] | None, enabled: bool, clip: float | None) -> nn.Module:
+    """The normalizer of one observation group of one env's `shape`: a RunningMeanStd for a vector group
+    [D] when `enabled`; for an image group [C, H, W], an absent group (None) or when not enabled, Unnormalized."""
+    return RunningMeanStd(shape, clip=clip) if enabled and shape is not None and len(shape) == 1 else Unnormalized()
