@@ -114,8 +114,8 @@ class ImageEncoder(nn.Module):
         except RuntimeError:  # a kernel larger than the frame
             raise SystemExit(f"error: --encoder {kind} cannot take {shape[1]}x{shape[2]} frames (too small for its "
                              f"kernels); use --encoder minatar or impala") from None
-        layers = [layer_init(nn.Linear(flat, width)), *([nn.LayerNorm(width)] if layer_norm else []), nn.ReLU()]
-        self.head = nn.Sequential(*layers) if width else nn.Identity()
+        norm = [nn.LayerNorm(width)] if layer_norm else []
+        self.head = nn.Sequential(layer_init(nn.Linear(flat, width)), *norm, nn.ReLU()) if width else nn.Identity()
         self.out_dim = width or flat
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:

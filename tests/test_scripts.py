@@ -25,6 +25,7 @@ import torch
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
 from tests.helpers import ROOT, Job, inject_nan_rewards, load_exported_program, load_script, run, run_main, torchrun_cmd
 from tests.host_sync import SyncsOutsideTheOptimizer
+from tests.pixel_env import CATCH, Catch
 from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, record_captured
 
 # Every script in algos/ joins these tests with one entry here: its tiny settings, and what the
@@ -41,6 +42,8 @@ from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_
 # - `policy(module, args, obs_dim, action_space)`: its evaluated model as the export test rebuilds it
 #   (None: a recurrent policy, whose export tests/test_ppo_lstm.py runs through episodes).
 GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
+# tests/pixel_env.py's Catch: uint8 frames through an image encoder (and, for ppo, a vector "critic" group beside them)
+PIXELS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true}', encoder="minatar")
 PPO_TAGS = {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
             "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"}
 
@@ -52,13 +55,13 @@ def box_bounds(space):
 TINY = {
     "ppo": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True),
-        captures=[{}, dict(target_kl=1.0), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+        captures=[{}, dict(target_kl=1.0), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS],
         tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None,
         policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args)),
     "pqn": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="CartPole-v1", num_envs=16, num_steps=8, num_minibatches=2, obs_norm=True, epsilon_spread=0.5,
         exploration_fraction=0.5, loss="huber"),
-        captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16)],
+        captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16), PIXELS],
         tags={"losses/td_loss", "losses/q_values", "charts/epsilon", "charts/learning_rate", "charts/rollout_seconds",
               "charts/update_seconds"},
         per_read="num_steps", log_interval_only_logs=True, wrong_actions=("Pendulum-v1", "ppo.py"),
@@ -103,6 +106,14 @@ SUMMARY_FIELDS = {"algo", "env_id", "run_dir", "global_step", "iteration", "wall
                   "evaluation_seconds"}
 CHECKPOINT_FIELDS = {"format_version", "algo", "env_id", "args", "world_size", "global_step", "iteration",
                      "best_eval_return", "model", "optimizers", "ranks"}
+
+
+@pytest.fixture(autouse=True)
+def pixel_env(monkeypatch):
+    """Catch among the built-in envs of this process, for the tests' runs on pixels."""
+    import common.envs
+
+    monkeypatch.setitem(common.envs.BUILTIN_ENVS, CATCH, Catch)
 
 
 def units(algo: str, n: int) -> int:

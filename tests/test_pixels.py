@@ -1,0 +1,126 @@
+"""Image observation groups end to end: the encoders (common/nets.py), normalization that leaves images
+alone (common/normalize.py), uint8 storage (common/buffer.py), and ppo.py / pqn.py on tests/pixel_env.py's
+Catch (uint8 frames [N, 2, 6, 6]). The capture contract on Catch's whole rollout is in tests/test_scripts.py
+(its PIXELS layout)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from common.buffer import ReplayBuffer, RolloutStorage, bytes_per_transition
+from common.nets import ImageEncoder, group_mlp, observation_shape
+from common.normalize import RunningMeanStd, Unnormalized, observation_normalizer
+from tests.helpers import load_script, run_main
+from tests.pixel_env import CATCH, Catch
+
+
+@pytest.fixture(autouse=True)
+def pixel_env(monkeypatch):
+    import common.envs
+
+    monkeypatch.setitem(common.envs.BUILTIN_ENVS, CATCH, Catch)
+
+
+@pytest.mark.parametrize("kind, shape, out_dim", [
+    ("nature", (4, 84, 84), 512), ("impala", (4, 84, 84), 256), ("minatar", (4, 10, 10), 128),
+    ("impala", (4, 10, 10), 256), ("mlp", (4, 10, 10), 400)])
+def test_encoders_take_uint8_frames_with_any_leading_dims(kind, shape, out_dim):
+    """[N] while acting and [T, N] over a rollout give the same features per frame; the frames are scaled by
+    1/max_value inside (a uint8 frame gives what its float copy in [0, 1] gives an encoder with max_value 1)."""
+    torch.manual_seed(0)
+    encoder = ImageEncoder(kind, shape)
+    frames = torch.randint(0, 256, (3, 2, *shape), dtype=torch.uint8)
+    features = encoder(frames)
+    assert encoder.out_dim == out_dim and features.shape == (3, 2, out_dim) and features.dtype == torch.float32
+    torch.testing.assert_close(encoder(frames[1]), features[1], rtol=1e-4, atol=1e-4)  # conv kernels sum per batch size
+    unit = ImageEncoder(kind, shape, max_value=1.0)
+    unit.load_state_dict(encoder.state_dict())
+    torch.testing.assert_close(unit(frames.float() / 255), features, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(unit(frames.float()), features)  # the scale is applied, not a no-op
+
+
+def test_a_frame_too_small_for_the_nature_cnn_is_a_clear_error():
+    with pytest.raises(SystemExit, match=r"^error: --encoder nature cannot take 10x10 frames .* use --encoder minatar"):
+        ImageEncoder("nature", (4, 10, 10))
+
+
+def test_observation_groups_are_vectors_or_uint8_images():
+    obs = TensorDict({"policy": torch.zeros(5, 3, 8, 8, dtype=torch.uint8), "critic": torch.zeros(5, 7),
+                      "float_image": torch.zeros(5, 3, 8, 8), "odd": torch.zeros(5, 8, 8)}, batch_size=[5])
+    assert observation_shape(obs, "policy") == (3, 8, 8) and observation_shape(obs, "critic") == (7,)
+    with pytest.raises(SystemExit, match=r"^error: observation group 'float_image' is an image .* must be uint8"):
+        observation_shape(obs, "float_image")
+    with pytest.raises(SystemExit, match=r"^error: observation group 'odd' has shape \[5, 8, 8\]"):
+        observation_shape(obs, "odd")
+    vector, image = group_mlp((7,), 2, (16,), "tanh", "minatar"), group_mlp((3, 8, 8), 2, (16,), "tanh", "minatar")
+    assert not any(isinstance(m, ImageEncoder) for m in vector.modules())
+    assert isinstance(image[0], ImageEncoder) and image(obs["policy"]).shape == (5, 2)
+
+
+def test_image_groups_are_never_normalized():
+    """An image group gets no running statistics: its frames pass through as they are (uint8, the same
+    tensor), and an update learns nothing; a vector group is normalized as before."""
+    image_norm = observation_normalizer((2, 6, 6), True, 10.0)
+    frames = torch.randint(0, 256, (4, 2, 6, 6), dtype=torch.uint8)
+    image_norm.update(frames)
+    assert isinstance(image_norm, Unnormalized) and image_norm(frames) is frames and not image_norm.state_dict()
+    assert isinstance(observation_normalizer((3,), True, 10.0), RunningMeanStd)
+    assert isinstance(observation_normalizer((3,), False, 10.0), Unnormalized)
+    assert isinstance(observation_normalizer(None, True, 10.0), Unnormalized)
+
+
+def test_storage_keeps_frames_uint8_and_says_its_bytes():
+    """A 4096-env, 128-step rollout of 84x84x4 frames (obs and final_obs) takes 4x less as uint8 than as
+    float32; the replay buffer keeps and samples them as uint8 too."""
+    n, frame = 8, (4, 84, 84)
+
+    def transition(dtype):
+        return TensorDict({"obs": {"policy": torch.zeros(n, *frame, dtype=dtype)},
+                           "final_obs": {"policy": torch.zeros(n, *frame, dtype=dtype)}, "actions": torch.zeros(n, dtype=torch.long),
+                           "rewards": torch.zeros(n), "terminated": torch.zeros(n, dtype=torch.bool),
+                           "truncated": torch.zeros(n, dtype=torch.bool)}, batch_size=[n])
+
+    storage = RolloutStorage(2, n, "cpu")
+    storage.write(0, transition(torch.uint8))
+    assert storage.data["obs", "policy"].dtype == torch.uint8
+    uint8_bytes, float_bytes = bytes_per_transition(transition(torch.uint8)), bytes_per_transition(transition(torch.float32))
+    assert uint8_bytes == 2 * 4 * 84 * 84 + 8 + 4 + 2 and float_bytes - 14 == 4 * (uint8_bytes - 14)
+    assert storage.describe().startswith(f"rollout storage: {uint8_bytes:,} bytes per transition x 16 = ")
+    assert "obs.policy uint8 [4, 84, 84]" in storage.describe()
+    replay = ReplayBuffer(n, 4, "cpu")
+    step = transition(torch.uint8)
+    step["obs", "policy"][:, 0, 0, 0] = 200
+    step["next_obs"] = step.pop("final_obs")
+    replay.add(step)
+    sample = replay.sample(16)
+    assert sample["obs", "policy"].dtype == sample["next_obs", "policy"].dtype == torch.uint8
+    assert (sample["obs", "policy"][:, 0, 0, 0] == 200).all()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_a_pixel_run_stores_uint8_frames_and_normalizes_only_vector_groups(algo, tmp_path, capsys):
+    """Catch's frames go through the encoder, are stored as uint8 (the line printed at start says so) and
+    get no normalizer; ppo's vector "critic" group beside them does."""
+    run_main(load_script(algo), env_id=CATCH, env_kwargs='{"proprio": true}', encoder="impala", num_envs=8, num_steps=4,
+             num_minibatches=2, total_timesteps=64, device="cpu", output_dir=str(tmp_path), run_name="run",
+             eval_interval=0, progress=False, hidden_sizes=(16,))
+    assert re.search(r"rollout storage: .* \(obs(\.policy)? uint8 \[2, 6, 6\]", capsys.readouterr().out)
+    model = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert not any(k.startswith("obs_rms.") for k in model), "no statistics of the image group"
+    assert any(".convs." in k for k in model)
+    if algo == "ppo":
+        assert model["critic_obs_rms.count"] == 64, "the vector group beside the frames is normalized"
+
+
+@pytest.mark.parametrize("algo, steps", [("ppo", 15360), ("pqn", 10240)])
+def test_learns_catch_from_pixels(algo, steps, tmp_path):
+    """The MinAtar-sized encoder learns to catch from the frames alone: eval return 1.0 is every ball caught;
+    a policy that ignores the frame (random, or staying put) gets -0.67 (10,000 episodes of each)."""
+    result = run_main(load_script(algo), env_id=CATCH, encoder="minatar", num_envs=32, num_steps=8, num_minibatches=4,
+                      total_timesteps=steps, seed=1, device="cpu", output_dir=str(tmp_path), run_name="run",
+                      eval_interval=steps // 256, progress=False, hidden_sizes=(64,))
+    assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
