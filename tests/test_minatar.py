@@ -1,0 +1,233 @@
+"""The built-in MinAtar games against the `minatar` package, step by step, draw for draw.
+
+What is compared, at every step of every env: the observation (ours uint8 [C, 10, 10] with 255
+where the package's boolean [10, 10, C] state is True), the reward, the termination, the true last
+observation of a finished episode (`info["final_obs"]`) and the first observation of the next one.
+
+How the randomness is aligned: each package env's numpy generator (the one `minatar.Environment`
+uses for sticky actions and hands to its game) is replaced by `BlockRandom`, which serves the
+uniforms of the same env's stream of ours (core.hash_uniform at the positions minatar.py's
+docstring gives): a step's calls take the lanes of that step's block in order (lane 0: the sticky
+action test), a reset's calls the block's last lanes. So both envs take the same sticky actions
+and draw the same ball starts, and any difference in the game's rules shows as a different frame.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common.envs import make_env
+from common.envs.core import hash_uniform, seed_to_key
+from common.envs.minatar import FULL_ACTIONS, MINATAR_ENVS
+from tests.host_sync import RecordHostSyncs
+from tests.replay import ReplaySignature, changes, python_state
+
+minatar = pytest.importorskip("minatar", reason="the minatar package (the `test` extra) is the reference")
+
+GAMES = {cls.env_id: cls for cls in MINATAR_ENVS}
+PACKAGE_NAME = {"MinAtar/Breakout-v1": "breakout", "MinAtar/Asterix-v1": "asterix", "MinAtar/Freeway-v1": "freeway",
+                "MinAtar/SpaceInvaders-v1": "space_invaders", "MinAtar/Seaquest-v1": "seaquest"}
+# Time limits short enough that some episodes of random play reach them.
+TEST_TIME_LIMIT = {"MinAtar/Breakout-v1": 15, "MinAtar/Asterix-v1": 40, "MinAtar/Freeway-v1": 200,
+                   "MinAtar/SpaceInvaders-v1": 100, "MinAtar/Seaquest-v1": 100}
+
+
+class BlockRandom:
+    """Stands in for numpy's RandomState in one package env: serves that env's uniforms of ours, block
+    by block, lane by lane (`rand`, `randint(n)`, `randint(lo, hi, size)`, as minatar.py says)."""
+
+    def __init__(self, uniforms: np.ndarray):
+        self.uniforms = uniforms  # [blocks, lanes] float64
+        self.block, self.lane = 0, 0
+
+    def start(self, block: int, lane: int = 0) -> None:
+        self.block, self.lane = block, lane
+
+    def _take(self, size):
+        k = 1 if size is None else int(np.prod(size))
+        values = self.uniforms[self.block, self.lane:self.lane + k]
+        assert len(values) == k, f"the package drew past the end of block {self.block}"
+        self.lane += k
+        return values[0] if size is None else values.reshape(size)
+
+    def rand(self, *size):
+        return self._take(size or None)
+
+    def randint(self, low, high=None, size=None):
+        if high is None:
+            low, high = 0, low
+        return low + np.floor(self._take(size) * (high - low)).astype(np.int64)
+
+
+def our_uniforms(env, seed: int, blocks: int) -> np.ndarray:
+    """[N, blocks, lanes]: uniform `lane` of block `b` of env i (seeded `seed + i`) is number
+    b * lanes + lane of its stream."""
+    lanes = env.num_reset_uniforms
+    keys = seed_to_key(seed + torch.arange(env.num_envs, dtype=torch.int64))
+    index = torch.arange(blocks * lanes, dtype=torch.int64)
+    return hash_uniform(keys[:, None], index[None, :], torch.float64).reshape(env.num_envs, blocks, lanes).numpy()
+
+
+def package_frames(games) -> np.ndarray:
+    """The package envs' states as our observations: uint8 [N, C, 10, 10], 255 for True."""
+    return np.stack([g.state() for g in games]).transpose(0, 3, 1, 2).astype(np.uint8) * 255
+
+
+def run_side_by_side(env_id: str, num_envs: int, num_steps: int, seed: int, max_episode_steps: int, **kwargs):
+    """Steps ours and the package's envs with the same random actions, asserting they agree at every
+    step; returns counts of what happened (to show the comparison covered it)."""
+    env = make_env(env_id, num_envs, seed=seed, max_episode_steps=max_episode_steps, **kwargs)
+    lanes, reset_lanes, act_lanes = env.num_reset_uniforms, env.reset_lanes, 1 + env.game_lanes
+    uniforms = our_uniforms(env, seed, num_steps + 1)
+    games, randoms = [], []
+    for i in range(num_envs):
+        game = minatar.Environment(PACKAGE_NAME[env_id], sticky_action_prob=kwargs.get("sticky_action_prob", 0.1),
+                                   difficulty_ramping=kwargs.get("difficulty_ramping", True))
+        game.random = game.env.random = BlockRandom(uniforms[i])
+        game.random.start(0, lanes - reset_lanes)
+        game.reset()
+        games.append(game)
+        randoms.append(game.random)
+    obs, _ = env.reset()
+    assert np.array_equal(obs["policy"].numpy(), package_frames(games))
+    action_set = [FULL_ACTIONS.index(a) for a in env.minimal_actions]
+    actions = np.random.default_rng(seed).integers(0, len(action_set), size=(num_steps, num_envs))
+    lengths = np.zeros(num_envs, dtype=int)
+    counts = dict(terminated=0, truncated=0, reward=0.0, sticky=0)
+    for t in range(num_steps):
+        obs, reward, terminated, truncated, info = env.step(torch.from_numpy(actions[t]))
+        rewards, terminals = np.zeros(num_envs), np.zeros(num_envs, dtype=bool)
+        for i, (game, random) in enumerate(zip(games, randoms)):
+            random.start(t + 1)
+            rewards[i], terminals[i] = game.act(action_set[actions[t, i]])
+            assert random.lane <= act_lanes, f"{env_id}: the package drew {random.lane} uniforms in a step"
+            counts["sticky"] += game.last_action != action_set[actions[t, i]]
+        lengths += 1
+        assert np.array_equal(reward.numpy(), rewards), (t, reward, rewards)
+        assert np.array_equal(terminated.numpy(), terminals), (t, terminated, terminals)
+        assert np.array_equal(truncated.numpy(), lengths >= max_episode_steps), t
+        assert np.array_equal(info["final_obs"]["policy"].numpy(), package_frames(games)), t
+        for i in np.flatnonzero(terminals | (lengths >= max_episode_steps)):
+            randoms[i].start(t + 1, lanes - reset_lanes)
+            games[i].reset()
+            lengths[i] = 0
+        assert np.array_equal(obs["policy"].numpy(), package_frames(games)), t
+        counts["terminated"] += int(terminals.sum())
+        counts["truncated"] += int((truncated & ~terminated).sum())
+        counts["reward"] += float(rewards.sum())
+    return counts
+
+
+@pytest.mark.parametrize("env_id", list(GAMES))
+def test_matches_the_minatar_package_step_by_step(env_id):
+    """16 envs x 640 steps = 10,240 random-action steps, with sticky actions, episodes that end by
+    losing and by the time limit, each compared frame by frame."""
+    counts = run_side_by_side(env_id, num_envs=16, num_steps=640, seed=3, max_episode_steps=TEST_TIME_LIMIT[env_id])
+    assert counts["terminated"] > 20 and counts["truncated"] > 0 and counts["reward"] > 20 and counts["sticky"] > 100, counts
+
+
+def test_without_sticky_actions_the_agent_acts_as_told():
+    counts = run_side_by_side("MinAtar/Breakout-v1", num_envs=4, num_steps=200, seed=5, max_episode_steps=1000,
+                              sticky_action_prob=0.0)
+    assert counts["sticky"] == 0 and counts["terminated"] > 0
+
+
+# --------------------------------------------------------------------------------------
+# Breakout from arbitrary states: every branch of the ball's rules
+# --------------------------------------------------------------------------------------
+
+
+def test_breakout_from_random_states_matches_the_package():
+    """Random ball positions and directions, paddles, strike flags and brick maps (some empty, some
+    with one brick: the refill), set in both envs and stepped once with every action."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    env = make_env("MinAtar/Breakout-v1", n, seed=0, sticky_action_prob=0.0)
+    env.reset()
+    fields = dict(ball_x=rng.integers(0, 10, n), ball_y=rng.integers(0, 9, n), ball_dir=rng.integers(0, 4, n),
+                  pos=rng.integers(0, 10, n), strike=rng.integers(0, 2, n))
+    bricks = (rng.random((n, 10, 10)) < rng.choice([0.0, 0.01, 0.3, 0.7], size=(n, 1, 1))).astype(np.int64)
+    bricks[:, 9] = 0  # the package never has bricks in the paddle's row
+    columns = {k: torch.from_numpy(v) for k, v in fields.items()}
+    state = env.pack(n, last_x=columns["ball_x"], last_y=columns["ball_y"], bricks=torch.from_numpy(bricks.reshape(n, 100)),
+                     **columns)
+    env.state.copy_(state)
+    actions = rng.integers(0, 3, n)
+    obs, reward, terminated, truncated, info = env.step(torch.from_numpy(actions))
+    game = minatar.Environment("breakout", sticky_action_prob=0.0)
+    for i in range(n):
+        g = game.env
+        g.ball_x, g.ball_y, g.ball_dir, g.pos = (int(fields[k][i]) for k in ("ball_x", "ball_y", "ball_dir", "pos"))
+        g.strike, g.terminal = bool(fields["strike"][i]), False
+        g.last_x, g.last_y, g.brick_map = g.ball_x, g.ball_y, bricks[i].astype(float)
+        r, done = game.act([0, 1, 3][actions[i]])
+        expected = game.state().transpose(2, 0, 1).astype(np.uint8) * 255
+        assert np.array_equal(info["final_obs"]["policy"][i].numpy(), expected), (i, {k: v[i] for k, v in fields.items()})
+        assert reward[i].item() == r and terminated[i].item() == done, i
+
+
+# --------------------------------------------------------------------------------------
+# The contract: spaces, capture, resume
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", list(GAMES))
+def test_observations_are_uint8_images_and_the_spaces_say_so(env_id):
+    env = make_env(env_id, 3)
+    obs, _ = env.reset()
+    space = env.single_observation_space
+    assert obs["policy"].dtype == torch.uint8 and tuple(obs["policy"].shape) == (3, *space.shape)
+    assert space.dtype == np.uint8 and space.shape[1:] == (10, 10) and space.high.max() == 255
+    assert env.single_action_space.n == len(minatar.Environment(PACKAGE_NAME[env_id]).minimal_action_set())
+    obs, reward, terminated, truncated, info = env.step(torch.zeros(3, dtype=torch.int64))
+    assert reward.dtype == torch.float32 and terminated.dtype == truncated.dtype == torch.bool
+    assert set(obs["policy"].unique().tolist()) <= {0, 255}
+
+
+@pytest.mark.parametrize("env_id", list(GAMES))
+def test_step_is_capturable(env_id):
+    """The checks of the capture contract (tests/replay.py) on the env's step: after a warm-up, two
+    steps (one with episodes ending in it) run the same ops on the same tensors, read nothing back to
+    the host and change no Python state."""
+    n = 64
+    env = make_env(env_id, n, seed=1, max_episode_steps=3)
+    env.reset()
+    action = torch.randint(0, env.single_action_space.n, (n,), generator=torch.Generator().manual_seed(0))
+    env.step(action)  # warm-up
+    calls, step = [], env.step
+    for _ in range(3):  # the third step crosses the time limit
+        before = python_state(step)
+        with ReplaySignature((action,)) as sig, RecordHostSyncs() as syncs:
+            step(action)
+        calls.append((sig.ops, sig.external, syncs.syncs, changes(before, python_state(step))))
+    assert calls[0][:2] == calls[1][:2] == calls[2][:2]
+    assert all(not c[2] for c in calls), [c[2] for c in calls]
+    assert all(not c[3] for c in calls), [c[3] for c in calls]
+
+
+@pytest.mark.parametrize("env_id", list(GAMES))
+def test_state_dict_round_trip_resumes_exactly(env_id):
+    n = 16
+    env = make_env(env_id, n, seed=4, max_episode_steps=50)
+    env.reset()
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        env.step(torch.from_numpy(rng.integers(0, env.single_action_space.n, n)))
+    saved = {k: v.clone() for k, v in env.state_dict().items()}
+    actions = [torch.from_numpy(rng.integers(0, env.single_action_space.n, n)) for _ in range(60)]
+    expected = [env.step(a) for a in actions]
+    resumed = make_env(env_id, n, seed=99, max_episode_steps=50)
+    resumed.load_state_dict(saved)
+    for a, (obs, reward, terminated, truncated, info) in zip(actions, expected):
+        r_obs, r_reward, r_terminated, r_truncated, _ = resumed.step(a)
+        assert torch.equal(r_obs["policy"], obs["policy"]) and torch.equal(r_reward, reward)
+        assert torch.equal(r_terminated, terminated) and torch.equal(r_truncated, truncated)
+
+
+def test_bad_options_fail_clearly():
+    with pytest.raises(ValueError, match="sticky_action_prob"):
+        make_env("MinAtar/Breakout-v1", 2, sticky_action_prob=1.5)
+    with pytest.raises(TypeError, match="sticky_action_prob"):
+        make_env("MinAtar/Breakout-v1", 2, sticky=0.1)
