@@ -231,3 +231,25 @@ def test_bad_options_fail_clearly():
         make_env("MinAtar/Breakout-v1", 2, sticky_action_prob=1.5)
     with pytest.raises(TypeError, match="sticky_action_prob"):
         make_env("MinAtar/Breakout-v1", 2, sticky=0.1)
+
+
+def test_render_draws_the_observation_enlarged():
+    """No renderer of its own: the video frames are the observation, each object kind in its colour."""
+    from common.video import frames_from_image
+
+    env = make_env("MinAtar/Breakout-v1", 4, seed=2)
+    env.reset()
+    for _ in range(3):
+        env.step(torch.tensor([0, 1, 2, 1]))
+    frames = env.render([1, 3])
+    obs = env._observe(env.state)
+    assert len(frames) == 2 and all(f.shape == (160, 160, 3) and f.dtype == np.uint8 for f in frames)
+    for frame, i in zip(frames, (1, 3)):
+        lit = frame[::16, ::16].any(-1)  # one pixel per board cell
+        assert np.array_equal(lit, obs[i].numpy().any(0))
+        ball = obs[i, 1].numpy().nonzero()
+        assert len(set(map(tuple, frame[::16, ::16][ball]))) == 1  # the ball has one colour
+        assert not np.array_equal(frame[::16, ::16][ball][0], frame[16, 0])  # not the bricks' colour
+    with pytest.raises(ValueError, match="kind"):
+        frames_from_image(obs, kind="hsv")
+    assert frames_from_image(torch.zeros(2, 4, 84, 84, dtype=torch.uint8))[0].shape == (168, 168, 3)

@@ -169,7 +169,7 @@ class MinAtarEnv(TorchEnv):
         """Frames of the envs `env_ids`, drawn from their observations (see common.video.frames_from_image)."""
         from common.video import frames_from_image
 
-        return frames_from_image(self._observe(self.state[env_ids]))
+        return frames_from_image(self._observe(self.state[env_ids]), kind="objects")
 
     def close(self) -> None:
         pass
