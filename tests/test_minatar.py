@@ -135,37 +135,73 @@ def test_without_sticky_actions_the_agent_acts_as_told():
 
 
 # --------------------------------------------------------------------------------------
-# Breakout from arbitrary states: every branch of the ball's rules
+# From arbitrary states: every branch of the rules, and the whole state after a step
 # --------------------------------------------------------------------------------------
+# Our state column -> the package game's attribute (10x10 maps as arrays).
+PACKAGE_ATTRIBUTES = {
+    "MinAtar/Breakout-v1": dict(ball_x="ball_x", ball_y="ball_y", ball_dir="ball_dir", pos="pos", strike="strike",
+                                last_x="last_x", last_y="last_y", bricks="brick_map"),
+    "MinAtar/SpaceInvaders-v1": dict(pos="pos", alien_dir="alien_dir", move_interval="enemy_move_interval",
+                                     move_timer="alien_move_timer", shot_timer_aliens="alien_shot_timer",
+                                     ramp_index="ramp_index", shot_timer="shot_timer", f_bullets="f_bullet_map",
+                                     e_bullets="e_bullet_map", aliens="alien_map"),
+}
 
 
-def test_breakout_from_random_states_matches_the_package():
-    """Random ball positions and directions, paddles, strike flags and brick maps (some empty, some
-    with one brick: the refill), set in both envs and stepped once with every action."""
+def sparse_maps(rng, n: int, densities, rows=slice(0, 10)) -> np.ndarray:
+    """[n, 100] 0/1 maps, each with a density drawn from `densities`, set only in `rows`."""
+    maps = np.zeros((n, 10, 10), dtype=np.int64)
+    maps[:, rows] = rng.random((n, 10, 10))[:, rows] < rng.choice(densities, size=(n, 1, 1))
+    return maps.reshape(n, 100)
+
+
+def random_states(env_id: str, rng, n: int) -> dict[str, np.ndarray]:
+    """Game states drawn wide: edges, timers about to fire, near-empty and crowded maps."""
+    if env_id == "MinAtar/Breakout-v1":
+        x, y = rng.integers(0, 10, n), rng.integers(0, 9, n)
+        return dict(ball_x=x, ball_y=y, ball_dir=rng.integers(0, 4, n), pos=rng.integers(0, 10, n),
+                    strike=rng.integers(0, 2, n), last_x=x, last_y=y,
+                    bricks=sparse_maps(rng, n, [0.0, 0.01, 0.3, 0.7], rows=slice(0, 9)))
+    if env_id == "MinAtar/SpaceInvaders-v1":
+        aliens = sparse_maps(rng, n, [0.0, 0.02, 0.1, 0.4])
+        aliens[np.arange(n), rng.integers(0, 100, n)] = 1  # the package shoots from an alien: there is one
+        return dict(pos=rng.integers(0, 10, n), alien_dir=rng.choice([-1, 1], n), move_interval=rng.integers(5, 13, n),
+                    move_timer=rng.integers(0, 3, n), shot_timer_aliens=rng.integers(0, 3, n),
+                    ramp_index=rng.integers(0, 3, n), shot_timer=rng.integers(0, 3, n),
+                    f_bullets=sparse_maps(rng, n, [0.0, 0.05, 0.3]), e_bullets=sparse_maps(rng, n, [0.0, 0.05, 0.3]),
+                    aliens=aliens)
+    raise KeyError(env_id)
+
+
+@pytest.mark.parametrize("env_id", list(PACKAGE_ATTRIBUTES))
+def test_from_random_states_one_step_matches_the_package(env_id):
+    """3,000 random states, set in both envs and stepped once with random actions: the same frame,
+    reward and termination, and (where the episode goes on) the same value of every state variable."""
     rng = np.random.default_rng(0)
     n = 3000
-    env = make_env("MinAtar/Breakout-v1", n, seed=0, sticky_action_prob=0.0)
+    env = make_env(env_id, n, seed=0, sticky_action_prob=0.0)
     env.reset()
-    fields = dict(ball_x=rng.integers(0, 10, n), ball_y=rng.integers(0, 9, n), ball_dir=rng.integers(0, 4, n),
-                  pos=rng.integers(0, 10, n), strike=rng.integers(0, 2, n))
-    bricks = (rng.random((n, 10, 10)) < rng.choice([0.0, 0.01, 0.3, 0.7], size=(n, 1, 1))).astype(np.int64)
-    bricks[:, 9] = 0  # the package never has bricks in the paddle's row
-    columns = {k: torch.from_numpy(v) for k, v in fields.items()}
-    state = env.pack(n, last_x=columns["ball_x"], last_y=columns["ball_y"], bricks=torch.from_numpy(bricks.reshape(n, 100)),
-                     **columns)
-    env.state.copy_(state)
-    actions = rng.integers(0, 3, n)
+    fields = random_states(env_id, rng, n)
+    env.state.copy_(env.pack(n, **{k: torch.from_numpy(v) for k, v in fields.items()}))
+    actions = rng.integers(0, env.single_action_space.n, n)
     obs, reward, terminated, truncated, info = env.step(torch.from_numpy(actions))
-    game = minatar.Environment("breakout", sticky_action_prob=0.0)
+    action_set = [FULL_ACTIONS.index(a) for a in env.minimal_actions]
+    game = minatar.Environment(PACKAGE_NAME[env_id], sticky_action_prob=0.0)
     for i in range(n):
-        g = game.env
-        g.ball_x, g.ball_y, g.ball_dir, g.pos = (int(fields[k][i]) for k in ("ball_x", "ball_y", "ball_dir", "pos"))
-        g.strike, g.terminal = bool(fields["strike"][i]), False
-        g.last_x, g.last_y, g.brick_map = g.ball_x, g.ball_y, bricks[i].astype(float)
-        r, done = game.act([0, 1, 3][actions[i]])
+        for column, attribute in PACKAGE_ATTRIBUTES[env_id].items():
+            value = fields[column][i]
+            setattr(game.env, attribute, value.reshape(10, 10).astype(float) if value.size == 100 else int(value))
+        game.env.terminal = False
+        r, done = game.act(action_set[actions[i]])
         expected = game.state().transpose(2, 0, 1).astype(np.uint8) * 255
         assert np.array_equal(info["final_obs"]["policy"][i].numpy(), expected), (i, {k: v[i] for k, v in fields.items()})
         assert reward[i].item() == r and terminated[i].item() == done, i
+        if not done:
+            for column, attribute in PACKAGE_ATTRIBUTES[env_id].items():
+                ours = env.col(env.state, column)[i].numpy()
+                assert np.array_equal(ours.reshape(np.shape(getattr(game.env, attribute))),
+                                      getattr(game.env, attribute)), (i, column)
+    assert 0 < int(terminated.sum()) < n and float(reward.sum()) > 0
 
 
 # --------------------------------------------------------------------------------------
