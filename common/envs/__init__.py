@@ -4,7 +4,8 @@
     obs, info = envs.reset(seed=1)
     obs, reward, terminated, truncated, info = envs.step(action)
 
-A plain id names a built-in batched torch env with gymnasium's dynamics (see classic.py).
+A plain id names a built-in batched torch env: gymnasium's classic control (classic.py) and
+MinAtar's games (minatar.py, e.g. `MinAtar/Breakout-v1`, image observations).
 An id `<prefix>:<name>` is handed to an adapter, imported only when used so that its
 simulator is an optional dependency:
 
@@ -25,9 +26,10 @@ import torch
 
 from common.envs.classic import Acrobot, CartPole, MountainCar, MountainCarContinuous, Pendulum
 from common.envs.core import TorchEnv
+from common.envs.minatar import MINATAR_ENVS
 
 BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
-    cls.env_id: cls for cls in (CartPole, Pendulum, MountainCarContinuous, Acrobot, MountainCar)
+    cls.env_id: cls for cls in (CartPole, Pendulum, MountainCarContinuous, Acrobot, MountainCar, *MINATAR_ENVS)
 }
 ADAPTER_PREFIXES = ("gym", "mjlab")
 

@@ -1,0 +1,399 @@
+"""MinAtar's games (Young & Tian, 2019) as batched torch envs: `MinAtar/Breakout-v1`, ...
+
+Each class reproduces the game of the same name in the `minatar` package (version 1.0.15):
+dynamics, rewards, terminations, sticky actions (`sticky_action_prob`, default 0.1) and the
+difficulty ramp (`difficulty_ramping`, default on), with the package's gym registration's
+"-v1" action set (the game's minimal action set, e.g. no-op/left/right for Breakout).
+
+Observations: the group `policy` is uint8 [N, C, 10, 10], the package's boolean 10x10xC state
+channel-first, with 255 where the package has True: every image group of the project is a
+uint8 picture that the networks scale by 1/255, which gives the package's 0/1 here.
+
+State: every game keeps its whole state in one int64 tensor `state` [N, state_dim] (named
+column slices below: positions, timers, the brick map, ...), so autoreset, checkpoints and
+in-place updates work as in the classic envs (core.TorchEnv). The last action taken (for
+sticky actions) is a column of it and, as in the package, it carries over into the next
+episode; `reset()` sets it to 0, as a new `minatar.Environment` starts.
+
+Randomness (counter-based, see core.py): every step of env i draws one block of
+`num_reset_uniforms` float64 uniforms from its own stream (`reset()` draws one too), and the
+package's random calls of that step are served from it in the order the package makes them:
+lane 0 is the sticky-action test (`random.rand() < sticky_action_prob`), the next lanes the
+game's own draws in `act`, and the last `reset_lanes` lanes the draws of a reset that ends the
+step (an autoreset) or of `reset()`. A package call `rand()` takes a lane `u`, `randint(n)`
+takes `floor(u * n)`, `randint(lo, hi)` `lo + floor(u * (hi - lo))` (tests/test_minatar.py
+serves the package's generator this way, and the two envs step alike, draw for draw).
+
+Time limit: the package has none (a good Breakout player never loses); the envs truncate at
+`max_episode_steps` (default 10,000; gymnax's MinAtar, used by the PQN paper, stops at 1,000).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from common.envs.core import TorchEnv, _uniform_
+
+FULL_ACTIONS = ("n", "l", "u", "r", "d", "f")  # the package's action names, in its full action set's order
+
+
+class MinAtarEnv(TorchEnv):
+    """A MinAtar game over a batch of envs. A subclass sets the class attributes and writes
+
+        _new_game(u, n)               reset lanes [n, reset_lanes] -> state [n, state_dim] (last action 0)
+        _game_step(state, a, u)       full-set action [N], the step's game lanes -> (state, reward, terminated)
+        _observe(state)               -> uint8 [N, C, 10, 10]
+    """
+
+    channels: tuple[str, ...] = ()
+    minimal_actions: tuple[str, ...] = ()
+    fields: tuple[tuple[str, int], ...] = ()  # state columns: (name, width), `last_action` added first
+    tables: dict[str, tuple[int, ...]] = {}  # lookup tables of the game's rules (see `lookup`)
+    game_lanes = 0  # uniforms the game's `act` may draw in one step
+    reset_lanes = 0  # uniforms a reset draws
+    default_max_episode_steps = 10_000
+
+    def __init__(
+        self,
+        num_envs: int,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        max_episode_steps: int | None = None,
+        sticky_action_prob: float = 0.1,
+        difficulty_ramping: bool = True,
+    ):
+        if not isinstance(sticky_action_prob, numbers.Real) or not 0.0 <= sticky_action_prob <= 1.0:
+            raise ValueError(f"{self.env_id}: sticky_action_prob must be in [0, 1], got {sticky_action_prob!r}")
+        self.sticky_action_prob = float(sticky_action_prob)
+        self.difficulty_ramping = bool(difficulty_ramping)
+        self.single_observation_space = spaces.Box(0, 255, (len(self.channels), 10, 10), dtype=np.uint8)
+        self.single_action_space = spaces.Discrete(len(self.minimal_actions))
+        # Column slices of `state`, by name.
+        self.columns: dict[str, slice] = {}
+        start = 0
+        for name, width in (("last_action", 1),) + self.fields:
+            self.columns[name] = slice(start, start + width)
+            start += width
+        self.state_dim = start
+        self.num_reset_uniforms = 1 + self.game_lanes + self.reset_lanes  # one block per step
+        super().__init__(num_envs, device, seed, dtype, max_episode_steps)
+        self.state = torch.zeros(self.num_envs, self.state_dim, dtype=torch.int64, device=self.device)
+        self._action_set = torch.tensor([FULL_ACTIONS.index(a) for a in self.minimal_actions], device=self.device)
+        # On the device once: a tensor made from Python values inside a step would be a host-to-device
+        # copy in every step, which a CUDA graph cannot replay.
+        self._tables = {name: torch.tensor(values, device=self.device) for name, values in self.tables.items()}
+
+    def lookup(self, table: str, index: torch.Tensor) -> torch.Tensor:
+        """tables[table][index], elementwise."""
+        return self._tables[table][index]
+
+    # -- state columns ----------------------------------------------------------------------
+
+    def col(self, state: torch.Tensor, name: str) -> torch.Tensor:
+        """Column `name` of `state`: [N] for a scalar field, [N, width] for a wider one (a view)."""
+        s = self.columns[name]
+        return state[:, s.start] if s.stop - s.start == 1 else state[:, s]
+
+    def pack(self, n: int, **values) -> torch.Tensor:
+        """A state [n, state_dim] from its fields (each [n] or [n, width], or a number)."""
+        state = torch.zeros(n, self.state_dim, dtype=torch.int64, device=self.device)
+        for name, value in values.items():
+            s = self.columns[name]
+            if isinstance(value, numbers.Number):  # fill_: `state[:, s] = 3` would make a tensor of the 3 every call
+                state[:, s].fill_(value)
+            else:
+                state[:, s] = value.long().reshape(n, -1)
+        return state
+
+    # -- random draws -----------------------------------------------------------------------
+
+    def _draw_block(self) -> torch.Tensor:
+        """This step's uniforms [N, num_reset_uniforms] (float64, like numpy's `rand()`)."""
+        start = self._rng_key + self._rng_counter * self._rng_stride
+        return _uniform_(start[:, None] + self._rng_lane_offsets, torch.float64)
+
+    def _draw_initial_state(self) -> torch.Tensor:
+        return self._new_game(self._draw_block()[:, -self.reset_lanes:] if self.reset_lanes else None, self.num_envs)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def step(self, action):
+        """Sticky action, the game's step, the time limit, and a same-step autoreset (see TorchEnv.step)."""
+        if self._needs_reset:
+            raise RuntimeError(f"{self.env_id}: call reset() before step()")
+        action = self._action_set[self._check_action(action)]
+        u = self._draw_block()
+        self._rng_counter.add_(1)  # every env draws one block per step, finished or not
+        last = self.col(self.state, "last_action")
+        action = torch.where(u[:, 0] < self.sticky_action_prob, last, action)
+        state = self.state.clone()
+        state[:, self.columns["last_action"]] = action[:, None]
+        next_state, reward, terminated = self._game_step(state, action, u[:, 1:1 + self.game_lanes])
+
+        steps = self.episode_steps + 1
+        truncated = steps >= self.max_episode_steps
+        done = terminated | truncated
+        final_obs = self._observe(next_state)
+        fresh = self._new_game(u[:, self.num_reset_uniforms - self.reset_lanes:], self.num_envs)
+        fresh[:, self.columns["last_action"]] = action[:, None]  # the package keeps it across episodes
+        self.state.copy_(torch.where(done[:, None], fresh, next_state))
+        self.episode_steps.copy_(steps.masked_fill(done, 0))
+        info = {"final_obs": self._wrap_obs(final_obs), "log": {}}
+        return self._wrap_obs(self._observe(self.state)), reward.to(self.dtype), terminated, truncated, info
+
+    # -- drawing ----------------------------------------------------------------------------
+
+    def _image(self, n: int) -> torch.Tensor:
+        """An empty observation [n, C * 100] (uint8), filled by `_put` and reshaped by `_frame`."""
+        return torch.zeros(n, len(self.channels) * 100, dtype=torch.uint8, device=self.device)
+
+    def _put(self, image: torch.Tensor, channel, y: torch.Tensor, x: torch.Tensor, on=None) -> None:
+        """Set pixel (y, x) of `channel` (a name, or channel numbers like y) in each row of `image` ([N] or
+        [N, k] coordinates), only where `on` when given (an off pixel leaves its cell as it was: the
+        writes are maxima)."""
+        n = len(image)
+        channel = self.channels.index(channel) if isinstance(channel, str) else channel
+        index = (channel * 100 + y * 10 + x).reshape(n, -1)
+        value = torch.full_like(index, 255, dtype=torch.uint8)
+        if on is not None:
+            value = value * on.reshape(n, -1)
+        image.scatter_reduce_(1, index, value, "amax")
+
+    def _frame(self, image: torch.Tensor) -> torch.Tensor:
+        return image.view(len(image), len(self.channels), 10, 10)
+
+    def render(self, env_ids: list[int]) -> list[np.ndarray]:
+        """Frames of the envs `env_ids`, drawn from their observations (see common.video.frames_from_image)."""
+        from common.video import frames_from_image
+
+        return frames_from_image(self._observe(self.state[env_ids]), kind="objects")
+
+    def close(self) -> None:
+        pass
+
+
+class Breakout(MinAtarEnv):
+    """Breakout: bounce the ball off the paddle to break three rows of bricks (+1 a brick); the ball
+    travels on diagonals; cleared rows come back; the episode ends when the ball reaches the bottom."""
+
+    env_id = "MinAtar/Breakout-v1"
+    channels = ("paddle", "ball", "trail", "brick")
+    minimal_actions = ("n", "l", "r")
+    fields = (("ball_x", 1), ("ball_y", 1), ("ball_dir", 1), ("pos", 1), ("strike", 1), ("last_x", 1),
+              ("last_y", 1), ("bricks", 100))
+    reset_lanes = 1  # randint(2): which side the ball starts from
+    # Directions 0-3: up-left, up-right, down-right, down-left; the package's direction changes.
+    tables = dict(dx=(-1, 1, 1, -1), dy=(-1, -1, 1, 1), flip_x=(1, 0, 3, 2), flip_y=(3, 2, 1, 0), back=(2, 3, 0, 1))
+
+    def _new_game(self, u, n):
+        right = (u[:, 0] * 2).floor().long()  # the package's ball_start: (x, dir) = [(0, 2), (9, 3)][start]
+        bricks = torch.zeros(n, 10, 10, dtype=torch.int64, device=self.device)
+        bricks[:, 1:4].fill_(1)
+        return self.pack(n, ball_x=9 * right, ball_y=3, ball_dir=2 + right, pos=4, strike=0,
+                         last_x=9 * right, last_y=3, bricks=bricks)
+
+    def _game_step(self, state, a, u):
+        col = lambda name: self.col(state, name)  # noqa: E731
+        pos = col("pos")
+        pos = torch.where(a == 1, (pos - 1).clamp(min=0), torch.where(a == 3, (pos + 1).clamp(max=9), pos))
+        last_x, last_y, direction = col("ball_x"), col("ball_y"), col("ball_dir")
+        new_x = last_x + self.lookup("dx", direction)
+        new_y = last_y + self.lookup("dy", direction)
+        # Side walls: clamp and reflect horizontally.
+        side = (new_x < 0) | (new_x > 9)
+        new_x = new_x.clamp(0, 9)
+        direction = torch.where(side, self.lookup("flip_x", direction), direction)
+        # Then one of: the top wall, a brick, the bottom row (paddle or loss), as the package's elif chain.
+        top = new_y < 0
+        new_y = new_y.clamp(min=0)
+        direction = torch.where(top, self.lookup("flip_y", direction), direction)
+        bricks = state[:, self.columns["bricks"]].clone()
+        cell = (new_y * 10 + new_x)[:, None]
+        brick = ~top & (bricks.gather(1, cell)[:, 0] == 1)
+        breaks = brick & (col("strike") == 0)  # a ball still inside a brick it just broke breaks no other
+        bricks.scatter_(1, cell, bricks.gather(1, cell) * ~breaks[:, None])
+        new_y = torch.where(breaks, last_y, new_y)
+        direction = torch.where(breaks, self.lookup("flip_y", direction), direction)
+        bottom = ~top & ~brick & (new_y == 9)
+        refill = bottom & (bricks.sum(1) == 0)
+        bricks[:, 10:40] |= refill[:, None].long()
+        paddle_old = bottom & (last_x == pos)  # the ball was above the paddle: straight back up
+        paddle_new = bottom & ~paddle_old & (new_x == pos)  # the ball lands on it: back the way it came
+        direction = torch.where(paddle_old, self.lookup("flip_y", direction),
+                                torch.where(paddle_new, self.lookup("back", direction), direction))
+        new_y = torch.where(paddle_old | paddle_new, last_y, new_y)
+        terminated = bottom & ~paddle_old & ~paddle_new
+
+        next_state = self.pack(len(state), last_action=col("last_action"), ball_x=new_x, ball_y=new_y,
+                               ball_dir=direction, pos=pos, strike=brick, last_x=last_x, last_y=last_y, bricks=bricks)
+        return next_state, breaks.long(), terminated
+
+    def _observe(self, state):
+        col = lambda name: self.col(state, name)  # noqa: E731
+        n = len(state)
+        image = self._image(n)
+        image[:, 300:400] = col("bricks").to(torch.uint8) * 255
+        self._put(image, "ball", col("ball_y"), col("ball_x"))
+        self._put(image, "paddle", torch.full_like(col("pos"), 9), col("pos"))
+        self._put(image, "trail", col("last_y"), col("last_x"))
+        return self._frame(image)
+
+
+class SpaceInvaders(MinAtarEnv):
+    """Space Invaders: shoot the aliens (+1 each) marching side to side and down, firing at the
+    cannon; a new wave, faster, when all are shot; the episode ends when the cannon is hit or the
+    aliens reach the bottom row."""
+
+    env_id = "MinAtar/SpaceInvaders-v1"
+    channels = ("cannon", "alien", "alien_left", "alien_right", "friendly_bullet", "enemy_bullet")
+    minimal_actions = ("n", "l", "r", "f")
+    fields = (("pos", 1), ("alien_dir", 1), ("move_interval", 1), ("move_timer", 1), ("shot_timer_aliens", 1),
+              ("ramp_index", 1), ("shot_timer", 1), ("f_bullets", 100), ("e_bullets", 100), ("aliens", 100))
+    shot_cool_down, enemy_move_interval, enemy_shot_interval = 5, 12, 10  # the package's constants
+
+    def _new_game(self, u, n):
+        aliens = torch.zeros(n, 10, 10, dtype=torch.int64, device=self.device)
+        aliens[:, 0:4, 2:8].fill_(1)
+        return self.pack(n, pos=5, alien_dir=-1, move_interval=self.enemy_move_interval,
+                         move_timer=self.enemy_move_interval, shot_timer_aliens=self.enemy_shot_interval,
+                         ramp_index=0, shot_timer=0, aliens=aliens)
+
+    def _game_step(self, state, a, u):
+        n = len(state)
+        col = lambda name: self.col(state, name)  # noqa: E731
+        grid = lambda name: col(name).reshape(n, 10, 10)  # noqa: E731
+        pos, shot_timer = col("pos"), col("shot_timer")
+        f_bullets, e_bullets, aliens = grid("f_bullets").clone(), grid("e_bullets"), grid("aliens")
+        rows = torch.arange(n, device=self.device)
+        fire = (a == 5) & (shot_timer == 0)
+        f_bullets[rows, 9, pos] |= fire.long()
+        shot_timer = torch.where(fire, self.shot_cool_down, shot_timer)
+        pos = torch.where(a == 1, (pos - 1).clamp(min=0), torch.where(a == 3, (pos + 1).clamp(max=9), pos))
+        # Bullets: friendly ones up a row, enemy ones down a row (np.roll, then the wrapped row cleared).
+        f_bullets = f_bullets.roll(-1, 1)
+        f_bullets[:, 9].fill_(0)
+        e_bullets = e_bullets.roll(1, 1)
+        e_bullets[:, 0].fill_(0)
+        terminated = (e_bullets[rows, 9, pos] == 1) | (aliens[rows, 9, pos] == 1)
+        # Aliens: when their timer is up, down a row at the edge they walk to (turning), else a column on.
+        direction, move_interval, move_timer = col("alien_dir"), col("move_interval"), col("move_timer")
+        move = move_timer == 0
+        count = aliens.sum((1, 2))
+        move_timer = torch.where(move, torch.minimum(count, move_interval), move_timer)
+        at_edge = ((aliens[:, :, 0].sum(1) > 0) & (direction < 0)) | ((aliens[:, :, 9].sum(1) > 0) & (direction > 0))
+        down, sideways = move & at_edge, move & ~at_edge
+        terminated |= down & (aliens[:, 9].sum(1) > 0)
+        direction = torch.where(down, -direction, direction)
+        aliens = torch.where(down[:, None, None], aliens.roll(1, 1),
+                             torch.where((sideways & (direction > 0))[:, None, None], aliens.roll(1, 2),
+                                         torch.where(sideways[:, None, None], aliens.roll(-1, 2), aliens)))
+        terminated |= move & (aliens[rows, 9, pos] == 1)
+        # The alien nearest the cannon shoots: the nearest column with aliens (the left one of two
+        # as near), from its lowest alien.
+        shoot_timer = col("shot_timer_aliens")
+        shoot = shoot_timer == 0
+        shoot_timer = torch.where(shoot, self.enemy_shot_interval, shoot_timer)
+        columns = torch.arange(10, device=self.device)
+        occupied = aliens.sum(1) > 0
+        order = ((columns - pos[:, None]).abs() * 2 + (columns > pos[:, None])).masked_fill(~occupied, 100)
+        nearest = order.argmin(1)
+        lowest = (aliens[rows, :, nearest] * columns).argmax(1)
+        e_bullets = e_bullets.clone()
+        e_bullets[rows, lowest, nearest] |= shoot.long()
+        # Bullets that meet aliens take them out.
+        kills = (aliens == 1) & (f_bullets == 1)
+        reward = kills.sum((1, 2))
+        aliens, f_bullets = aliens * ~kills, f_bullets * ~kills
+        shot_timer = shot_timer - (shot_timer > 0).long()
+        # A cleared wave: the next one, a step faster (down to one move every 6 steps) with the ramp.
+        cleared = aliens.sum((1, 2)) == 0
+        faster = cleared & (move_interval > 6) & self.difficulty_ramping
+        aliens[:, 0:4, 2:8] |= cleared[:, None, None].long()
+        return self.pack(n, last_action=col("last_action"), pos=pos, alien_dir=direction,
+                         move_interval=move_interval - faster.long(), move_timer=move_timer - 1,
+                         shot_timer_aliens=shoot_timer - 1, ramp_index=col("ramp_index") + faster.long(),
+                         shot_timer=shot_timer, f_bullets=f_bullets, e_bullets=e_bullets, aliens=aliens), reward, terminated
+
+    def _observe(self, state):
+        n = len(state)
+        col = lambda name: self.col(state, name)  # noqa: E731
+        image = self._image(n)
+        aliens = col("aliens").to(torch.uint8) * 255
+        left = (col("alien_dir") < 0).to(torch.uint8)[:, None]
+        image[:, 100:200] = aliens
+        image[:, 200:300] = aliens * left
+        image[:, 300:400] = aliens * (1 - left)
+        image[:, 400:500] = col("f_bullets").to(torch.uint8) * 255
+        image[:, 500:600] = col("e_bullets").to(torch.uint8) * 255
+        self._put(image, "cannon", torch.full_like(col("pos"), 9), col("pos"))
+        return self._frame(image)
+
+
+class Freeway(MinAtarEnv):
+    """Freeway: lead the chicken up across eight lanes of traffic (+1 a crossing, after which the
+    cars' speeds are drawn again); a car sends it back to the bottom; the game lasts 2,500 steps."""
+
+    env_id = "MinAtar/Freeway-v1"
+    channels = ("chicken", "car", "speed1", "speed2", "speed3", "speed4", "speed5")
+    minimal_actions = ("n", "u", "d")
+    fields = (("pos", 1), ("move_timer", 1), ("terminate_timer", 1), ("car_x", 8), ("car_timer", 8), ("car_speed", 8))
+    game_lanes = 16  # a crossing redraws the speeds: randint(1, 6, 8), then rand(8) for the directions
+    reset_lanes = 16
+    player_speed, time_limit = 3, 2500  # the package's constants
+
+    def _speeds(self, u: torch.Tensor) -> torch.Tensor:
+        """Signed car speeds [n, 8] from 16 lanes: sizes 1-5, directions sign(rand - 0.5)."""
+        return (1 + (u[:, :8] * 5).floor().long()) * torch.sign(u[:, 8:16] - 0.5).long()
+
+    def _new_game(self, u, n):
+        speed = self._speeds(u)
+        return self.pack(n, pos=9, move_timer=self.player_speed, terminate_timer=self.time_limit, car_x=0,
+                         car_timer=speed.abs(), car_speed=speed)
+
+    def _game_step(self, state, a, u):
+        n = len(state)
+        col = lambda name: self.col(state, name)  # noqa: E731
+        pos, move_timer = col("pos"), col("move_timer")
+        can_move = move_timer == 0
+        up, down = can_move & (a == 2), can_move & (a == 4)
+        move_timer = torch.where(up | down, self.player_speed, move_timer)
+        pos = torch.where(up, (pos - 1).clamp(min=0), torch.where(down, (pos + 1).clamp(max=9), pos))
+        crossed = pos == 0
+        new_speed = self._speeds(u)
+        car_speed = torch.where(crossed[:, None], new_speed, col("car_speed"))
+        car_timer = torch.where(crossed[:, None], new_speed.abs(), col("car_timer"))
+        pos = torch.where(crossed, 9, pos)
+        # Cars: each moves a cell when its timer is up. A car on the chicken's cell, before or after its
+        # move, sends it to the bottom row (where no car drives, so one hit is all there is).
+        lanes = torch.arange(1, 9, device=self.device)
+        car_x = col("car_x")
+        on_lane = lanes == pos[:, None]
+        hit = on_lane & (car_x == 4)
+        moves = car_timer == 0
+        car_x = torch.where(moves, (car_x + torch.where(car_speed > 0, 1, -1)) % 10, car_x)
+        hit |= on_lane & moves & (car_x == 4)
+        car_timer = torch.where(moves, car_speed.abs(), car_timer - 1)
+        pos = torch.where(hit.any(1), 9, pos)
+        terminate_timer = col("terminate_timer") - 1
+        return (self.pack(n, last_action=col("last_action"), pos=pos, move_timer=move_timer - (move_timer > 0).long(),
+                          terminate_timer=terminate_timer, car_x=car_x, car_timer=car_timer, car_speed=car_speed),
+                crossed.long(), terminate_timer < 0)
+
+    def _observe(self, state):
+        n = len(state)
+        col = lambda name: self.col(state, name)  # noqa: E731
+        image = self._image(n)
+        self._put(image, "chicken", col("pos"), torch.full_like(col("pos"), 4))
+        lanes = torch.arange(1, 9, device=self.device).expand(n, 8)
+        car_x, speed = col("car_x"), col("car_speed")
+        self._put(image, "car", lanes, car_x)
+        self._put(image, 1 + speed.abs(), lanes, (car_x - torch.where(speed > 0, 1, -1)) % 10)
+        return self._frame(image)
+
+
+MINATAR_ENVS = (Breakout, SpaceInvaders, Freeway)
