@@ -3,6 +3,7 @@
     python -m tests.benchmarks.bench --env-id Pendulum-v1 --num-envs 4096 --device cpu
         [--algos ppo pqn ...] [--modes eager compile compile+cudagraphs] [--iterations K]
         [--warmup-iterations W] [--hidden-sizes 64 64] [--json PATH | --json -] [--markdown]
+    python -m tests.benchmarks.bench --storage-bytes [--num-envs 4096 --num-steps 128 --frame 4 84 84]
 
 A benchmark, not a test: pytest does not collect it (no test_ prefix), and nothing here asserts
 a speed. For one env id, num_envs and device it measures, side by side:
@@ -606,6 +607,39 @@ def write_json(report: dict, target: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+def rollout_storage_bytes(num_envs: int, num_steps: int, frame: tuple[int, ...]) -> dict:
+    """The bytes of a ppo.py rollout of `frame` observations (obs and final_obs) as common.buffer's
+    RolloutStorage lays it out, with uint8 frames (as an image group is stored) and, for comparison,
+    float32 ones. The storage keeps the dtypes of its first write and its layout is one transition's
+    repeated num_envs * num_steps times, so a storage of one step of two envs gives the figure
+    without allocating it (28 GiB at 4096 x 128 x 84x84x4)."""
+    from tensordict import TensorDict
+
+    from common.buffer import RolloutStorage, bytes_per_transition
+
+    out = {"num_envs": num_envs, "num_steps": num_steps, "frame": list(frame)}
+    for dtype in (torch.uint8, torch.float32):
+        storage = RolloutStorage(1, 2, "cpu")
+        storage.write(0, TensorDict({"obs": {"policy": torch.zeros(2, *frame, dtype=dtype)},
+                                     "final_obs": {"policy": torch.zeros(2, *frame, dtype=dtype)},
+                                     "actions": torch.zeros(2, dtype=torch.long), "logprobs": torch.zeros(2),
+                                     "rewards": torch.zeros(2), "terminated": torch.zeros(2, dtype=torch.bool),
+                                     "truncated": torch.zeros(2, dtype=torch.bool)}, batch_size=[2]))
+        name = str(storage.data["obs", "policy"].dtype).replace("torch.", "")
+        per = bytes_per_transition(storage.data)
+        out[name] = {"bytes_per_transition": per, "bytes": per * num_envs * num_steps}
+    return out
+
+
+def print_storage_bytes(figures: dict) -> None:
+    n, t, frame = figures["num_envs"], figures["num_steps"], "x".join(map(str, figures["frame"]))
+    for name in ("uint8", "float32"):
+        f = figures[name]
+        print(f"rollout storage, {n} envs x {t} steps of {frame} frames (obs and final_obs) as {name}: {f['bytes_per_transition']:,} bytes "
+              f"per transition, {f['bytes']:,} bytes ({f['bytes'] / 2**30:.2f} GiB)")
+    print(f"uint8 / float32: {figures['uint8']['bytes'] / figures['float32']['bytes']:.3f}")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env-id", default="Pendulum-v1")
@@ -627,6 +661,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip-training", action="store_true", help="only the in-process measurements (1-3)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the figures as JSON to PATH ('-': stdout, instead of the table)")
     parser.add_argument("--markdown", action="store_true", help="also print README table rows")
+    parser.add_argument("--storage-bytes", action="store_true",
+                        help="only print the bytes of a --num-envs x --num-steps rollout of --frame observations, uint8 and float32")
+    parser.add_argument("--num-steps", type=int, default=128, help="rollout steps of --storage-bytes")
+    parser.add_argument("--frame", type=int, nargs="+", default=[4, 84, 84], help="one observation's shape for --storage-bytes")
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup_iterations < 1:
         parser.error("--iterations and --warmup-iterations must be >= 1 (the window opens at the end of a warm-up iteration)")
@@ -690,6 +728,12 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.storage_bytes:
+        figures = rollout_storage_bytes(args.num_envs, args.num_steps, tuple(args.frame))
+        print_storage_bytes(figures) if args.json != "-" else None
+        if args.json is not None:
+            write_json(figures, args.json)
+        return 0
     report = run_benchmark(args, argv)
     if args.json != "-":
         print_table(report)
