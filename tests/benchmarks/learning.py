@@ -87,9 +87,9 @@ EXPERIMENTS = {
     # unscaled rewards), except Adam for RAdam and the head's one extra 128-unit layer; ppo the MinAtar-sized
     # batch with a larger entropy bonus. @mlp: the same pqn on the flattened frames, for contrast.
     # The target is not from the papers: see the README (Pixels).
-    "pqn:MinAtar/Breakout-v1": dict(target=10.0, budget=400_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "minatar"]),
-    "pqn:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=400_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "mlp"]),
-    "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=400_000, flags=[
+    "pqn:MinAtar/Breakout-v1": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "minatar"]),
+    "pqn:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "mlp"]),
+    "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=200_000, flags=[
         *MINATAR, "--encoder", "minatar", "--num-minibatches", "8", "--update-epochs", "4", "--ent-coef", "0.01"]),
 }
 
@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)),
                         help="runs at a time; each gets cores // jobs torch threads")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of each run (default: cores // jobs); 1 on a machine shared with other work")
     parser.add_argument("--budget", type=int, default=None, help="env steps of every run (default: each experiment's)")
     parser.add_argument("--out", default=None,
                         help="directory of the JSON, the table and the figures (required; with --report: default "
@@ -274,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path(args.out) / "runs"  # as given: commands stay portable
     jobs = []
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     for name in args.experiments:
         algo, env_id, _ = split_name(name)
         spec = EXPERIMENTS.get(name, dict(target=math.inf, budget=1_000_000, flags=[]))
