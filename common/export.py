@@ -3,8 +3,8 @@
     python algos/ppo.py --eval-only --resume runs/RUN/checkpoints/best.pt --export exported/
 
 writes `policy.pt2` (`torch.export`: load it with `torch.export.load(path).module()`),
-`policy.onnx` and `policy.json`. Both models map a batch of
-raw "policy" observations [B, obs_dim] (float32) to the env's actions: the observation
+`policy.onnx` and `policy.json`. Both models map a batch of raw "policy" observations [B, obs_dim]
+(float32), or frames [B, C, H, W] (uint8) for an image policy, to the env's actions: the observation
 normalization is folded in, and the action is the script's deterministic one (PPO: the Gaussian
 mean clipped to the bounds, or the most likely action; TD3/SAC: the squashed action scaled to
 the bounds; PQN: the greedy action). Each script's model provides it as `deterministic(obs)`.
@@ -79,7 +79,9 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
     out.mkdir(parents=True, exist_ok=True)
     recurrent = hasattr(model, "recurrent_step")
     policy = (RecurrentPolicy if recurrent else DeterministicPolicy)(copy.deepcopy(model).cpu().float()).eval()
-    example = (torch.as_tensor(observation_space.sample(), dtype=torch.float32).reshape(1, -1).repeat(4, 1),)
+    obs = torch.as_tensor(observation_space.sample())  # an image policy's frames stay uint8 [C, H, W]
+    obs = obs if obs.dtype == torch.uint8 else obs.float()
+    example = (obs.reshape(1, *observation_space.shape).repeat(4, *[1] * len(observation_space.shape)),)
     names = {"input_names": ["obs"], "output_names": ["action"], "dynamic_axes": {"obs": {0: "batch"}, "action": {0: "batch"}}}
     if recurrent:
         rows, hidden = model.state_shape

@@ -124,3 +124,24 @@ def test_learns_catch_from_pixels(algo, steps, tmp_path):
                       total_timesteps=steps, seed=1, device="cpu", output_dir=str(tmp_path), run_name="run",
                       eval_interval=steps // 256, progress=False, hidden_sizes=(64,))
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
+
+
+def test_an_exported_pixel_policy_takes_uint8_frames(tmp_path):
+    """--export of a policy on frames: policy.pt2 and policy.onnx take uint8 [B, C, H, W] and act as the script's
+    greedy policy does."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    module = load_script("pqn")
+    flags = dict(env_id=CATCH, encoder="minatar", num_envs=8, num_steps=4, num_minibatches=2, total_timesteps=64,
+                 device="cpu", output_dir=str(tmp_path), run_name="run", eval_interval=0, progress=False, hidden_sizes=(16,))
+    run_main(module, **flags)
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    run_main(module, **flags, eval_only=True, export=str(tmp_path / "export"), resume=str(checkpoint))
+    qnet = module.QNetwork((2, 6, 6), 3, module.Args(**flags))
+    qnet.load_state_dict(torch.load(checkpoint, weights_only=True)["model"])
+    env = Catch(64, seed=5)
+    frames = torch.cat([env.reset()[0]["policy"], env.step(torch.randint(3, (64,)))[0]["policy"]])
+    expected = qnet.deterministic(frames)
+    program = torch.export.load(str(tmp_path / "export" / "policy.pt2")).module()
+    onnx = onnxruntime.InferenceSession(str(tmp_path / "export" / "policy.onnx"))
+    assert torch.equal(program(frames), expected) and torch.equal(program(frames[:1]), expected[:1])
+    assert torch.equal(torch.as_tensor(onnx.run(None, {"obs": frames.numpy()})[0]), expected)
