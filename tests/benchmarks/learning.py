@@ -54,6 +54,7 @@ COMMITTED = ROOT / "tests" / "benchmarks" / "results"  # the results the README 
 MINATAR = ["--num-envs", "128", "--num-steps", "32", "--num-eval-envs", "16", "--eval-interval", "10"]
 PQN_MINATAR = ["--num-minibatches", "32", "--learning-rate", "5e-4", "--reward-scale", "1.0", "--exploration-fraction", "0.1",
                "--hidden-sizes", "128"]
+PPO_MINATAR = ["--num-minibatches", "8", "--update-epochs", "4", "--ent-coef", "0.01"]
 # script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise)
 EXPERIMENTS = {
     "ppo:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
@@ -82,15 +83,15 @@ EXPERIMENTS = {
     "ppo:CartPole-v1@fast": dict(target=475.0, budget=500_000,
                                  flags=["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"]),
     # Pixels: MinAtar Breakout's uint8 [4, 10, 10] frames through MinAtar's one-conv network (--encoder minatar;
-    # the Atari DQN CNN's 8x8/4 kernel does not fit 10x10 frames), on a CPU. pqn takes the PQN paper's MinAtar
-    # settings (128 envs x 32 steps, 32 minibatches, 2 epochs, lr 5e-4, epsilon to 0.05 over the first 10%,
+    # the Atari DQN CNN's 8x8/4 kernel does not fit 10x10 frames), on a CPU. pqn takes the PQN code's MinAtar
+    # config (purejaxql: 128 envs x 32 steps, 32 minibatches, 2 epochs, lr 5e-4, epsilon to 0.05 over the first 10%,
     # unscaled rewards), except Adam for RAdam and the head's one extra 128-unit layer; ppo the MinAtar-sized
-    # batch with a larger entropy bonus. @mlp: the same pqn on the flattened frames, for contrast.
+    # batch with a larger entropy bonus. @mlp: the same settings on the flattened frames, for contrast.
     # The target is not from the papers: see the README (Pixels).
     "pqn:MinAtar/Breakout-v1": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "minatar"]),
     "pqn:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "mlp"]),
-    "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=200_000, flags=[
-        *MINATAR, "--encoder", "minatar", "--num-minibatches", "8", "--update-epochs", "4", "--ent-coef", "0.01"]),
+    "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "minatar"]),
+    "ppo:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]),
 }
 
 
