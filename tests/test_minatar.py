@@ -153,6 +153,8 @@ PACKAGE_ATTRIBUTES = {
                                      ramp_index="ramp_index", shot_timer="shot_timer", f_bullets="f_bullet_map",
                                      e_bullets="e_bullet_map", aliens="alien_map"),
     "MinAtar/Freeway-v1": dict(pos="pos", move_timer="move_timer", terminate_timer="terminate_timer"),
+    "MinAtar/Asterix-v1": {name: name for name in ("player_x", "player_y", "spawn_speed", "spawn_timer", "move_speed",
+                                                   "move_timer", "ramp_timer", "ramp_index")},
 }
 CAR_COLUMNS = ("car_x", None, "car_timer", "car_speed")  # a package car is [x, lane, timer, speed]
 
@@ -164,6 +166,9 @@ def set_package_state(env_id: str, game, fields: dict, i: int) -> None:
     if env_id == "MinAtar/Freeway-v1":
         game.cars = [[int(fields["car_x"][i][k]), k + 1, int(fields["car_timer"][i][k]), int(fields["car_speed"][i][k])]
                      for k in range(8)]
+    if env_id == "MinAtar/Asterix-v1":  # an entity is [x, row, from the left, gold], or None
+        game.entities = [[int(fields["x"][i][k]), k + 1, bool(fields["lr"][i][k]), bool(fields["gold"][i][k])]
+                         if fields["on"][i][k] else None for k in range(8)]
     game.terminal = False
 
 
@@ -172,6 +177,10 @@ def package_state(env_id: str, game) -> dict[str, np.ndarray]:
     state = {column: np.asarray(getattr(game, attribute)).reshape(-1) for column, attribute in PACKAGE_ATTRIBUTES[env_id].items()}
     if env_id == "MinAtar/Freeway-v1":
         state.update({c: np.array([car[k] for car in game.cars]) for k, c in enumerate(CAR_COLUMNS) if c})
+    if env_id == "MinAtar/Asterix-v1":
+        entities = [e or [0, 0, False, False] for e in game.entities]
+        state.update(on=np.array([e is not None for e in game.entities]), x=np.array([e[0] for e in entities]),
+                     lr=np.array([e[2] for e in entities]), gold=np.array([e[3] for e in entities]))
     return state
 
 
@@ -202,6 +211,13 @@ def random_states(env_id: str, rng, n: int) -> dict[str, np.ndarray]:
         return dict(pos=rng.integers(0, 10, n), move_timer=rng.integers(0, 4, n), terminate_timer=rng.integers(0, 3, n),
                     car_x=rng.integers(0, 10, (n, 8)), car_timer=rng.integers(0, 6, (n, 8)) % (speed.__abs__() + 1),
                     car_speed=speed)
+    if env_id == "MinAtar/Asterix-v1":
+        on = rng.random((n, 8)) < rng.choice([0.0, 0.3, 0.9, 1.0], size=(n, 1))
+        return dict(player_x=rng.integers(0, 10, n), player_y=rng.integers(1, 9, n), spawn_speed=rng.integers(1, 11, n),
+                    spawn_timer=rng.integers(0, 3, n), move_speed=rng.integers(1, 6, n), move_timer=rng.integers(0, 3, n),
+                    ramp_timer=rng.choice([-1, 0, 1, 50], n), ramp_index=rng.integers(0, 4, n), on=on.astype(np.int64),
+                    x=rng.integers(0, 10, (n, 8)) * on, lr=rng.integers(0, 2, (n, 8)) * on,
+                    gold=rng.integers(0, 2, (n, 8)) * on)
     raise KeyError(env_id)
 
 
