@@ -109,3 +109,25 @@ def test_errors_are_clear():
         envs.step(torch.zeros(3, dtype=torch.int64))
     assert envs.state_dict() == {}
     envs.close()
+
+
+def test_ppo_runs_on_envpool_cartpole(tmp_path):
+    from tests.test_gym_adapter import run_ppo
+
+    summary = run_ppo(tmp_path, "--env-id", "envpool:CartPole-v1", "--num-envs", "4", "--num-steps", "16",
+                      "--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "192",
+                      "--num-eval-envs", "2", "--eval-interval", "0")
+    assert summary["global_step"] == 192 and summary["iteration"] == 3
+
+
+def test_ppo_runs_on_envpool_pong_from_pixels(tmp_path):
+    """A few iterations of ppo.py on Atari frames on a CPU, with the training and evaluation presets."""
+    from tests.test_gym_adapter import ROOT, run_ppo
+
+    if "encoder:" not in (ROOT / "algos" / "ppo.py").read_text():
+        pytest.skip("ppo.py has no --encoder for image observations")
+    summary = run_ppo(tmp_path, "--env-id", "envpool:Pong-v5", "--env-kwargs", '{"preset": "atari"}',
+                      "--eval-env-kwargs", '{"preset": "atari-eval"}', "--encoder", "nature", "--num-envs", "4",
+                      "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "192",
+                      "--num-eval-envs", "1", "--eval-interval", "0")
+    assert summary["global_step"] == 192 and summary["iteration"] == 3

@@ -21,7 +21,8 @@ at reset where the game needs it, no sticky actions, episodes cut at 108,000 fra
 `preset="atari-eval"` turns both off, for evaluation (`--eval-env-kwargs '{"preset": "atari-eval"}'`).
 Other keyword arguments go to `envpool.make` (e.g. `num_threads`, `repeat_action_probability`).
 
-Seeding: env i is seeded `seed + i` by envpool; `reset(seed=s)` with a new `s` rebuilds the pool with it.
+Seeding: env i is seeded `seed + i` by envpool (int32 seeds: `seed` is taken modulo 2**31 - num_envs);
+`reset(seed=s)` with a new `s` rebuilds the pool with it.
 Checkpoints: envpool cannot snapshot its envs, so `state_dict()` is empty (as for `gym:`).
 Video: envpool has no renderer; frames of image tasks are drawn from the observation (common.video).
 """
@@ -62,6 +63,8 @@ def make_envpool_env(task: str, num_envs: int, device: str | torch.device = "cpu
         raise ValueError(f"envpool:{task}: num_envs must be a positive int, got {num_envs!r}")
 
     def make_pool(pool_seed: int):
+        # envpool's seeds are int32 and env i gets seed + i: the run's 64-bit seeds are folded into that range.
+        pool_seed = int(pool_seed) % (2**31 - num_envs)
         try:
             return envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=pool_seed, **envpool_kwargs)
         except (TypeError, KeyError, ValueError) as e:  # an option this task does not have
