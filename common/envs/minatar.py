@@ -44,8 +44,9 @@ FULL_ACTIONS = ("n", "l", "u", "r", "d", "f")  # the package's action names, in 
 class MinAtarEnv(TorchEnv):
     """A MinAtar game over a batch of envs. A subclass sets the class attributes and writes
 
-        _new_game(u, n)               reset lanes [n, reset_lanes] -> state [n, state_dim] (last action 0)
-        _game_step(state, a, u)       full-set action [N], the step's game lanes -> (state, reward, terminated)
+        _new_game(u, n)               reset lanes [n, reset_lanes] (None without) -> state [n, state_dim]
+        _game_step(state, a, u)       full-set action [N], the step's game lanes -> (new state, reward, terminated);
+                                      it must not write into `state` (the env's live state)
         _observe(state)               -> uint8 [N, C, 10, 10]
     """
 
@@ -87,6 +88,9 @@ class MinAtarEnv(TorchEnv):
         # On the device once: a tensor made from Python values inside a step would be a host-to-device
         # copy in every step, which a CUDA graph cannot replay.
         self._tables = {name: torch.tensor(values, device=self.device) for name, values in self.tables.items()}
+        # A game that starts without random draws starts from one state, made once (broadcast over the envs).
+        self._start_state = self._new_game(None, 1) if self.reset_lanes == 0 else None
+        self._setup()
 
     def lookup(self, table: str, index: torch.Tensor) -> torch.Tensor:
         """tables[table][index], elementwise."""
@@ -100,15 +104,19 @@ class MinAtarEnv(TorchEnv):
         return state[:, s.start] if s.stop - s.start == 1 else state[:, s]
 
     def pack(self, n: int, **values) -> torch.Tensor:
-        """A state [n, state_dim] from its fields (each [n] or [n, width], or a number)."""
-        state = torch.zeros(n, self.state_dim, dtype=torch.int64, device=self.device)
-        for name, value in values.items():
-            s = self.columns[name]
-            if isinstance(value, numbers.Number):  # fill_: `state[:, s] = 3` would make a tensor of the 3 every call
-                state[:, s].fill_(value)
+        """A state [n, state_dim] from its fields (each [n], [n, width] or [n, 10, 10], or a number; 0 where
+        not given), in one concatenation."""
+        pieces = []
+        for name, s in self.columns.items():
+            value = values.get(name, 0)
+            if isinstance(value, numbers.Number):  # a fill: a tensor made from a number would be a copy from the host
+                pieces.append(torch.full((n, s.stop - s.start), value, dtype=torch.int64, device=self.device))
             else:
-                state[:, s] = value.long().reshape(n, -1)
-        return state
+                pieces.append(value.long().reshape(n, s.stop - s.start))
+        return torch.cat(pieces, 1)
+
+    def _setup(self) -> None:
+        """What a game prepares once, at the end of __init__ (e.g. start states)."""
 
     # -- random draws -----------------------------------------------------------------------
 
@@ -129,19 +137,20 @@ class MinAtarEnv(TorchEnv):
         action = self._action_set[self._check_action(action)]
         u = self._draw_block()
         self._rng_counter.add_(1)  # every env draws one block per step, finished or not
-        last = self.col(self.state, "last_action")
-        action = torch.where(u[:, 0] < self.sticky_action_prob, last, action)
-        state = self.state.clone()
-        state[:, self.columns["last_action"]] = action[:, None]
-        next_state, reward, terminated = self._game_step(state, action, u[:, 1:1 + self.game_lanes])
+        action = torch.where(u[:, 0] < self.sticky_action_prob, self.col(self.state, "last_action"), action)
+        # The game reads the state and makes a new one (its last-action column left 0: set below).
+        next_state, reward, terminated = self._game_step(self.state, action, u[:, 1:1 + self.game_lanes])
 
         steps = self.episode_steps + 1
         truncated = steps >= self.max_episode_steps
         done = terminated | truncated
         final_obs = self._observe(next_state)
-        fresh = self._new_game(u[:, self.num_reset_uniforms - self.reset_lanes:], self.num_envs)
-        fresh[:, self.columns["last_action"]] = action[:, None]  # the package keeps it across episodes
+        if self._start_state is not None:
+            fresh = self._start_state
+        else:
+            fresh = self._new_game(u[:, self.num_reset_uniforms - self.reset_lanes:], self.num_envs)
         self.state.copy_(torch.where(done[:, None], fresh, next_state))
+        self.state[:, self.columns["last_action"].start].copy_(action)  # the package keeps it across episodes
         self.episode_steps.copy_(steps.masked_fill(done, 0))
         info = {"final_obs": self._wrap_obs(final_obs), "log": {}}
         return self._wrap_obs(self._observe(self.state)), reward.to(self.dtype), terminated, truncated, info
@@ -190,12 +199,16 @@ class Breakout(MinAtarEnv):
     # Directions 0-3: up-left, up-right, down-right, down-left; the package's direction changes.
     tables = dict(dx=(-1, 1, 1, -1), dy=(-1, -1, 1, 1), flip_x=(1, 0, 3, 2), flip_y=(3, 2, 1, 0), back=(2, 3, 0, 1))
 
-    def _new_game(self, u, n):
-        right = (u[:, 0] * 2).floor().long()  # the package's ball_start: (x, dir) = [(0, 2), (9, 3)][start]
-        bricks = torch.zeros(n, 10, 10, dtype=torch.int64, device=self.device)
+    def _setup(self):
+        # The two start states, by the package's ball_start: (x, dir) = [(0, 2), (9, 3)][start].
+        right = torch.arange(2, device=self.device)
+        bricks = torch.zeros(2, 10, 10, dtype=torch.int64, device=self.device)
         bricks[:, 1:4].fill_(1)
-        return self.pack(n, ball_x=9 * right, ball_y=3, ball_dir=2 + right, pos=4, strike=0,
-                         last_x=9 * right, last_y=3, bricks=bricks)
+        self._starts = self.pack(2, ball_x=9 * right, ball_y=3, ball_dir=2 + right, pos=4, strike=0,
+                                 last_x=9 * right, last_y=3, bricks=bricks)
+
+    def _new_game(self, u, n):
+        return self._starts[(u[:, 0] * 2).floor().long()]
 
     def _game_step(self, state, a, u):
         col = lambda name: self.col(state, name)  # noqa: E731
@@ -229,7 +242,7 @@ class Breakout(MinAtarEnv):
         new_y = torch.where(paddle_old | paddle_new, last_y, new_y)
         terminated = bottom & ~paddle_old & ~paddle_new
 
-        next_state = self.pack(len(state), last_action=col("last_action"), ball_x=new_x, ball_y=new_y,
+        next_state = self.pack(len(state), ball_x=new_x, ball_y=new_y,
                                ball_dir=direction, pos=pos, strike=brick, last_x=last_x, last_y=last_y, bricks=bricks)
         return next_state, breaks.long(), terminated
 
@@ -314,7 +327,7 @@ class SpaceInvaders(MinAtarEnv):
         cleared = aliens.sum((1, 2)) == 0
         faster = cleared & (move_interval > 6) & self.difficulty_ramping
         aliens[:, 0:4, 2:8] |= cleared[:, None, None].long()
-        return self.pack(n, last_action=col("last_action"), pos=pos, alien_dir=direction,
+        return self.pack(n, pos=pos, alien_dir=direction,
                          move_interval=move_interval - faster.long(), move_timer=move_timer - 1,
                          shot_timer_aliens=shoot_timer - 1, ramp_index=col("ramp_index") + faster.long(),
                          shot_timer=shot_timer, f_bullets=f_bullets, e_bullets=e_bullets, aliens=aliens), reward, terminated
@@ -380,7 +393,7 @@ class Freeway(MinAtarEnv):
         car_timer = torch.where(moves, car_speed.abs(), car_timer - 1)
         pos = torch.where(hit.any(1), 9, pos)
         terminate_timer = col("terminate_timer") - 1
-        return (self.pack(n, last_action=col("last_action"), pos=pos, move_timer=move_timer - (move_timer > 0).long(),
+        return (self.pack(n, pos=pos, move_timer=move_timer - (move_timer > 0).long(),
                           terminate_timer=terminate_timer, car_x=car_x, car_timer=car_timer, car_speed=car_speed),
                 crossed.long(), terminate_timer < 0)
 
@@ -460,7 +473,7 @@ class Asterix(MinAtarEnv):
         move_speed = move_speed - (level_up & (move_speed > 1) & (ramp_index % 2 == 1)).long()
         spawn_speed = spawn_speed - (level_up & (spawn_speed > 1)).long()
         ramp_timer = torch.where(wait, ramp_timer - 1, torch.where(level_up, self.ramp_interval, ramp_timer))
-        return (self.pack(n, last_action=col("last_action"), player_x=px, player_y=py, spawn_speed=spawn_speed,
+        return (self.pack(n, player_x=px, player_y=py, spawn_speed=spawn_speed,
                           spawn_timer=spawn_timer - 1, move_speed=move_speed, move_timer=move_timer - 1,
                           ramp_timer=ramp_timer, ramp_index=ramp_index + level_up.long(),
                           on=on, x=x * on, lr=lr & on, gold=gold & on), reward, terminated)
