@@ -221,21 +221,24 @@ def random_states(env_id: str, rng, n: int) -> dict[str, np.ndarray]:
     raise KeyError(env_id)
 
 
-@pytest.mark.parametrize("env_id", list(PACKAGE_ATTRIBUTES))
-def test_from_random_states_one_step_matches_the_package(env_id):
+RAMPING_GAMES = ("MinAtar/Asterix-v1", "MinAtar/SpaceInvaders-v1")  # the others have no difficulty ramp
+
+
+@pytest.mark.parametrize("env_id, ramping", [(g, True) for g in PACKAGE_ATTRIBUTES] + [(g, False) for g in RAMPING_GAMES])
+def test_from_random_states_one_step_matches_the_package(env_id, ramping):
     """3,000 random states, set in both envs and stepped once with random actions (the package's random
     draws served from our stream, as above): the same frame, reward and termination, and (where the
     episode goes on) the same value of every state variable."""
     rng = np.random.default_rng(0)
     n = 3000
-    env = make_env(env_id, n, seed=0, sticky_action_prob=0.0)
+    env = make_env(env_id, n, seed=0, sticky_action_prob=0.0, difficulty_ramping=ramping)
     env.reset()
     fields = random_states(env_id, rng, n)
     env.state.copy_(env.pack(n, **{k: torch.from_numpy(v) for k, v in fields.items()}))
     actions = rng.integers(0, env.single_action_space.n, n)
     obs, reward, terminated, truncated, info = env.step(torch.from_numpy(actions))
     action_set = [FULL_ACTIONS.index(a) for a in env.minimal_actions]
-    game = minatar.Environment(PACKAGE_NAME[env_id], sticky_action_prob=0.0)
+    game = minatar.Environment(PACKAGE_NAME[env_id], sticky_action_prob=0.0, difficulty_ramping=ramping)
     uniforms = our_uniforms(env, 0, 2)  # block 0: reset(), block 1: the step
     for i in range(n):
         set_package_state(env_id, game.env, fields, i)
