@@ -131,3 +131,20 @@ def test_ppo_runs_on_envpool_pong_from_pixels(tmp_path):
                       "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "192",
                       "--num-eval-envs", "1", "--eval-interval", "0")
     assert summary["global_step"] == 192 and summary["iteration"] == 3
+
+
+def test_mujoco_playground_state_is_the_policy_group_and_privileged_state_the_critic_group():
+    envs = make_env("envpool:MuJoCoPlayground/Go1JoystickFlatTerrain-v1", 2, seed=1)
+    ref = envpool.make("MuJoCoPlayground/Go1JoystickFlatTerrain-v1", env_type="gymnasium", num_envs=2, seed=1)
+    obs, _ = envs.reset()
+    r_obs, _ = ref.reset()
+    np.testing.assert_array_equal(obs["policy"].numpy(), r_obs["state"].astype(np.float32))
+    np.testing.assert_array_equal(obs["critic"].numpy(), r_obs["privileged_state"].astype(np.float32))
+    assert envs.single_observation_space.shape == (r_obs["state"].shape[1],)
+    assert envs.single_critic_observation_space.shape == (r_obs["privileged_state"].shape[1],)
+    action = np.zeros((2, envs.single_action_space.shape[0]), np.float32)
+    obs, reward, terminated, truncated, info = envs.step(torch.from_numpy(action))
+    r_obs, r_reward, *_ = ref.step(action.astype(ref.action_space.dtype))
+    np.testing.assert_array_equal(info["final_obs"]["critic"].numpy(), r_obs["privileged_state"].astype(np.float32))
+    np.testing.assert_array_equal(reward.numpy(), r_reward.astype(np.float32))
+    envs.close()

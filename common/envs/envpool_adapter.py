@@ -11,7 +11,8 @@ MuJoCo Playground and classic control tasks all come through this one adapter. W
   observation of their next episode and `info["final_obs"]` their true last one, as the contract asks;
 - image observations (Atari: uint8 [N, 4, 84, 84], channel-first already) stay uint8 images in the
   `policy` group; vector ones (a Box, or a Dict of Boxes as DeepMind Control's, flattened in key
-  order) become float32 [N, D];
+  order) become float32 [N, D]; MuJoCo Playground's Dict of `state` and `privileged_state` becomes
+  the groups `policy` and `critic` (the privileged inputs of an asymmetric critic, not the actor's);
 - tensors on `device`, one copy each way per step; actions from the device in one copy.
 
 Atari (`preset`): envpool's Atari defaults already are the standard preprocessing (up to 30 no-op
@@ -39,6 +40,7 @@ from tensordict import TensorDict
 from common.envs.gym_adapter import _batch_flattenable, _flat_box, _flatten_batch, _image_layout, _to_chw
 
 EXTRA = 'pip install -e ".[envpool]"'
+PLAYGROUND_GROUPS = {"policy": "state", "critic": "privileged_state"}  # MuJoCo Playground's observation keys
 ATARI_PRESETS = {"atari": dict(episodic_life=True, reward_clip=True),
                  "atari-eval": dict(episodic_life=False, reward_clip=False)}
 
@@ -86,17 +88,24 @@ class EnvpoolVecEnv:
         self.max_episode_steps = getattr(self.envs.spec.config, "max_episode_steps", None)
         self.render_fps = 30
         self._needs_reset = True
-        self._last_obs: np.ndarray | None = None  # for render(): the observation the envs show now
+        self._last_obs: dict[str, np.ndarray] | None = None  # for render(): the observations of now
 
-        self._obs_space = self.envs.observation_space
-        self._image = _image_layout(self._obs_space)
+        # Observation groups: {group: (key of envpool's Dict, or None for the whole observation, its space)}.
+        space = self.envs.observation_space
+        if isinstance(space, spaces.Dict) and set(PLAYGROUND_GROUPS.values()) <= set(space.spaces):
+            self._groups = {group: (key, space[key]) for group, key in PLAYGROUND_GROUPS.items()}
+        else:
+            self._groups = {"policy": (None, space)}
+        for group, (key, group_space) in self._groups.items():
+            if _image_layout(group_space) is None and not _batch_flattenable(group_space):
+                raise ValueError(f"{self.env_id}: observation space {group_space} cannot be flattened to a vector")
+        self._image = _image_layout(space) if not isinstance(space, spaces.Dict) else None
         if self._image is not None:
-            chw = _to_chw(self._image, np.zeros((1, *self._obs_space.shape), np.uint8)).shape[1:]
+            chw = _to_chw(self._image, np.zeros((1, *space.shape), np.uint8)).shape[1:]
             self.single_observation_space = spaces.Box(0, 255, chw, dtype=np.uint8)
         else:
-            if not _batch_flattenable(self._obs_space):
-                raise ValueError(f"{self.env_id}: observation space {self._obs_space} cannot be flattened to a vector")
-            self.single_observation_space = _flat_box(self._obs_space)
+            self.single_observation_space = _flat_box(self._groups["policy"][1])
+        self.single_critic_observation_space = _flat_box(self._groups["critic"][1]) if "critic" in self._groups else None
         if render_mode is not None and self._image is None:
             raise ValueError(f"{self.env_id}: this adapter draws frames from image observations only; this task has "
                              f"vectors; run without --capture-video")
@@ -114,18 +123,22 @@ class EnvpoolVecEnv:
 
     # -- numpy <-> torch ----------------------------------------------------------------------
 
-    def _obs(self, obs) -> np.ndarray:
-        """envpool's batch of observations -> [n, C, H, W] uint8 or [n, D] float32 (numpy)."""
+    def _obs(self, obs) -> dict[str, np.ndarray]:
+        """envpool's batch of observations -> {group: [n, C, H, W] uint8 or [n, D] float32} (numpy)."""
         if self._image is not None:
-            return _to_chw(self._image, np.asarray(obs))
-        n = len(next(iter(obs.values()))) if isinstance(obs, dict) else len(obs)
-        return _flatten_batch(self._obs_space, obs, n).astype(np.float32, copy=False)
+            return {"policy": _to_chw(self._image, np.asarray(obs))}
+        out = {}
+        for group, (key, space) in self._groups.items():
+            part = obs if key is None else obs[key]
+            n = len(next(iter(part.values()))) if isinstance(part, dict) else len(part)
+            out[group] = _flatten_batch(space, part, n).astype(np.float32, copy=False)
+        return out
 
     def _tensor(self, x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
 
-    def _wrap(self, x: np.ndarray) -> TensorDict:
-        return TensorDict({"policy": self._tensor(x)}, batch_size=[self.num_envs], device=self.device)
+    def _wrap(self, groups: dict[str, np.ndarray]) -> TensorDict:
+        return TensorDict({k: self._tensor(v) for k, v in groups.items()}, batch_size=[self.num_envs], device=self.device)
 
     def _actions_to_numpy(self, action) -> np.ndarray:
         n = self.num_envs
@@ -171,9 +184,10 @@ class EnvpoolVecEnv:
         next_obs = final_obs
         if done.any():
             ids = np.flatnonzero(done)
-            first_obs, _ = self.envs.reset(ids)
-            next_obs = final_obs.copy()
-            next_obs[ids] = self._obs(first_obs)
+            first_obs = self._obs(self.envs.reset(ids)[0])
+            next_obs = {group: value.copy() for group, value in final_obs.items()}
+            for group, value in next_obs.items():
+                value[ids] = first_obs[group]
         self._last_obs = next_obs
         out = {"final_obs": self._wrap(final_obs), "log": {}}
         return (self._wrap(next_obs), self._tensor(np.asarray(reward, dtype=np.float32)),
@@ -185,8 +199,8 @@ class EnvpoolVecEnv:
 
         if self._last_obs is None:
             raise RuntimeError(f"{self.env_id}: call reset() before render()")
-        kind = "rgb" if self._last_obs.shape[1] == 3 and self._image == "hwc" else "stack"
-        return frames_from_image(self._last_obs[env_ids], kind=kind)
+        kind = "rgb" if self._image == "hwc" else "stack"
+        return frames_from_image(self._last_obs["policy"][env_ids], kind=kind)
 
     def state_dict(self) -> dict:
         """Empty: envpool cannot snapshot its envs, so a resumed run starts from freshly reset envs."""
