@@ -386,6 +386,16 @@ def test_atari_frames_are_gymnasiums_as_uint8_images(preset):
     envs.close()
 
 
+def test_one_channel_frames_get_a_channel_axis():
+    pytest.importorskip("ale_py")
+    envs = make_env("gym:ALE/Pong-v5", 2, seed=1, env_kwargs={"obs_type": "grayscale"})
+    ref = gym.make("ALE/Pong-v5", obs_type="grayscale")  # registered by make_env
+    obs, _ = envs.reset()
+    assert envs.single_observation_space.shape == (1, 210, 160) and tuple(obs["policy"].shape) == (2, 1, 210, 160)
+    np.testing.assert_array_equal(obs["policy"][0, 0].numpy(), ref.reset(seed=1)[0])
+    envs.close()
+
+
 def test_atari_preset_ends_an_episode_at_a_lost_life_and_clips_rewards():
     """"atari": a lost life ends the episode while the game goes on (the next episode starts with a
     life less, not with a new game); "atari-eval": the episode is the whole game."""
@@ -410,6 +420,8 @@ def test_atari_errors_are_clear(monkeypatch):
     pytest.importorskip("ale_py")
     with pytest.raises(ValueError, match="preset"):
         make_env("gym:ALE/Pong-v5", 1, preset="atari-train")
+    with pytest.raises(ValueError, match="ALE"):
+        make_env("gym:CartPole-v1", 1, preset="atari")
     monkeypatch.setitem(sys.modules, "cv2", None)
     with pytest.raises(ValueError, match=r"\[atari\]"):
         make_env("gym:ALE/Pong-v5", 1, preset="atari")

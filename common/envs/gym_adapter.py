@@ -179,6 +179,8 @@ def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
     """The per-env wrappers of an Atari preset (the env itself is made with frameskip=1)."""
     if preset not in ATARI_PRESETS:
         raise ValueError(f"gym:{env_id}: unknown preset {preset!r}; presets: {', '.join(ATARI_PRESETS)}")
+    if not env_id.startswith("ALE/"):
+        raise ValueError(f"gym:{env_id}: preset {preset!r} is for ALE's Atari ids, e.g. gym:ALE/Pong-v5")
     try:
         import ale_py
         import cv2  # noqa: F401  (AtariPreprocessing resizes with OpenCV)
