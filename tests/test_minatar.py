@@ -22,7 +22,7 @@ import torch
 
 from common.envs import make_env
 from common.envs.core import hash_uniform, seed_to_key
-from common.envs.minatar import FULL_ACTIONS, MINATAR_ENVS
+from common.envs.minatar import FULL_ACTIONS, MINATAR_ENVS, Seaquest
 from tests.host_sync import RecordHostSyncs
 from tests.replay import ReplaySignature, changes, python_state
 
@@ -30,11 +30,12 @@ minatar = pytest.importorskip("minatar", reason="the minatar package (the `test`
 
 GAMES = {cls.env_id: cls for cls in MINATAR_ENVS}
 PACKAGE_NAME = {"MinAtar/Breakout-v1": "breakout", "MinAtar/Asterix-v1": "asterix", "MinAtar/Freeway-v1": "freeway",
-                "MinAtar/SpaceInvaders-v1": "space_invaders"}
+                "MinAtar/SpaceInvaders-v1": "space_invaders", "MinAtar/Seaquest-v1": "seaquest"}
 # (envs, steps, time limit) of the side-by-side run: over 10,000 steps in all, limits short enough that
 # some episodes of random play reach them (Freeway's own 2,500-step end instead).
 SIDE_BY_SIDE = {"MinAtar/Breakout-v1": (16, 640, 15), "MinAtar/Asterix-v1": (16, 640, 60),
-                "MinAtar/Freeway-v1": (4, 2600, 10_000), "MinAtar/SpaceInvaders-v1": (16, 640, 100)}
+                "MinAtar/Freeway-v1": (4, 2600, 10_000), "MinAtar/SpaceInvaders-v1": (16, 640, 100),
+                "MinAtar/Seaquest-v1": (16, 640, 150)}
 # Random actions: uniform, but for Freeway, mostly up (a uniformly random chicken seldom crosses).
 ACTION_PROBS = {"MinAtar/Freeway-v1": [0.1, 0.8, 0.1]}
 
@@ -156,7 +157,15 @@ PACKAGE_ATTRIBUTES = {
     "MinAtar/Freeway-v1": dict(pos="pos", move_timer="move_timer", terminate_timer="terminate_timer"),
     "MinAtar/Asterix-v1": {name: name for name in ("player_x", "player_y", "spawn_speed", "spawn_timer", "move_speed",
                                                    "move_timer", "ramp_timer", "ramp_index")},
+    "MinAtar/Seaquest-v1": dict(oxygen="oxygen", diver_count="diver_count", sub_x="sub_x", sub_y="sub_y", sub_or="sub_or",
+                                spawn_speed="e_spawn_speed", spawn_timer="e_spawn_timer", diver_timer="d_spawn_timer",
+                                move_speed="move_speed", ramp_index="ramp_index", shot_timer="shot_timer",
+                                surface="surface"),
 }
+# Seaquest's entity lists: our list name -> (the package's attribute, its entries' fields).
+SEAQUEST_LISTS = {"fb": ("f_bullets", ("x", "y", "lr")), "eb": ("e_bullets", ("x", "y", "lr")),
+                  "fish": ("e_fish", ("x", "y", "lr", "mt")), "subs": ("e_subs", ("x", "y", "lr", "mt", "st")),
+                  "divers": ("divers", ("x", "y", "lr", "mt"))}
 CAR_COLUMNS = ("car_x", None, "car_timer", "car_speed")  # a package car is [x, lane, timer, speed]
 
 
@@ -167,6 +176,12 @@ def set_package_state(env_id: str, game, fields: dict, i: int) -> None:
     if env_id == "MinAtar/Freeway-v1":
         game.cars = [[int(fields["car_x"][i][k]), k + 1, int(fields["car_timer"][i][k]), int(fields["car_speed"][i][k])]
                      for k in range(8)]
+    if env_id == "MinAtar/Seaquest-v1":
+        for name, (attribute, entry) in SEAQUEST_LISTS.items():
+            alive = np.flatnonzero(fields[f"{name}_on"][i])
+            setattr(game, attribute, [[int(fields[f"{name}_{f}"][i][k]) if f != "lr" else bool(fields[f"{name}_lr"][i][k])
+                                       for f in entry] for k in alive])
+        game.sub_or, game.surface = bool(game.sub_or), bool(game.surface)
     if env_id == "MinAtar/Asterix-v1":  # an entity is [x, row, from the left, gold], or None
         game.entities = [[int(fields["x"][i][k]), k + 1, bool(fields["lr"][i][k]), bool(fields["gold"][i][k])]
                          if fields["on"][i][k] else None for k in range(8)]
@@ -178,6 +193,17 @@ def package_state(env_id: str, game) -> dict[str, np.ndarray]:
     state = {column: np.asarray(getattr(game, attribute)).reshape(-1) for column, attribute in PACKAGE_ATTRIBUTES[env_id].items()}
     if env_id == "MinAtar/Freeway-v1":
         state.update({c: np.array([car[k] for car in game.cars]) for k, c in enumerate(CAR_COLUMNS) if c})
+    if env_id == "MinAtar/Seaquest-v1":  # the lists in order, zero-padded; the enemy bullets as a sorted list
+        for name, (attribute, entry) in SEAQUEST_LISTS.items():
+            capacity = Seaquest.lists[name][0]
+            entries = getattr(game, attribute)
+            assert len(entries) <= capacity, (name, len(entries))
+            if name == "eb":  # their order changes nothing in the game (each moves on its own)
+                state["eb"] = sorted(tuple(int(v) for v in e) for e in entries)
+                continue
+            state[f"{name}_on"] = np.arange(capacity) < len(entries)
+            for k, f in enumerate(entry):
+                state[f"{name}_{f}"] = np.array([int(e[k]) for e in entries] + [0] * (capacity - len(entries)))
     if env_id == "MinAtar/Asterix-v1":
         entities = [e or [0, 0, False, False] for e in game.entities]
         state.update(on=np.array([e is not None for e in game.entities]), x=np.array([e[0] for e in entities]),
@@ -219,10 +245,28 @@ def random_states(env_id: str, rng, n: int) -> dict[str, np.ndarray]:
                     ramp_timer=rng.choice([-1, 0, 1, 50], n), ramp_index=rng.integers(0, 4, n), on=on.astype(np.int64),
                     x=rng.integers(0, 10, (n, 8)) * on, lr=rng.integers(0, 2, (n, 8)) * on,
                     gold=rng.integers(0, 2, (n, 8)) * on)
+    if env_id == "MinAtar/Seaquest-v1":
+        x = rng.integers(0, 10, n)
+        fields = dict(oxygen=rng.choice([0, 1, 7, 100, 200], n), diver_count=rng.integers(0, 7, n), sub_x=x,
+                      sub_y=rng.choice([0, 0, 1, 4, 8], n), sub_or=np.where(x == 9, 1, np.where(x == 0, 0, rng.integers(0, 2, n))),
+                      spawn_speed=rng.integers(1, 21, n), spawn_timer=rng.integers(0, 3, n), diver_timer=rng.integers(0, 3, n),
+                      move_speed=rng.integers(2, 6, n), ramp_index=rng.integers(0, 4, n), shot_timer=rng.integers(0, 3, n),
+                      surface=rng.integers(0, 2, n))
+        for name, (count, extra) in Seaquest.lists.items():
+            capacity = count
+            alive = np.arange(capacity) < rng.integers(0, min(capacity, 12) + 1, (n, 1))  # in list order: the first k
+            rows = (0, 9) if name == "fb" else (1, 9)
+            fields.update({f"{name}_on": alive, f"{name}_x": rng.integers(0, 10, (n, capacity)) * alive,
+                           f"{name}_y": rng.integers(*rows, (n, capacity)) * alive,
+                           f"{name}_lr": rng.integers(0, 2, (n, capacity)) * alive})
+            fields.update({f"{name}_{f}": rng.integers(0, 3, (n, capacity)) * alive for f in extra})
+        fields["fb_on"] &= np.arange(4) < 3  # at most three friendly bullets fly at once, three divers swim
+        fields["divers_on"] &= np.arange(4) < 3
+        return {k: v.astype(np.int64) for k, v in fields.items()}
     raise KeyError(env_id)
 
 
-RAMPING_GAMES = ("MinAtar/Asterix-v1", "MinAtar/SpaceInvaders-v1")  # the others have no difficulty ramp
+RAMPING_GAMES = ("MinAtar/Asterix-v1", "MinAtar/SpaceInvaders-v1", "MinAtar/Seaquest-v1")  # the others have no difficulty ramp
 
 
 @pytest.mark.parametrize("env_id, ramping", [(g, True) for g in PACKAGE_ATTRIBUTES] + [(g, False) for g in RAMPING_GAMES])
@@ -251,6 +295,11 @@ def test_from_random_states_one_step_matches_the_package(env_id, ramping):
         assert reward[i].item() == r and terminated[i].item() == done, i
         if not done:
             for column, value in package_state(env_id, game.env).items():
+                if column == "eb":
+                    on = env.col(env.state, "eb_on")[i].bool()
+                    ours = sorted(zip(*(env.col(env.state, f"eb_{f}")[i][on].tolist() for f in ("x", "y", "lr"))))
+                    assert ours == value, (i, column)
+                    continue
                 assert np.array_equal(env.col(env.state, column)[i].numpy().reshape(-1), value), (i, column)
     assert 0 < int(terminated.sum()) < n and float(reward.sum()) > 0
 
