@@ -552,22 +552,20 @@ class Seaquest(MinAtarEnv):
 
     def _claims(self, movers, bullets) -> tuple[torch.Tensor, torch.Tensor]:
         """Enemies visited from the last, each taking the first (in list order) friendly bullet left on its
-        cell: which enemies [N, E] and which bullets [N, F] go."""
-        same = (movers["x"][:, :, None] == movers["x"][:, None, :]) & (movers["y"][:, :, None] == movers["y"][:, None, :])
-        eligible = movers["claim"]
-        slots = torch.arange(same.shape[1], device=self.device)
-        # An enemy's turn among the eligible enemies on its cell (visited from the last) ...
-        rank = (same & eligible[:, None, :] & (slots[None, :] > slots[:, None])[None]).sum(2)
-        on_cell = ((movers["x"][:, :, None] == bullets["x"][:, None, :]) & (movers["y"][:, :, None] == bullets["y"][:, None, :])
-                   & bullets["on"][:, None, :])
-        enemy_goes = eligible & (rank < on_cell.sum(2))
-        # ... and a bullet's turn among the bullets on its cell (in list order).
-        fslots = torch.arange(bullets["on"].shape[1], device=self.device)
-        bsame = ((bullets["x"][:, :, None] == bullets["x"][:, None, :]) & (bullets["y"][:, :, None] == bullets["y"][:, None, :])
-                 & bullets["on"][:, None, :])
-        brank = (bsame & (fslots[None, :] < fslots[:, None])[None]).sum(2)
-        takers = (on_cell & eligible[:, :, None]).sum(1)
-        bullet_goes = bullets["on"] & (brank < takers)
+        cell: which enemies [N, E] and which bullets [N, F] go. Per bullet cell (a handful), in O(E)."""
+        bx, by, bon = bullets["x"], bullets["y"], bullets["on"]
+        # at[:, e, f]: eligible enemy e is on bullet f's cell.
+        at = movers["claim"][:, :, None] & (movers["x"][:, :, None] == bx[:, None, :]) & (movers["y"][:, :, None] == by[:, None, :])
+        at = at & bon[:, None, :]
+        # An enemy's turn among the eligible enemies on its cell, visited from the last ...
+        turn = at.flip(1).long().cumsum(1).flip(1) - 1
+        # ... and a bullet's turn among the bullets on its cell, in list order.
+        same = (bx[:, :, None] == bx[:, None, :]) & (by[:, :, None] == by[:, None, :]) & bon[:, None, :]
+        fslots = torch.arange(bx.shape[1], device=self.device)
+        bullet_turn = (same & (fslots[None, :] < fslots[:, None])[None]).sum(2)
+        bullets_on_cell = same.sum(2)
+        enemy_goes = (at & (turn < bullets_on_cell[:, None, :])).any(2)
+        bullet_goes = bon & (bullet_turn < at.sum(1))
         return enemy_goes, bullet_goes
 
     def _enemies_move(self, enemies, sub_x, sub_y, move_speed, bullets):
@@ -665,15 +663,16 @@ class Seaquest(MinAtarEnv):
         was_on = subs["on"] | shot | subs_out
         subs["st"] = torch.where(was_on & (subs["st"] == 0), self.enemy_shot_interval,
                                  torch.where(was_on, subs["st"] - 1, subs["st"]))
-        # The fired bullets join the enemy bullets (their order there changes nothing).
-        slot = used["eb"][:, None] + fires.long().cumsum(1) - 1
-        eb_slots = torch.arange(self.lists["eb"][0], device=self.device)
-        new = fires[:, :, None] & (slot[:, :, None] == eb_slots[None, None, :])  # [N, subs, eb]
-        got = new.any(1)
+        # The fired bullets join the enemy bullets after the used slots (their order there changes nothing);
+        # a sub that does not fire writes into a spare last column, dropped.
+        capacity = self.lists["eb"][0]
+        slot = torch.where(fires, used["eb"][:, None] + fires.long().cumsum(1) - 1, capacity).clamp(max=capacity)
+        spare = torch.zeros(n, capacity + 1, dtype=torch.int64, device=self.device)
+        written = spare.scatter(1, slot, fires.long())[:, :capacity].bool()
         for field in ("x", "y", "lr"):
-            value = (new * subs[field][:, :, None]).sum(1)
-            eb[field] = torch.where(got, value.bool() if field == "lr" else value, eb[field])
-        eb["on"] = eb["on"] | got
+            value = spare.scatter(1, slot, subs[field].long())[:, :capacity]
+            eb[field] = torch.where(written, value.bool() if field == "lr" else value, eb[field])
+        eb["on"] = eb["on"] | written
         # Enemy bullets: a touch, a step on, off the board gone, a touch.
         touch = eb["on"] & (eb["x"] == sub_x[:, None]) & (eb["y"] == sub_y[:, None])
         eb["x"] = eb["x"] + torch.where(eb["lr"], 1, -1) * eb["on"]
