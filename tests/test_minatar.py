@@ -16,6 +16,8 @@ also set to 3,000 random states and stepped once, comparing every state variable
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -389,3 +391,12 @@ def test_render_draws_the_observation_enlarged():
     with pytest.raises(ValueError, match="kind"):
         frames_from_image(obs, kind="hsv")
     assert frames_from_image(torch.zeros(2, 4, 84, 84, dtype=torch.uint8))[0].shape == (168, 168, 3)
+
+
+def test_video_of_minatar_needs_no_pygame(monkeypatch):
+    from common.video import check_dependencies
+
+    monkeypatch.setitem(sys.modules, "pygame", None)
+    check_dependencies("MinAtar/Breakout-v1")  # drawn from the observation
+    with pytest.raises(SystemExit, match="pygame"):
+        check_dependencies("CartPole-v1")  # drawn by gymnasium's renderer
