@@ -324,13 +324,13 @@ def test_observations_are_uint8_images_and_the_spaces_say_so(env_id):
     assert set(obs["policy"].unique().tolist()) <= {0, 255}
 
 
-@pytest.mark.parametrize("env_id", list(GAMES))
-def test_step_is_capturable(env_id):
+@pytest.mark.parametrize("env_id, frame_stack", [(g, 1) for g in GAMES] + [("MinAtar/Breakout-v1", 4)])
+def test_step_is_capturable(env_id, frame_stack):
     """The checks of the capture contract (tests/replay.py) on the env's step: after a warm-up, two
     steps (one with episodes ending in it) run the same ops on the same tensors, read nothing back to
     the host and change no Python state."""
     n = 64
-    env = make_env(env_id, n, seed=1, max_episode_steps=3)
+    env = make_env(env_id, n, seed=1, max_episode_steps=3, frame_stack=frame_stack)
     env.reset()
     action = torch.randint(0, env.single_action_space.n, (n,), generator=torch.Generator().manual_seed(0))
     env.step(action)  # warm-up
@@ -345,10 +345,10 @@ def test_step_is_capturable(env_id):
     assert all(not c[3] for c in calls), [c[3] for c in calls]
 
 
-@pytest.mark.parametrize("env_id", list(GAMES))
-def test_state_dict_round_trip_resumes_exactly(env_id):
+@pytest.mark.parametrize("env_id, frame_stack", [(g, 1) for g in GAMES] + [("MinAtar/Asterix-v1", 2)])
+def test_state_dict_round_trip_resumes_exactly(env_id, frame_stack):
     n = 16
-    env = make_env(env_id, n, seed=4, max_episode_steps=50)
+    env = make_env(env_id, n, seed=4, max_episode_steps=50, frame_stack=frame_stack)
     env.reset()
     rng = np.random.default_rng(1)
     for _ in range(30):
@@ -356,7 +356,7 @@ def test_state_dict_round_trip_resumes_exactly(env_id):
     saved = {k: v.clone() for k, v in env.state_dict().items()}
     actions = [torch.from_numpy(rng.integers(0, env.single_action_space.n, n)) for _ in range(60)]
     expected = [env.step(a) for a in actions]
-    resumed = make_env(env_id, n, seed=99, max_episode_steps=50)
+    resumed = make_env(env_id, n, seed=99, max_episode_steps=50, frame_stack=frame_stack)
     resumed.load_state_dict(saved)
     for a, (obs, reward, terminated, truncated, info) in zip(actions, expected):
         r_obs, r_reward, r_terminated, r_truncated, _ = resumed.step(a)
@@ -364,11 +364,42 @@ def test_state_dict_round_trip_resumes_exactly(env_id):
         assert torch.equal(r_terminated, terminated) and torch.equal(r_truncated, truncated)
 
 
+def test_frame_stack_observes_the_last_frames_of_the_episode():
+    """frame_stack=3: the observation is the last 3 frames of the same env without stacking (the first
+    frame repeated at an episode's start), and the final observation the last 3 of the ended episode."""
+    n, k, c = 8, 3, 4
+    stacked = make_env("MinAtar/Breakout-v1", n, seed=6, max_episode_steps=12, frame_stack=k)
+    single = make_env("MinAtar/Breakout-v1", n, seed=6, max_episode_steps=12)
+    assert stacked.single_observation_space.shape == (k * c, 10, 10)
+    obs, _ = stacked.reset()
+    frame, _ = single.reset()
+    history = [[frame["policy"][i]] * k for i in range(n)]
+    assert torch.equal(obs["policy"], torch.stack([torch.cat(h) for h in history]))
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(60):
+        action = torch.from_numpy(rng.integers(0, 3, n))
+        obs, _, terminated, truncated, info = stacked.step(action)
+        frame, _, _, _, single_info = single.step(action)
+        for i in range(n):
+            final = history[i][1:] + [single_info["final_obs"]["policy"][i]]
+            assert torch.equal(info["final_obs"]["policy"][i], torch.cat(final))
+            history[i] = [frame["policy"][i]] * k if terminated[i] or truncated[i] else final[:-1] + [frame["policy"][i]]
+            ends += int(terminated[i] or truncated[i])
+            assert torch.equal(obs["policy"][i], torch.cat(history[i]))
+    assert ends > n
+
+
 def test_bad_options_fail_clearly():
     with pytest.raises(ValueError, match="sticky_action_prob"):
         make_env("MinAtar/Breakout-v1", 2, sticky_action_prob=1.5)
     with pytest.raises(TypeError, match="sticky_action_prob"):
         make_env("MinAtar/Breakout-v1", 2, sticky=0.1)
+    with pytest.raises(ValueError, match="frame_stack"):
+        make_env("MinAtar/Breakout-v1", 2, frame_stack=0)
+    env = make_env("MinAtar/Breakout-v1", 2, frame_stack=2)
+    with pytest.raises(ValueError, match="frame_stack"):
+        env.load_state_dict(make_env("MinAtar/Breakout-v1", 2).state_dict())
 
 
 def test_render_draws_the_observation_enlarged():

@@ -24,6 +24,11 @@ step (an autoreset) or of `reset()`. A package call `rand()` takes a lane `u`, `
 takes `floor(u * n)`, `randint(lo, hi)` `lo + floor(u * (hi - lo))` (tests/test_minatar.py
 serves the package's generator this way, and the two envs step alike, draw for draw).
 
+Frame stacking: `frame_stack=k` observes the last k frames, oldest first ([N, k * C, 10, 10]; a new
+episode's stack is its first frame repeated), kept in a buffer written in place, so the env stays
+capturable. MinAtar's games need none (their trail channels show where things move): it is an option
+for experiments with a longer view.
+
 Time limit: the package has none (a good Breakout player never loses); the envs truncate at
 `max_episode_steps` (default 10,000; gymnax's MinAtar, used by the PQN paper, stops at 1,000).
 """
@@ -67,12 +72,17 @@ class MinAtarEnv(TorchEnv):
         max_episode_steps: int | None = None,
         sticky_action_prob: float = 0.1,
         difficulty_ramping: bool = True,
+        frame_stack: int = 1,
     ):
         if not isinstance(sticky_action_prob, numbers.Real) or not 0.0 <= sticky_action_prob <= 1.0:
             raise ValueError(f"{self.env_id}: sticky_action_prob must be in [0, 1], got {sticky_action_prob!r}")
+        if not isinstance(frame_stack, numbers.Integral) or frame_stack < 1:
+            raise ValueError(f"{self.env_id}: frame_stack must be a positive int, got {frame_stack!r}")
         self.sticky_action_prob = float(sticky_action_prob)
         self.difficulty_ramping = bool(difficulty_ramping)
-        self.single_observation_space = spaces.Box(0, 255, (len(self.channels), 10, 10), dtype=np.uint8)
+        self.frame_stack = int(frame_stack)
+        shape = (len(self.channels) * self.frame_stack, 10, 10)
+        self.single_observation_space = spaces.Box(0, 255, shape, dtype=np.uint8)
         self.single_action_space = spaces.Discrete(len(self.minimal_actions))
         # Column slices of `state`, by name.
         self.columns: dict[str, slice] = {}
@@ -88,6 +98,8 @@ class MinAtarEnv(TorchEnv):
         # On the device once: a tensor made from Python values inside a step would be a host-to-device
         # copy in every step, which a CUDA graph cannot replay.
         self._tables = {name: torch.tensor(values, device=self.device) for name, values in self.tables.items()}
+        # The last `frame_stack` frames, oldest first (allocated once, written in place: capturable).
+        self._frames = torch.zeros(self.num_envs, *shape, dtype=torch.uint8, device=self.device)
         # A game that starts without random draws starts from one state, made once (broadcast over the envs).
         self._start_state = self._new_game(None, 1) if self.reset_lanes == 0 else None
         self._setup()
@@ -152,8 +164,33 @@ class MinAtarEnv(TorchEnv):
         self.state.copy_(torch.where(done[:, None], fresh, next_state))
         self.state[:, self.columns["last_action"].start].copy_(action)  # the package keeps it across episodes
         self.episode_steps.copy_(steps.masked_fill(done, 0))
+        obs = self._observe(self.state)
+        if self.frame_stack > 1:  # a new episode's stack is its first frame, repeated
+            older = self._frames[:, len(self.channels):]
+            final_obs = torch.cat([older, final_obs], 1)
+            obs = torch.where(done[:, None, None, None], obs.repeat(1, self.frame_stack, 1, 1), torch.cat([older, obs], 1))
+            self._frames.copy_(obs)
         info = {"final_obs": self._wrap_obs(final_obs), "log": {}}
-        return self._wrap_obs(self._observe(self.state)), reward.to(self.dtype), terminated, truncated, info
+        return self._wrap_obs(obs), reward.to(self.dtype), terminated, truncated, info
+
+    def reset(self, seed=None):
+        """Start a new episode in every env (see TorchEnv.reset); a stack starts as the first frame, repeated."""
+        obs, info = super().reset(seed)
+        self._frames.copy_(obs["policy"].repeat(1, self.frame_stack, 1, 1))
+        return self._wrap_obs(self._frames.clone()), info
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {**super().state_dict(), "frames": self._frames.clone()}
+
+    def load_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        sd = dict(sd)
+        frames = sd.pop("frames", None)
+        if frames is None or tuple(frames.shape) != tuple(self._frames.shape):
+            raise ValueError(f"{self.env_id}: env state_dict entry 'frames' is missing or has shape "
+                             f"{None if frames is None else list(frames.shape)}, expected {list(self._frames.shape)} "
+                             f"(was it saved with another num_envs or frame_stack?)")
+        super().load_state_dict(sd)
+        self._frames.copy_(frames)
 
     # -- drawing ----------------------------------------------------------------------------
 
@@ -177,7 +214,8 @@ class MinAtarEnv(TorchEnv):
         return image.view(len(image), len(self.channels), 10, 10)
 
     def render(self, env_ids: list[int]) -> list[np.ndarray]:
-        """Frames of the envs `env_ids`, drawn from their observations (see common.video.frames_from_image)."""
+        """Frames of the envs `env_ids`, drawn from their observations (the newest frame; see
+        common.video.frames_from_image)."""
         from common.video import frames_from_image
 
         return frames_from_image(self._observe(self.state[env_ids]), kind="objects")
