@@ -130,7 +130,7 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     if args.export is not None and not args.eval_only:
         raise SystemExit("error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)")
     if args.capture_video:
-        video.check_dependencies(builtin_env=":" not in args.env_id)
+        video.check_dependencies(args.env_id)
     if args.track:
         try:
             import wandb  # noqa: F401

@@ -56,10 +56,16 @@ def frames_from_image(image, kind: str = "stack", min_side: int = 160) -> list[n
     return [np.ascontiguousarray(frame) for frame in rgb]
 
 
-def check_dependencies(builtin_env: bool) -> None:
-    """Stop before training, with one line naming the extra, when a video could not be written."""
+def check_dependencies(env_id: str) -> None:
+    """Stop before training, with one line naming the extra, when a video could not be written (pygame
+    only for the built-in envs that gymnasium's classic renderers draw, not those drawn from images)."""
+    from common.envs import BUILTIN_ENVS
+    from common.envs.core import TorchEnv
+
+    env = BUILTIN_ENVS.get(env_id)
+    draws_with_pygame = env is not None and env.render is TorchEnv.render
     missing = []
-    for module in ("imageio", "imageio_ffmpeg", "PIL") + (("pygame",) if builtin_env else ()):
+    for module in ("imageio", "imageio_ffmpeg", "PIL") + (("pygame",) if draws_with_pygame else ()):
         try:
             __import__(module)
         except ImportError:

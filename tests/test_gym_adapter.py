@@ -343,3 +343,85 @@ def test_success_at_episode_end_reaches_the_eval_success_rate():
 
     result = run_episodes(envs, EvenEnvsSucceed(), episodes=2, seed=1)
     assert result["success_rate"] == 0.5 and result["length"] == 3
+
+
+# ---------------------------------------------------------------------------------------
+# Atari: image observations and the preset
+# ---------------------------------------------------------------------------------------
+
+
+def _atari_reference(env_id: str, seed: int, preprocess: bool) -> gym.Env:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    if not preprocess:
+        return gym.make(env_id)
+    env = gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30, frame_skip=4, screen_size=84)
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+@pytest.mark.parametrize("preset", [None, "atari-eval"])
+def test_atari_frames_are_gymnasiums_as_uint8_images(preset):
+    """Without a preset, ALE's [210, 160, 3] frames come channel-first; with "atari-eval", the frames of
+    AtariPreprocessing + 4 stacked frames made by hand: uint8 [N, 4, 84, 84]; same rewards."""
+    pytest.importorskip("ale_py")
+    if preset:
+        pytest.importorskip("cv2")
+    n, seed = 2, 5
+    envs = make_env("gym:ALE/Pong-v5", n, seed=seed, **({"preset": preset} if preset else {}))
+    refs = [_atari_reference("ALE/Pong-v5", seed + i, preset is not None) for i in range(n)]
+    obs, _ = envs.reset()
+    expected = np.stack([r.reset(seed=seed + i)[0] for i, r in enumerate(refs)])
+    layout = (lambda x: x) if preset else (lambda x: x.transpose(0, 3, 1, 2))
+    assert obs["policy"].dtype == torch.uint8 and envs.single_observation_space.dtype == np.uint8
+    assert tuple(obs["policy"].shape[1:]) == envs.single_observation_space.shape == ((4, 84, 84) if preset else (3, 210, 160))
+    np.testing.assert_array_equal(obs["policy"].numpy(), layout(expected))
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        action = rng.integers(0, 6, n)
+        obs, reward, terminated, truncated, info = envs.step(torch.as_tensor(action))
+        steps = [r.step(a) for r, a in zip(refs, action)]
+        np.testing.assert_array_equal(obs["policy"].numpy(), layout(np.stack([s[0] for s in steps])))
+        np.testing.assert_array_equal(reward.numpy(), np.array([s[1] for s in steps], dtype=np.float32))
+    envs.close()
+
+
+def test_one_channel_frames_get_a_channel_axis():
+    pytest.importorskip("ale_py")
+    envs = make_env("gym:ALE/Pong-v5", 2, seed=1, env_kwargs={"obs_type": "grayscale"})
+    ref = gym.make("ALE/Pong-v5", obs_type="grayscale")  # registered by make_env
+    obs, _ = envs.reset()
+    assert envs.single_observation_space.shape == (1, 210, 160) and tuple(obs["policy"].shape) == (2, 1, 210, 160)
+    np.testing.assert_array_equal(obs["policy"][0, 0].numpy(), ref.reset(seed=1)[0])
+    envs.close()
+
+
+def test_atari_preset_ends_an_episode_at_a_lost_life_and_clips_rewards():
+    """"atari": a lost life ends the episode while the game goes on (the next episode starts with a
+    life less, not with a new game); "atari-eval": the episode is the whole game."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    lives_after_end = {}
+    for preset in ("atari", "atari-eval"):
+        envs = make_env("gym:ALE/Breakout-v5", 1, seed=2, preset=preset)
+        envs.reset()
+        ale = envs.envs.envs[0].unwrapped.ale
+        for _ in range(3000):
+            _, reward, terminated, truncated, _ = envs.step(torch.tensor([1]))  # FIRE: the paddle stays, lives go
+            assert reward.item() in (-1.0, 0.0, 1.0) or preset == "atari-eval"
+            if terminated.item():
+                lives_after_end[preset] = ale.lives()  # after the same-step restart
+                break
+        envs.close()
+    assert lives_after_end == {"atari": 4, "atari-eval": 5}, lives_after_end
+
+
+def test_atari_errors_are_clear(monkeypatch):
+    pytest.importorskip("ale_py")
+    with pytest.raises(ValueError, match="preset"):
+        make_env("gym:ALE/Pong-v5", 1, preset="atari-train")
+    with pytest.raises(ValueError, match="ALE"):
+        make_env("gym:CartPole-v1", 1, preset="atari")
+    monkeypatch.setitem(sys.modules, "cv2", None)
+    with pytest.raises(ValueError, match=r"\[atari\]"):
+        make_env("gym:ALE/Pong-v5", 1, preset="atari")

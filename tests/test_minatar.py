@@ -9,10 +9,14 @@ uses for sticky actions and hands to its game) is replaced by `BlockRandom`, whi
 uniforms of the same env's stream of ours (core.hash_uniform at the positions minatar.py's
 docstring gives): a step's calls take the lanes of that step's block in order (lane 0: the sticky
 action test), a reset's calls the block's last lanes. So both envs take the same sticky actions
-and draw the same ball starts, and any difference in the game's rules shows as a different frame.
+and draw the same starts and spawns, and any difference in the game's rules shows as a different
+frame. Random play leaves some rules rare (a cleared wave, the difficulty ramp), so every game is
+also set to 3,000 random states and stepped once, comparing every state variable.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
@@ -20,7 +24,7 @@ import torch
 
 from common.envs import make_env
 from common.envs.core import hash_uniform, seed_to_key
-from common.envs.minatar import FULL_ACTIONS, MINATAR_ENVS
+from common.envs.minatar import FULL_ACTIONS, MINATAR_ENVS, Seaquest
 from tests.host_sync import RecordHostSyncs
 from tests.replay import ReplaySignature, changes, python_state
 
@@ -33,7 +37,7 @@ PACKAGE_NAME = {"MinAtar/Breakout-v1": "breakout", "MinAtar/Asterix-v1": "asteri
 # some episodes of random play reach them (Freeway's own 2,500-step end instead).
 SIDE_BY_SIDE = {"MinAtar/Breakout-v1": (16, 640, 15), "MinAtar/Asterix-v1": (16, 640, 60),
                 "MinAtar/Freeway-v1": (4, 2600, 10_000), "MinAtar/SpaceInvaders-v1": (16, 640, 100),
-                "MinAtar/Seaquest-v1": (16, 640, 100)}
+                "MinAtar/Seaquest-v1": (16, 640, 150)}
 # Random actions: uniform, but for Freeway, mostly up (a uniformly random chicken seldom crosses).
 ACTION_PROBS = {"MinAtar/Freeway-v1": [0.1, 0.8, 0.1]}
 
@@ -153,7 +157,17 @@ PACKAGE_ATTRIBUTES = {
                                      ramp_index="ramp_index", shot_timer="shot_timer", f_bullets="f_bullet_map",
                                      e_bullets="e_bullet_map", aliens="alien_map"),
     "MinAtar/Freeway-v1": dict(pos="pos", move_timer="move_timer", terminate_timer="terminate_timer"),
+    "MinAtar/Asterix-v1": {name: name for name in ("player_x", "player_y", "spawn_speed", "spawn_timer", "move_speed",
+                                                   "move_timer", "ramp_timer", "ramp_index")},
+    "MinAtar/Seaquest-v1": dict(oxygen="oxygen", diver_count="diver_count", sub_x="sub_x", sub_y="sub_y", sub_or="sub_or",
+                                spawn_speed="e_spawn_speed", spawn_timer="e_spawn_timer", diver_timer="d_spawn_timer",
+                                move_speed="move_speed", ramp_index="ramp_index", shot_timer="shot_timer",
+                                surface="surface"),
 }
+# Seaquest's entity lists: our list name -> (the package's attribute, its entries' fields).
+SEAQUEST_LISTS = {"fb": ("f_bullets", ("x", "y", "lr")), "eb": ("e_bullets", ("x", "y", "lr")),
+                  "fish": ("e_fish", ("x", "y", "lr", "mt")), "subs": ("e_subs", ("x", "y", "lr", "mt", "st")),
+                  "divers": ("divers", ("x", "y", "lr", "mt"))}
 CAR_COLUMNS = ("car_x", None, "car_timer", "car_speed")  # a package car is [x, lane, timer, speed]
 
 
@@ -164,6 +178,15 @@ def set_package_state(env_id: str, game, fields: dict, i: int) -> None:
     if env_id == "MinAtar/Freeway-v1":
         game.cars = [[int(fields["car_x"][i][k]), k + 1, int(fields["car_timer"][i][k]), int(fields["car_speed"][i][k])]
                      for k in range(8)]
+    if env_id == "MinAtar/Seaquest-v1":
+        for name, (attribute, entry) in SEAQUEST_LISTS.items():
+            alive = np.flatnonzero(fields[f"{name}_on"][i])
+            setattr(game, attribute, [[int(fields[f"{name}_{f}"][i][k]) if f != "lr" else bool(fields[f"{name}_lr"][i][k])
+                                       for f in entry] for k in alive])
+        game.sub_or, game.surface = bool(game.sub_or), bool(game.surface)
+    if env_id == "MinAtar/Asterix-v1":  # an entity is [x, row, from the left, gold], or None
+        game.entities = [[int(fields["x"][i][k]), k + 1, bool(fields["lr"][i][k]), bool(fields["gold"][i][k])]
+                         if fields["on"][i][k] else None for k in range(8)]
     game.terminal = False
 
 
@@ -172,6 +195,21 @@ def package_state(env_id: str, game) -> dict[str, np.ndarray]:
     state = {column: np.asarray(getattr(game, attribute)).reshape(-1) for column, attribute in PACKAGE_ATTRIBUTES[env_id].items()}
     if env_id == "MinAtar/Freeway-v1":
         state.update({c: np.array([car[k] for car in game.cars]) for k, c in enumerate(CAR_COLUMNS) if c})
+    if env_id == "MinAtar/Seaquest-v1":  # the lists in order, zero-padded; the enemy bullets as a sorted list
+        for name, (attribute, entry) in SEAQUEST_LISTS.items():
+            capacity = Seaquest.lists[name][0]
+            entries = getattr(game, attribute)
+            assert len(entries) <= capacity, (name, len(entries))
+            if name == "eb":  # their order changes nothing in the game (each moves on its own)
+                state["eb"] = sorted(tuple(int(v) for v in e) for e in entries)
+                continue
+            state[f"{name}_on"] = np.arange(capacity) < len(entries)
+            for k, f in enumerate(entry):
+                state[f"{name}_{f}"] = np.array([int(e[k]) for e in entries] + [0] * (capacity - len(entries)))
+    if env_id == "MinAtar/Asterix-v1":
+        entities = [e or [0, 0, False, False] for e in game.entities]
+        state.update(on=np.array([e is not None for e in game.entities]), x=np.array([e[0] for e in entities]),
+                     lr=np.array([e[2] for e in entities]), gold=np.array([e[3] for e in entities]))
     return state
 
 
@@ -202,24 +240,52 @@ def random_states(env_id: str, rng, n: int) -> dict[str, np.ndarray]:
         return dict(pos=rng.integers(0, 10, n), move_timer=rng.integers(0, 4, n), terminate_timer=rng.integers(0, 3, n),
                     car_x=rng.integers(0, 10, (n, 8)), car_timer=rng.integers(0, 6, (n, 8)) % (speed.__abs__() + 1),
                     car_speed=speed)
+    if env_id == "MinAtar/Asterix-v1":
+        on = rng.random((n, 8)) < rng.choice([0.0, 0.3, 0.9, 1.0], size=(n, 1))
+        return dict(player_x=rng.integers(0, 10, n), player_y=rng.integers(1, 9, n), spawn_speed=rng.integers(1, 11, n),
+                    spawn_timer=rng.integers(0, 3, n), move_speed=rng.integers(1, 6, n), move_timer=rng.integers(0, 3, n),
+                    ramp_timer=rng.choice([-1, 0, 1, 50], n), ramp_index=rng.integers(0, 4, n), on=on.astype(np.int64),
+                    x=rng.integers(0, 10, (n, 8)) * on, lr=rng.integers(0, 2, (n, 8)) * on,
+                    gold=rng.integers(0, 2, (n, 8)) * on)
+    if env_id == "MinAtar/Seaquest-v1":
+        x = rng.integers(0, 10, n)
+        fields = dict(oxygen=rng.choice([0, 1, 7, 100, 200], n), diver_count=rng.integers(0, 7, n), sub_x=x,
+                      sub_y=rng.choice([0, 0, 1, 4, 8], n), sub_or=np.where(x == 9, 1, np.where(x == 0, 0, rng.integers(0, 2, n))),
+                      spawn_speed=rng.integers(1, 21, n), spawn_timer=rng.integers(0, 3, n), diver_timer=rng.integers(0, 3, n),
+                      move_speed=rng.integers(2, 6, n), ramp_index=rng.integers(0, 4, n), shot_timer=rng.integers(0, 3, n),
+                      surface=rng.integers(0, 2, n))
+        for name, (count, extra) in Seaquest.lists.items():
+            capacity = count
+            alive = np.arange(capacity) < rng.integers(0, min(capacity, 12) + 1, (n, 1))  # in list order: the first k
+            rows = (0, 9) if name == "fb" else (1, 9)
+            fields.update({f"{name}_on": alive, f"{name}_x": rng.integers(0, 10, (n, capacity)) * alive,
+                           f"{name}_y": rng.integers(*rows, (n, capacity)) * alive,
+                           f"{name}_lr": rng.integers(0, 2, (n, capacity)) * alive})
+            fields.update({f"{name}_{f}": rng.integers(0, 3, (n, capacity)) * alive for f in extra})
+        fields["fb_on"] &= np.arange(4) < 3  # at most three friendly bullets fly at once, three divers swim
+        fields["divers_on"] &= np.arange(4) < 3
+        return {k: v.astype(np.int64) for k, v in fields.items()}
     raise KeyError(env_id)
 
 
-@pytest.mark.parametrize("env_id", list(PACKAGE_ATTRIBUTES))
-def test_from_random_states_one_step_matches_the_package(env_id):
+RAMPING_GAMES = ("MinAtar/Asterix-v1", "MinAtar/SpaceInvaders-v1", "MinAtar/Seaquest-v1")  # the others have no difficulty ramp
+
+
+@pytest.mark.parametrize("env_id, ramping", [(g, True) for g in PACKAGE_ATTRIBUTES] + [(g, False) for g in RAMPING_GAMES])
+def test_from_random_states_one_step_matches_the_package(env_id, ramping):
     """3,000 random states, set in both envs and stepped once with random actions (the package's random
     draws served from our stream, as above): the same frame, reward and termination, and (where the
     episode goes on) the same value of every state variable."""
     rng = np.random.default_rng(0)
     n = 3000
-    env = make_env(env_id, n, seed=0, sticky_action_prob=0.0)
+    env = make_env(env_id, n, seed=0, sticky_action_prob=0.0, difficulty_ramping=ramping)
     env.reset()
     fields = random_states(env_id, rng, n)
     env.state.copy_(env.pack(n, **{k: torch.from_numpy(v) for k, v in fields.items()}))
     actions = rng.integers(0, env.single_action_space.n, n)
     obs, reward, terminated, truncated, info = env.step(torch.from_numpy(actions))
     action_set = [FULL_ACTIONS.index(a) for a in env.minimal_actions]
-    game = minatar.Environment(PACKAGE_NAME[env_id], sticky_action_prob=0.0)
+    game = minatar.Environment(PACKAGE_NAME[env_id], sticky_action_prob=0.0, difficulty_ramping=ramping)
     uniforms = our_uniforms(env, 0, 2)  # block 0: reset(), block 1: the step
     for i in range(n):
         set_package_state(env_id, game.env, fields, i)
@@ -231,6 +297,11 @@ def test_from_random_states_one_step_matches_the_package(env_id):
         assert reward[i].item() == r and terminated[i].item() == done, i
         if not done:
             for column, value in package_state(env_id, game.env).items():
+                if column == "eb":
+                    on = env.col(env.state, "eb_on")[i].bool()
+                    ours = sorted(zip(*(env.col(env.state, f"eb_{f}")[i][on].tolist() for f in ("x", "y", "lr"))))
+                    assert ours == value, (i, column)
+                    continue
                 assert np.array_equal(env.col(env.state, column)[i].numpy().reshape(-1), value), (i, column)
     assert 0 < int(terminated.sum()) < n and float(reward.sum()) > 0
 
@@ -253,13 +324,13 @@ def test_observations_are_uint8_images_and_the_spaces_say_so(env_id):
     assert set(obs["policy"].unique().tolist()) <= {0, 255}
 
 
-@pytest.mark.parametrize("env_id", list(GAMES))
-def test_step_is_capturable(env_id):
+@pytest.mark.parametrize("env_id, frame_stack", [(g, 1) for g in GAMES] + [("MinAtar/Breakout-v1", 4)])
+def test_step_is_capturable(env_id, frame_stack):
     """The checks of the capture contract (tests/replay.py) on the env's step: after a warm-up, two
     steps (one with episodes ending in it) run the same ops on the same tensors, read nothing back to
     the host and change no Python state."""
     n = 64
-    env = make_env(env_id, n, seed=1, max_episode_steps=3)
+    env = make_env(env_id, n, seed=1, max_episode_steps=3, frame_stack=frame_stack)
     env.reset()
     action = torch.randint(0, env.single_action_space.n, (n,), generator=torch.Generator().manual_seed(0))
     env.step(action)  # warm-up
@@ -274,10 +345,10 @@ def test_step_is_capturable(env_id):
     assert all(not c[3] for c in calls), [c[3] for c in calls]
 
 
-@pytest.mark.parametrize("env_id", list(GAMES))
-def test_state_dict_round_trip_resumes_exactly(env_id):
+@pytest.mark.parametrize("env_id, frame_stack", [(g, 1) for g in GAMES] + [("MinAtar/Asterix-v1", 2)])
+def test_state_dict_round_trip_resumes_exactly(env_id, frame_stack):
     n = 16
-    env = make_env(env_id, n, seed=4, max_episode_steps=50)
+    env = make_env(env_id, n, seed=4, max_episode_steps=50, frame_stack=frame_stack)
     env.reset()
     rng = np.random.default_rng(1)
     for _ in range(30):
@@ -285,7 +356,7 @@ def test_state_dict_round_trip_resumes_exactly(env_id):
     saved = {k: v.clone() for k, v in env.state_dict().items()}
     actions = [torch.from_numpy(rng.integers(0, env.single_action_space.n, n)) for _ in range(60)]
     expected = [env.step(a) for a in actions]
-    resumed = make_env(env_id, n, seed=99, max_episode_steps=50)
+    resumed = make_env(env_id, n, seed=99, max_episode_steps=50, frame_stack=frame_stack)
     resumed.load_state_dict(saved)
     for a, (obs, reward, terminated, truncated, info) in zip(actions, expected):
         r_obs, r_reward, r_terminated, r_truncated, _ = resumed.step(a)
@@ -293,11 +364,42 @@ def test_state_dict_round_trip_resumes_exactly(env_id):
         assert torch.equal(r_terminated, terminated) and torch.equal(r_truncated, truncated)
 
 
+def test_frame_stack_observes_the_last_frames_of_the_episode():
+    """frame_stack=3: the observation is the last 3 frames of the same env without stacking (the first
+    frame repeated at an episode's start), and the final observation the last 3 of the ended episode."""
+    n, k, c = 8, 3, 4
+    stacked = make_env("MinAtar/Breakout-v1", n, seed=6, max_episode_steps=12, frame_stack=k)
+    single = make_env("MinAtar/Breakout-v1", n, seed=6, max_episode_steps=12)
+    assert stacked.single_observation_space.shape == (k * c, 10, 10)
+    obs, _ = stacked.reset()
+    frame, _ = single.reset()
+    history = [[frame["policy"][i]] * k for i in range(n)]
+    assert torch.equal(obs["policy"], torch.stack([torch.cat(h) for h in history]))
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(60):
+        action = torch.from_numpy(rng.integers(0, 3, n))
+        obs, _, terminated, truncated, info = stacked.step(action)
+        frame, _, _, _, single_info = single.step(action)
+        for i in range(n):
+            final = history[i][1:] + [single_info["final_obs"]["policy"][i]]
+            assert torch.equal(info["final_obs"]["policy"][i], torch.cat(final))
+            history[i] = [frame["policy"][i]] * k if terminated[i] or truncated[i] else final[:-1] + [frame["policy"][i]]
+            ends += int(terminated[i] or truncated[i])
+            assert torch.equal(obs["policy"][i], torch.cat(history[i]))
+    assert ends > n
+
+
 def test_bad_options_fail_clearly():
     with pytest.raises(ValueError, match="sticky_action_prob"):
         make_env("MinAtar/Breakout-v1", 2, sticky_action_prob=1.5)
     with pytest.raises(TypeError, match="sticky_action_prob"):
         make_env("MinAtar/Breakout-v1", 2, sticky=0.1)
+    with pytest.raises(ValueError, match="frame_stack"):
+        make_env("MinAtar/Breakout-v1", 2, frame_stack=0)
+    env = make_env("MinAtar/Breakout-v1", 2, frame_stack=2)
+    with pytest.raises(ValueError, match="frame_stack"):
+        env.load_state_dict(make_env("MinAtar/Breakout-v1", 2).state_dict())
 
 
 def test_render_draws_the_observation_enlarged():
@@ -320,3 +422,12 @@ def test_render_draws_the_observation_enlarged():
     with pytest.raises(ValueError, match="kind"):
         frames_from_image(obs, kind="hsv")
     assert frames_from_image(torch.zeros(2, 4, 84, 84, dtype=torch.uint8))[0].shape == (168, 168, 3)
+
+
+def test_video_of_minatar_needs_no_pygame(monkeypatch):
+    from common.video import check_dependencies
+
+    monkeypatch.setitem(sys.modules, "pygame", None)
+    check_dependencies("MinAtar/Breakout-v1")  # drawn from the observation
+    with pytest.raises(SystemExit, match="pygame"):
+        check_dependencies("CartPole-v1")  # drawn by gymnasium's renderer

@@ -9,7 +9,8 @@ MinAtar's games (minatar.py, e.g. `MinAtar/Breakout-v1`, image observations).
 An id `<prefix>:<name>` is handed to an adapter, imported only when used so that its
 simulator is an optional dependency:
 
-    gym:<id>          gymnasium env, e.g. gym:HalfCheetah-v5
+    gym:<id>          gymnasium env, e.g. gym:HalfCheetah-v5, gym:ALE/Pong-v5 (preset="atari")
+    envpool:<task>    envpool task, e.g. envpool:Pong-v5 (preset="atari"), envpool:HalfCheetah-v5
     mjlab:<task>      mjlab task, e.g. mjlab:Mjlab-Velocity-Flat-Unitree-G1
 
 An Isaac Lab prefix is a small addition on top of mjlab_adapter.ManagerBasedEnvAdapter, which
@@ -31,7 +32,7 @@ from common.envs.minatar import MINATAR_ENVS
 BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
     cls.env_id: cls for cls in (CartPole, Pendulum, MountainCarContinuous, Acrobot, MountainCar, *MINATAR_ENVS)
 }
-ADAPTER_PREFIXES = ("gym", "mjlab")
+ADAPTER_PREFIXES = ("gym", "envpool", "mjlab")
 
 __all__ = ["ADAPTER_PREFIXES", "BUILTIN_ENVS", "TorchEnv", "list_envs", "make_env"]
 
@@ -65,8 +66,8 @@ def make_env(
     velocities: a partially observed task). Adapter ids pass `kwargs` on to the adapter.
 
     `render_mode="rgb_array"` asks for envs whose `render(env_ids)` returns frames (for recorded
-    evaluation); built-in envs always can, `gym:` envs are built for it, other adapters say they
-    cannot.
+    evaluation); built-in envs always can, `gym:` envs are built for it, `envpool:` envs draw them
+    from image observations, other adapters say they cannot.
     """
     if render_mode not in (None, "rgb_array"):
         raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
@@ -82,6 +83,10 @@ def make_env(
             from common.envs.gym_adapter import make_gym_env
 
             return make_gym_env(name, num_envs, device=device, seed=seed, render_mode=render_mode, **kwargs)
+        if prefix == "envpool":
+            from common.envs.envpool_adapter import make_envpool_env
+
+            return make_envpool_env(name, num_envs, device=device, seed=seed, render_mode=render_mode, **kwargs)
         if prefix == "mjlab":
             if render_mode is not None:
                 raise ValueError(f"{env_id}: this adapter cannot render frames (mjlab's offscreen renderer is not "

@@ -17,9 +17,22 @@ it, as the contract asks. What it adds on top of gymnasium's vector env:
   bool on the device, not converted there);
 - observations are flattened to float32 vectors (`gymnasium.spaces.flatten`, so Dict, Tuple
   and Discrete observation spaces work too) and returned as `TensorDict({"policy": ...})`;
+  an image observation (a uint8 Box of 2 or 3 dimensions) stays an image: uint8 [N, C, H, W],
+  channel-first (a channel-last frame such as Atari's [210, 160, 3] is transposed once here);
 - actions are torch tensors on the device (Discrete: [N] integers in 0..n-1, Box: [N, act_dim]);
 - `info["final_obs"]` has the true last observation in the rows of finished envs and the
   returned observation in the others; `info["log"]` is empty.
+
+Atari (`preset`): `make_env("gym:ALE/Pong-v5", n, preset="atari")` (or `--env-kwargs
+'{"preset": "atari"}'`) builds every env with the standard preprocessing of Mnih et al. (2015) as
+Machado et al. (2018) describe it: the emulator unskipped (`frameskip=1`), then gymnasium's
+AtariPreprocessing (up to 30 no-op starts, the action repeated 4 frames, the max of the last two,
+grayscale, resized to 84x84), an episodic life (a lost life ends the episode for the learner but not
+the game, which goes on at the next reset), rewards clipped to their sign, and the last 4 frames
+stacked: observations uint8 [N, 4, 84, 84]. `preset="atari-eval"` is the same without episodic lives
+and clipping, for evaluation (`--eval-env-kwargs '{"preset": "atari-eval"}'`): returns are game
+scores. ALE's v5 ids keep their sticky actions (repeat_action_probability 0.25). Needs the `[atari]`
+extra (ale-py, OpenCV for the resize).
 
 Seeding: env i is seeded `seed + i` at the first `reset()` (gymnasium's vector convention);
 `reset(seed=s)` re-seeds env i with `s + i`.
@@ -57,8 +70,10 @@ def make_gym_env(
             e.g. {"max_episode_steps": 200} or an env's own options
         vector_kwargs: dict passed to gymnasium's SyncVectorEnv/AsyncVectorEnv (e.g.
             {"context": "spawn"}); the autoreset mode is always same-step
+        preset: "atari" (training) or "atari-eval" (evaluation): Atari's standard preprocessing
+            (see the module docstring)
     """
-    accepted = ("vectorization", "env_kwargs", "vector_kwargs", "render_mode")
+    accepted = ("vectorization", "env_kwargs", "vector_kwargs", "render_mode", "preset")
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
         raise TypeError(
@@ -78,7 +93,8 @@ def _flat_box(space: spaces.Space) -> spaces.Box:
     flat = spaces.flatten_space(space)
     if not isinstance(flat, spaces.Box):  # e.g. Graph or Sequence spaces: no fixed size
         raise ValueError(f"observation space {space} cannot be flattened to a fixed-size vector")
-    return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
+    with np.errstate(over="ignore"):  # bounds beyond float32 (envpool's DeepMind Control says 1.8e308) become inf
+        return spaces.Box(flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32)
 
 
 def _batch_flattenable(space: spaces.Space) -> bool:
@@ -105,6 +121,86 @@ def _flatten_batch(space: spaces.Space, obs, n: int) -> np.ndarray:
     raise TypeError(f"no batched flatten for {space}")
 
 
+def _image_layout(space: spaces.Space) -> str | None:
+    """How an observation space is an image: "chw", "hwc" (channel-last), "hw" (one channel), or None."""
+    if not (isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)):
+        return None
+    if len(space.shape) == 2:
+        return "hw"
+    # Channel-last unless the first axis is the short one (a stack of frames, e.g. [4, 84, 84]).
+    return "chw" if space.shape[0] <= 4 and space.shape[-1] > 4 else "hwc"
+
+
+def _to_chw(layout: str, batch: np.ndarray) -> np.ndarray:
+    """A batch of images [n, ...] in `layout` -> [n, C, H, W] (a view where it can be)."""
+    if layout == "hw":
+        return batch[:, None]
+    return batch.transpose(0, 3, 1, 2) if layout == "hwc" else batch
+
+
+# ---------------------------------------------------------------------------------------
+# Atari preset
+# ---------------------------------------------------------------------------------------
+ATARI_PRESETS = {"atari": dict(episodic_life=True, clip_rewards=True),
+                 "atari-eval": dict(episodic_life=False, clip_rewards=False)}
+ATARI_EXTRA = 'pip install -e ".[atari]"'
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life ends the episode (terminated) while the game goes on: the next reset continues the
+    game with a no-op step instead of restarting it, unless the game is over."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        lost = 0 < lives < self.lives
+        self.lives = lives
+        return obs, reward, terminated or lost, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:  # the no-op ended the game after all
+                obs, info = self.env.reset(**kwargs)
+        self.game_over = False
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
+    """The per-env wrappers of an Atari preset (the env itself is made with frameskip=1)."""
+    if preset not in ATARI_PRESETS:
+        raise ValueError(f"gym:{env_id}: unknown preset {preset!r}; presets: {', '.join(ATARI_PRESETS)}")
+    if not env_id.startswith("ALE/"):
+        raise ValueError(f"gym:{env_id}: preset {preset!r} is for ALE's Atari ids, e.g. gym:ALE/Pong-v5")
+    try:
+        import ale_py
+        import cv2  # noqa: F401  (AtariPreprocessing resizes with OpenCV)
+    except ImportError as e:
+        raise ValueError(f"gym:{env_id}: preset {preset!r} needs ale-py and OpenCV ({e.name} is missing): {ATARI_EXTRA}") from None
+    gym.register_envs(ale_py)
+    env_kwargs["frameskip"] = 1  # AtariPreprocessing repeats the action and max-pools the last two frames itself
+    options = ATARI_PRESETS[preset]
+
+    def preprocess(env: gym.Env) -> gym.Env:
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        if options["episodic_life"]:
+            env = EpisodicLife(env)
+        if options["clip_rewards"]:
+            env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+        return gym.wrappers.FrameStackObservation(env, 4)
+
+    return [preprocess]
+
+
 # ---------------------------------------------------------------------------------------
 # The adapter
 # ---------------------------------------------------------------------------------------
@@ -123,6 +219,7 @@ class GymVecEnv:
         env_kwargs: dict | None = None,
         vector_kwargs: dict | None = None,
         render_mode: str | None = None,
+        preset: str | None = None,
     ):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"gym:{env_id}: num_envs must be a positive int, got {num_envs!r}")
@@ -136,9 +233,18 @@ class GymVecEnv:
         vector_kwargs = dict(vector_kwargs or {})
         vector_kwargs["autoreset_mode"] = gym.vector.AutoresetMode.SAME_STEP
         vector_kwargs.setdefault("copy", False)  # observations are copied into our own buffer at once
+        wrappers = _atari_setup(env_id, preset, env_kwargs) if preset is not None else None
+        if env_id.startswith("ALE/"):  # ale-py registers its ids with gymnasium when asked
+            try:
+                import ale_py
+
+                gym.register_envs(ale_py)
+            except ImportError:
+                raise ValueError(f"gym:{env_id}: Atari needs ale-py: {ATARI_EXTRA}") from None
         try:
             self.envs = gym.make_vec(
-                env_id, num_envs=num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs, **env_kwargs
+                env_id, num_envs=num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs,
+                wrappers=wrappers, **env_kwargs
             )
         except gym.error.Error as e:  # unknown id, missing simulator (with gymnasium's install hint), ...
             raise ValueError(f"gym:{env_id}: {e}") from None
@@ -152,10 +258,17 @@ class GymVecEnv:
         self.render_fps = self.envs.metadata.get("render_fps") or 30
         self._needs_reset = True
 
-        # Observations: flattened to one float32 vector per env.
+        # Observations: one float32 vector per env, or a uint8 image [C, H, W].
         self._obs_space = self.envs.single_observation_space
-        self.single_observation_space = _flat_box(self._obs_space)
-        self.obs_dim = int(self.single_observation_space.shape[0])
+        self._image = _image_layout(self._obs_space)
+        if self._image is not None:
+            chw = _to_chw(self._image, np.zeros((1, *self._obs_space.shape), np.uint8)).shape[1:]
+            self.single_observation_space = spaces.Box(0, 255, chw, dtype=np.uint8)
+        else:
+            self.single_observation_space = _flat_box(self._obs_space)
+        self._obs_shape = tuple(self.single_observation_space.shape)
+        self.obs_dim = int(np.prod(self._obs_shape))  # numbers per observation
+        self._obs_dtype = np.uint8 if self._image is not None else np.float32
         self._batch_flatten = _batch_flattenable(self._obs_space)
 
         # Actions: Discrete(n) (a `start` offset is added here) or a Box, flattened to 1-D.
@@ -175,12 +288,13 @@ class GymVecEnv:
                 f"{self.env_id}: action space {act_space} is not supported; the scripts handle Box and Discrete actions"
             )
 
-        # One staging buffer of bytes: float32 [obs N*D | final_obs N*D | reward N], then bool
-        # [terminated N | truncated N | success N]. Viewed as float32 and bool arrays on the host and
-        # as tensors of those dtypes on the device: no conversion kernels after the copy.
+        # One staging buffer of bytes: [obs N*D | final_obs N*D] (float32, or uint8 for images, each
+        # part padded to 4 bytes), float32 [reward N], then bool [terminated N | truncated N | success N].
+        # Viewed as arrays of those dtypes on the host and as tensors of them on the device: no
+        # conversion kernels after the copy.
         n, d = num_envs, self.obs_dim
-        self._float_sizes = (n * d, n * d, n)
-        self._float_bytes = 4 * sum(self._float_sizes)
+        self._obs_bytes = -(-n * d * np.dtype(self._obs_dtype).itemsize // 4) * 4
+        self._float_bytes = 2 * self._obs_bytes + 4 * n  # everything before the flags
         self._nbytes = self._float_bytes + 3 * n
         self._cuda = self.device.type == "cuda"
         self._action_host: torch.Tensor | None = None  # CUDA: pinned host buffer the actions are copied into
@@ -193,7 +307,9 @@ class GymVecEnv:
     # -- numpy <-> torch, in one place -------------------------------------------------------
 
     def _flatten(self, obs) -> np.ndarray:
-        """Batched observations from gymnasium -> [N, obs_dim] (any dtype; cast on assignment)."""
+        """Batched observations from gymnasium -> [N, obs_dim], or images [N, C, H, W] (any dtype; cast on assignment)."""
+        if self._image is not None:
+            return _to_chw(self._image, np.asarray(obs))
         if self._batch_flatten:
             return _flatten_batch(self._obs_space, obs, self.num_envs)
         batched_space = self.envs.observation_space
@@ -209,13 +325,12 @@ class GymVecEnv:
         return host, self._host_views(host)
 
     def _host_views(self, host: torch.Tensor) -> tuple[np.ndarray, ...]:
-        """(obs [N, D], final_obs [N, D], reward [N], terminated [N], truncated [N], success [N]) numpy views of `host`."""
-        n, d = self.num_envs, self.obs_dim
+        """(obs [N, *obs], final_obs [N, *obs], reward [N], terminated [N], truncated [N], success [N]) numpy views of `host`."""
+        n, d, ob = self.num_envs, self.obs_dim, self._obs_bytes
         raw = host.numpy()
-        floats = raw[: self._float_bytes].view(np.float32)
+        obs, final = (raw[i * ob : (i + 1) * ob].view(self._obs_dtype)[: n * d].reshape(n, *self._obs_shape) for i in (0, 1))
         flags = raw[self._float_bytes :].view(np.bool_)
-        return (floats[: n * d].reshape(n, d), floats[n * d : 2 * n * d].reshape(n, d), floats[2 * n * d :],
-                flags[:n], flags[n : 2 * n], flags[2 * n :])
+        return obs, final, raw[2 * ob : self._float_bytes].view(np.float32), flags[:n], flags[n : 2 * n], flags[2 * n :]
 
     def _to_device(self, host: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The filled host buffer on the device, in one copy; the typed views of `_host_views` as tensors."""
@@ -225,11 +340,11 @@ class GymVecEnv:
             self._copy_pending = True
         else:
             dev = host
-        n, d = self.num_envs, self.obs_dim
-        floats = dev[: self._float_bytes].view(torch.float32)
+        n, d, ob = self.num_envs, self.obs_dim, self._obs_bytes
+        dtype = torch.uint8 if self._image is not None else torch.float32
+        obs, final = (dev[i * ob : (i + 1) * ob].view(dtype)[: n * d].view(n, *self._obs_shape) for i in (0, 1))
         flags = dev[self._float_bytes :].view(torch.bool)
-        return (floats[: n * d].view(n, d), floats[n * d : 2 * n * d].view(n, d), floats[2 * n * d :],
-                flags[:n], flags[n : 2 * n], flags[2 * n :])
+        return obs, final, dev[2 * ob : self._float_bytes].view(torch.float32), flags[:n], flags[n : 2 * n], flags[2 * n :]
 
     def _actions_to_numpy(self, action) -> np.ndarray:
         n = self.num_envs
@@ -290,7 +405,8 @@ class GymVecEnv:
         done_mask = info.get("_final_obs")
         if done_mask is not None and done_mask.any():
             for i in np.flatnonzero(done_mask):
-                h_final[i] = spaces.flatten(self._obs_space, info["final_obs"][i])
+                last = info["final_obs"][i]
+                h_final[i] = _to_chw(self._image, last[None])[0] if self._image else spaces.flatten(self._obs_space, last)
         h_reward[:] = reward
         h_term[:] = terminated
         h_trunc[:] = truncated
