@@ -88,10 +88,10 @@ EXPERIMENTS = {
     # unscaled rewards), except Adam for RAdam and the head's one extra 128-unit layer; ppo the MinAtar-sized
     # batch with a larger entropy bonus. @mlp: the same settings on the flattened frames, for contrast.
     # The target is not from the papers: see the README (Pixels).
-    "pqn:MinAtar/Breakout-v1": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "minatar"]),
-    "pqn:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "mlp"]),
-    "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "minatar"]),
-    "ppo:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=200_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]),
+    "pqn:MinAtar/Breakout-v1": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "minatar"]),
+    "pqn:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "mlp"]),
+    "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "minatar"]),
+    "ppo:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]),
 }
 
 
