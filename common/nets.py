@@ -87,7 +87,7 @@ def impala_convs(channels: int, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Se
 
 
 def minatar_convs(channels: int) -> nn.Sequential:
-    """MinAtar's network (Young & Tian 2019), the one the PQN paper also uses there: one 16-filter 3x3/1 conv."""
+    """MinAtar's network (Young & Tian 2019), which PQN's MinAtar code (purejaxql) also uses: one 16-filter 3x3/1 conv."""
     return nn.Sequential(layer_init(nn.Conv2d(channels, 16, 3, stride=1)), nn.ReLU())
 
 
