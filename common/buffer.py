@@ -51,7 +51,8 @@ def describe_storage(td: TensorDictBase, rows: int) -> str:
                     f"{list(x.shape[td.batch_dims:])}" for k, x in td.items(include_nested=True, leaves_only=True)
                     if x.ndim > td.batch_dims)
     total = per * rows
-    size = next(f"{total / 2**p:,.1f} {unit}" for p, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B")) if total >= 2**p or not p)
+    size = next(f"{total / 2**p:,.1f} {unit}" for p, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B"))
+                if total >= 2**p or not p)
     return f"{per:,} bytes per transition x {rows:,} = {size} ({obs})"
 
 
