@@ -310,9 +310,6 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags, --teacher among them, it takes)
     device = run.device
-    if args.teacher is None and not args.eval_only:
-        raise SystemExit("error: --teacher PATH is required: a checkpoint of ppo.py or ppo_lstm.py trained on the task "
-                         "(with its full state, e.g. the env's 'critic' observations)")
     if args.num_envs % args.num_minibatches != 0:
         raise SystemExit(f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
                          f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}")
@@ -338,6 +335,9 @@ def train(run, args: Args) -> dict:
     teacher_key = args.teacher_obs or ("critic" if "critic" in next_obs.keys() else "policy")
     teacher_state = torch.zeros(0, args.num_envs, 1, device=device)  # a recurrent teacher's memory (no rows: an MLP's)
     if not args.eval_only:  # --eval-only evaluates the student alone: no teacher needed
+        if args.teacher is None:
+            raise SystemExit("error: --teacher PATH is required: a checkpoint of ppo.py or ppo_lstm.py trained on the task "
+                             "(with its full state, e.g. the env's 'critic' observations)")
         if teacher_key not in next_obs.keys():
             raise SystemExit(f"error: --teacher-obs {teacher_key}: {args.env_id} has the observation groups "
                              f"{', '.join(next_obs.keys())}")

@@ -1,0 +1,65 @@
+"""algos/distill.py: a student on masked CartPole learns from a teacher trained on the full state, its networks
+start ppo_lstm.py and ppo.py with --init-from, and a teacher that does not fit the task stops the run in one line.
+(The contract every script keeps: tests/test_scripts.py.)"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+
+from tests.helpers import load_script, run_main, untrained_teacher
+
+MASKED = '{"mask_velocity": true}'
+PLAIN = dict(device="cpu", progress=False, num_eval_envs=64, save_interval=10_000)
+
+
+def test_student_networks_carry_the_names_and_shapes_of_ppo_lstm_and_ppo_actors():
+    """Every tensor of a student (cell, actor head, normalizer) is one ppo_lstm.py's Agent (cell lstm/gru) or
+    ppo.py's (no cell) has, with the same shape: --init-from takes all of them."""
+    distill, ppo_lstm, ppo = load_script("distill"), load_script("ppo_lstm"), load_script("ppo")
+    for space in (gym.spaces.Discrete(2), gym.spaces.Box(-2.0, 2.0, (1,))):
+        for cell, script in (("lstm", ppo_lstm), ("gru", ppo_lstm), ("none", ppo)):
+            args = script.Args(hidden_sizes=(32,), **({"cell": cell} if cell != "none" else {}))
+            agent = script.Agent(2, 4, space, args).state_dict()
+            student = distill.Policy(2, space, cell, 64, 1, (32,), "tanh", True, 10.0).state_dict()
+            assert {k for k in student if k.startswith("rnn.")} == ({k for k in agent if k.startswith("rnn.")}), cell
+            assert all(k in agent and agent[k].shape == v.shape for k, v in student.items()), (cell, space)
+
+
+def test_a_teacher_that_does_not_fit_the_task_stops_in_one_line(tmp_path):
+    distill = load_script("distill")
+    teacher = untrained_teacher(tmp_path / "pendulum.pt", "Pendulum-v1")
+    common = dict(PLAIN, output_dir=str(tmp_path / "out"), num_envs=8, num_steps=4, total_timesteps=64)
+    with pytest.raises(SystemExit, match=r"^error: --teacher .*pendulum.pt \(ppo on Pendulum-v1\) reads 3 observations and "
+                                         r"has 1 action outputs \(Gaussian\); CartPole-v1's 'critic' observations have 4"):
+        run_main(distill, **common, env_id="CartPole-v1", env_kwargs=MASKED, teacher=str(teacher))
+    with pytest.raises(SystemExit, match=r"^error: --teacher PATH is required"):
+        run_main(distill, **common)
+    with pytest.raises(SystemExit, match=r"^error: --teacher-obs height: Pendulum-v1 has the observation groups policy$"):
+        run_main(distill, **common, env_id="Pendulum-v1", teacher=str(teacher), teacher_obs="height")
+    with pytest.raises(SystemExit, match=r"^error: --teacher: no checkpoint at"):
+        run_main(distill, **common, env_id="Pendulum-v1", teacher=str(tmp_path / "none.pt"))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    """A ppo.py teacher trained on unmasked CartPole-v1 (seconds), then an LSTM student distilled from it on the
+    masked task, the teacher reading the env's 'critic' group (the full state)."""
+    out = tmp_path_factory.mktemp("distill")
+    teacher = run_main(load_script("ppo"), **PLAIN, output_dir=str(out), run_name="teacher", env_id="CartPole-v1",
+                       num_envs=256, num_steps=32, eval_interval=0, total_timesteps=196_608)
+    student = run_main(load_script("distill"), **PLAIN, output_dir=str(out), run_name="student", env_id="CartPole-v1",
+                       env_kwargs=MASKED, teacher=teacher["checkpoints"]["last"], num_envs=256, num_steps=32,
+                       eval_interval=2, total_timesteps=163_840, target_return=475.0)
+    return out, teacher, student
+
+
+@pytest.mark.slow
+def test_an_lstm_student_balances_masked_cartpole_from_a_full_state_teacher(distilled):
+    out, teacher, student = distilled
+    assert student["best_eval_return"] >= 475.0, student
+    assert student["teacher"]["path"] == teacher["checkpoints"]["last"] and len(student["teacher"]["sha256"]) == 64
+    saved = torch.load(student["checkpoints"]["best"], weights_only=True)
+    assert saved["state"]["teacher"] == student["teacher"]  # the checkpoint knows its teacher too
