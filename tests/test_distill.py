@@ -14,17 +14,30 @@ MASKED = '{"mask_velocity": true}'
 PLAIN = dict(device="cpu", progress=False, num_eval_envs=64, save_interval=10_000)
 
 
-def test_student_networks_carry_the_names_and_shapes_of_ppo_lstm_and_ppo_actors():
-    """Every tensor of a student (cell, actor head, normalizer) is one ppo_lstm.py's Agent (cell lstm/gru) or
-    ppo.py's (no cell) has, with the same shape: --init-from takes all of them."""
+def test_a_student_loaded_into_ppo_lstm_or_ppo_acts_as_it_does():
+    """Every tensor of a student (cell, actor head, normalizer) is one that ppo_lstm.py's Agent (cell lstm/gru) or
+    ppo.py's (no cell) has, with the same shape and meaning: loaded by name, as --init-from loads it, the
+    agent's deterministic actions over a sequence of observations are the student's."""
     distill, ppo_lstm, ppo = load_script("distill"), load_script("ppo_lstm"), load_script("ppo")
+    g = torch.Generator().manual_seed(0)
     for space in (gym.spaces.Discrete(2), gym.spaces.Box(-2.0, 2.0, (1,))):
         for cell, script in (("lstm", ppo_lstm), ("gru", ppo_lstm), ("none", ppo)):
-            args = script.Args(hidden_sizes=(32,), **({"cell": cell} if cell != "none" else {}))
-            agent = script.Agent(2, 4, space, args).state_dict()
-            student = distill.Policy(2, space, cell, 64, 1, (32,), "tanh", True, 10.0).state_dict()
-            assert {k for k in student if k.startswith("rnn.")} == ({k for k in agent if k.startswith("rnn.")}), cell
-            assert all(k in agent and agent[k].shape == v.shape for k, v in student.items()), (cell, space)
+            student = distill.Policy(2, space, cell, 16, 2 if cell != "none" else 1, (32,), "tanh", True, 10.0)
+            student.obs_rms.update(torch.randn(64, 2, generator=g) * 3 + 1)  # a normalizer that is not the identity
+            args = script.Args(hidden_sizes=(32,), **({"cell": cell, "rnn_hidden_size": 16, "rnn_layers": 2} if cell != "none" else {}))
+            agent = script.Agent(2, 4, space, args)
+            own = agent.state_dict()
+            assert all(k in own and own[k].shape == v.shape for k, v in student.state_dict().items()), (cell, space)
+            agent.load_state_dict(student.state_dict(), strict=False)
+            obs = torch.randn(5, 8, 2, generator=g)
+            with torch.no_grad():
+                if cell == "none":
+                    assert torch.equal(agent.deterministic(obs[0]), student.deterministic(obs[0])), space
+                    continue
+                a_state = s_state = student.initial_state(8)
+                for x in obs:
+                    (a, a_state), (s, s_state) = agent.recurrent_step(x, a_state), student.recurrent_step(x, s_state)
+                    assert torch.equal(a, s) and torch.equal(a_state, s_state), (cell, space)
 
 
 def test_a_teacher_that_does_not_fit_the_task_stops_in_one_line(tmp_path):

@@ -51,7 +51,11 @@ from tests.benchmarks.bench import machine_info, machine_label  # noqa: E402
 
 COMMITTED = ROOT / "tests" / "benchmarks" / "results"  # the results the README shows
 
-# script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise)
+# script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise); `after`:
+# (experiment, flag, checkpoint): a run starts from the checkpoint of that experiment's run of the same seed, given
+# with the flag (--teacher, --init-from); that run goes first and is not stopped at its target
+MASKED = '{"mask_velocity": true}'
+FAST_CARTPOLE = ["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"]
 EXPERIMENTS = {
     "ppo:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "ppo:Acrobot-v1": dict(target=-100.0, budget=5_000_000, flags=[]),
@@ -75,6 +79,22 @@ EXPERIMENTS = {
     "ppo:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
     "ppo_lstm:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "ppo_lstm:Pendulum-v1": dict(target=-200.0, budget=8_000_000, flags=[]),
+    # Distillation (algos/distill.py): a ppo.py teacher trained on the unmasked task (the @teacher run of the same
+    # seed, run first and past its target) reads the masked env's "critic" group, the full state; the student reads
+    # the masked observations. Its env steps are the student's alone, against ppo_lstm's from scratch above. Then
+    # ppo_lstm fine-tunes the LSTM student (--init-from its best.pt), evaluated at each of its first 10 iterations.
+    "ppo:CartPole-v1@teacher": dict(target=475.0, budget=393_216, flags=[*FAST_CARTPOLE]),
+    "distill:CartPole-v1@masked-lstm": dict(target=475.0, budget=327_680, after=("ppo:CartPole-v1@teacher", "--teacher", "last.pt"),
+                                            flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2"]),
+    "distill:CartPole-v1@masked-mlp": dict(target=475.0, budget=327_680, after=("ppo:CartPole-v1@teacher", "--teacher", "last.pt"),
+                                           flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2",
+                                                  "--cell", "none"]),
+    "ppo_lstm:CartPole-v1@finetune": dict(target=475.0, budget=81_920, after=("distill:CartPole-v1@masked-lstm", "--init-from", "best.pt"),
+                                          flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "1", "--learning-rate", "1e-4",
+                                                 "--desired-kl", "0.002", "--ent-coef", "0"]),
+    "ppo:Pendulum-v1@teacher": dict(target=-200.0, budget=8_000_000, flags=[]),
+    "distill:Pendulum-v1@masked-lstm": dict(target=-200.0, budget=1_747_626, after=("ppo:Pendulum-v1@teacher", "--teacher", "last.pt"),
+                                            flags=["--env-kwargs", MASKED, "--eval-interval", "2"]),
     # the fastest CartPole settings found for a 2-core CPU (run with --jobs 1: both cores for one run)
     "ppo:CartPole-v1@fast": dict(target=475.0, budget=500_000,
                                  flags=["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"]),
@@ -230,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)),
                         help="runs at a time; each gets cores // jobs torch threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of each run (default: cores // jobs)")
     parser.add_argument("--budget", type=int, default=None, help="env steps of every run (default: each experiment's)")
     parser.add_argument("--out", default=None,
                         help="directory of the JSON, the table and the figures (required; with --report: default "
@@ -260,24 +281,44 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)} (or any script:env)")
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path(args.out) / "runs"  # as given: commands stay portable
+    def after(name: str):  # (the experiment a run starts from, its flag, its checkpoint), or None
+        return EXPERIMENTS.get(name, {}).get("after")
+
+    def depth(name: str) -> int:
+        return 0 if after(name) is None else 1 + depth(after(name)[0])
+
+    names, todo = [], list(args.experiments)
+    while todo:  # the experiments asked for and those they start from
+        name = todo.pop(0)
+        names += [name] if name not in names else []
+        todo += [after(name)[0]] if after(name) else []
+    names.sort(key=depth)  # the runs others start from first
+    sources = {after(n)[0] for n in names if after(n)}
     jobs = []
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    for name in args.experiments:
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    for name in names:
         algo, env_id, _ = split_name(name)
         spec = EXPERIMENTS.get(name, dict(target=math.inf, budget=1_000_000, flags=[]))
         budget = args.budget or spec["budget"]
-        stop = ["--target-return", str(spec["target"])] if args.stop_at_target and math.isfinite(spec["target"]) else []
+        stop = (["--target-return", str(spec["target"])] if args.stop_at_target and math.isfinite(spec["target"])
+                and name not in sources else [])
         for seed in args.seeds:
+            start = []
+            if after(name):  # the checkpoint of the run of this seed that this one starts from
+                source, flag, file = after(name)
+                start = [flag, str(runs_dir / run_command(source, seed, 0, [], runs_dir)[-1] / "checkpoints" / file)]
             jobs.append(dict(name=name, algo=algo, env_id=env_id, seed=seed, target=spec["target"], budget=budget,
-                             threads=threads, out=str(runs_dir),
-                             command=run_command(name, seed, budget, [*spec["flags"], *stop, *args.extra], runs_dir)))
+                             threads=threads, out=str(runs_dir), depth=depth(name),
+                             command=run_command(name, seed, budget, [*spec["flags"], *start, *stop, *args.extra], runs_dir)))
     started = time.time()
     records = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for record in pool.map(run_one, jobs):
-            status = "failed" if "error" in record else f"steps to target {fmt(record['steps_to_target'])}"
-            print(f"{record['algo']} {record['env_id']} seed {record['seed']}: {status}", flush=True)
-            records.append(record)
+        for phase in sorted({job["depth"] for job in jobs}):  # the runs others start from, then those
+            for record in pool.map(run_one, [job for job in jobs if job["depth"] == phase]):
+                status = "failed" if "error" in record else f"steps to target {fmt(record['steps_to_target'])}"
+                print(f"{record['algo']} {record['env_id']} seed {record['seed']}: {status}", flush=True)
+                records.append(record)
+    args.experiments = names
     machine = machine_info(__import__("torch").device("cpu"))
     command = shlex.join(["python", "-m", "tests.benchmarks.learning", *(argv if argv is not None else sys.argv[1:])])
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": command, "machine": machine,
