@@ -65,6 +65,9 @@ class Args(RunArgs):
     """probability that an env steps with the teacher's action instead of the student's, annealed linearly to 0"""
     teacher_action_fraction: Annotated[float, Gt(0), Le(1)] = 0.25
     """fraction of --total-timesteps over which --teacher-action-prob anneals to 0"""
+    student_sample: bool = True
+    """Discrete: the student acts by sampling its distribution (the states a PPO fine-tuning of it visits), not by
+    its most likely action (Box: always its mean)"""
     cell: Literal["none", "lstm", "gru"] = "lstm"
     """the student's recurrent cell (as ppo_lstm.py's), or none: an MLP (as ppo.py's actor)"""
     rnn_hidden_size: Annotated[int, Ge(1)] = 64
@@ -365,7 +368,9 @@ def train(run, args: Args) -> dict:
         or its action), and both next hidden states."""
         head, student_next = student_inference.step(obs["policy"], rnn_state)
         teacher_head, teacher_next = teacher.step(obs[teacher_key], teacher_state)
-        action, teacher_action = student_inference.action(head), teacher.action(teacher_head)
+        sampled = discrete and args.student_sample  # validate_args=False: its checks read the host
+        action = torch.distributions.Categorical(logits=head, validate_args=False).sample() if sampled else student_inference.action(head)
+        teacher_action = teacher.action(teacher_head)
         if args.teacher_action_prob > 0:
             use_teacher = torch.rand(action.shape[0], device=device) < teacher_prob
             action = torch.where(use_teacher if discrete else use_teacher.unsqueeze(-1), teacher_action, action)
