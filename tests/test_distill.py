@@ -4,6 +4,8 @@ start ppo_lstm.py and ppo.py with --init-from, and a teacher that does not fit t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import pytest
 import torch
@@ -76,3 +78,20 @@ def test_an_lstm_student_balances_masked_cartpole_from_a_full_state_teacher(dist
     assert student["teacher"]["path"] == teacher["checkpoints"]["last"] and len(student["teacher"]["sha256"]) == 64
     saved = torch.load(student["checkpoints"]["best"], weights_only=True)
     assert saved["state"]["teacher"] == student["teacher"]  # the checkpoint knows its teacher too
+
+
+def test_a_recurrent_teacher_acts_with_its_own_hidden_state(tmp_path):
+    """A ppo_lstm.py checkpoint teaches too: its cell runs beside the student's (an MLP here), with one hidden
+    state per env that the checkpoints keep (exact resume); a distilled student teaches in turn."""
+    tiny = dict(PLAIN, output_dir=str(tmp_path), env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2,
+                num_eval_envs=4, eval_interval=0, env_kwargs='{"max_episode_steps": 16}')
+    teacher = run_main(load_script("ppo_lstm"), **tiny, run_name="teacher", rnn_hidden_size=8, total_timesteps=128)
+    student = run_main(load_script("distill"), **tiny, run_name="student", cell="none", total_timesteps=384,
+                       teacher=teacher["checkpoints"]["last"])
+    saved = torch.load(student["checkpoints"]["last"], weights_only=True)
+    teacher_state = saved["ranks"][0]["state"]["teacher_state"]
+    assert teacher_state.shape == (2, 16, 8) and teacher_state.abs().sum() > 0  # h and c rows of an LSTM of 8
+    assert saved["ranks"][0]["state"]["rnn_state"].numel() == 0  # the MLP student has no memory
+    again = run_main(load_script("distill"), **tiny, run_name="again", total_timesteps=128,
+                     teacher=student["checkpoints"]["last"])
+    assert again["global_step"] == 128 and again["teacher"]["path"] == str(Path(student["checkpoints"]["last"]).resolve())
