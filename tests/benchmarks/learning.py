@@ -90,10 +90,10 @@ EXPERIMENTS = {
                                            flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2",
                                                   "--cell", "none"]),
     "ppo_lstm:CartPole-v1@finetune": dict(target=475.0, budget=81_920, after=("distill:CartPole-v1@masked-lstm", "--init-from", "best.pt"),
-                                          flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "1", "--learning-rate", "1e-4",
-                                                 "--desired-kl", "0.002", "--ent-coef", "0"]),
+                                          flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "1", "--learning-rate", "1e-5",
+                                                 "--lr-schedule", "constant", "--ent-coef", "0"]),
     "ppo:Pendulum-v1@teacher": dict(target=-200.0, budget=8_000_000, flags=[]),
-    "distill:Pendulum-v1@masked-lstm": dict(target=-200.0, budget=1_747_626, after=("ppo:Pendulum-v1@teacher", "--teacher", "last.pt"),
+    "distill:Pendulum-v1@masked-lstm": dict(target=-200.0, budget=1_747_626, after=("ppo:Pendulum-v1@teacher", "--teacher", "best.pt"),
                                             flags=["--env-kwargs", MASKED, "--eval-interval", "2"]),
     # the fastest CartPole settings found for a 2-core CPU (run with --jobs 1: both cores for one run)
     "ppo:CartPole-v1@fast": dict(target=475.0, budget=500_000,
@@ -134,11 +134,14 @@ def run_one(job: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]), PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.time()
-    proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
+    run_dir = ROOT / job["out"] / cmd[-1]  # the runs write relative to the project root, their cwd
+    if job["reuse"] and (run_dir / "summary.json").exists():  # --reuse: a finished run is read, not run again
+        proc = subprocess.CompletedProcess(cmd, 0, "", "")
+    else:
+        proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
     record = {**{k: job[k] for k in ("name", "algo", "env_id", "seed", "target", "budget", "threads")},
               "command": shlex.join(cmd),
               "returncode": proc.returncode, "process_seconds": time.time() - t0}
-    run_dir = ROOT / job["out"] / cmd[-1]  # the runs write relative to the project root, their cwd
     if proc.returncode != 0 or not (run_dir / "summary.json").exists():
         record["error"] = (proc.stdout + proc.stderr)[-2000:]
         return record
@@ -261,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"allow writing into {COMMITTED.relative_to(ROOT)}/, the results the README shows")
     parser.add_argument("--stop-at-target", action="store_true",
                         help="stop each run at its experiment's target (--target-return): 'final' is then the return that reached it")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the runs that finished in the runs directory (summary.json) instead of running them again")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags passed on to every run")
     args = parser.parse_args(argv)
     if args.out is None and not args.report:
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 source, flag, file = after(name)
                 start = [flag, str(runs_dir / run_command(source, seed, 0, [], runs_dir)[-1] / "checkpoints" / file)]
             jobs.append(dict(name=name, algo=algo, env_id=env_id, seed=seed, target=spec["target"], budget=budget,
-                             threads=threads, out=str(runs_dir), depth=depth(name),
+                             threads=threads, out=str(runs_dir), depth=depth(name), reuse=args.reuse,
                              command=run_command(name, seed, budget, [*spec["flags"], *start, *stop, *args.extra], runs_dir)))
     started = time.time()
     records = []
