@@ -4,6 +4,7 @@ start ppo_lstm.py and ppo.py with --init-from, and a teacher that does not fit t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gymnasium as gym
@@ -95,3 +96,28 @@ def test_a_recurrent_teacher_acts_with_its_own_hidden_state(tmp_path):
     again = run_main(load_script("distill"), **tiny, run_name="again", total_timesteps=128,
                      teacher=student["checkpoints"]["last"])
     assert again["global_step"] == 128 and again["teacher"]["path"] == str(Path(student["checkpoints"]["last"]).resolve())
+
+
+def test_results_command_runs_a_student_after_its_teacher_and_reuses_finished_runs(tmp_path, monkeypatch):
+    """tests/benchmarks/learning.py: an experiment `after` another starts from that experiment's run of the same
+    seed (its teacher's checkpoint, given as --teacher), which runs first and is not stopped at its target;
+    --reuse reads finished runs instead of running them again."""
+    from tests.benchmarks import learning
+
+    tiny = ["--num-envs", "16", "--num-steps", "8", "--eval-interval", "1", "--num-eval-envs", "4",
+            "--env-kwargs", '{"max_episode_steps": 16}']
+    monkeypatch.setattr(learning, "EXPERIMENTS", {
+        "ppo:Pendulum-v1@teacher": dict(target=-1e9, budget=256, flags=tiny),
+        "distill:Pendulum-v1@student": dict(target=1e9, budget=256, flags=[*tiny, "--cell", "none"],
+                                            after=("ppo:Pendulum-v1@teacher", "--teacher", "last.pt"))})
+    argv = ["--experiments", "distill:Pendulum-v1@student", "--seeds", "3", "--jobs", "1", "--threads", "1",
+            "--stop-at-target", "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]
+    assert learning.main(argv) == 0
+    runs = json.loads((tmp_path / "out" / "learning.json").read_text())["runs"]
+    teacher, student = runs
+    assert teacher["name"] == "ppo:Pendulum-v1@teacher" and "--target-return" not in teacher["command"]
+    assert teacher["summary"]["global_step"] == 256  # not stopped at its (reached) target: a teacher trains on
+    assert student["summary"]["teacher"]["path"] == str(Path(teacher["summary"]["checkpoints"]["last"]).resolve())
+    assert learning.main([*argv, "--reuse"]) == 0
+    again = json.loads((tmp_path / "out" / "learning.json").read_text())["runs"]
+    assert [r["summary"] for r in again] == [teacher["summary"], student["summary"]]  # read, not run again
