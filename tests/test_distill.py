@@ -121,3 +121,29 @@ def test_results_command_runs_a_student_after_its_teacher_and_reuses_finished_ru
     assert learning.main([*argv, "--reuse"]) == 0
     again = json.loads((tmp_path / "out" / "learning.json").read_text())["runs"]
     assert [r["summary"] for r in again] == [teacher["summary"], student["summary"]]  # read, not run again
+
+
+def test_a_recurrent_students_export_carries_its_state(tmp_path):
+    """--eval-only --export of an LSTM student: policy.pt2 takes (obs, state) and returns (action, next_state),
+    the student's own steps over a sequence; policy.json gives the state's shape."""
+    pytest.importorskip("onnx")
+    from tests.helpers import load_exported_program
+
+    distill = load_script("distill")
+    tiny = dict(PLAIN, output_dir=str(tmp_path), run_name="run", env_id="Pendulum-v1", num_envs=16, num_steps=8,
+                num_minibatches=2, num_eval_envs=4, eval_interval=0, rnn_hidden_size=8,
+                teacher=str(untrained_teacher(tmp_path / "teacher.pt", "Pendulum-v1")))
+    run_main(distill, **tiny, total_timesteps=256)
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    run_main(distill, **tiny, eval_only=True, resume=str(last), export=str(tmp_path / "export"))
+    assert json.loads((tmp_path / "export" / "policy.json").read_text())["state"]["shape"] == [2, "batch", 8]
+    saved = torch.load(last, weights_only=True)
+    student = distill.Policy(3, gym.spaces.Box(-2.0, 2.0, (1,)), "lstm", 8, 1, (64,), "tanh", True, 10.0)
+    student.load_state_dict(saved["model"])
+    program = load_exported_program(tmp_path / "export" / "policy.pt2")
+    state = expected_state = student.initial_state(5)
+    for obs in torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(0)):
+        with torch.no_grad():
+            (action, state), (expected, expected_state) = program(obs, state), student.recurrent_step(obs, expected_state)
+        torch.testing.assert_close(action, expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(state, expected_state, rtol=0, atol=1e-5)
