@@ -401,9 +401,10 @@ def closing(run: Run):
         close(run)
 
 
-def finish(run: Run, model: torch.nn.Module) -> dict:
+def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
     """Check that the ranks' parameters agree, write summary.json (the same fields for every
-    script), close the writers and leave the process group. A collective. Returns the summary."""
+    script, and a script's `extra` ones), close the writers and leave the process group. A collective.
+    Returns the summary."""
     in_sync = distributed.check_in_sync(model)  # averaged gradients keep every rank's weights bit-identical
     if not in_sync and run.is_main:
         print("warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged them", flush=True)
@@ -422,6 +423,7 @@ def finish(run: Run, model: torch.nn.Module) -> dict:
         "compile": bool(run.args.compile), "cudagraphs": bool(run.args.cudagraphs),
         "peak_memory_mb": peak_memory_mb(run.device),
         "checkpoints": {name: str(ckpts / file) for name, file in (("last", LAST), ("best", BEST)) if (ckpts / file).is_file()},
+        **(extra or {}),
     }
     if run.is_main:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

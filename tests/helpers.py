@@ -131,6 +131,26 @@ def run_main(module, **kwargs) -> dict:
         torch.set_num_threads(threads)
 
 
+def untrained_teacher(path: Path, env_id: str = "Pendulum-v1", **flags) -> Path:
+    """A checkpoint of an untrained ppo.py agent of `env_id` with ppo's `flags` at `path`: a teacher for
+    algos/distill.py's contract runs (what it acts does not matter there; a trained one: tests/test_distill.py)."""
+    from dataclasses import asdict
+
+    import torch
+
+    from common.checkpoint import FORMAT_VERSION, save_checkpoint
+    from common.envs import make_env
+
+    module, env = load_script("ppo"), make_env(env_id, 1)
+    args = module.Args(env_id=env_id, **flags)
+    torch.manual_seed(0)
+    agent = module.Agent(env.single_observation_space.shape[0], None, env.single_action_space, args)
+    save_checkpoint({"format_version": FORMAT_VERSION, "algo": "ppo", "env_id": env_id, "args": asdict(args),
+                     "world_size": 1, "global_step": 0, "iteration": 0, "best_eval_return": float("-inf"),
+                     "model": agent.state_dict(), "optimizers": {}, "state": {}, "ranks": []}, path)
+    return path
+
+
 class NaNRewardsAfter:
     """Wraps an env so that its rewards turn NaN from its `after`-th step on: a run's NaN guard must
     stop it with the tensor's name and keep the last good checkpoint. Its step counter is Python

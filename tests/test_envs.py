@@ -507,12 +507,15 @@ def test_render_draws_what_gymnasium_draws_for_the_same_state(env_id):
 def test_mask_velocity_observes_the_unmasked_entries_of_the_same_trajectory(env_id, observed):
     """mask_velocity=True drops the velocities from the observation (CartPole: x and theta;
     Pendulum: cos and sin of the angle) and changes nothing else: same spaces' bounds on the kept
-    entries, same states, rewards and ends, and no host sync per step."""
+    entries, same states, rewards and ends, and no host sync per step. The full observation is the
+    "critic" group (for an asymmetric critic, or a teacher trained unmasked)."""
     full, masked = make_env(env_id, 16, seed=3), make_env(env_id, 16, seed=3, mask_velocity=True)
     assert masked.single_observation_space.shape == (len(observed),)
     np.testing.assert_array_equal(masked.single_observation_space.high, full.single_observation_space.high[observed])
     obs_full, obs_masked = full.reset()[0], masked.reset()[0]
     torch.testing.assert_close(obs_masked["policy"], obs_full["policy"][:, observed], rtol=0, atol=0)
+    assert masked.single_critic_observation_space == full.single_observation_space and "critic" not in obs_full.keys()
+    assert torch.equal(obs_masked["critic"], obs_full["policy"])
     g = torch.Generator().manual_seed(0)
     for _ in range(600):  # past the time limits: autoresets and final_obs included
         if isinstance(full.single_action_space, gym.spaces.Discrete):
@@ -527,3 +530,4 @@ def test_mask_velocity_observes_the_unmasked_entries_of_the_same_trajectory(env_
         assert torch.equal(term_m, term_f) and torch.equal(trunc_m, trunc_f)
         assert torch.equal(o_m["policy"], o_f["policy"][:, observed])
         assert torch.equal(info_m["final_obs"]["policy"], info_f["final_obs"]["policy"][:, observed])
+        assert torch.equal(o_m["critic"], o_f["policy"]) and torch.equal(info_m["final_obs"]["critic"], info_f["final_obs"]["policy"])

@@ -31,7 +31,9 @@ def checkpoint(tmp_path, name="last.pt") -> dict:
 
 def build_agent(state: dict, env) -> "ppo_lstm.Agent":
     args = ppo_lstm.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["args"].items()})
-    agent = ppo_lstm.Agent(env.single_observation_space.shape[0], None, env.single_action_space, args)
+    critic = getattr(env, "single_critic_observation_space", None)  # a masked env's full observation
+    critic_dim = critic.shape[0] if critic is not None and args.asymmetric_critic else None
+    agent = ppo_lstm.Agent(env.single_observation_space.shape[0], critic_dim, env.single_action_space, args)
     agent.load_state_dict(state["model"])
     return agent.eval()
 

@@ -9,11 +9,14 @@ The scripts' own algorithms (GAE, Q(lambda), projections, learning) are tested i
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +26,8 @@ import pytest
 import torch
 
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
-from tests.helpers import ROOT, Job, inject_nan_rewards, load_exported_program, load_script, run, run_main, torchrun_cmd
+from tests.helpers import (ROOT, Job, inject_nan_rewards, load_exported_program, load_script, run, run_main, torchrun_cmd,
+                           untrained_teacher)
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.pixel_env import CATCH, Catch
 from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, record_captured
@@ -40,7 +44,9 @@ from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_
 #   the training, as it does where it also paces the normalizer updates);
 # - `wrong_actions`: an env of the action kind it cannot act in, and the script the error points to;
 # - `policy(module, args, obs_dim, action_space)`: its evaluated model as the export test rebuilds it
-#   (None: a recurrent policy, whose export tests/test_ppo_lstm.py runs through episodes).
+#   (None: a recurrent policy, whose export tests/test_ppo_lstm.py runs through episodes);
+# - optional: `summary`, the script's own summary.json fields; `bounded`, a flag with a range, a value
+#   outside it and the range's words (default: --gamma 1.5, in [0, 1]).
 GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
 # tests/pixel_env.py's Catch: uint8 frames through an image encoder (and, for ppo, a vector "critic" group beside them)
 PIXELS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true}', encoder="minatar")
@@ -87,6 +93,16 @@ TINY = {
         captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
         tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None),
 }
+_TEACHERS = Path(tempfile.mkdtemp(prefix="distill-teacher-"))  # distill.py's teacher: a file for every run
+atexit.register(shutil.rmtree, _TEACHERS, True)
+TINY["distill"] = dict(steps=16 * 8, sync=1, kwargs=dict(
+    env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", rnn_hidden_size=16,
+    teacher_action_prob=0.5, teacher=str(untrained_teacher(_TEACHERS / "teacher.pt", hidden_sizes=(32, 32)))),
+    captures=[{}, dict(cell="none"), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+    tags={"losses/distill_loss", "losses/agreement", "charts/learning_rate", "charts/teacher_action_prob",
+          "charts/rollout_seconds", "charts/update_seconds"},
+    per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None, summary={"teacher"},
+    bounded=("teacher_action_prob", 1.5, r"in \[0, 1\]"))
 SCRIPTS = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))  # every script, found, not listed
 
 
@@ -234,7 +250,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(algo, tmp_path):
 def test_checkpoints_load_weights_only_and_eval_only_gives_back_the_best_return(algo, tmp_path):
     sync = TINY[algo]["sync"]
     summary = train(algo, tmp_path, total_timesteps=units(algo, 4), eval_interval=2 * sync)
-    assert SUMMARY_FIELDS == set(summary), SUMMARY_FIELDS ^ set(summary)
+    assert SUMMARY_FIELDS | TINY[algo].get("summary", set()) == set(summary), SUMMARY_FIELDS ^ set(summary)
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == json.loads(json.dumps(summary))
     for name in ("last.pt", "best.pt"):
         state = checkpoint(tmp_path, name)  # torch.load(weights_only=True): plain values and tensors only
@@ -463,8 +479,9 @@ def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
             train(algo, out, env_id=env_id, env_kwargs=None)
     with pytest.raises(SystemExit, match=r"^error: --total-timesteps must be >= 1, got -5"):
         train(algo, out, total_timesteps=-5)
-    with pytest.raises(SystemExit, match=r"^error: --gamma must be in \[0, 1\], got 1.5"):
-        train(algo, out, gamma=1.5)
+    flag, value, rule = TINY[algo].get("bounded", ("gamma", 1.5, r"in \[0, 1\]"))
+    with pytest.raises(SystemExit, match=rf"^error: --{flag.replace('_', '-')} must be {rule}, got {value}"):
+        train(algo, out, **{flag: value})
     with pytest.raises(SystemExit, match=r"^error: --env-kwargs is not valid JSON .*max_episode_steps"):
         train(algo, out, env_kwargs="{max_episode_steps: 100}")
     assert not out.exists(), "nothing is written for a run that cannot start"

@@ -14,6 +14,9 @@ Partial observability: CartPole-v1 and Pendulum-v1 take `mask_velocity=True` (no
 option), which leaves the velocities out of the observation: CartPole observes the cart
 position and the pole angle, Pendulum the cosine and sine of the angle. The dynamics, rewards
 and `env.state` are unchanged; a policy must infer the velocities from its observation history.
+The full observation (the unmasked task's) is the privileged `critic` group
+(`single_critic_observation_space`): for an asymmetric critic, and for a teacher trained on the
+unmasked task (algos/distill.py).
 
 Known, intended differences from gymnasium:
 - everything is computed in the env dtype (float32 by default). Gymnasium mixes: most
@@ -32,12 +35,20 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from tensordict import TensorDict
+
 from common.envs.core import TorchEnv
 
 
 def _uniform(u: torch.Tensor, low: float, high: float) -> torch.Tensor:
     """Map uniforms in [0, 1) to [low, high) the way numpy's Generator.uniform does."""
     return low + (high - low) * u
+
+
+def _masked_groups(env: TorchEnv, full: torch.Tensor, observed: slice) -> TensorDict:
+    """mask_velocity's observation groups: the `observed` entries of the full observation as "policy", the
+    full observation as "critic" (copies: a caller editing one in place cannot edit the other)."""
+    return TensorDict({"policy": full[:, observed].clone(), "critic": full}, batch_size=[env.num_envs], device=env.device)
 
 
 class CartPole(TorchEnv):
@@ -73,8 +84,10 @@ class CartPole(TorchEnv):
             [self.x_threshold * 2, np.inf, self.theta_threshold_radians * 2, np.inf],
             dtype=np.float32,
         )
-        # mask_velocity: observe x and theta only (the even entries of the state)
+        # mask_velocity: observe x and theta only (the even entries of the state); the critic the full state
         self.mask_velocity = mask_velocity
+        if mask_velocity:
+            self.single_critic_observation_space = spaces.Box(-high, high, dtype=np.float32)
         high = high[0::2] if mask_velocity else high
         self.single_observation_space = spaces.Box(-high, high, dtype=np.float32)
         self.single_action_space = spaces.Discrete(2)
@@ -114,9 +127,12 @@ class CartPole(TorchEnv):
             reward = torch.ones_like(x)
         return torch.stack((x, x_dot, theta, theta_dot), dim=1), reward, terminated
 
-    def _observe(self, state):
+    def _observe(self, state):  # the full observation; mask_velocity keeps part of it in _wrap_obs
         # A copy, so that a caller editing an observation in place cannot edit env.state.
-        return state[:, 0::2].clone() if self.mask_velocity else state.clone()
+        return state.clone()
+
+    def _wrap_obs(self, obs):
+        return _masked_groups(self, obs, slice(0, None, 2)) if self.mask_velocity else super()._wrap_obs(obs)
 
 
 class Pendulum(TorchEnv):
@@ -143,9 +159,12 @@ class Pendulum(TorchEnv):
         g: float = 10.0,
         mask_velocity: bool = False,
     ):
-        # mask_velocity: observe cos(th) and sin(th) only, not thdot
+        # mask_velocity: observe cos(th) and sin(th) only, not thdot; the critic all three
         self.mask_velocity = mask_velocity
-        high = np.array([1.0, 1.0] if mask_velocity else [1.0, 1.0, self.max_speed], dtype=np.float32)
+        high = np.array([1.0, 1.0, self.max_speed], dtype=np.float32)
+        if mask_velocity:
+            self.single_critic_observation_space = spaces.Box(low=-high, high=high, dtype=np.float32)
+        high = high[:2] if mask_velocity else high
         self.single_observation_space = spaces.Box(low=-high, high=high, dtype=np.float32)
         self.single_action_space = spaces.Box(
             low=-self.max_torque, high=self.max_torque, shape=(1,), dtype=np.float32
@@ -172,11 +191,12 @@ class Pendulum(TorchEnv):
         terminated = torch.zeros_like(th, dtype=torch.bool)
         return torch.stack((newth, newthdot), dim=1), -costs, terminated
 
-    def _observe(self, state):
+    def _observe(self, state):  # the full observation; mask_velocity keeps part of it in _wrap_obs
         th, thdot = state.unbind(1)
-        if self.mask_velocity:
-            return torch.stack((torch.cos(th), torch.sin(th)), dim=1)
         return torch.stack((torch.cos(th), torch.sin(th), thdot), dim=1)
+
+    def _wrap_obs(self, obs):
+        return _masked_groups(self, obs, slice(0, 2)) if self.mask_velocity else super()._wrap_obs(obs)
 
 
 class MountainCarContinuous(TorchEnv):

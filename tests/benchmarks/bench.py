@@ -19,7 +19,8 @@ a speed. For one env id, num_envs and device it measures, side by side:
 4. training: every script in algos/ (or those named by --algos) that takes the common flags,
    run in a subprocess per mode (so compile caches, threads and memory cannot leak between
    modes), with eval off and checkpoints only at the end; each script's SPS also as a ratio to
-   ppo.py's in the same mode (ppo_lstm: what its memory costs).
+   ppo.py's in the same mode (ppo_lstm: what its memory costs; distill: an iteration of a student of
+   ppo_lstm's size beside ppo_lstm's, with an untrained ppo.py teacher of ppo's default size).
 
 Steady-state training SPS. The first iteration(s) carry torch.compile's work (tens of seconds
 on CPU) and one-off allocations; the last carries the final checkpoint. Running N and 2N
@@ -71,7 +72,7 @@ import torch  # noqa: E402
 from tensordict import from_module  # noqa: E402
 
 from tests.benchmarks.envs import bench_one  # noqa: E402
-from tests.helpers import load_script  # noqa: E402
+from tests.helpers import load_script, untrained_teacher  # noqa: E402
 
 ALL_MODES = ("eager", "compile", "compile+cudagraphs")
 # Flags a script must take to be benchmarked (the design's common flags that the runner sets).
@@ -471,6 +472,9 @@ def run_training(algo: str, args_cls, env_id: str, num_envs: int, device: str, m
             "--env-id", env_id, "--num-envs", str(num_envs), "--device", device, "--seed", str(seed),
             "--total-timesteps", str(total), "--output-dir", out_dir, "--run-name", run_name, *flags,
         ]
+        if "teacher" in {f.name for f in dataclasses.fields(args_cls)} and flag_value(extra_args or [], "--teacher") is None:
+            # distill.py: an untrained ppo.py teacher of the env's full observation (its cost is its size's, not its skill's)
+            script_args += ["--teacher", str(untrained_teacher(Path(out_dir) / "teacher.pt", env_id.split(":")[-1]))]
         if hidden_sizes is not None and "hidden_sizes" in {f.name for f in dataclasses.fields(args_cls)}:
             script_args += ["--hidden-sizes", *map(str, hidden_sizes)]
         # explicit: the scripts' default ("auto") turns both on under CUDA

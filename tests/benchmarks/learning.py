@@ -55,7 +55,11 @@ MINATAR = ["--num-envs", "128", "--num-steps", "32", "--num-eval-envs", "16", "-
 PQN_MINATAR = ["--num-minibatches", "32", "--learning-rate", "5e-4", "--reward-scale", "1.0", "--exploration-fraction", "0.1",
                "--hidden-sizes", "128"]
 PPO_MINATAR = ["--num-minibatches", "8", "--update-epochs", "4", "--ent-coef", "0.01"]
-# script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise)
+# script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise); `after`:
+# (experiment, flag, checkpoint): a run starts from the checkpoint of that experiment's run of the same seed, given
+# with the flag (--teacher, --init-from); that run goes first and is not stopped at its target
+MASKED = '{"mask_velocity": true}'
+FAST_CARTPOLE = ["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"]
 EXPERIMENTS = {
     "ppo:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "ppo:Acrobot-v1": dict(target=-100.0, budget=5_000_000, flags=[]),
@@ -73,12 +77,31 @@ EXPERIMENTS = {
     "sac:Pendulum-v1": dict(target=-200.0, budget=150_000, flags=[]),
     # Partially observed: the velocities masked out of the observation. A feed-forward policy (ppo) cannot
     # tell which way the pole moves; the recurrent one (ppo_lstm) infers it from its observation history.
-    "ppo_lstm:CartPole-v1@masked": dict(target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
-    "ppo:CartPole-v1@masked": dict(target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
-    "ppo_lstm:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
-    "ppo:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}']),
+    # Their critics read the masked observation too (--no-asymmetric-critic: the rows as measured before the
+    # masked envs had a "critic" group; with it, the default, they are unmeasured).
+    "ppo_lstm:CartPole-v1@masked": dict(target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]),
+    "ppo:CartPole-v1@masked": dict(target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]),
+    "ppo_lstm:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]),
+    "ppo:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]),
     "ppo_lstm:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "ppo_lstm:Pendulum-v1": dict(target=-200.0, budget=8_000_000, flags=[]),
+    # Distillation (algos/distill.py): a ppo.py teacher trained on the unmasked task (the @teacher run of the same
+    # seed, run first and past its target) reads the masked env's "critic" group, the full state; the student reads
+    # the masked observations. Its env steps are the student's alone, against ppo_lstm's from scratch above. Then
+    # ppo_lstm fine-tunes the LSTM student (--init-from its best.pt), evaluated at each of its first 10 iterations.
+    "ppo:CartPole-v1@teacher": dict(target=475.0, budget=393_216, flags=[*FAST_CARTPOLE]),
+    "distill:CartPole-v1@masked-lstm": dict(target=475.0, budget=327_680, after=("ppo:CartPole-v1@teacher", "--teacher", "last.pt"),
+                                            flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2"]),
+    "distill:CartPole-v1@masked-mlp": dict(target=475.0, budget=327_680, after=("ppo:CartPole-v1@teacher", "--teacher", "last.pt"),
+                                           flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2",
+                                                  "--cell", "none"]),
+    "ppo_lstm:CartPole-v1@finetune": dict(target=475.0, budget=81_920, after=("distill:CartPole-v1@masked-lstm", "--init-from", "best.pt"),
+                                          flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "1", "--learning-rate", "1e-5",
+                                                 "--lr-schedule", "constant", "--ent-coef", "0"]),
+    "ppo:Pendulum-v1@teacher": dict(target=-200.0, budget=8_000_000, flags=[]),
+    "distill:Pendulum-v1@masked-lstm": dict(target=-200.0, budget=1_747_626, after=("ppo:Pendulum-v1@teacher", "--teacher", "best.pt"),
+                                            flags=["--env-kwargs", MASKED, "--num-envs", "256", "--update-epochs", "5",
+                                                   "--num-minibatches", "8", "--learning-rate", "2e-3", "--eval-interval", "4"]),
     # the fastest CartPole settings found for a 2-core CPU (run with --jobs 1: both cores for one run)
     "ppo:CartPole-v1@fast": dict(target=475.0, budget=500_000,
                                  flags=["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"]),
@@ -128,11 +151,14 @@ def run_one(job: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(job["threads"]), PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.time()
-    proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
+    run_dir = ROOT / job["out"] / cmd[-1]  # the runs write relative to the project root, their cwd
+    if job["reuse"] and (run_dir / "summary.json").exists():  # --reuse: a finished run is read, not run again
+        proc = subprocess.CompletedProcess(cmd, 0, "", "")
+    else:
+        proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
     record = {**{k: job[k] for k in ("name", "algo", "env_id", "seed", "target", "budget", "threads")},
               "command": shlex.join(cmd),
               "returncode": proc.returncode, "process_seconds": time.time() - t0}
-    run_dir = ROOT / job["out"] / cmd[-1]  # the runs write relative to the project root, their cwd
     if proc.returncode != 0 or not (run_dir / "summary.json").exists():
         record["error"] = (proc.stdout + proc.stderr)[-2000:]
         return record
@@ -256,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"allow writing into {COMMITTED.relative_to(ROOT)}/, the results the README shows")
     parser.add_argument("--stop-at-target", action="store_true",
                         help="stop each run at its experiment's target (--target-return): 'final' is then the return that reached it")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the runs that finished in the runs directory (summary.json) instead of running them again")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags passed on to every run")
     args = parser.parse_args(argv)
     if args.out is None and not args.report:
@@ -276,24 +304,44 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)} (or any script:env)")
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path(args.out) / "runs"  # as given: commands stay portable
+    def after(name: str):  # (the experiment a run starts from, its flag, its checkpoint), or None
+        return EXPERIMENTS.get(name, {}).get("after")
+
+    def depth(name: str) -> int:
+        return 0 if after(name) is None else 1 + depth(after(name)[0])
+
+    names, todo = [], list(args.experiments)
+    while todo:  # the experiments asked for and those they start from
+        name = todo.pop(0)
+        names += [name] if name not in names else []
+        todo += [after(name)[0]] if after(name) else []
+    names.sort(key=depth)  # the runs others start from first
+    sources = {after(n)[0] for n in names if after(n)}
     jobs = []
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
-    for name in args.experiments:
+    for name in names:
         algo, env_id, _ = split_name(name)
         spec = EXPERIMENTS.get(name, dict(target=math.inf, budget=1_000_000, flags=[]))
         budget = args.budget or spec["budget"]
-        stop = ["--target-return", str(spec["target"])] if args.stop_at_target and math.isfinite(spec["target"]) else []
+        stop = (["--target-return", str(spec["target"])] if args.stop_at_target and math.isfinite(spec["target"])
+                and name not in sources else [])
         for seed in args.seeds:
+            start = []
+            if after(name):  # the checkpoint of the run of this seed that this one starts from
+                source, flag, file = after(name)
+                start = [flag, str(runs_dir / run_command(source, seed, 0, [], runs_dir)[-1] / "checkpoints" / file)]
             jobs.append(dict(name=name, algo=algo, env_id=env_id, seed=seed, target=spec["target"], budget=budget,
-                             threads=threads, out=str(runs_dir),
-                             command=run_command(name, seed, budget, [*spec["flags"], *stop, *args.extra], runs_dir)))
+                             threads=threads, out=str(runs_dir), depth=depth(name), reuse=args.reuse,
+                             command=run_command(name, seed, budget, [*spec["flags"], *start, *stop, *args.extra], runs_dir)))
     started = time.time()
     records = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for record in pool.map(run_one, jobs):
-            status = "failed" if "error" in record else f"steps to target {fmt(record['steps_to_target'])}"
-            print(f"{record['algo']} {record['env_id']} seed {record['seed']}: {status}", flush=True)
-            records.append(record)
+        for phase in sorted({job["depth"] for job in jobs}):  # the runs others start from, then those
+            for record in pool.map(run_one, [job for job in jobs if job["depth"] == phase]):
+                status = "failed" if "error" in record else f"steps to target {fmt(record['steps_to_target'])}"
+                print(f"{record['algo']} {record['env_id']} seed {record['seed']}: {status}", flush=True)
+                records.append(record)
+    args.experiments = names
     machine = machine_info(__import__("torch").device("cpu"))
     command = shlex.join(["python", "-m", "tests.benchmarks.learning", *(argv if argv is not None else sys.argv[1:])])
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": command, "machine": machine,

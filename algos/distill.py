@@ -1,0 +1,468 @@
+"""Teacher-student distillation (DAgger) for massively parallel, GPU-resident environments.
+
+    python algos/ppo.py --env-id CartPole-v1 --run-name teacher                              # a teacher, full state
+    python algos/distill.py --env-id CartPole-v1 --env-kwargs '{"mask_velocity": true}' \\
+        --teacher runs/teacher/checkpoints/best.pt                                         # a student, with memory
+    python algos/ppo_lstm.py --env-id CartPole-v1 --env-kwargs '{"mask_velocity": true}' --init-from runs/STUDENT
+
+A frozen teacher (a checkpoint of ppo.py, ppo_lstm.py or this script, with its own observation normalizer) reads
+the privileged observation group (`critic` where the env has one); the student reads `policy`, through a
+recurrent cell (--cell lstm|gru) or not (--cell none), with its own normalizer. The student's actions drive the
+envs (DAgger: it learns on the states its own mistakes lead to; --teacher-action-prob mixes the teacher's in
+early), and after each rollout the student regresses on what the teacher did there: the teacher's deterministic
+action for Box actions (mse or huber on the student's mean), the teacher's distribution for Discrete ones (KL).
+A recurrent student is trained by truncated BPTT over the rollout from the hidden states it started with, zeroed
+at episode starts, as ppo_lstm.py's update does. The student has the module and tensor names of ppo_lstm.py's
+actor (cell lstm/gru) and ppo.py's (cell none), normalizer included: those scripts fine-tune it with --init-from.
+Top to bottom: Args -> Policy (student and teacher alike), EvalPolicy, the teacher's loading -> the loss ->
+rollout -> targets -> update -> main and train (setup; the iteration's functions, then one block that compiles
+and captures them; the loop).
+References: Ross et al. 2011 (DAgger); Chen et al. 2019 ("Learning by cheating": privileged teachers);
+Rudin et al. 2022 (rsl_rl, whose Distillation runner this follows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import gymnasium as gym
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tensordict import TensorDict, from_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+if importlib.util.find_spec("common") is None:
+    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+
+from common import distributed  # noqa: E402
+from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
+from common.buffer import RolloutStorage  # noqa: E402
+from common.capture import captured, compiled, timed  # noqa: E402
+from common.checkpoint import CheckpointError, TrainingState, load_checkpoint, restore, save  # noqa: E402
+from common.evaluation import eval_only, evaluate  # noqa: E402
+from common.nets import mlp  # noqa: E402
+from common.normalize import RunningMeanStd  # noqa: E402
+from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
+from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
+
+ALGO = "distill"
+TEACHERS = ("ppo", "ppo_lstm", "distill")  # the scripts whose actors Policy rebuilds by name
+
+
+@dataclass
+class Args(RunArgs):
+    teacher: str | None = None
+    """checkpoint of the teacher (ppo.py, ppo_lstm.py or distill.py), loaded frozen with its observation normalizer"""
+    teacher_obs: str | None = None
+    """observation group the teacher reads: default 'critic' where the env has one (the full state), else 'policy'"""
+    teacher_action_prob: Annotated[float, Ge(0), Le(1)] = 0.0
+    """probability that an env steps with the teacher's action instead of the student's, annealed linearly to 0"""
+    teacher_action_fraction: Annotated[float, Gt(0), Le(1)] = 0.25
+    """fraction of --total-timesteps over which --teacher-action-prob anneals to 0"""
+    student_sample: bool = True
+    """Discrete: the student acts by sampling its distribution (the states a PPO fine-tuning of it visits), not by
+    its most likely action (Box: always its mean)"""
+    cell: Literal["none", "lstm", "gru"] = "lstm"
+    """the student's recurrent cell (as ppo_lstm.py's), or none: an MLP (as ppo.py's actor)"""
+    rnn_hidden_size: Annotated[int, Ge(1)] = 64
+    """hidden units of the cell (per layer)"""
+    rnn_layers: Annotated[int, Ge(1)] = 1
+    """stacked layers of the cell"""
+    hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64,)
+    """hidden layer sizes of the student's actor head (give the same to ppo.py / ppo_lstm.py to fine-tune it)"""
+    activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
+    """activation of the actor head's hidden layers"""
+    num_steps: Annotated[int, Ge(1)] = 32
+    """steps per env per rollout, also the length of the replayed sequences (truncated BPTT)"""
+    num_minibatches: Annotated[int, Ge(1)] = 4
+    """minibatches per epoch: each is num_envs / num_minibatches envs with all their num_steps steps"""
+    update_epochs: Annotated[int, Ge(1)] = 2
+    """epochs over the rollout per iteration"""
+    learning_rate: Annotated[float, Gt(0)] = 1e-3
+    """learning rate of Adam"""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """constant, or linear anneal to 0"""
+    loss: Literal["mse", "huber"] = "mse"
+    """Box actions: the regression of the student's mean on the teacher's action (Discrete: always KL)"""
+    max_grad_norm: Annotated[float, Gt(0)] = 1.0
+    """global gradient-norm clip"""
+    obs_norm: bool = True
+    """normalize the student's observations with running statistics of the rollouts"""
+    obs_clip: Annotated[float, Gt(0)] = 10.0
+    """clip normalized observations to [-obs_clip, obs_clip]"""
+
+
+# ----------------------------------------------------------------------------------------------
+# Networks: one Policy class for the student and the teacher
+# ----------------------------------------------------------------------------------------------
+class Policy(nn.Module):
+    """An actor: normalized observations -> (a recurrent cell ->) an MLP head -> logits (Discrete) or the mean
+    action (Box). Its tensors are named as ppo_lstm.py's Agent names them (rnn.*, actor.*, obs_rms.*), and as
+    ppo.py's without a cell: those scripts' checkpoints load into it as teachers, and it starts them with
+    --init-from. The hidden state of a batch is [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: h
+    rows, then c rows); without a cell it has no rows."""
+
+    def __init__(self, obs_dim: int, action_space: gym.Space, cell: str, rnn_hidden_size: int, rnn_layers: int,
+                 hidden_sizes: tuple[int, ...], activation: str, obs_norm: bool, obs_clip: float):
+        super().__init__()
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.lstm = cell == "lstm"
+        act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        self.rnn = None if cell == "none" else (nn.LSTM if self.lstm else nn.GRU)(obs_dim, rnn_hidden_size, num_layers=rnn_layers)
+        for name, p in self.rnn.named_parameters() if self.rnn is not None else ():  # orthogonal weights, zero biases
+            nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
+        rows = 0 if self.rnn is None else (2 if self.lstm else 1) * rnn_layers
+        self.state_shape = (rows, rnn_hidden_size if self.rnn is not None else 1)  # per env, batch at dim 1
+        self.actor = mlp(obs_dim if self.rnn is None else rnn_hidden_size, act_dim, hidden_sizes, activation, out_gain=0.01)
+        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()  # the mean is clipped to them
+        self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
+        self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
+        self.obs_rms = RunningMeanStd(obs_dim, clip=obs_clip) if obs_norm else nn.Identity()
+
+    def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
+        return torch.zeros(self.state_shape[0], batch, self.state_shape[1], device=self.actor[0].weight.device)
+
+    def cell_weights(self) -> list[list[torch.Tensor]]:  # the module's own tensors, per layer: w_ih, w_hh, b_ih, b_hh
+        return [[getattr(self.rnn, f"{w}_l{i}") for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")] for i in range(self.rnn.num_layers)]
+
+    def memory(self, obs_n: torch.Tensor, state: torch.Tensor):
+        """One step: normalized observations [B, obs_dim] and the state -> (the head's input [B, H], next state).
+        The op nn.LSTM / nn.GRU call, on their weights, in inference mode (as ppo_lstm.py acts)."""
+        if self.rnn is None:
+            return obs_n, state
+        layers, x, weights = self.rnn.num_layers, obs_n.unsqueeze(0), [w for layer in self.cell_weights() for w in layer]
+        flags = dict(has_biases=True, num_layers=layers, dropout=0.0, train=False, bidirectional=False, batch_first=False)
+        if self.lstm:
+            out, h, c = torch.lstm(x, (state[:layers], state[layers:]), weights, **flags)
+            return out[0], torch.cat([h, c])
+        out, h = torch.gru(x, state, weights, **flags)
+        return out[0], h
+
+    def replay(self, obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """The cell over sequences [T, B, obs_dim] from `state`, zeroed where an episode starts (starts [T, B]),
+        step by step through the cell functions (with gradients; cheaper than the module on sequences of one):
+        the head's inputs [T, B, H] the rollout acted on, to float rounding."""
+        if self.rnn is None:
+            return obs_n
+        layers, keep, outputs, weights = self.rnn.num_layers, (~starts).unsqueeze(-1), [], self.cell_weights()
+        h, c = list(state[:layers]), list(state[layers:])  # c: empty for a GRU
+        for t in range(obs_n.shape[0]):
+            x = obs_n[t]
+            for i in range(layers):
+                if self.lstm:
+                    h[i], c[i] = torch.lstm_cell(x, (h[i] * keep[t], c[i] * keep[t]), *weights[i])
+                else:
+                    h[i] = torch.gru_cell(x, h[i] * keep[t], *weights[i])
+                x = h[i]
+            outputs.append(x)
+        return torch.stack(outputs)
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low) if self.action_low.numel() else action
+
+    def action(self, head: torch.Tensor) -> torch.Tensor:  # the deterministic action of the head's output
+        return head.argmax(-1) if self.discrete else self.to_env(head)
+
+    def step(self, policy_obs: torch.Tensor, state: torch.Tensor):
+        """Raw observations and the state -> (the head's output: logits or mean; the next state)."""
+        out, state = self.memory(self.obs_rms(policy_obs), state)
+        return self.actor(out).float(), state
+
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:  # evaluated and exported: a policy without a cell
+        return self.action(self.actor(self.obs_rms(policy_obs)).float())
+
+    def _recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):
+        head, state = self.step(policy_obs, state)
+        return self.action(head), state
+
+    @property
+    def recurrent_step(self):
+        """(obs, state) -> (action, next state): what common/export.py exports, for a student with a cell only."""
+        if self.rnn is None:
+            raise AttributeError("a policy without a cell has no recurrent_step")
+        return self._recurrent_step
+
+
+class EvalPolicy(nn.Module):
+    """A policy with a cell as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes, in place,
+    one hidden state per eval env; `reset_state(done)` zeroes those whose episode ended."""
+
+    def __init__(self, policy: Policy, num_envs: int):
+        super().__init__()
+        self.policy, self.state_shape = policy, policy.state_shape
+        self.register_buffer("state", policy.initial_state(num_envs), persistent=False)
+
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
+        action, state = self.policy.recurrent_step(policy_obs, self.state)
+        self.state.copy_(state)
+        return action
+
+    def reset_state(self, done: torch.Tensor) -> None:
+        self.state.mul_(~done.unsqueeze(-1))
+
+    recurrent_step = property(lambda self: self.policy.recurrent_step)
+
+
+def load_teacher(path: str, obs_dim: int, group: str, action_space: gym.Space, env_id: str, device) -> tuple[Policy, str]:
+    """The teacher of checkpoint `path` as a frozen Policy on `device` and the file's sha256; a checkpoint that is
+    not a teacher, or whose actor does not fit the env's `group` observations or its actions, stops in one line."""
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError as e:
+        raise SystemExit(f"error: --teacher: {e}") from None
+    if ckpt["algo"] not in TEACHERS:
+        raise SystemExit(f"error: --teacher {path} was written by {ckpt['algo']}.py; a teacher comes from "
+                         f"{', '.join(f'{t}.py' for t in TEACHERS)}")
+    a, model = ckpt["args"], ckpt["model"]
+    cell = a.get("cell", "none")
+    first = model["rnn.weight_ih_l0" if cell != "none" else "actor.0.weight"]
+    last = model[max((k for k in model if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))]
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    space = f"Discrete({action_space.n})" if discrete else f"Box{list(action_space.shape)}"
+    other_kind = ckpt["algo"] != "distill" and ("log_std" in model) == discrete  # ppo's Gaussians have a log_std
+    if first.shape[1] != obs_dim or last.shape[0] != (int(action_space.n) if discrete else action_space.shape[0]) or other_kind:
+        raise SystemExit(f"error: --teacher {path} ({ckpt['algo']} on {ckpt['env_id']}) reads {first.shape[1]} observations "
+                         f"and has {last.shape[0]} action outputs{' (Gaussian)' if 'log_std' in model else ''}; {env_id}'s "
+                         f"{group!r} observations have {obs_dim} and its actions are {space}: give a teacher of this task "
+                         f"(--teacher-obs names the group it reads)")
+    teacher = Policy(obs_dim, action_space, cell, a.get("rnn_hidden_size", 1), a.get("rnn_layers", 1), tuple(a["hidden_sizes"]),
+                     a["activation"], a["obs_norm"], a["obs_clip"])
+    teacher.load_state_dict({k: v for k, v in model.items() if k in teacher.state_dict()})  # strict: all of the actor
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return teacher.to(device).eval().requires_grad_(False), digest
+
+
+# ----------------------------------------------------------------------------------------------
+# The loss of a minibatch of sequences
+# ----------------------------------------------------------------------------------------------
+def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Args):
+    """The student replays the minibatch's sequences from their initial hidden states; Discrete: KL(teacher ||
+    student) of the action distributions; Box: mse or huber of the student's mean to the teacher's action.
+    Returns the loss and what is logged of it, by name (losses/<name>)."""
+    head = student.actor(student.replay(mb["obs_n"], state, mb["starts"])).float()
+    if student.discrete:
+        loss = F.kl_div(head.log_softmax(-1), mb["teacher"].log_softmax(-1), log_target=True, reduction="none").sum(-1).mean()
+        agreement = (head.argmax(-1) == mb["teacher"].argmax(-1)).float().mean()
+    else:
+        loss = (F.mse_loss if args.loss == "mse" else F.huber_loss)(head, mb["teacher"])
+        tolerance = 0.05 * (student.action_high - student.action_low) if student.action_low.numel() else 0.05
+        agreement = ((student.to_env(head) - mb["teacher"]).abs() <= tolerance).all(-1).float().mean()
+    return loss, {"distill_loss": loss.detach(), "agreement": agreement.detach()}
+
+
+# ----------------------------------------------------------------------------------------------
+# One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
+# run (the hidden states included), so that on CUDA each is compiled and captured whole.
+# ----------------------------------------------------------------------------------------------
+def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor):
+    """storage.num_steps steps of every env, written to storage; the student's hidden states they start
+    from go to initial_state (the update replays from there). No host sync."""
+    initial_state.copy_(rnn_state)
+    for step in range(storage.num_steps):
+        next_obs, transition, info = env_step(next_obs)
+        storage.write(step, transition)
+        record_env_log(run, info)
+    return next_obs
+
+
+@torch.no_grad()
+def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
+    """The episode statistics of a rollout, its observations normalized as the student acted on them, then
+    the observation statistics for the next one. Returns the [T, N] batch of sequences the update reads
+    and the rollout's counts of non-finite values, by name."""
+    episode_sums(ep_stats, data["rewards"], data["dones"], sums=episodes)
+    nonfinite = {name: (~torch.isfinite(data[key])).sum() for name, key in
+                 (("observations", "obs"), ("rewards", "rewards"), ("teacher", "teacher"))}
+    obs_n = student.obs_rms(data["obs"])  # the statistics the student acted with
+    if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
+        student.obs_rms.update(data["obs"])
+    starts = torch.cat([torch.zeros_like(data["dones"][:1]), data["dones"][:-1]])  # step 0's state was zeroed in the rollout
+    return TensorDict({"obs_n": obs_n, "starts": starts, "teacher": data["teacher"]}, batch_size=starts.shape), nonfinite
+
+
+def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, stats: dict, args: Args):
+    """Epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden state.
+    Adds the mean losses, by name, to stats."""
+    num_envs = batch.shape[1]
+    envs_per_minibatch = num_envs // args.num_minibatches
+    loss_sums, num_updates = {}, 0
+    for epoch in range(args.update_epochs):
+        perm = torch.randperm(num_envs, device=batch.device)
+        for start in range(0, num_envs, envs_per_minibatch):
+            envs = perm[start : start + envs_per_minibatch]
+            add_to(loss_sums, update_minibatch(batch[:, envs], initial_state[:, envs]))
+            num_updates += 1
+    means = {name: total / num_updates for name, total in loss_sums.items()}
+    add_to(stats["losses"], means)
+    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+
+
+# ----------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where its weights are read, all the script does
+    with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, torch._dynamo.config.patch(allow_rnn=True):
+        return train(run, args)  # on any exit, an error included: graphs released, then the process group left
+
+
+def train(run, args: Args) -> dict:
+    open_run(run)  # the run directory and the checkpoint to resume (whose flags, --teacher among them, it takes)
+    device = run.device
+    if args.num_envs % args.num_minibatches != 0:
+        raise SystemExit(f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
+                         f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}")
+    global_batch = args.num_envs * args.num_steps * run.world_size
+    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
+    envs, eval_envs = make_envs(run)
+
+    next_obs, _ = envs.reset()  # the seeds make_envs gave them
+    space, discrete = envs.single_action_space, isinstance(envs.single_action_space, gym.spaces.Discrete)
+    student_args = (args.cell, args.rnn_hidden_size, args.rnn_layers, args.hidden_sizes, args.activation, args.obs_norm, args.obs_clip)
+    student = Policy(next_obs["policy"].shape[-1], space, *student_args).to(device)
+    distributed.broadcast_module(student)  # identical initial weights on every rank
+    # Grad-free twin for acting that shares the student's storage: no copies, no autograd in the rollout.
+    student_inference = Policy(next_obs["policy"].shape[-1], space, *student_args).to(device)
+    from_module(student).data.to_module(student_inference)
+    eval_policy = EvalPolicy(student_inference, args.num_eval_envs) if args.cell != "none" else student_inference
+    lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place
+    optimizer = torch.optim.Adam(student.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
+    rnn_state = student.initial_state(args.num_envs)  # live: every write is in place
+    initial_state = torch.zeros_like(rnn_state)  # each env's state at the start of the rollout
+    teacher_info = {"path": str(args.teacher), "sha256": None}  # of the teacher file, in the checkpoints and summary
+    teacher_key = args.teacher_obs or ("critic" if "critic" in next_obs.keys() else "policy")
+    teacher_state = torch.zeros(0, args.num_envs, 1, device=device)  # a recurrent teacher's memory (no rows: an MLP's)
+    if not args.eval_only:  # --eval-only evaluates the student alone: no teacher needed
+        if args.teacher is None:
+            raise SystemExit("error: --teacher PATH is required: a checkpoint of ppo.py or ppo_lstm.py trained on the task "
+                             "(with its full state, e.g. the env's 'critic' observations)")
+        if teacher_key not in next_obs.keys():
+            raise SystemExit(f"error: --teacher-obs {teacher_key}: {args.env_id} has the observation groups "
+                             f"{', '.join(next_obs.keys())}")
+        teacher, digest = load_teacher(args.teacher, next_obs[teacher_key].shape[-1], teacher_key, space, args.env_id, device)
+        teacher_state = teacher.initial_state(args.num_envs)
+
+    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    state = TrainingState(student, {"adam": optimizer}, envs, shared={"learning_rate": lr, "teacher": teacher_info},
+                          per_rank={"ep_stats": ep_stats, "rnn_state": rnn_state, "teacher_state": teacher_state})
+    next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states
+    if args.eval_only:
+        return eval_only(run, eval_envs, eval_policy)
+    if teacher_info["sha256"] not in (None, digest):
+        run.say(f"notice: --teacher {args.teacher} is not the file the checkpoint's run distilled from (sha256 differs)")
+    teacher_info.update(path=str(Path(args.teacher).resolve()), sha256=digest)
+    teacher_prob = torch.tensor(args.teacher_action_prob, device=device)  # annealed in place
+
+    storage = RolloutStorage(args.num_steps, args.num_envs, device)
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
+
+    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    @torch.no_grad()
+    def policy_step(obs: TensorDict):
+        """The student's action (or, with --teacher-action-prob, the teacher's), the teacher's target (its logits,
+        or its action), and both next hidden states."""
+        head, student_next = student_inference.step(obs["policy"], rnn_state)
+        teacher_head, teacher_next = teacher.step(obs[teacher_key], teacher_state)
+        sampled = discrete and args.student_sample  # validate_args=False: its checks read the host
+        action = torch.distributions.Categorical(logits=head, validate_args=False).sample() if sampled else student_inference.action(head)
+        teacher_action = teacher.action(teacher_head)
+        if args.teacher_action_prob > 0:
+            use_teacher = torch.rand(action.shape[0], device=device) < teacher_prob
+            action = torch.where(use_teacher if discrete else use_teacher.unsqueeze(-1), teacher_action, action)
+        return action, teacher_head if discrete else teacher_action, student_next, teacher_next
+
+    def end_step(student_next: torch.Tensor, teacher_next: torch.Tensor, done: torch.Tensor) -> None:
+        """The hidden states move on, zeroed in place for the envs whose episode ended."""
+        rnn_state.copy_(student_next * ~done.unsqueeze(-1))
+        teacher_state.copy_(teacher_next * ~done.unsqueeze(-1))
+
+    def env_step(obs: TensorDict):
+        """Act and step every env once: (next observation, the transition to store, the env's info)."""
+        action, target, student_next, teacher_next = policy_step(obs)
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        end_step(student_next, teacher_next, terminated | truncated)
+        return next_obs, TensorDict({"obs": obs["policy"], "teacher": target, "rewards": reward.float(),
+                                     "dones": terminated | truncated}, batch_size=[envs.num_envs]), info
+
+    def update_minibatch(mb: TensorDict, state: torch.Tensor):
+        """One gradient step on a minibatch of sequences (gradients averaged over ranks); returns its losses."""
+        loss, losses = distill_loss(student, mb, state, args)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        distributed.all_reduce_gradients(student.parameters())
+        nn.utils.clip_grad_norm_(student.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return losses
+
+    def rollout_fn(obs: TensorDict) -> TensorDict:
+        return rollout(run, env_step, obs, storage, rnn_state, initial_state)
+
+    def targets_fn():
+        return targets(student, storage.data, ep_stats, stats["episodes"], args)
+
+    def update_fn() -> None:
+        """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
+        batch, nonfinite = targets_fn()
+        add_to(stats["nonfinite"], nonfinite)
+        update(update_minibatch, batch, initial_state, stats, args)
+
+    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
+    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator cannot
+    # be captured: its step runs eagerly between the captured acting and end-of-step functions.
+    whole_rollout = getattr(envs, "capturable", False)
+    if whole_rollout:
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        end_step = captured(run, "end of step", compiled(run, end_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves it
+    student_text = "MLP" if args.cell == "none" else f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
+    begin_training(run, f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r}); student "
+                        f"{student_text} reads 'policy'; batch {global_batch} per iteration ({args.num_minibatches} minibatches "
+                        f"of {args.num_envs // args.num_minibatches} envs x {args.num_steps} steps per process); compile "
+                        f"{args.compile}, CUDA graphs {args.cudagraphs}", global_batch)
+    iterations_in_stats = 0
+    while run.global_step + global_batch <= total_steps:
+        run.iteration += 1
+        final_iteration = run.global_step + 2 * global_batch > total_steps
+        if args.lr_schedule == "linear":
+            lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
+        teacher_prob.fill_(args.teacher_action_prob * max(0.0, 1.0 - run.global_step / (args.teacher_action_fraction * total_steps)))
+
+        with timed(run, "rollout"), torch.no_grad():
+            next_obs = rollout_fn(next_obs)
+        run.global_step += global_batch
+        with timed(run, "update"):
+            update_fn()  # targets, then the epochs
+        iterations_in_stats += 1
+
+        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
+        due = what_is_due(run, final_iteration)
+        if due.log:
+            log(run, reduce_iteration(run, episodes=stats["episodes"],
+                means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
+                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
+                local={"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob},
+            ))
+            zero_(stats)
+            iterations_in_stats = 0
+
+        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
+        if due.eval:
+            evaluate(run, eval_envs, eval_policy)
+        if names := checkpoints_to_write(run, due):
+            save(run, names, state, next_obs)
+        if run.stop_reason:
+            break
+    return finish(run, student, {"teacher": dict(teacher_info)})
+
+
+if __name__ == "__main__":
+    main(parse_args(Args))
