@@ -40,8 +40,8 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import mlp  # noqa: E402
-from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
+from common.nets import ImageEncoder, mlp, observation_shape  # noqa: E402
+from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
@@ -90,6 +90,8 @@ class Args(RunArgs):
     """hidden layer sizes of the actor and critic heads after the cell"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
     """activation of the heads' hidden layers"""
+    encoder: Literal["nature", "impala", "minatar", "mlp"] = "nature"
+    """encoder of image groups (uint8 [C, H, W]) before the cell or the critic head: as ppo.py's --encoder"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
     asymmetric_critic: bool = True
@@ -108,15 +110,21 @@ class Args(RunArgs):
 # Networks
 # ----------------------------------------------------------------------------------------------
 class Agent(nn.Module):
-    """A recurrent cell over the normalized policy observations, shared by an actor head and a
-    critic head (one cell step per env step, as CleanRL's; the critic head also reads the "critic"
-    observations when given), with the observation normalizers: one state_dict holds all. Discrete
-    spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std."""
+    """A recurrent cell over the normalized policy observations, shared by an actor head and a critic head (one cell
+    step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
+    observation normalizers: one state_dict holds all. Discrete spaces get a Categorical over logits; Box spaces a
+    diagonal Gaussian with a state-independent log-std. A group's shape is one env's: [D] (an int will do) for vectors,
+    [C, H, W] for uint8 images, which an --encoder of their own (1/image_max scale inside, never normalized) reads first."""
 
-    def __init__(self, obs_dim: int, critic_obs_dim: int | None, action_space: gym.Space, args: Args):
+    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max: float = 255.0):
         super().__init__()
+        obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.critic_key = "critic" if critic_obs_dim is not None else "policy"
+        self.critic_key = "critic" if critic_obs_shape is not None else "policy"
+        self.encoder, self.critic_encoder = (ImageEncoder(args.encoder, s, image_max) if s is not None and len(s) == 3
+                                             else nn.Identity() for s in (obs_shape, critic_obs_shape))
+        obs_dim = getattr(self.encoder, "out_dim", obs_shape[0])  # what the cell reads: features or the vector
+        critic_obs_dim = getattr(self.critic_encoder, "out_dim", critic_obs_shape[0]) if critic_obs_shape else None
         self.lstm = args.cell == "lstm"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.rnn = (nn.LSTM if self.lstm else nn.GRU)(obs_dim, args.rnn_hidden_size, num_layers=args.rnn_layers)
@@ -130,8 +138,8 @@ class Agent(nn.Module):
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()  # Gaussian samples are clipped to them for the env
         self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
         self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
-        self.obs_rms = RunningMeanStd(obs_dim, clip=args.obs_clip) if args.obs_norm else nn.Identity()
-        self.critic_obs_rms = RunningMeanStd(critic_obs_dim, clip=args.obs_clip) if args.obs_norm and critic_obs_dim else nn.Identity()
+        self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
+        self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
     def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
         return torch.zeros(self.state_shape[0], batch, self.state_shape[1])
@@ -147,7 +155,7 @@ class Agent(nn.Module):
         """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state). The op
         nn.LSTM / nn.GRU call, on their weights, inference mode (cuDNN: no reserve buffer), traced whole (see main);
         on CPU the module's step bit for bit (oneDNN), and for an LSTM ~1.5x faster than the cell functions."""
-        layers, x, weights = self.rnn.num_layers, policy_obs_n.unsqueeze(0), [w for layer in self.cell_weights() for w in layer]
+        layers, x, weights = self.rnn.num_layers, self.encoder(policy_obs_n).unsqueeze(0), [w for layer in self.cell_weights() for w in layer]
         flags = dict(has_biases=True, num_layers=layers, dropout=0.0, train=False, bidirectional=False, batch_first=False)
         if self.lstm:
             out, h, c = torch.lstm(x, (state[:layers], state[layers:]), weights, **flags)
@@ -156,14 +164,15 @@ class Agent(nn.Module):
         return out[0], h
 
     def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        """The cell over sequences [T, B, obs_dim] from `state`, zeroed where an episode starts
-        (starts [T, B]) as the rollout zeroed it: the outputs [T, B, H] the rollout acted on. Step by step
-        through the cell functions on the module's own weights: with gradients they cost less than the
-        module called on sequences of one (oneDNN on CPU); the outputs equal the rollout's to float rounding."""
+        """The cell over sequences [T, B, ...] from `state`, zeroed where an episode starts (starts [T, B]) as the rollout
+        zeroed it: the outputs [T, B, H] the rollout acted on. Step by step through the cell functions on the module's own
+        weights: with gradients they cost less than the module called on sequences of one (oneDNN on CPU); the outputs
+        equal the rollout's to float rounding."""
         layers, keep, outputs, weights = self.rnn.num_layers, (~starts).unsqueeze(-1), [], self.cell_weights()
         h, c = list(state[:layers]), list(state[layers:])  # c: empty for a GRU
-        for t in range(policy_obs_n.shape[0]):
-            x = policy_obs_n[t]
+        features = self.encoder(policy_obs_n)  # an image group's frames: every step's in one batch
+        for t in range(features.shape[0]):
+            x = features[t]
             for i in range(layers):
                 if self.lstm:
                     h[i], c[i] = torch.lstm_cell(x, (h[i] * keep[t], c[i] * keep[t]), *weights[i])
@@ -174,7 +183,7 @@ class Agent(nn.Module):
         return torch.stack(outputs)
 
     def value(self, out: torch.Tensor, obs_n: TensorDict) -> torch.Tensor:
-        x = torch.cat([out, obs_n["critic"].to(out.dtype)], -1) if self.critic_key == "critic" else out
+        x = torch.cat([out, self.critic_encoder(obs_n["critic"]).to(out.dtype)], -1) if self.critic_key == "critic" else out
         return self.critic(x).squeeze(-1).float()
 
     def dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
@@ -195,20 +204,17 @@ class Agent(nn.Module):
         """One acting step: (sampled action, its log-prob, the value, the next state)."""
         obs_n = self.normalize(obs)
         out, state = self.memory(obs_n["policy"], state)
-        d = self.dist(out)
-        action = d.sample()
+        action = (d := self.dist(out)).sample()
         logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
         return action, logprob, self.value(out, obs_n), state
 
     def value_from(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
         """V(obs) for observations reached with the hidden state `state`: one cell step, then the critic."""
         obs_n = self.normalize(obs)
-        out, _ = self.memory(obs_n["policy"], state)
-        return self.value(out, obs_n)
+        return self.value(self.memory(obs_n["policy"], state)[0], obs_n)
 
     def recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):
-        """The evaluated and exported policy on raw observations: (the most likely action, or the
-        Gaussian mean clipped to the bounds; the next state)."""
+        """The evaluated and exported policy on raw observations: (the greedy action or clipped Gaussian mean, next state)."""
         out, state = self.memory(self.obs_rms(policy_obs), state)
         out = self.actor(out).float()
         return (out.argmax(-1) if self.discrete else self.to_env(out)), state
@@ -260,9 +266,8 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
 
 
 def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
-    """Replay the minibatch's envs [T, B] from their initial hidden states, then the clipped
-    surrogate + (clipped) value loss - entropy bonus over all their steps; returns the loss and what
-    is logged of it, by name (losses/<name>)."""
+    """Replay the minibatch's envs [T, B] from their initial hidden states, then the clipped surrogate + (clipped)
+    value loss - entropy bonus over all their steps; returns the loss and what is logged of it, by name (losses/<name>)."""
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         out = agent.replay(mb["obs_n", "policy"], state, mb["starts"])
         newlogprob, entropy = agent.log_prob_entropy(out, mb["actions"])
@@ -305,9 +310,8 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_st
 @torch.no_grad()
 def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict,
             rnn_state: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
-    """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation
-    statistics for the next one. Returns the [T, N] batch of sequences the update reads, the
-    rollout's logged statistics and its counts of non-finite values, by name."""
+    """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation statistics for the next one.
+    Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by name."""
     dones = data["terminated"] | data["truncated"]
     episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
     nonfinite = {"observations": (~torch.isfinite(data["obs", "policy"])).sum(), "rewards": (~torch.isfinite(data["rewards"])).sum()}
@@ -322,10 +326,9 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
                                              data["truncated"], args.gamma, args.gae_lambda)
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
-        agent.obs_rms.update(data["obs", "policy"])
-        if agent.critic_key == "critic":
-            agent.critic_obs_rms.update(data["obs", "critic"])
+    agent.obs_rms.update(data["obs", "policy"])  # the next rollout's statistics from this one only (never eval data)
+    if agent.critic_key == "critic":  # (an Unnormalized group, an image or any with --no-obs-norm, learns nothing)
+        agent.critic_obs_rms.update(data["obs", "critic"])
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
@@ -335,12 +338,10 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
 
 
 def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr: torch.Tensor, stats: dict, args: Args):
-    """Epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden
-    state; the adaptive learning rate after each minibatch from the ranks' mean KL. Adds the mean
-    losses, by name, to stats."""
-    num_envs = batch.shape[1]
+    """Epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden state; the adaptive
+    learning rate after each minibatch from the ranks' mean KL. Adds the mean losses, by name, to stats."""
+    num_envs, loss_sums, num_updates = batch.shape[1], {}, 0
     envs_per_minibatch = num_envs // args.num_minibatches
-    loss_sums, num_updates = {}, 0
     for epoch in range(args.update_epochs):
         perm = torch.randperm(num_envs, device=batch.device)
         for start in range(0, num_envs, envs_per_minibatch):
@@ -373,12 +374,13 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    obs_dim = next_obs["policy"].shape[-1]
-    critic_dim = next_obs["critic"].shape[-1] if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    agent = Agent(obs_dim, critic_dim, envs.single_action_space, args).to(device)
+    obs_shape = observation_shape(next_obs, "policy")
+    critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    image_max = float(envs.single_observation_space.high.max())  # of an image "policy" group: 255, or 1 for MinAtar's 0/1 channels
+    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
-    agent_inference = Agent(obs_dim, critic_dim, envs.single_action_space, args).to(device)
+    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
     from_module(agent).data.to_module(agent_inference)
     eval_policy = EvalPolicy(agent_inference, args.num_eval_envs)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
@@ -404,10 +406,9 @@ def train(run, args: Args) -> dict:
             return agent_inference.act(obs, rnn_state)
 
     def end_step(final_obs: TensorDict, state: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        """V(final_obs), then the hidden states of the envs whose episode ended are zeroed in place.
-        final_obs follows the episode's last action, so the cell reads it with the state the episode had
-        reached (`state`, before any reset), as the rollout would have had the episode gone on: its value
-        is V of the episode's true next step. The reset state belongs to the new episode."""
+        """V(final_obs), then the hidden states of the envs whose episode ended are zeroed in place. final_obs follows
+        the episode's last action, so the cell reads it with the state the episode had reached (`state`, before any
+        reset), as the rollout would have had the episode gone on: its value is V of the episode's true next step."""
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             final_value = agent_inference.value_from(final_obs, state)
         rnn_state.copy_(state * ~done.unsqueeze(-1))
@@ -447,8 +448,7 @@ def train(run, args: Args) -> dict:
     # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
     # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator cannot
     # be captured: its step runs eagerly between the captured acting and end-of-step functions.
-    whole_rollout = getattr(envs, "capturable", False)
-    if whole_rollout:
+    if whole_rollout := getattr(envs, "capturable", False):
         env_step = compiled(run, env_step)
     else:
         policy_step = captured(run, "acting", compiled(run, policy_step))
@@ -459,7 +459,7 @@ def train(run, args: Args) -> dict:
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
                         f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}; "
                         f"compile {args.compile}, CUDA graphs {args.cudagraphs}", global_batch)
-    iterations_in_stats = 0
+    iterations_in_stats, storage_said = 0, False
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * global_batch > total_steps
@@ -468,6 +468,9 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
+        if not storage_said:  # once the first rollout has laid the storage out (image groups stay uint8 in it)
+            run.say(storage.describe())
+            storage_said = True
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
@@ -479,8 +482,7 @@ def train(run, args: Args) -> dict:
             log(run, reduce_iteration(run, episodes=stats["episodes"],
                 means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
                 checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                local={"charts/learning_rate": lr},
-            ))
+                local={"charts/learning_rate": lr}))
             zero_(stats)
             iterations_in_stats = 0
 
