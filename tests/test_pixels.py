@@ -1,5 +1,5 @@
 """Image observation groups end to end: the encoders (common/nets.py), normalization that leaves images
-alone (common/normalize.py), uint8 storage (common/buffer.py), and ppo.py / pqn.py on tests/pixel_env.py's
+alone (common/normalize.py), uint8 storage (common/buffer.py), and ppo.py / ppo_lstm.py / pqn.py on tests/pixel_env.py's
 Catch (uint8 frames [N, 2, 6, 6]). The capture contract on Catch's whole rollout is in tests/test_scripts.py
 (its PIXELS layout)."""
 
@@ -101,10 +101,10 @@ def test_storage_keeps_frames_uint8_and_says_its_bytes():
     assert (sample["obs", "policy"][:, 0, 0, 0] == 200).all()
 
 
-@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+@pytest.mark.parametrize("algo", ["ppo", "ppo_lstm", "pqn"])
 def test_a_pixel_run_stores_uint8_frames_and_normalizes_only_vector_groups(algo, tmp_path, capsys):
-    """Catch's frames go through the encoder, are stored as uint8 (the line printed at start says so) and
-    get no normalizer; ppo's vector "critic" group beside them does."""
+    """Catch's frames go through the encoder (ppo_lstm's: before its cell), are stored as uint8 (the line printed
+    at start says so) and get no normalizer; ppo's and ppo_lstm's vector "critic" group beside them does."""
     run_main(load_script(algo), env_id=CATCH, env_kwargs='{"proprio": true}', encoder="impala", num_envs=8, num_steps=4,
              num_minibatches=2, total_timesteps=64, device="cpu", output_dir=str(tmp_path), run_name="run",
              eval_interval=0, progress=False, hidden_sizes=(16,))
@@ -112,15 +112,16 @@ def test_a_pixel_run_stores_uint8_frames_and_normalizes_only_vector_groups(algo,
     model = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert not any(k.startswith("obs_rms.") for k in model), "no statistics of the image group"
     assert any(".convs." in k for k in model)
-    if algo == "ppo":
+    if algo != "pqn":
         assert model["critic_obs_rms.count"] == 64, "the vector group beside the frames is normalized"
 
 
-@pytest.mark.parametrize("algo, steps", [("ppo", 15360), ("pqn", 10240)])
-def test_learns_catch_from_pixels(algo, steps, tmp_path):
+@pytest.mark.parametrize("algo, steps, num_steps", [("ppo", 15360, 8), ("pqn", 10240, 8), ("ppo_lstm", 10240, 16)])
+def test_learns_catch_from_pixels(algo, steps, num_steps, tmp_path):
     """The MinAtar-sized encoder learns to catch from the frames alone: eval return 1.0 is every ball caught;
-    a policy that ignores the frame (random, or staying put) gets -0.67 (10,000 episodes of each)."""
-    result = run_main(load_script(algo), env_id=CATCH, encoder="minatar", num_envs=32, num_steps=8, num_minibatches=4,
+    a policy that ignores the frame (random, or staying put) gets -0.67 (10,000 episodes of each). ppo_lstm's
+    encoder feeds its LSTM, replayed over 16-step sequences."""
+    result = run_main(load_script(algo), env_id=CATCH, encoder="minatar", num_envs=32, num_steps=num_steps, num_minibatches=4,
                       total_timesteps=steps, seed=1, device="cpu", output_dir=str(tmp_path), run_name="run",
                       eval_interval=steps // 256, progress=False, hidden_sizes=(64,))
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
@@ -145,3 +146,32 @@ def test_an_exported_pixel_policy_takes_uint8_frames(tmp_path):
     onnx = onnxruntime.InferenceSession(str(tmp_path / "export" / "policy.onnx"))
     assert torch.equal(program(frames), expected) and torch.equal(program(frames[:1]), expected[:1])
     assert torch.equal(torch.as_tensor(onnx.run(None, {"obs": frames.numpy()})[0]), expected)
+
+
+def test_an_exported_recurrent_pixel_policy_takes_uint8_frames_and_its_state(tmp_path):
+    """ppo_lstm's --export on frames: policy.pt2 and policy.onnx take uint8 [B, C, H, W] and the hidden state, and
+    return the action and next state of the script's recurrent step, through steps fed their own state."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    module = load_script("ppo_lstm")
+    flags = dict(env_id=CATCH, encoder="minatar", num_envs=8, num_steps=4, num_minibatches=2, total_timesteps=64,
+                 device="cpu", output_dir=str(tmp_path), run_name="run", eval_interval=0, progress=False, hidden_sizes=(16,),
+                 rnn_hidden_size=16)
+    run_main(module, **flags)
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    run_main(module, **flags, eval_only=True, export=str(tmp_path / "export"), resume=str(checkpoint))
+    agent = module.Agent((2, 6, 6), None, Catch(1).single_action_space, module.Args(**flags))
+    agent.load_state_dict(torch.load(checkpoint, weights_only=True)["model"])
+    program = torch.export.load(str(tmp_path / "export" / "policy.pt2")).module()
+    onnx = onnxruntime.InferenceSession(str(tmp_path / "export" / "policy.onnx"))
+    env = Catch(16, seed=5)
+    frames, state = env.reset()[0]["policy"], torch.zeros(2, 16, 16)
+    for _ in range(4):
+        with torch.no_grad():
+            action, next_state = agent.recurrent_step(frames, state)
+        got_action, got_state = program(frames, state)
+        onnx_action, onnx_state = (torch.as_tensor(x) for x in onnx.run(None, {"obs": frames.numpy(), "state": state.numpy()}))
+        assert torch.equal(got_action, action) and torch.equal(onnx_action, action)
+        torch.testing.assert_close(got_state, next_state)
+        torch.testing.assert_close(onnx_state, next_state)
+        assert frames.dtype == torch.uint8 and not torch.equal(next_state, state)
+        frames, state = env.step(action)[0]["policy"], next_state

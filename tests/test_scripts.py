@@ -48,7 +48,7 @@ from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_
 # - optional: `summary`, the script's own summary.json fields; `bounded`, a flag with a range, a value
 #   outside it and the range's words (default: --gamma 1.5, in [0, 1]).
 GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
-# tests/pixel_env.py's Catch: uint8 frames through an image encoder (and, for ppo, a vector "critic" group beside them)
+# tests/pixel_env.py's Catch: uint8 frames through an image encoder (and, for ppo and ppo_lstm, a vector "critic" group beside them)
 PIXELS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true}', encoder="minatar")
 PPO_TAGS = {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
             "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"}
@@ -90,7 +90,7 @@ TINY = {
     "ppo_lstm": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True,
         rnn_hidden_size=16),
-        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS],
         tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None),
 }
 _TEACHERS = Path(tempfile.mkdtemp(prefix="distill-teacher-"))  # distill.py's teacher: a file for every run
