@@ -343,7 +343,7 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape = observation_shape(next_obs, "policy")
     critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    image_max = float(envs.single_observation_space.high.max())  # of an image "policy" group: 255, or 1 for MinAtar's 0/1 channels
+    image_max = float(envs.single_observation_space.high.max())  # the image groups' scale: their space's high (255 for uint8 frames)
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.

@@ -251,7 +251,7 @@ def train(run, args: Args) -> dict:
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape, num_actions = observation_shape(next_obs, "policy"), int(envs.single_action_space.n)
-    image_max = float(envs.single_observation_space.high.max())  # of image observations: 255, or 1 for MinAtar's 0/1 channels
+    image_max = float(envs.single_observation_space.high.max())  # the image groups' scale: their space's high (255 for uint8 frames)
     qnet = QNetwork(obs_shape, num_actions, args, image_max).to(device)
     distributed.broadcast_module(qnet)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the network's storage: no copies, no autograd in the rollout.
