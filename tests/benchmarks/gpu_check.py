@@ -84,7 +84,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from tests.benchmarks import bench  # noqa: E402
-from tests.helpers import free_port, load_script, subprocess_env  # noqa: E402
+from tests.helpers import free_port, load_script, subprocess_env, untrained_teacher  # noqa: E402
 
 SECTIONS = ("tests", "checks", "parity", "torchrun", "speed", "speed-pendulum")
 CORRECTNESS = ("tests", "checks", "parity", "torchrun")  # side by side on a GPU
@@ -431,6 +431,9 @@ def plan(algo: str, device: str, gpu_sizes: bool, iterations: int, num_envs: int
                 save_interval=10**9, num_eval_envs=min(fields["num_eval_envs"], num_envs))
     if "learning_starts" in fields:  # off-policy: updates from the third iteration on
         args["learning_starts"] = 2 * steps
+    if "teacher" in fields:  # distill.py: an untrained ppo.py teacher of the task (what it acts does not matter here)
+        out.mkdir(parents=True, exist_ok=True)
+        args["teacher"] = str(untrained_teacher(out / "teacher.pt", fields["env_id"]))
     return args
 
 
