@@ -47,7 +47,7 @@ from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import CheckpointError, TrainingState, load_checkpoint, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import mlp  # noqa: E402
-from common.normalize import RunningMeanStd  # noqa: E402
+from common.normalize import observation_normalizer  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
@@ -123,7 +123,7 @@ class Policy(nn.Module):
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()  # the mean is clipped to them
         self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
         self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
-        self.obs_rms = RunningMeanStd(obs_dim, clip=obs_clip) if obs_norm else nn.Identity()
+        self.obs_rms = observation_normalizer((obs_dim,), obs_norm, obs_clip)
 
     def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
         return torch.zeros(self.state_shape[0], batch, self.state_shape[1], device=self.actor[0].weight.device)
@@ -280,8 +280,7 @@ def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes:
     nonfinite = {name: (~torch.isfinite(data[key])).sum() for name, key in
                  (("observations", "obs"), ("rewards", "rewards"), ("teacher", "teacher"))}
     obs_n = student.obs_rms(data["obs"])  # the statistics the student acted with
-    if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
-        student.obs_rms.update(data["obs"])
+    student.obs_rms.update(data["obs"])  # the next rollout's statistics from this one only (never eval data; off: no-op)
     starts = torch.cat([torch.zeros_like(data["dones"][:1]), data["dones"][:-1]])  # step 0's state was zeroed in the rollout
     return TensorDict({"obs_n": obs_n, "starts": starts, "teacher": data["teacher"]}, batch_size=starts.shape), nonfinite
 

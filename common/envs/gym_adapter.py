@@ -181,12 +181,10 @@ def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
         raise ValueError(f"gym:{env_id}: unknown preset {preset!r}; presets: {', '.join(ATARI_PRESETS)}")
     if not env_id.startswith("ALE/"):
         raise ValueError(f"gym:{env_id}: preset {preset!r} is for ALE's Atari ids, e.g. gym:ALE/Pong-v5")
-    try:
-        import ale_py
+    try:  # (ale-py itself is registered by the caller, as for any ALE id)
         import cv2  # noqa: F401  (AtariPreprocessing resizes with OpenCV)
-    except ImportError as e:
-        raise ValueError(f"gym:{env_id}: preset {preset!r} needs ale-py and OpenCV ({e.name} is missing): {ATARI_EXTRA}") from None
-    gym.register_envs(ale_py)
+    except ImportError:
+        raise ValueError(f"gym:{env_id}: preset {preset!r} needs OpenCV (cv2 is missing): {ATARI_EXTRA}") from None
     env_kwargs["frameskip"] = 1  # AtariPreprocessing repeats the action and max-pools the last two frames itself
     options = ATARI_PRESETS[preset]
 
