@@ -357,7 +357,14 @@ def _atari_reference(env_id: str, seed: int, preprocess: bool) -> gym.Env:
     if not preprocess:
         return gym.make(env_id)
     env = gym.wrappers.AtariPreprocessing(gym.make(env_id, frameskip=1), noop_max=30, frame_skip=4, screen_size=84)
-    return gym.wrappers.FrameStackObservation(env, 4)
+
+    class PressFireAndUp(gym.Wrapper):  # Pong's action 1 is FIRE: the preset presses 1, 2 after a reset
+        def reset(self, **kwargs):
+            self.env.reset(**kwargs)
+            self.env.step(1)
+            return self.env.step(2)[0], {}
+
+    return gym.wrappers.FrameStackObservation(PressFireAndUp(env), 4)
 
 
 @pytest.mark.parametrize("preset", [None, "atari-eval"])
@@ -414,6 +421,42 @@ def test_atari_preset_ends_an_episode_at_a_lost_life_and_clips_rewards():
                 break
         envs.close()
     assert lives_after_end == {"atari": 4, "atari-eval": 5}, lives_after_end
+
+
+def test_fire_reset_presses_fire_then_up_after_every_reset_of_a_fire_game():
+    """Breakout waits for FIRE: the preset's resets (a new game, or the next life) press FIRE then UP
+    (actions 1, 2), a game ending in those presses is reset again; the game is then in play."""
+    from common.envs.gym_adapter import FireReset
+
+    class Recorder(gym.Env):
+        observation_space, action_space = gym.spaces.Discrete(10), gym.spaces.Discrete(4)
+
+        def __init__(self, end_at=()):
+            self.actions, self.resets, self.end_at = [], 0, set(end_at)
+
+        def reset(self, seed=None, options=None):
+            self.resets += 1
+            return 0, {}
+
+        def step(self, action):
+            self.actions.append(int(action))
+            return len(self.actions), 0.0, len(self.actions) in self.end_at, False, {}
+
+    env = FireReset(Recorder())
+    assert env.reset()[0] == 2 and env.unwrapped.actions == [1, 2] and env.unwrapped.resets == 1
+    env = FireReset(Recorder(end_at={1}))  # the game ended at FIRE: reset again, then UP
+    assert env.reset()[0] == 2 and env.unwrapped.actions == [1, 2] and env.unwrapped.resets == 2
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    envs = make_env("gym:ALE/Breakout-v5", 1, seed=3, preset="atari")
+    envs.reset()
+    ale = envs.envs.envs[0].unwrapped.ale
+    for _ in range(200):  # NOOPs only: the ball was launched by the reset's FIRE, so a life is lost
+        _, _, terminated, _, _ = envs.step(torch.tensor([0]))
+        if terminated.item():
+            break
+    assert terminated.item() and ale.lives() == 4
+    envs.close()
 
 
 def test_atari_errors_are_clear(monkeypatch):

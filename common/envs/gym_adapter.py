@@ -28,7 +28,8 @@ Atari (`preset`): `make_env("gym:ALE/Pong-v5", n, preset="atari")` (or `--env-kw
 Machado et al. (2018) describe it: the emulator unskipped (`frameskip=1`), then gymnasium's
 AtariPreprocessing (up to 30 no-op starts, the action repeated 4 frames, the max of the last two,
 grayscale, resized to 84x84), an episodic life (a lost life ends the episode for the learner but not
-the game, which goes on at the next reset), rewards clipped to their sign, and the last 4 frames
+the game, which goes on at the next reset), FIRE then UP pressed after every reset in games whose
+action 1 is FIRE (Breakout and Pong wait for it), rewards clipped to their sign, and the last 4 frames
 stacked: observations uint8 [N, 4, 84, 84]. `preset="atari-eval"` is the same without episodic lives
 and clipping, for evaluation (`--eval-env-kwargs '{"preset": "atari-eval"}'`): returns are game
 scores. ALE's v5 ids keep their sticky actions (repeat_action_probability 0.25). Needs the `[atari]`
@@ -175,6 +176,20 @@ class EpisodicLife(gym.Wrapper):
         return obs, info
 
 
+class FireReset(gym.Wrapper):
+    """Press FIRE (then UP) after every reset, for games that stand still until FIRE (Breakout):
+    else a policy that has not learnt to fire sees a frozen screen at each life (Mnih et al.'s
+    preprocessing as in the baselines' wrappers). A no-op on games whose action 1 is not FIRE."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for action in (1, 2):
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
 def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
     """The per-env wrappers of an Atari preset (the env itself is made with frameskip=1)."""
     if preset not in ATARI_PRESETS:
@@ -192,6 +207,9 @@ def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
         env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
         if options["episodic_life"]:
             env = EpisodicLife(env)
+        meanings = env.unwrapped.get_action_meanings()
+        if len(meanings) >= 3 and meanings[1] == "FIRE":
+            env = FireReset(env)  # also after a lost life's no-op, as the game waits for FIRE again
         if options["clip_rewards"]:
             env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
         return gym.wrappers.FrameStackObservation(env, 4)
