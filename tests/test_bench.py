@@ -154,6 +154,27 @@ def test_learning_results_command_writes_curves_table_and_figures(tmp_path):
         assert (tmp_path / "learning_steps.png").stat().st_size > 0 and (tmp_path / "learning_time.png").stat().st_size > 0
 
 
+def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step():
+    """The gymnasium-MuJoCo rows: each seed's eval return at 100k/250k/500k/1M (the first evaluation at or
+    after), mean ± std, the published reference, and wall minutes per million steps."""
+    from tests.benchmarks import learning
+
+    name = "td3:gym:Hopper-v5"
+    spec = learning.EXPERIMENTS[name]
+    assert spec["reference"] == 3134.61 and spec["target"] == 2821.1 and spec["budget"] == 1_000_000
+    steps = [50_016 * k for k in range(1, 20)] + [1_000_000]
+    records = [{"name": name, "seed": seed, "curve": {"steps": steps, "seconds": [x / 1000 for x in steps],
+                                                      "returns": [seed * 1000 + i for i in range(len(steps))]}}
+               for seed in (2, 1)]
+    rows = learning.at_steps_table(records, ["ppo:CartPole-v1", name])
+    assert len(rows) == 3 and rows[0].count("eval at") == 4  # only the experiment with at_steps gets a row
+    cells = [c.strip() for c in rows[2].split("|")[1:-1]]
+    # 100k -> the eval at 100,032 (index 1); 250k -> 250,080 (4); 500k -> 500,160 (9); 1M -> the last (19)
+    assert cells[:2] == ["td3", "gym:Hopper-v5"]
+    assert cells[2:6] == [f"1,{500 + i}.0 ± 500.0 (1,{i:03d} / 2,{i:03d})" for i in (1, 4, 9, 19)]
+    assert cells[6] == "3,135" and cells[7].startswith("16.7 ")  # 1,000 s per 1M steps
+
+
 def committed_files() -> dict:
     from tests.benchmarks import learning
 

@@ -116,6 +116,22 @@ EXPERIMENTS = {
     "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "minatar"]),
     "ppo:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]),
 }
+# gymnasium MuJoCo on a CPU, the README's commands (td3/sac at their CPU defaults: 32 envs, 2 updates of 512 per
+# step). The target is 90% of CleanRL's published mean return at 1M steps (v4 tasks, 3 seeds, mean of the last 100
+# training episodes: docs/benchmark/td3.md, sac.md and ppo.md of vwxyzjn/cleanrl); the at-steps table gives each
+# seed's eval return at 100k/250k/500k/1M beside it.
+CLEANRL = {"td3": {"Hopper-v5": 3134.61, "HalfCheetah-v5": 9583.22, "Walker2d-v5": 4057.59},
+           "sac": {"Hopper-v5": 2310.46, "HalfCheetah-v5": 9634.89, "Walker2d-v5": 3591.45},
+           "ppo": {"HalfCheetah-v5": 1442.64}}
+OFF_POLICY_MUJOCO = ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563"]  # an eval every 50,016 steps
+PPO_MUJOCO = ["--num-envs", "8", "--num-steps", "256", "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
+              "--lr-schedule", "linear", "--ent-coef", "0", "--vf-coef", "0.5", "--max-grad-norm", "0.5", "--reward-norm",
+              "--num-eval-envs", "8", "--eval-interval", "25"]  # an eval every 51,200 steps
+AT_STEPS = (100_000, 250_000, 500_000, 1_000_000)
+for algo, tasks in CLEANRL.items():
+    for task, published in tasks.items():
+        EXPERIMENTS[f"{algo}:gym:{task}"] = dict(target=round(0.9 * published, 1), budget=1_000_000, reference=published,
+                                                 at_steps=AT_STEPS, flags=PPO_MUJOCO if algo == "ppo" else OFF_POLICY_MUJOCO)
 
 
 def split_name(name: str) -> tuple[str, str, str]:
@@ -206,6 +222,30 @@ def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list
             f"| {median_range([r['seconds_to_target'] for r in hit if r['seconds_to_target'] is not None], '.1f')} "
             f"| {mean_std(final)} | {mean_std(best)} |"
         )
+    return rows
+
+
+def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
+    """For the experiments with `at_steps`: the eval return at the first evaluation at or after each of those
+    env steps (mean ± std over seeds, then each seed's), the published reference, and the wall minutes per
+    million env steps (training seconds at the last evaluation / its env steps)."""
+    named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("at_steps")]
+    if not named:
+        return []
+    steps = sorted({s for n in named for s in EXPERIMENTS[n]["at_steps"]})
+    rows = ["| script | env | " + " | ".join(f"eval at {s:,}" for s in steps) + " | reference at 1M | wall min per 1M steps |",
+            "|---|---|" + "---|" * len(steps) + "---|---|"]
+    for name in named:
+        algo, env_id, _ = split_name(name)
+        runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"])
+        cells = []
+        for s in steps:
+            values = [next((ret for x, ret in zip(r["curve"]["steps"], r["curve"]["returns"]) if x >= s), None) for r in runs]
+            got = [v for v in values if v is not None]
+            cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, ',.0f') for v in values)})" if got else "-")
+        minutes = [r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]]
+        reference = EXPERIMENTS[name].get("reference")
+        rows.append(f"| {algo} | {env_id} | " + " | ".join(cells) + f" | {fmt(reference, ',.0f')} | {median_range(minutes, '.1f')} |")
     return rows
 
 
@@ -363,6 +403,8 @@ def write_report(report: dict, experiments: list[str], seeds: list[int], out: Pa
     records, machine = report["runs"], report["machine"]
     lines = [f"`{report['command']}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
              f"{report['jobs']} run(s) at a time with {threads} thread(s) each):", "", *table(records, experiments, seeds)]
+    if extra := at_steps_table(records, experiments):
+        lines += ["", "Eval return at env steps, mean ± std over seeds (each seed's, in seed order):", "", *extra]
     try:
         for path in figures(records, experiments, out):
             lines += ["", f"![{path.stem}]({path.name})"]
