@@ -7,8 +7,8 @@ terminates with reward +1 if the paddle is under it, -1 if not. The observation 
 goes through an image encoder; with `proprio=True` a vector group "critic" [N, 2] (the ball's
 column and the paddle's, scaled to [0, 1]) sits beside it, for an asymmetric critic. With `terms=True`
 the "policy" group is a group of terms instead: "image" uint8 [N, 1, H, W], the ball alone, and
-"proprio" [N, 1], the paddle's column (0 to H-1, unscaled: the normalizer scales it), so that a
-policy must read both terms to catch.
+"proprio" [N, 1], the paddle's column (0 to H-1, unscaled: the normalizer scales it), and the paddle
+starts in a random column, so that a policy must read both terms to catch every ball.
 
 `register()` (a pytest fixture calls it) adds it to the built-in envs under CATCH, in this process only.
 """
@@ -34,6 +34,7 @@ class Catch(TorchEnv):
     def __init__(self, num_envs, device="cpu", seed=0, dtype=torch.float32, max_episode_steps=None, size: int = 6,
                  proprio: bool = False, terms: bool = False):
         self.size, self.proprio, self.terms = size, proprio, terms
+        self.num_reset_uniforms = 2 if terms else 1  # the paddle's first column too
         self.single_observation_space = spaces.Box(0, 255, (2, size, size), dtype=np.uint8)
         if terms:
             self.single_observation_space = spaces.Dict({"image": spaces.Box(0, 255, (1, size, size), dtype=np.uint8),
@@ -44,7 +45,8 @@ class Catch(TorchEnv):
 
     def _initial_state(self, u):
         ball = (u[:, 0] * self.size).floor()
-        return torch.stack([ball, torch.zeros_like(ball), torch.full_like(ball, self.size // 2)], dim=1)
+        paddle = (u[:, 1] * self.size).floor() if self.terms else torch.full_like(ball, self.size // 2)
+        return torch.stack([ball, torch.zeros_like(ball), paddle], dim=1)
 
     def _dynamics(self, state, action):
         paddle = (state[:, 2] + (action - 1).to(state.dtype)).clamp(0, self.size - 1)
