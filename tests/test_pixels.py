@@ -1,7 +1,7 @@
-"""Image observation groups end to end (and groups of terms: an image term beside a vector term): the encoders (common/nets.py), normalization that leaves images
+"""Image observation groups end to end: the encoders (common/nets.py), normalization that leaves images
 alone (common/normalize.py), uint8 storage (common/buffer.py), and ppo.py / ppo_lstm.py / pqn.py on tests/pixel_env.py's
-Catch (uint8 frames [N, 2, 6, 6]). The capture contract on Catch's whole rollout is in tests/test_scripts.py
-(its PIXELS layout)."""
+Catch (uint8 frames [N, 2, 6, 6]); then groups of terms (an image term beside a vector term) in ppo.py and pqn.py.
+The capture contract on Catch's whole rollout is in tests/test_scripts.py (its PIXELS and TERMS layouts)."""
 
 from __future__ import annotations
 
