@@ -143,10 +143,11 @@ class TermsEncoder(nn.Module):
 
 def group_encoder(shape, kind: str, max_value: float = 255.0, layer_norm: bool = False) -> nn.Module | None:
     """What reads one group before the MLP (or cell): an ImageEncoder for an image group [C, H, W], a TermsEncoder
-    for a term group (a dict term -> shape), None for a vector group [D] (it goes in as it is). Has `out_dim`."""
+    for a term group (a dict term -> shape), None for a vector group [D] (it goes in as it is) or an absent one (None).
+    Has `out_dim`."""
     if isinstance(shape, dict):
         return TermsEncoder(shape, kind, max_value, layer_norm)
-    return ImageEncoder(kind, shape, max_value, layer_norm) if len(shape) == 3 else None
+    return ImageEncoder(kind, shape, max_value, layer_norm) if shape is not None and len(shape) == 3 else None
 
 
 def image_max(space) -> float:

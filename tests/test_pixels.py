@@ -1,6 +1,6 @@
 """Image observation groups end to end: the encoders (common/nets.py), normalization that leaves images
 alone (common/normalize.py), uint8 storage (common/buffer.py), and ppo.py / ppo_lstm.py / pqn.py on tests/pixel_env.py's
-Catch (uint8 frames [N, 2, 6, 6]); then groups of terms (an image term beside a vector term) in ppo.py and pqn.py.
+Catch (uint8 frames [N, 2, 6, 6]); then groups of terms (an image term beside a vector term) in the same scripts.
 The capture contract on Catch's whole rollout is in tests/test_scripts.py (its PIXELS and TERMS layouts)."""
 
 from __future__ import annotations
@@ -236,13 +236,13 @@ def test_nonfinite_counts_the_float_entries_of_a_tensor_or_of_every_term():
     assert nonfinite(x) == 2 and nonfinite(TensorDict({"policy": x}, batch_size=[5])) == 2 and nonfinite(x["proprio"]) == 2
 
 
-@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+@pytest.mark.parametrize("algo", ["ppo", "ppo_lstm", "pqn"])
 def test_a_run_on_a_group_of_terms_normalizes_its_vector_term_resumes_and_evaluates(algo, tmp_path, capsys):
     """The image term goes through the encoder and is stored uint8; the vector term beside it is normalized
     (its statistics moved); the checkpoint resumes, and --eval-only evaluates it."""
     module = load_script(algo)
     run_main(module, **TERMS, encoder="impala", total_timesteps=64, output_dir=str(tmp_path))
-    prefix = "obs.policy." if algo == "ppo" else "obs."
+    prefix = "obs." if algo == "pqn" else "obs.policy."
     assert re.search(rf"rollout storage: .* \({prefix}image uint8 \[1, 6, 6\], {prefix}proprio float32 \[1\]",
                      capsys.readouterr().out)
     checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
@@ -281,6 +281,14 @@ def test_an_exported_policy_on_a_group_of_terms_takes_one_input_per_term(algo, t
     assert [i.name for i in onnx.get_inputs()] == ["image", "proprio"]
     got = onnx.run(None, {"image": obs["image"].numpy(), "proprio": obs["proprio"].numpy()})[0]
     assert torch.equal(torch.as_tensor(got), expected)
+
+
+def test_a_recurrent_policy_on_a_group_of_terms_does_not_export_yet(tmp_path):
+    module = load_script("ppo_lstm")
+    run_main(module, **TERMS, encoder="minatar", total_timesteps=64, output_dir=str(tmp_path))
+    with pytest.raises(SystemExit, match=r"^error: --export of a recurrent policy on a group of terms is not supported yet"):
+        run_main(module, **TERMS, encoder="minatar", eval_only=True, export=str(tmp_path / "export"),
+                 resume=str(tmp_path / "run" / "checkpoints" / "last.pt"), output_dir=str(tmp_path))
 
 
 def test_learns_catch_from_a_group_of_terms(tmp_path):
