@@ -1,5 +1,6 @@
 """Network pieces the scripts share: an MLP (with PPO's orthogonal initialisation, or the layers' own),
-the ensemble layer of td3.py's and sac.py's critics, and the encoders of image observation groups."""
+the ensemble layer of td3.py's and sac.py's critics, and the encoders of image observation groups and of
+groups of terms."""
 
 from __future__ import annotations
 
@@ -154,8 +155,7 @@ def image_max(space) -> float:
     """The scale of the image groups: their space's high (255 for uint8 frames); for a term group (a gymnasium
     Dict space), the highest of its uint8 terms'."""
     if hasattr(space, "spaces"):
-        return max((image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8"),
-                   default=255.0)
+        return max((image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8"), default=255.0)
     return float(space.high.max())
 
 
