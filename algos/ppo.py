@@ -37,12 +37,12 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import group_mlp, observation_shape  # noqa: E402
+from common.nets import group_mlp, image_max, observation_shape  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
 from common.run import (  # noqa: E402
     begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
 )
-from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo"
 
@@ -114,7 +114,8 @@ class Agent(nn.Module):
     Discrete spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a
     state-independent log-std. The critic reads the "critic" observations when given. A group's
     shape is one env's: [D] (an int will do) for vectors, [C, H, W] for uint8 images, which go
-    through an --encoder of their own (scaled by 1/image_max there, never normalized).
+    through an --encoder of their own (scaled by 1/image_max there, never normalized), or a dict
+    term -> shape for a group of terms (common.nets.TermsEncoder).
     """
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max: float = 255.0):
@@ -270,9 +271,9 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     statistics and its counts of non-finite values, by name."""
     dones = data["terminated"] | data["truncated"]
     episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
-    nonfinite = {"observations": (~torch.isfinite(data["obs", "policy"])).sum(), "rewards": (~torch.isfinite(data["rewards"])).sum()}
+    nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    with torch.autocast(next_obs["policy"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
+    with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
         final_values = agent.value(agent.normalize(data["final_obs"]))
         next_value = agent.value(agent.normalize(next_obs))
@@ -292,7 +293,7 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
                         "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
-    return batch.reshape(-1), {"explained_variance": explained_variance}, nonfinite
+    return batch.reshape(-1), {"explained_variance": explained_variance}, nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
@@ -343,11 +344,11 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape = observation_shape(next_obs, "policy")
     critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    image_max = float(envs.single_observation_space.high.max())  # the image groups' scale: their space's high (255 for uint8 frames)
-    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
+    image_scale = image_max(envs.single_observation_space)  # the image groups' scale: their space's high (255 for uint8 frames)
+    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
-    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
+    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     from_module(agent).data.to_module(agent_inference)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
@@ -398,9 +399,9 @@ def train(run, args: Args) -> dict:
 
     def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
-        batch, rollout_stats, nonfinite = targets_fn(obs)
+        batch, rollout_stats, nonfinite_counts = targets_fn(obs)
         add_to(stats["losses"], rollout_stats)
-        add_to(stats["nonfinite"], nonfinite)
+        add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, lr, stats, args)
 
     # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---

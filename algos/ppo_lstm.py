@@ -40,10 +40,10 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import ImageEncoder, mlp, observation_shape  # noqa: E402
+from common.nets import group_encoder, image_max, mlp, observation_shape  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
-from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo_lstm"
 
@@ -114,17 +114,17 @@ class Agent(nn.Module):
     step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
     observation normalizers: one state_dict holds all. Discrete spaces get a Categorical over logits; Box spaces a
     diagonal Gaussian with a state-independent log-std. A group's shape is one env's: [D] (an int will do) for vectors,
-    [C, H, W] for uint8 images, which an --encoder of their own (1/image_max scale inside, never normalized) reads first."""
+    [C, H, W] for uint8 images, which an --encoder of their own (1/image_max scale inside, never normalized) reads first,
+    or a dict term -> shape for a group of terms (common.nets.TermsEncoder)."""
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max: float = 255.0):
         super().__init__()
         obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
-        self.encoder, self.critic_encoder = (ImageEncoder(args.encoder, s, image_max) if s is not None and len(s) == 3
-                                             else nn.Identity() for s in (obs_shape, critic_obs_shape))
-        obs_dim = getattr(self.encoder, "out_dim", obs_shape[0])  # what the cell reads: features or the vector
-        critic_obs_dim = getattr(self.critic_encoder, "out_dim", critic_obs_shape[0]) if critic_obs_shape else None
+        self.encoder, self.critic_encoder = (group_encoder(s, args.encoder, image_max) or nn.Identity() for s in (obs_shape, critic_obs_shape))
+        obs_dim = self.encoder.out_dim if hasattr(self.encoder, "out_dim") else obs_shape[0]  # what the cell reads: features or the vector
+        critic_obs_dim = None if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
         self.lstm = args.cell == "lstm"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.rnn = (nn.LSTM if self.lstm else nn.GRU)(obs_dim, args.rnn_hidden_size, num_layers=args.rnn_layers)
@@ -314,10 +314,10 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by name."""
     dones = data["terminated"] | data["truncated"]
     episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
-    nonfinite = {"observations": (~torch.isfinite(data["obs", "policy"])).sum(), "rewards": (~torch.isfinite(data["rewards"])).sum()}
+    nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
-    with torch.autocast(next_obs["policy"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
+    with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         next_value = agent.value_from(next_obs, rnn_state)  # the state the next rollout starts from
     if args.reward_norm:
         reward_normalizer.update(rewards, dones)
@@ -334,7 +334,7 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
     batch = TensorDict({"obs_n": obs_n, "starts": starts, "actions": data["actions"], "logprobs": data["logprobs"],
                         "values": values, "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
-    return batch, {"explained_variance": explained_variance}, nonfinite
+    return batch, {"explained_variance": explained_variance}, nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr: torch.Tensor, stats: dict, args: Args):
@@ -376,11 +376,11 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape = observation_shape(next_obs, "policy")
     critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    image_max = float(envs.single_observation_space.high.max())  # the image groups' scale: their space's high (255 for uint8 frames)
-    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
+    image_scale = image_max(envs.single_observation_space)  # the image groups' scale: their space's high (255 for uint8 frames)
+    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
-    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_max).to(device)
+    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     from_module(agent).data.to_module(agent_inference)
     eval_policy = EvalPolicy(agent_inference, args.num_eval_envs)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place

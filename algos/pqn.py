@@ -40,12 +40,12 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import ACTIVATIONS, ImageEncoder, layer_init, observation_shape  # noqa: E402
+from common.nets import ACTIVATIONS, group_encoder, image_max, layer_init, observation_shape  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
 from common.run import (  # noqa: E402
     begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
 )
-from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "pqn"
 
@@ -111,16 +111,14 @@ class QNetwork(nn.Module):
     LayerNorm is what lets PQN drop the target network: it keeps the features bounded, and with
     them the bootstrapped regression from diverging (Gallici et al., 2024). Observations of one env
     are [D] vectors (an int will do) or uint8 [C, H, W] images, which go through an --encoder first
-    (scaled by 1/image_max there, never normalized).
+    (scaled by 1/image_max there, never normalized), or a dict term -> shape (common.nets.TermsEncoder).
     """
 
     def __init__(self, obs_shape, num_actions: int, args: Args, image_max: float = 255.0):
         super().__init__()
-        obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
-        layers, last = [], obs_shape[0]
-        if len(obs_shape) == 3:
-            layers.append(ImageEncoder(args.encoder, obs_shape, image_max, layer_norm=True))
-            last = layers[0].out_dim
+        obs_shape = (obs_shape,) if isinstance(obs_shape, int) else obs_shape
+        encoder = group_encoder(obs_shape, args.encoder, image_max, layer_norm=True)  # frames' (or terms') encoder, if any
+        layers, last = ([], obs_shape[0]) if encoder is None else ([encoder], encoder.out_dim)
         for h in args.hidden_sizes:
             layers += [layer_init(nn.Linear(last, h)), nn.LayerNorm(h), ACTIVATIONS[args.activation]()]
             last = h
@@ -205,13 +203,13 @@ def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: to
     rewards = data["rewards"] * args.reward_scale
     q_targets = q_lambda_targets(rewards, next_q_max, final_q_max, data["terminated"], data["truncated"], args.gamma,
                                  args.q_lambda)
-    nonfinite = {name: (~torch.isfinite(x)).sum() for name, x in
-                 (("observations", data["obs"]), ("rewards", data["rewards"]), ("targets", q_targets))}
+    nonfinite_counts = {name: nonfinite(x) for name, x in
+                        (("observations", data["obs"]), ("rewards", data["rewards"]), ("targets", q_targets))}
     if args.obs_norm:  # statistics for the next rollout come from this rollout's data only
         qnet.obs_rms.update(data["obs"])
     batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "targets": q_targets},
                        batch_size=rewards.shape, device=rewards.device)
-    return batch.reshape(-1), nonfinite
+    return batch.reshape(-1), nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, stats: dict, args: Args) -> None:
@@ -251,11 +249,11 @@ def train(run, args: Args) -> dict:
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape, num_actions = observation_shape(next_obs, "policy"), int(envs.single_action_space.n)
-    image_max = float(envs.single_observation_space.high.max())  # the image groups' scale: their space's high (255 for uint8 frames)
-    qnet = QNetwork(obs_shape, num_actions, args, image_max).to(device)
+    image_scale = image_max(envs.single_observation_space)  # the image groups' scale: their space's high (255 for uint8 frames)
+    qnet = QNetwork(obs_shape, num_actions, args, image_scale).to(device)
     distributed.broadcast_module(qnet)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the network's storage: no copies, no autograd in the rollout.
-    qnet_inference = QNetwork(obs_shape, num_actions, args, image_max).to(device)
+    qnet_inference = QNetwork(obs_shape, num_actions, args, image_scale).to(device)
     from_module(qnet).data.to_module(qnet_inference)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
@@ -307,8 +305,8 @@ def train(run, args: Args) -> dict:
 
     def update_fn(obs: TensorDict) -> None:
         """The Q(lambda) targets of the rollout, then the epochs of the update; their statistics into `stats`."""
-        batch, nonfinite = targets_fn(obs)
-        add_to(stats["nonfinite"], nonfinite)
+        batch, nonfinite_counts = targets_fn(obs)
+        add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, stats, args)
 
     # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---

@@ -8,6 +8,8 @@ writes `policy.pt2` (`torch.export`: load it with `torch.export.load(path).modul
 normalization is folded in, and the action is the script's deterministic one (PPO: the Gaussian
 mean clipped to the bounds, or the most likely action; TD3/SAC: the squashed action scaled to
 the bounds; PQN: the greedy action). Each script's model provides it as `deterministic(obs)`.
+A policy on a group of terms (a gymnasium Dict observation space) takes one input per term, named
+after it, in sorted order (policy.json lists them).
 
 A recurrent policy (ppo_lstm) provides `recurrent_step(obs, state) -> (action, next_state)` and
 `state_shape` (rows, hidden): its exported models take `obs` [B, obs_dim] and `state` [rows, B,
@@ -33,14 +35,15 @@ import torch.nn as nn
 
 
 class DeterministicPolicy(nn.Module):
-    """`model.deterministic(obs)` as a module's forward: what gets exported."""
+    """`model.deterministic(obs)` as a module's forward: what gets exported. For a term group (`terms`, its
+    term names in sorted order) one input per term, handed to the model as a dict."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, terms: list[str] | None = None):
         super().__init__()
-        self.model = model
+        self.model, self.terms = model, terms
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.model.deterministic(obs)
+    def forward(self, *obs: torch.Tensor) -> torch.Tensor:
+        return self.model.deterministic(dict(zip(self.terms, obs)) if self.terms else obs[0])
 
 
 class RecurrentPolicy(nn.Module):
@@ -69,6 +72,13 @@ def space_json(space: gym.Space) -> dict:
             "low": _finite_or_none(space.low.reshape(-1)), "high": _finite_or_none(space.high.reshape(-1))}
 
 
+def _example(space: gym.Space) -> torch.Tensor:
+    """A batch of 4 observations of `space` to trace with (an image's frames stay uint8 [C, H, W])."""
+    obs = torch.as_tensor(space.sample())
+    obs = obs if obs.dtype == torch.uint8 else obs.float()
+    return obs.reshape(1, *space.shape).repeat(4, *[1] * len(space.shape))
+
+
 @torch.no_grad()
 def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.Space, action_space: gym.Space,
                   info: dict) -> Path:
@@ -78,18 +88,23 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     recurrent = hasattr(model, "recurrent_step")
-    policy = (RecurrentPolicy if recurrent else DeterministicPolicy)(copy.deepcopy(model).cpu().float()).eval()
-    obs = torch.as_tensor(observation_space.sample())  # an image policy's frames stay uint8 [C, H, W]
-    obs = obs if obs.dtype == torch.uint8 else obs.float()
-    example = (obs.reshape(1, *observation_space.shape).repeat(4, *[1] * len(observation_space.shape)),)
-    names = {"input_names": ["obs"], "output_names": ["action"], "dynamic_axes": {"obs": {0: "batch"}, "action": {0: "batch"}}}
+    terms = sorted(observation_space.spaces) if isinstance(observation_space, gym.spaces.Dict) else None
+    if terms and recurrent:
+        raise SystemExit("error: --export of a recurrent policy on a group of terms is not supported yet")
+    model = copy.deepcopy(model).cpu().float()
+    policy = (RecurrentPolicy(model) if recurrent else DeterministicPolicy(model, terms)).eval()
+    spaces = [observation_space[k] for k in terms] if terms else [observation_space]
+    example = tuple(_example(space) for space in spaces)
+    inputs = terms or ["obs"]  # a term group: one input per term, named after it
+    names = {"input_names": inputs, "output_names": ["action"],
+             "dynamic_axes": {**{name: {0: "batch"} for name in inputs}, "action": {0: "batch"}}}
     if recurrent:
         rows, hidden = model.state_shape
         example += (torch.zeros(rows, 4, hidden),)
         names = {"input_names": ["obs", "state"], "output_names": ["action", "next_state"],
                  "dynamic_axes": {**names["dynamic_axes"], "state": {1: "batch"}, "next_state": {1: "batch"}}}
     batch = torch.export.Dim("batch")
-    dynamic = ({0: batch}, {1: batch})[:len(example)]  # obs [B, obs_dim]; state [rows, B, hidden]
+    dynamic = ({0: batch}, {1: batch}) if recurrent else (({0: batch},) * len(example),)  # obs [B, ...]; state [rows, B, hidden]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # exporters' notices (an RNN's weights re-flattened, the ONNX exporter's)
         program = torch.export.export(policy, example, dynamic_shapes=dynamic)
@@ -100,7 +115,9 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
         **info,
         "files": {"torch_export": "policy.pt2", "onnx": "policy.onnx"},
         "input": {"name": "obs", "key": "policy", "batch_dim": 0, "observation_space": space_json(observation_space),
-                  "normalization": "included: pass raw observations"},
+                  "normalization": "included: pass raw observations"} if not terms else
+                 {"names": terms, "key": "policy", "batch_dim": 0, "normalization": "included: pass raw observations",
+                  "observation_spaces": {k: space_json(observation_space[k]) for k in terms}},
         "output": {"name": "action", "action_space": space_json(action_space),
                    "note": "deterministic action in the env's units, within its bounds"},
     }

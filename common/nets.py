@@ -1,5 +1,6 @@
 """Network pieces the scripts share: an MLP (with PPO's orthogonal initialisation, or the layers' own),
-the ensemble layer of td3.py's and sac.py's critics, and the encoders of image observation groups."""
+the ensemble layer of td3.py's and sac.py's critics, and the encoders of image observation groups and of
+groups of terms."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 import torch
 import torch.nn as nn
+from tensordict import TensorDictBase
 
 
 ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU, "silu": nn.SiLU}
@@ -124,25 +126,68 @@ class ImageEncoder(nn.Module):
         return self.head(x.flatten(1)).reshape(*lead, -1)
 
 
-def observation_shape(obs, group: str) -> tuple[int, ...]:
-    """The shape of one env's observations of `group` ([N, D] vectors, or uint8 [N, C, H, W] images), with a
-    clear error for anything else."""
-    x = obs[group]
+class TermsEncoder(nn.Module):
+    """A term group's features (a dict of terms, as Isaac Lab's and mjlab's groups whose terms are not
+    concatenated): each image term [C, H, W] through an ImageEncoder of its own, each vector term [D] as it
+    is, concatenated in sorted key order. Takes a TensorDict (or a dict) of terms with any leading dims."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], kind: str, max_value: float = 255.0, layer_norm: bool = False):
+        super().__init__()
+        self.names = sorted(shapes)
+        self.encoders = nn.ModuleDict({k: ImageEncoder(kind, shapes[k], max_value, layer_norm)
+                                       for k in self.names if len(shapes[k]) == 3})
+        self.out_dim = sum(self.encoders[k].out_dim if k in self.encoders else shapes[k][0] for k in self.names)
+
+    def forward(self, terms) -> torch.Tensor:
+        return torch.cat([self.encoders[k](terms[k]) if k in self.encoders else terms[k] for k in self.names], dim=-1)
+
+
+def group_encoder(shape, kind: str, max_value: float = 255.0, layer_norm: bool = False) -> nn.Module | None:
+    """What reads one group before the MLP (or cell): an ImageEncoder for an image group [C, H, W], a TermsEncoder
+    for a term group (a dict term -> shape), None for a vector group [D] (it goes in as it is) or an absent one (None).
+    Has `out_dim`."""
+    if isinstance(shape, dict):
+        return TermsEncoder(shape, kind, max_value, layer_norm)
+    return ImageEncoder(kind, shape, max_value, layer_norm) if shape is not None and len(shape) == 3 else None
+
+
+def image_max(space) -> float:
+    """The scale of the image groups: their space's high (255 for uint8 frames); for a term group (a gymnasium
+    Dict space), the highest of its uint8 terms'."""
+    if hasattr(space, "spaces"):
+        return max((image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8"), default=255.0)
+    return float(space.high.max())
+
+
+def _term_shape(x, name: str) -> tuple[int, ...]:
     if x.ndim == 4 and x.dtype != torch.uint8:
-        raise SystemExit(f"error: observation group {group!r} is an image [N, C, H, W] of {x.dtype}; image groups "
+        raise SystemExit(f"error: observation {name} is an image [N, C, H, W] of {x.dtype}; image groups "
                          "must be uint8 (channel-first), as the env contract says")
     if x.ndim not in (2, 4):
-        raise SystemExit(f"error: observation group {group!r} has shape {list(x.shape)}: expected vectors [N, D] or "
+        raise SystemExit(f"error: observation {name} has shape {list(x.shape)}: expected vectors [N, D] or "
                          "uint8 images [N, C, H, W]")
     return tuple(x.shape[1:])
 
 
-def group_mlp(shape: tuple[int, ...], out_dim: int, hidden: tuple[int, ...], activation: str, encoder: str,
+def observation_shape(obs, group: str):
+    """The shape of one env's observations of `group` ([N, D] vectors, or uint8 [N, C, H, W] images), with a
+    clear error for anything else; for a term group (a TensorDict of such terms), a dict term -> shape."""
+    x = obs[group]
+    if isinstance(x, TensorDictBase):
+        nested = [term for term in x.keys() if isinstance(x[term], TensorDictBase)]
+        if nested:
+            raise SystemExit(f"error: observation group {group!r} has terms that are groups of terms ({nested[0]!r}): "
+                             "a term is vectors [N, D] or uint8 images [N, C, H, W]")
+        return {term: _term_shape(x[term], f"term {group}.{term}") for term in sorted(x.keys())}
+    return _term_shape(x, f"group {group!r}")
+
+
+def group_mlp(shape, out_dim: int, hidden: tuple[int, ...], activation: str, encoder: str,
               max_value: float = 255.0, out_gain: float | None = None) -> nn.Module:
     """`mlp` on one observation group: a vector group [D] feeds it as it is; an image group [C, H, W] goes
-    through an ImageEncoder of `encoder` first (one network per group: an actor's and a critic's
-    encoders are not shared)."""
-    if len(shape) == 1:
+    through an ImageEncoder of `encoder` first, a term group (a dict) through a TermsEncoder (one network
+    per group: an actor's and a critic's encoders are not shared)."""
+    encoder = group_encoder(shape, encoder, max_value)
+    if encoder is None:
         return mlp(shape[0], out_dim, hidden, activation, out_gain=out_gain)
-    encoder = ImageEncoder(encoder, shape, max_value)
     return nn.Sequential(encoder, mlp(encoder.out_dim, out_dim, hidden, activation, out_gain=out_gain))

@@ -171,7 +171,27 @@ class Unnormalized(nn.Module):
         pass
 
 
-def observation_normalizer(shape: tuple[int, ...] | None, enabled: bool, clip: float | None) -> nn.Module:
+class TermsNormalizer(nn.Module):
+    """The normalizer of a term group (a TensorDict of terms): each vector term [D] with a RunningMeanStd of its
+    own, each image term passed through (uint8). `update(terms)` folds the rollout's terms in (a collective per
+    vector term under torchrun); the statistics are in state_dict() under terms.<name>."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], clip: float | None):
+        super().__init__()
+        self.terms = nn.ModuleDict({k: observation_normalizer(shapes[k], True, clip) for k in sorted(shapes)})
+
+    def forward(self, terms) -> dict[str, torch.Tensor]:
+        return {k: norm(terms[k]) for k, norm in self.terms.items()}
+
+    def update(self, terms) -> None:
+        for k, norm in self.terms.items():
+            norm.update(terms[k])
+
+
+def observation_normalizer(shape, enabled: bool, clip: float | None) -> nn.Module:
     """The normalizer of one observation group of one env's `shape`: a RunningMeanStd for a vector group
-    [D] when `enabled`; for an image group [C, H, W], an absent group (None) or when not enabled, Unnormalized."""
+    [D] when `enabled`, a TermsNormalizer for a term group (a dict term -> shape) when `enabled`; for an
+    image group [C, H, W], an absent group (None) or when not enabled, Unnormalized."""
+    if enabled and isinstance(shape, dict):
+        return TermsNormalizer(shape, clip)
     return RunningMeanStd(shape, clip=clip) if enabled and shape is not None and len(shape) == 1 else Unnormalized()

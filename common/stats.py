@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from tensordict import TensorDictBase
 
 from common import distributed
 from common.args import RUN_FLAGS, from_command_line
@@ -60,6 +61,14 @@ def add_to(sums: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> di
         else:
             sums[name] = value.detach().to(torch.float64, copy=True)
     return sums
+
+
+def nonfinite(x) -> torch.Tensor:
+    """How many entries of `x` are NaN or infinite (a 0-d tensor, on the device): a tensor, or every leaf of
+    a TensorDict (a term group's terms; uint8 frames count none)."""
+    if isinstance(x, TensorDictBase):
+        return sum(nonfinite(v) for v in x.values(include_nested=True, leaves_only=True))
+    return (~torch.isfinite(x)).sum()
 
 
 def zero_(stats) -> None:

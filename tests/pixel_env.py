@@ -5,7 +5,10 @@ on the bottom row left, not at all or right. When the ball reaches the bottom ro
 terminates with reward +1 if the paddle is under it, -1 if not. The observation is the
 "policy" group uint8 [N, 2, H, W] (channel 0 the ball, channel 1 the paddle, 0 or 255), so it
 goes through an image encoder; with `proprio=True` a vector group "critic" [N, 2] (the ball's
-column and the paddle's, scaled to [0, 1]) sits beside it, for an asymmetric critic.
+column and the paddle's, scaled to [0, 1]) sits beside it, for an asymmetric critic. With `terms=True`
+the "policy" group is a group of terms instead: "image" uint8 [N, 1, H, W], the ball alone, and
+"proprio" [N, 1], the paddle's column (0 to H-1, unscaled: the normalizer scales it), and the paddle
+starts in a random column, so that a policy must read both terms to catch every ball.
 
 `register()` (a pytest fixture calls it) adds it to the built-in envs under CATCH, in this process only.
 """
@@ -29,16 +32,21 @@ class Catch(TorchEnv):
     default_max_episode_steps = 100
 
     def __init__(self, num_envs, device="cpu", seed=0, dtype=torch.float32, max_episode_steps=None, size: int = 6,
-                 proprio: bool = False):
-        self.size, self.proprio = size, proprio
+                 proprio: bool = False, terms: bool = False):
+        self.size, self.proprio, self.terms = size, proprio, terms
+        self.num_reset_uniforms = 2 if terms else 1  # the paddle's first column too
         self.single_observation_space = spaces.Box(0, 255, (2, size, size), dtype=np.uint8)
+        if terms:
+            self.single_observation_space = spaces.Dict({"image": spaces.Box(0, 255, (1, size, size), dtype=np.uint8),
+                                                         "proprio": spaces.Box(0, size - 1, (1,), dtype=np.float32)})
         self.single_action_space = spaces.Discrete(3)
         super().__init__(num_envs, device, seed, dtype, max_episode_steps)
         self.cells = torch.arange(size, device=self.device)
 
     def _initial_state(self, u):
         ball = (u[:, 0] * self.size).floor()
-        return torch.stack([ball, torch.zeros_like(ball), torch.full_like(ball, self.size // 2)], dim=1)
+        paddle = (u[:, 1] * self.size).floor() if self.terms else torch.full_like(ball, self.size // 2)
+        return torch.stack([ball, torch.zeros_like(ball), paddle], dim=1)
 
     def _dynamics(self, state, action):
         paddle = (state[:, 2] + (action - 1).to(state.dtype)).clamp(0, self.size - 1)
@@ -56,10 +64,12 @@ class Catch(TorchEnv):
 
     def _wrap_obs(self, obs):
         groups = {"policy": obs}
-        if self.proprio:  # positions read back from the frame, so that final_obs gets them too
-            cols = self.cells.to(torch.float32)
-            columns = obs.amax(2).to(torch.float32) / 255  # [N, 2, W]: which column holds the ball, the paddle
-            groups["critic"] = columns @ cols / self.size
+        # positions read back from the frame, so that final_obs gets them too
+        columns = obs.amax(2).to(torch.float32) @ self.cells.to(torch.float32) / 255  # [N, 2]: the ball's, the paddle's
+        if self.terms:
+            groups["policy"] = {"image": obs[:, :1], "proprio": columns[:, 1:]}
+        if self.proprio:
+            groups["critic"] = columns / self.size
         return TensorDict(groups, batch_size=self._batch_size, device=self.device)
 
 

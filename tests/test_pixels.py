@@ -1,7 +1,7 @@
 """Image observation groups end to end: the encoders (common/nets.py), normalization that leaves images
 alone (common/normalize.py), uint8 storage (common/buffer.py), and ppo.py / ppo_lstm.py / pqn.py on tests/pixel_env.py's
-Catch (uint8 frames [N, 2, 6, 6]). The capture contract on Catch's whole rollout is in tests/test_scripts.py
-(its PIXELS layout)."""
+Catch (uint8 frames [N, 2, 6, 6]); then groups of terms (an image term beside a vector term) in the same scripts.
+The capture contract on Catch's whole rollout is in tests/test_scripts.py (its PIXELS and TERMS layouts)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import torch
 from tensordict import TensorDict
 
 from common.buffer import ReplayBuffer, RolloutStorage, bytes_per_transition
-from common.nets import ImageEncoder, group_mlp, observation_shape
-from common.normalize import RunningMeanStd, Unnormalized, observation_normalizer
+from common.nets import ImageEncoder, TermsEncoder, group_mlp, observation_shape
+from common.normalize import RunningMeanStd, TermsNormalizer, Unnormalized, observation_normalizer
+from common.stats import nonfinite
 from tests.helpers import load_script, run_main
 from tests.pixel_env import CATCH, Catch
 
@@ -175,3 +176,126 @@ def test_an_exported_recurrent_pixel_policy_takes_uint8_frames_and_its_state(tmp
         torch.testing.assert_close(onnx_state, next_state)
         assert frames.dtype == torch.uint8 and not torch.equal(next_state, state)
         frames, state = env.step(action)[0]["policy"], next_state
+
+
+# ----------------------------------------------------------------------------------------------
+# Groups of terms: obs["policy"] a TensorDict of an image term and a vector term (tests/pixel_env.py's
+# Catch with terms=True: "image" uint8 [N, 1, 6, 6], the ball; "proprio" [N, 1], the paddle's column)
+# ----------------------------------------------------------------------------------------------
+TERMS = dict(env_id=CATCH, env_kwargs='{"terms": true}', num_envs=8, num_steps=4, num_minibatches=2, device="cpu",
+             eval_interval=0, progress=False, hidden_sizes=(16,), run_name="run")
+
+
+def terms_obs(n: int = 5, lead=()) -> TensorDict:
+    g = torch.Generator().manual_seed(0)
+    return TensorDict({"proprio": torch.randn(*lead, n, 3, generator=g),
+                       "image": torch.randint(0, 256, (*lead, n, 1, 6, 6), dtype=torch.uint8, generator=g)},
+                      batch_size=[*lead, n])
+
+
+def test_a_group_of_terms_has_a_shape_per_term_and_is_encoded_in_key_order():
+    """observation_shape gives a dict term -> shape (each term checked as a group is); group_mlp reads the
+    image terms through an encoder of their own and the vector terms as they are, concatenated in sorted key
+    order, with any leading dims."""
+    obs = TensorDict({"policy": terms_obs(), "bad": {"image": torch.zeros(5, 1, 6, 6)}, "deep": {"a": {"b": torch.zeros(5, 2)}}},
+                     batch_size=[5])
+    assert observation_shape(obs, "policy") == {"image": (1, 6, 6), "proprio": (3,)}
+    with pytest.raises(SystemExit, match=r"^error: observation term bad.image is an image .* must be uint8"):
+        observation_shape(obs, "bad")
+    with pytest.raises(SystemExit, match=r"^error: observation group 'deep' has terms that are groups of terms"):
+        observation_shape(obs, "deep")
+    encoder = TermsEncoder({"proprio": (3,), "image": (1, 6, 6)}, "mlp")
+    x = terms_obs(lead=(2,))
+    assert encoder.out_dim == 36 + 3 and list(encoder.encoders) == ["image"]
+    torch.testing.assert_close(encoder(x), torch.cat([x["image"].flatten(-3).float() / 255, x["proprio"]], -1))
+    net = group_mlp({"proprio": (3,), "image": (1, 6, 6)}, 2, (16,), "tanh", "minatar")
+    assert isinstance(net[0], TermsEncoder) and isinstance(net[0].encoders["image"], ImageEncoder)
+    assert net(x).shape == (2, 5, 2)
+    torch.testing.assert_close(net(x[1]), net(x)[1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_group_of_terms_normalizes_its_vector_terms_only():
+    """Each vector term gets a RunningMeanStd of its own (in state_dict under terms.<name>); image terms pass
+    through as they are (uint8, the same tensor); without --obs-norm the group passes through whole."""
+    norm = observation_normalizer({"image": (1, 6, 6), "proprio": (3,)}, True, 10.0)
+    x = terms_obs(64, lead=(2,))
+    x["proprio"] = x["proprio"] * 3 + 1
+    norm.update(x)
+    assert isinstance(norm, TermsNormalizer) and set(norm.state_dict()) == {"terms.proprio.count", "terms.proprio.mean",
+                                                                           "terms.proprio.m2"}
+    out = norm(x)
+    assert out["image"] is x["image"] and norm.terms["proprio"].count == 128
+    torch.testing.assert_close(out["proprio"].mean((0, 1)), torch.zeros(3), atol=1e-5, rtol=0)
+    assert isinstance(observation_normalizer({"image": (1, 6, 6), "proprio": (3,)}, False, 10.0), Unnormalized)
+
+
+def test_nonfinite_counts_the_float_entries_of_a_tensor_or_of_every_term():
+    x = terms_obs()
+    assert nonfinite(x) == 0 and nonfinite(x["image"]) == 0
+    x["proprio"][0, 0], x["proprio"][1, 2] = torch.nan, torch.inf
+    assert nonfinite(x) == 2 and nonfinite(TensorDict({"policy": x}, batch_size=[5])) == 2 and nonfinite(x["proprio"]) == 2
+
+
+@pytest.mark.parametrize("algo", ["ppo", "ppo_lstm", "pqn"])
+def test_a_run_on_a_group_of_terms_normalizes_its_vector_term_resumes_and_evaluates(algo, tmp_path, capsys):
+    """The image term goes through the encoder and is stored uint8; the vector term beside it is normalized
+    (its statistics moved); the checkpoint resumes, and --eval-only evaluates it."""
+    module = load_script(algo)
+    run_main(module, **TERMS, encoder="impala", total_timesteps=64, output_dir=str(tmp_path))
+    prefix = "obs." if algo == "pqn" else "obs.policy."
+    assert re.search(rf"rollout storage: .* \({prefix}image uint8 \[1, 6, 6\], {prefix}proprio float32 \[1\]",
+                     capsys.readouterr().out)
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    model = torch.load(checkpoint, weights_only=True)["model"]
+    assert model["obs_rms.terms.proprio.count"] == 64 and model["obs_rms.terms.proprio.mean"].item() > 0
+    assert any(".encoders.image.convs." in k for k in model)
+    resumed = run_main(module, **TERMS, encoder="impala", total_timesteps=128, output_dir=str(tmp_path), resume=str(checkpoint))
+    assert resumed["global_step"] == 128
+    assert torch.load(checkpoint, weights_only=True)["model"]["obs_rms.terms.proprio.count"] == 128
+    result = run_main(module, **TERMS, encoder="impala", eval_only=True, resume=str(checkpoint), output_dir=str(tmp_path))
+    assert -1.0 <= result["eval_return"] <= 1.0
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_an_exported_policy_on_a_group_of_terms_takes_one_input_per_term(algo, tmp_path):
+    """--export of a policy on terms: policy.pt2 and policy.onnx take "image" (uint8) and "proprio" (raw, the
+    normalizer folded in) and act as the script's deterministic policy does."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    module = load_script(algo)
+    run_main(module, **TERMS, encoder="minatar", total_timesteps=64, output_dir=str(tmp_path))
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    run_main(module, **TERMS, encoder="minatar", eval_only=True, export=str(tmp_path / "export"), resume=str(checkpoint),
+             output_dir=str(tmp_path))
+    env = Catch(64, seed=5, terms=True)
+    args, space = module.Args(**TERMS, encoder="minatar"), env.single_action_space
+    shape = {"image": (1, 6, 6), "proprio": (1,)}
+    model = module.Agent(shape, None, space, args) if algo == "ppo" else module.QNetwork(shape, 3, args)
+    model.load_state_dict(torch.load(checkpoint, weights_only=True)["model"])
+    obs = torch.cat([env.reset()[0]["policy"], env.step(torch.randint(3, (64,)))[0]["policy"]])
+    with torch.no_grad():
+        expected = model.deterministic(obs)
+    program = torch.export.load(str(tmp_path / "export" / "policy.pt2")).module()
+    onnx = onnxruntime.InferenceSession(str(tmp_path / "export" / "policy.onnx"))
+    assert torch.equal(program(obs["image"], obs["proprio"]), expected)
+    assert torch.equal(program(obs["image"][:1], obs["proprio"][:1]), expected[:1])
+    assert [i.name for i in onnx.get_inputs()] == ["image", "proprio"]
+    got = onnx.run(None, {"image": obs["image"].numpy(), "proprio": obs["proprio"].numpy()})[0]
+    assert torch.equal(torch.as_tensor(got), expected)
+
+
+def test_a_recurrent_policy_on_a_group_of_terms_does_not_export_yet(tmp_path):
+    module = load_script("ppo_lstm")
+    run_main(module, **TERMS, encoder="minatar", total_timesteps=64, output_dir=str(tmp_path))
+    with pytest.raises(SystemExit, match=r"^error: --export of a recurrent policy on a group of terms is not supported yet"):
+        run_main(module, **TERMS, encoder="minatar", eval_only=True, export=str(tmp_path / "export"),
+                 resume=str(tmp_path / "run" / "checkpoints" / "last.pt"), output_dir=str(tmp_path))
+
+
+def test_learns_catch_from_a_group_of_terms(tmp_path):
+    """With terms=True the frame shows the ball alone and the paddle starts in a random column that only the
+    "proprio" term gives: the best a policy on the frame alone can do is 0.67 (for a ball in column c, one fixed
+    sequence of moves catches it from at most max(6 - c, c + 1) of the 6 starting columns), on the paddle alone
+    -0.67; PQN on both terms (the frame flattened beside the normalized column) catches every ball."""
+    flags = {**TERMS, "num_envs": 32, "num_steps": 8, "num_minibatches": 4, "eval_interval": 240, "hidden_sizes": (64,)}
+    result = run_main(load_script("pqn"), **flags, encoder="mlp", total_timesteps=61440, seed=1, output_dir=str(tmp_path))
+    assert result["best_eval_return"] >= 0.9, result["best_eval_return"]

@@ -50,6 +50,8 @@ from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_
 GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
 # tests/pixel_env.py's Catch: uint8 frames through an image encoder (and, for ppo and ppo_lstm, a vector "critic" group beside them)
 PIXELS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true}', encoder="minatar")
+# Catch with a "policy" group of terms (an image term and a vector term) beside the "critic" vector group
+TERMS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true, "terms": true}', encoder="minatar")
 PPO_TAGS = {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
             "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"}
 
@@ -61,13 +63,13 @@ def box_bounds(space):
 TINY = {
     "ppo": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True),
-        captures=[{}, dict(target_kl=1.0), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS],
+        captures=[{}, dict(target_kl=1.0), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
         tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None,
         policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args)),
     "pqn": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="CartPole-v1", num_envs=16, num_steps=8, num_minibatches=2, obs_norm=True, epsilon_spread=0.5,
         exploration_fraction=0.5, loss="huber"),
-        captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16), PIXELS],
+        captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16), PIXELS, TERMS],
         tags={"losses/td_loss", "losses/q_values", "charts/epsilon", "charts/learning_rate", "charts/rollout_seconds",
               "charts/update_seconds"},
         per_read="num_steps", log_interval_only_logs=True, wrong_actions=("Pendulum-v1", "ppo.py"),
@@ -90,7 +92,7 @@ TINY = {
     "ppo_lstm": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True,
         rnn_hidden_size=16),
-        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS],
+        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
         tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None),
 }
 _TEACHERS = Path(tempfile.mkdtemp(prefix="distill-teacher-"))  # distill.py's teacher: a file for every run
