@@ -46,7 +46,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import CheckpointError, TrainingState, load_checkpoint, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import mlp  # noqa: E402
+from common.nets import mlp, vector_size  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
@@ -322,10 +322,11 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     space, discrete = envs.single_action_space, isinstance(envs.single_action_space, gym.spaces.Discrete)
     student_args = (args.cell, args.rnn_hidden_size, args.rnn_layers, args.hidden_sizes, args.activation, args.obs_norm, args.obs_clip)
-    student = Policy(next_obs["policy"].shape[-1], space, *student_args).to(device)
+    obs_dim = vector_size(next_obs, "policy", "distill.py")  # the student's input
+    student = Policy(obs_dim, space, *student_args).to(device)
     distributed.broadcast_module(student)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the student's storage: no copies, no autograd in the rollout.
-    student_inference = Policy(next_obs["policy"].shape[-1], space, *student_args).to(device)
+    student_inference = Policy(obs_dim, space, *student_args).to(device)
     from_module(student).data.to_module(student_inference)
     eval_policy = EvalPolicy(student_inference, args.num_eval_envs) if args.cell != "none" else student_inference
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place

@@ -41,7 +41,7 @@ from common.buffer import ReplayBuffer  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import EnsembleLinear, mlp  # noqa: E402
+from common.nets import EnsembleLinear, mlp, vector_size  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
     begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
@@ -327,8 +327,8 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
 
     # --- agent, optimizers, normalizers, replay buffer ---
-    obs_dim, act_dim = next_obs["policy"].shape[-1], space.shape[0]
-    critic_dim = next_obs["critic"].shape[-1] if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    obs_dim, act_dim = vector_size(next_obs, "policy", "sac.py"), space.shape[0]
+    critic_dim = vector_size(next_obs, "critic", "sac.py") if args.asymmetric_critic and "critic" in next_obs.keys() else None
     target_entropy = -float(act_dim) if args.target_entropy is None else args.target_entropy
     low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high))
     agent = Agent(obs_dim, critic_dim, low, high, args).to(device)

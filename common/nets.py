@@ -182,6 +182,17 @@ def observation_shape(obs, group: str):
     return _term_shape(x, f"group {group!r}")
 
 
+def vector_size(obs, group: str, script: str) -> int:
+    """D of a vector group [N, D], for the scripts whose networks take vectors only; an image group or a group
+    of terms stops with a clear error (`script` names the script)."""
+    shape = observation_shape(obs, group)
+    if isinstance(shape, dict) or len(shape) != 1:
+        kind = "a group of terms" if isinstance(shape, dict) else f"an image group {list(shape)}"
+        raise SystemExit(f"error: {script} takes vector observations [N, D] only, and {group!r} is {kind}; "
+                         "image observations and groups of terms: algos/ppo.py, algos/ppo_lstm.py or algos/pqn.py (--encoder)")
+    return shape[0]
+
+
 def group_mlp(shape, out_dim: int, hidden: tuple[int, ...], activation: str, encoder: str,
               max_value: float = 255.0, out_gain: float | None = None) -> nn.Module:
     """`mlp` on one observation group: a vector group [D] feeds it as it is; an image group [C, H, W] goes

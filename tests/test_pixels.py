@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from common.buffer import ReplayBuffer, RolloutStorage, bytes_per_transition
-from common.nets import ImageEncoder, TermsEncoder, group_mlp, observation_shape
+from common.nets import ImageEncoder, TermsEncoder, group_mlp, observation_shape, vector_size
 from common.normalize import RunningMeanStd, TermsNormalizer, Unnormalized, observation_normalizer
 from common.stats import nonfinite
 from tests.helpers import load_script, run_main
@@ -47,6 +47,20 @@ def test_encoders_take_uint8_frames_with_any_leading_dims(kind, shape, out_dim):
 def test_a_frame_too_small_for_the_nature_cnn_is_a_clear_error():
     with pytest.raises(SystemExit, match=r"^error: --encoder nature cannot take 10x10 frames .* use --encoder minatar"):
         ImageEncoder("nature", (4, 10, 10))
+
+
+def test_vector_only_scripts_refuse_images_and_terms_in_one_line():
+    """td3.py, sac.py and distill.py build their networks on [N, D]: an image group or a group of terms stops
+    with an error that names the scripts that take them (not a network built on the frame's width)."""
+    obs = TensorDict({"policy": torch.zeros(5, 7), "image": torch.zeros(5, 3, 8, 8, dtype=torch.uint8),
+                      "terms": TensorDict({"image": torch.zeros(5, 1, 6, 6, dtype=torch.uint8), "proprio": torch.zeros(5, 2)},
+                                          batch_size=[5])}, batch_size=[5])
+    assert vector_size(obs, "policy", "td3.py") == 7
+    with pytest.raises(SystemExit, match=r"^error: td3.py takes vector observations \[N, D\] only, and 'image' is an image "
+                                         r"group \[3, 8, 8\]; .*algos/ppo.py"):
+        vector_size(obs, "image", "td3.py")
+    with pytest.raises(SystemExit, match=r"^error: sac.py takes .* 'terms' is a group of terms"):
+        vector_size(obs, "terms", "sac.py")
 
 
 def test_observation_groups_are_vectors_or_uint8_images():
