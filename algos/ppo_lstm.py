@@ -374,7 +374,7 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    obs_shape = observation_shape(next_obs, "policy")
+    obs_shape = observation_shape(next_obs, "policy", "--export of a recurrent policy" if args.export or args.export_best else None)
     critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
     image_scale = image_max(envs.single_observation_space)  # the image groups' scale: their space's high (255 for uint8 frames)
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)

@@ -153,9 +153,9 @@ def group_encoder(shape, kind: str, max_value: float = 255.0, layer_norm: bool =
 
 def image_max(space) -> float:
     """The scale of the image groups: their space's high (255 for uint8 frames); for a term group (a gymnasium
-    Dict space), the highest of its uint8 terms'."""
+    Dict space), the highest of its uint8 image terms' [C, H, W]."""
     if hasattr(space, "spaces"):
-        return max((image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8"), default=255.0)
+        return max((image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8" and len(s.shape) == 3), default=255.0)
     return float(space.high.max())
 
 
@@ -169,10 +169,13 @@ def _term_shape(x, name: str) -> tuple[int, ...]:
     return tuple(x.shape[1:])
 
 
-def observation_shape(obs, group: str):
+def observation_shape(obs, group: str, terms_refused_by: str | None = None):
     """The shape of one env's observations of `group` ([N, D] vectors, or uint8 [N, C, H, W] images), with a
-    clear error for anything else; for a term group (a TensorDict of such terms), a dict term -> shape."""
+    clear error for anything else; for a term group (a TensorDict of such terms), a dict term -> shape, or,
+    when `terms_refused_by` names what cannot take one (a flag), an error before anything runs."""
     x = obs[group]
+    if isinstance(x, TensorDictBase) and terms_refused_by:
+        raise SystemExit(f"error: {terms_refused_by} on a group of terms ({group!r}) is not supported yet")
     if isinstance(x, TensorDictBase):
         nested = [term for term in x.keys() if isinstance(x[term], TensorDictBase)]
         if nested:

@@ -298,11 +298,17 @@ def test_an_exported_policy_on_a_group_of_terms_takes_one_input_per_term(algo, t
 
 
 def test_a_recurrent_policy_on_a_group_of_terms_does_not_export_yet(tmp_path):
+    """Refused before anything runs (not at the first best evaluation, where rank 0 alone would stop)."""
     module = load_script("ppo_lstm")
     run_main(module, **TERMS, encoder="minatar", total_timesteps=64, output_dir=str(tmp_path))
-    with pytest.raises(SystemExit, match=r"^error: --export of a recurrent policy on a group of terms is not supported yet"):
+    refused = r"^error: --export of a recurrent policy on a group of terms \('policy'\) is not supported yet"
+    with pytest.raises(SystemExit, match=refused):
         run_main(module, **TERMS, encoder="minatar", eval_only=True, export=str(tmp_path / "export"),
                  resume=str(tmp_path / "run" / "checkpoints" / "last.pt"), output_dir=str(tmp_path))
+    with pytest.raises(SystemExit, match=refused):
+        run_main(module, **TERMS, encoder="minatar", total_timesteps=64, export_best=True,
+                 output_dir=str(tmp_path / "best"))
+    assert not list((tmp_path / "best").rglob("*.pt"))  # nothing trained
 
 
 def test_learns_catch_from_a_group_of_terms(tmp_path):
