@@ -95,7 +95,7 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
     policy = (RecurrentPolicy(model) if recurrent else DeterministicPolicy(model, terms)).eval()
     spaces = [observation_space[k] for k in terms] if terms else [observation_space]
     example = tuple(_example(space) for space in spaces)
-    inputs = terms or ["obs"]  # a term group: one input per term, named after it
+    inputs = terms or ["obs"]  # a term group: one input per term, named after it in ONNX (positional in the pt2 program)
     names = {"input_names": inputs, "output_names": ["action"],
              "dynamic_axes": {**{name: {0: "batch"} for name in inputs}, "action": {0: "batch"}}}
     if recurrent:
