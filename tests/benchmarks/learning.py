@@ -134,7 +134,8 @@ for algo, tasks in CLEANRL.items():
                                                  at_steps=AT_STEPS, flags=PPO_MUJOCO if algo == "ppo" else OFF_POLICY_MUJOCO)
 # td3 on Hopper-v5 at its defaults (3-step returns) sat at 330-400 from 100k to 300k steps (seed 1); with --n-step 1
 # it rose to 810 by 300k (the README's gymnasium-MuJoCo paragraph: what else was measured)
-EXPERIMENTS["td3:gym:Hopper-v5@n1"] = dict(EXPERIMENTS["td3:gym:Hopper-v5"], flags=[*OFF_POLICY_MUJOCO, "--n-step", "1"])
+for algo in ("td3", "sac"):
+    EXPERIMENTS[f"{algo}:gym:Hopper-v5@n1"] = dict(EXPERIMENTS[f"{algo}:gym:Hopper-v5"], flags=[*OFF_POLICY_MUJOCO, "--n-step", "1"])
 
 
 def split_name(name: str) -> tuple[str, str, str]:
