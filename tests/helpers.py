@@ -209,8 +209,8 @@ def load_exported_program(path):
 # directory; algos/ is never edited). name -> [(text of ppo.py, its replacement)].
 MUTATIONS = {
     # a read to the host that dispatches no aten op on a CPU tensor (on CUDA: a sync inside the capture)
-    "tolist": [("        batch, rollout_stats, nonfinite = targets_fn(obs)\n",
-                "        batch, rollout_stats, nonfinite = targets_fn(obs)\n"
+    "tolist": [("        batch, rollout_stats, nonfinite_counts = targets_fn(obs)\n",
+                "        batch, rollout_stats, nonfinite_counts = targets_fn(obs)\n"
                 "        explained = rollout_stats[\"explained_variance\"].tolist()  # noqa: F841\n")],
     # a Python counter moved into the captured function (on CUDA it stops after the capture, and the
     # logged means divide by zero)
