@@ -173,6 +173,9 @@ def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step()
     assert cells[:2] == ["td3", "gym:Hopper-v5"]
     assert cells[2:6] == [f"1,{500 + i}.0 ± 500.0 (1,{i:03d} / 2,{i:03d})" for i in (1, 4, 9, 19)]
     assert cells[6] == "3,135" and cells[7].startswith("16.7 ")  # 1,000 s per 1M steps
+    for r in records:  # a run that ended an iteration short of its budget of 1M: its final eval is the 1M one
+        r.update(budget=1_000_000, curve={k: v[:-1] for k, v in r["curve"].items()})
+    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][5] == "1,518.0 ± 500.0 (1,018 / 2,018)"
 
 
 def committed_files() -> dict:

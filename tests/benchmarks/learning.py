@@ -232,7 +232,7 @@ def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list
 
 def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     """For the experiments with `at_steps`: the eval return at the first evaluation at or after each of those
-    env steps (mean ± std over seeds, then each seed's), the published reference, and the wall minutes per
+    env steps (or the final one, where the budget is that step) (mean ± std over seeds, then each seed's), the published reference, and the wall minutes per
     million env steps (training seconds at the last evaluation / its env steps)."""
     named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("at_steps")]
     if not named:
@@ -245,7 +245,9 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
         runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"])
         cells = []
         for s in steps:
-            values = [next((ret for x, ret in zip(r["curve"]["steps"], r["curve"]["returns"]) if x >= s), None) for r in runs]
+            # the first eval at or after s; a run whose budget is s may end an iteration short of it: its final eval
+            values = [next((ret for x, ret in zip(r["curve"]["steps"], r["curve"]["returns"]) if x >= s),
+                           r["curve"]["returns"][-1] if r.get("budget", 0) >= s else None) for r in runs]
             got = [v for v in values if v is not None]
             cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, ',.0f') for v in values)})" if got else "-")
         minutes = [r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]]
