@@ -29,7 +29,7 @@ Machado et al. (2018) describe it: the emulator unskipped (`frameskip=1`), then 
 AtariPreprocessing (up to 30 no-op starts, the action repeated 4 frames, the max of the last two,
 grayscale, resized to 84x84), an episodic life (a lost life ends the episode for the learner but not
 the game, which goes on at the next reset), FIRE then UP pressed after every reset in games whose
-action 1 is FIRE (Breakout and Pong wait for it), rewards clipped to their sign, and the last 4 frames
+action 1 is FIRE (Breakout waits for it), rewards clipped to their sign, and the last 4 frames
 stacked: observations uint8 [N, 4, 84, 84]. `preset="atari-eval"` is the same without episodic lives
 and clipping, for evaluation (`--eval-env-kwargs '{"preset": "atari-eval"}'`): returns are game
 scores. ALE's v5 ids keep their sticky actions (repeat_action_probability 0.25). Needs the `[atari]`
@@ -179,7 +179,7 @@ class EpisodicLife(gym.Wrapper):
 class FireReset(gym.Wrapper):
     """Press FIRE (then UP) after every reset, for games that stand still until FIRE (Breakout):
     else a policy that has not learnt to fire sees a frozen screen at each life (Mnih et al.'s
-    preprocessing as in the baselines' wrappers). A no-op on games whose action 1 is not FIRE."""
+    preprocessing as in the baselines' wrappers). The presets wrap only games whose action 1 is FIRE."""
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
