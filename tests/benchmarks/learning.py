@@ -247,7 +247,8 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     rows = ["| script | env | " + " | ".join(f"eval at {s:,}" for s in steps) + " | reference at 1M | wall min per 1M steps |",
             "|---|---|" + "---|" * len(steps) + "---|---|"]
     for name in named:
-        algo, env_id, _ = split_name(name)
+        algo, env_id, label = split_name(name)
+        env_id += f"@{label}" if label else ""  # variants of one task stay apart
         runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"])
         cells = []
         for s in steps:
