@@ -238,8 +238,9 @@ def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list
 
 def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     """For the experiments with `at_steps`: the eval return at the first evaluation at or after each of those
-    env steps (or the final one, where the budget is that step) (mean ± std over seeds, then each seed's), the published reference, and the wall minutes per
-    million env steps (training seconds at the last evaluation / its env steps)."""
+    env steps, or the final one where the budget is that step (mean ± std over seeds, then each seed's), the
+    published reference, and the wall minutes per million env steps (training seconds at the last evaluation /
+    its env steps). A variant of a task keeps its label in the env cell (`gym:Hopper-v5@n1`)."""
     named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("at_steps")]
     if not named:
         return []
