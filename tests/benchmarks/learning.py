@@ -145,9 +145,11 @@ EXPERIMENTS["td3:gym:HalfCheetah-v5@n1u4"] = dict(EXPERIMENTS["td3:gym:HalfCheet
 EXPERIMENTS["sac:gym:HalfCheetah-v5@u4"] = dict(EXPERIMENTS["sac:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, *FOUR_UPDATES])
 # td3@n1 with Adam at 1e-3 for the actor and the critics (Fujimoto et al.'s first TD3 setting) where the CPU defaults take
 # 16x fewer gradient steps per env step than CleanRL's script: a larger step for each, at no cost per step.
-for task in CLEANRL["td3"]:
-    EXPERIMENTS[f"td3:gym:{task}@n1lr"] = dict(EXPERIMENTS[f"td3:gym:{task}"],
-                                              flags=[*OFF_POLICY_MUJOCO, "--n-step", "1", "--q-lr", "1e-3", "--policy-lr", "1e-3"])
+# sac@n1lr: the same flags for sac.
+for algo in ("td3", "sac"):
+    for task in CLEANRL[algo]:
+        EXPERIMENTS[f"{algo}:gym:{task}@n1lr"] = dict(EXPERIMENTS[f"{algo}:gym:{task}"], flags=[
+            *OFF_POLICY_MUJOCO, "--n-step", "1", "--q-lr", "1e-3", "--policy-lr", "1e-3"])
 
 
 def split_name(name: str) -> tuple[str, str, str]:
