@@ -134,7 +134,7 @@ for algo, tasks in CLEANRL.items():
                                                  at_steps=AT_STEPS, flags=PPO_MUJOCO if algo == "ppo" else OFF_POLICY_MUJOCO)
 # td3 on Hopper-v5 at its defaults (3-step returns) sat at 330-400 from 100k to 300k steps (seed 1); with --n-step 1
 # it rose to 810 by 300k (the README's gymnasium-MuJoCo paragraph: what else was measured). sac@n1, seed 1, was
-# stopped at 450k steps (1,065 there; sac at its defaults: 2,763). td3@n1 is the README's td3 setting on every task.
+# stopped at 450k steps (1,065 there; sac at its defaults: 2,763).
 for name in [f"td3:gym:{task}" for task in CLEANRL["td3"]] + ["sac:gym:Hopper-v5"]:
     EXPERIMENTS[f"{name}@n1"] = dict(EXPERIMENTS[name], flags=[*OFF_POLICY_MUJOCO, "--n-step", "1"])
 # HalfCheetah-v5 below 90% at the CPU defaults (seed 1 at 1M: td3@n1 7,025, sac 7,863): twice the gradient steps on
@@ -144,7 +144,8 @@ EXPERIMENTS["td3:gym:HalfCheetah-v5@n1u4"] = dict(EXPERIMENTS["td3:gym:HalfCheet
                                                   flags=[*OFF_POLICY_MUJOCO, "--n-step", "1", *FOUR_UPDATES])
 EXPERIMENTS["sac:gym:HalfCheetah-v5@u4"] = dict(EXPERIMENTS["sac:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, *FOUR_UPDATES])
 # td3@n1 with Adam at 1e-3 for the actor and the critics (Fujimoto et al.'s first TD3 setting) where the CPU defaults take
-# 16x fewer gradient steps per env step than CleanRL's script: a larger step for each, at no cost per step.
+# 16x fewer gradient steps per env step than CleanRL's script: a larger step for each, at no cost per step. td3@n1lr
+# is the README's td3 setting on every gymnasium MuJoCo task.
 # sac@n1lr: the same flags for sac.
 for algo in ("td3", "sac"):
     for task in CLEANRL[algo]:
