@@ -144,9 +144,8 @@ EXPERIMENTS["td3:gym:HalfCheetah-v5@n1u4"] = dict(EXPERIMENTS["td3:gym:HalfCheet
                                                   flags=[*OFF_POLICY_MUJOCO, "--n-step", "1", *FOUR_UPDATES])
 EXPERIMENTS["sac:gym:HalfCheetah-v5@u4"] = dict(EXPERIMENTS["sac:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, *FOUR_UPDATES])
 # td3@n1 with Adam at 1e-3 for the actor and the critics (Fujimoto et al.'s first TD3 setting) where the CPU defaults take
-# 16x fewer gradient steps per env step than CleanRL's script: a larger step for each, at no cost per step. td3@n1lr
-# is the README's td3 setting on every gymnasium MuJoCo task.
-# sac@n1lr: the same flags for sac.
+# 16x fewer gradient steps per env step than CleanRL's script: a larger step for each, at no cost per step. The same
+# flags for sac; td3@n1lr and sac@n1lr are the README's gymnasium-MuJoCo lines.
 for algo in ("td3", "sac"):
     for task in CLEANRL[algo]:
         EXPERIMENTS[f"{algo}:gym:{task}@n1lr"] = dict(EXPERIMENTS[f"{algo}:gym:{task}"], flags=[
