@@ -117,8 +117,8 @@ EXPERIMENTS = {
     "ppo:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]),
 }
 # gymnasium MuJoCo on a CPU, the README's commands (td3/sac at their CPU defaults: 32 envs, 2 updates of 512 per
-# step). The target is 90% of CleanRL's published mean return at 1M steps (v4 tasks, 3 seeds, mean of the last 100
-# training episodes: docs/benchmark/td3.md, sac.md and ppo.md of vwxyzjn/cleanrl); the at-steps table gives each
+# step). The target is 90% of CleanRL's published mean return at 1M steps (3 seeds, training episodic returns; td3 and
+# ppo on the v4 tasks, sac on v2: docs/rl-algorithms/td3.md, sac.md and ppo.md of vwxyzjn/cleanrl); the at-steps table gives each
 # seed's eval return at 100k/250k/500k/1M beside it.
 CLEANRL = {"td3": {"Hopper-v5": 3134.61, "HalfCheetah-v5": 9583.22, "Walker2d-v5": 4057.59},
            "sac": {"Hopper-v5": 2310.46, "HalfCheetah-v5": 9634.89, "Walker2d-v5": 3591.45},
