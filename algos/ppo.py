@@ -270,7 +270,8 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     statistics for the next one. Returns the flat batch the update reads, the rollout's logged
     statistics and its counts of non-finite values, by name."""
     dones = data["terminated"] | data["truncated"]
-    episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
+    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
+    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
@@ -376,10 +377,11 @@ def train(run, args: Args) -> dict:
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             action, logprob = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
-        return next_obs, TensorDict(
-            {"obs": obs, "final_obs": info["final_obs"], "actions": action, "logprobs": logprob,
-             "rewards": reward.float(), "terminated": terminated, "truncated": truncated}, batch_size=[envs.num_envs],
-        ), info
+        transition = {"obs": obs, "final_obs": info["final_obs"], "actions": action, "logprobs": logprob,
+                      "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
+        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
+            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch (gradients averaged over ranks); returns its losses."""

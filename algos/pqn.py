@@ -194,7 +194,9 @@ def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: to
     """Episode statistics; max-Q of the next and final observations, batched; the Q(lambda) targets;
     then the observation statistics for the next rollout. Returns the flat batch the update reads
     and the counts of non-finite values by name."""
-    episode_sums(ep_stats, data["rewards"], data["terminated"] | data["truncated"], sums=episodes)
+    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
+    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]),
+                 data.get("game_over", data["terminated"] | data["truncated"]), sums=episodes)
     obs_n = qnet.obs_rms(data["obs"])  # the same statistics the policy acted with
     q_max = qnet(obs_n).amax(-1)
     last_q_max = qnet(qnet.obs_rms(next_obs["policy"])).amax(-1)
@@ -281,10 +283,11 @@ def train(run, args: Args) -> dict:
         """Act epsilon-greedily and step every env once: (next observation, the transition to store, the env's info)."""
         action = policy_step(obs["policy"], epsilon)
         next_obs, reward, terminated, truncated, info = envs.step(action)
-        return next_obs, TensorDict(
-            {"obs": obs["policy"], "final_obs": info["final_obs"]["policy"], "actions": action,
-             "rewards": reward.float(), "terminated": terminated, "truncated": truncated}, batch_size=[envs.num_envs],
-        ), info
+        transition = {"obs": obs["policy"], "final_obs": info["final_obs"]["policy"], "actions": action,
+                      "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
+        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
+            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch; returns its loss and mean Q for logging (on the device)."""

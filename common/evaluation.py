@@ -40,8 +40,10 @@ def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> T
         model.reset_state(terminated | truncated)
     running, done_count = acc["running"], acc["done_count"]
     active = done_count < episodes
+    # An episode is the game where the env reports one apart from the learner's (Atari's presets): its score is the return.
+    reward, ended = info.get("game_reward", reward), info.get("game_over", terminated | truncated)
     running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
-    done = (terminated | truncated) & active
+    done = ended & active
     ended = done.double().sum()
     success = info.get("success")  # per env, valid where an episode ended
     succeeded = (success.bool() & done).double().sum() if success is not None else torch.zeros_like(ended)

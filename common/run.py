@@ -49,7 +49,7 @@ from common.capture import peak_memory_mb, read_timings, release_graphs
 from common.checkpoint import (
     BEST, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, load_checkpoint, resolve_resume, stable_run_name,
 )
-from common.envs import make_env
+from common.envs import eval_env_kwargs, make_env
 from common.stats import closing_words
 
 
@@ -166,8 +166,11 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
         if action_space is not None and not isinstance(space, action_space):
             raise ValueError(f"{run.algo}.py needs {action_space.__name__} actions, but {args.env_id} has {space}; {hint}")
         render = "rgb_array" if args.capture_video else None
+        eval_kwargs, implied = eval_env_kwargs(kwargs, eval_kwargs)  # a training preset implies its eval preset
+        if implied:
+            run.say(implied)
         eval_envs = make_env(args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run, 0), render_mode=render,
-                             **{**kwargs, **eval_kwargs})
+                             **eval_kwargs)
     except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs (JSON too)
         raise SystemExit(f"error: {e}") from None
     if args.capture_video:  # one frame now: a renderer that cannot work (no GL, no display) stops the run here

@@ -94,6 +94,30 @@ def test_atari_preset_gives_stacked_uint8_frames_clipped_rewards_and_episodic_li
     assert 0 < steps["atari"] < steps["atari-eval"] / 3, steps  # the first of five lives lost ends "atari"'s episode, not the game
 
 
+def test_atari_preset_plays_the_whole_game_over_its_lives_and_reports_the_games_score():
+    """"atari": each of Breakout's five lives is an episode of the learner, and the game goes on through
+    them (envpool's reset(env_ids) would start a new game at every lost life); info's game_reward is the
+    unclipped reward and game_over marks the game's end: with "atari-eval" they are the reward and the end."""
+    for preset, episodes_per_game in (("atari", 5), ("atari-eval", 1)):
+        envs = make_env("envpool:Breakout-v5", 2, seed=4, preset=preset)
+        envs.reset()
+        episodes, games, score = torch.zeros(2), [], torch.zeros(2)
+        for _ in range(4000):
+            _, reward, terminated, truncated, info = envs.step(torch.randint(0, 4, (2,)))
+            episodes += terminated | truncated
+            score += info["game_reward"]
+            if preset == "atari-eval":
+                assert torch.equal(info["game_reward"], reward) and torch.equal(info["game_over"], terminated | truncated)
+            for i in torch.nonzero(info["game_over"]).flatten().tolist():
+                games.append((int(episodes[i]), score[i].item()))
+                episodes[i], score[i] = 0, 0.0
+            if len(games) >= 3:
+                break
+        envs.close()
+        assert len(games) >= 3 and all(n == episodes_per_game for n, _ in games), (preset, games)
+        assert sum(s for _, s in games) > 0, games
+
+
 def test_errors_are_clear():
     with pytest.raises(ValueError, match="Pong-v5"):
         make_env("envpool:Pong-v4x", 2)

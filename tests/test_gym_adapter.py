@@ -468,3 +468,94 @@ def test_atari_errors_are_clear(monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", None)
     with pytest.raises(ValueError, match=r"\[atari\]"):
         make_env("gym:ALE/Pong-v5", 1, preset="atari")
+
+
+# ---------------------------------------------------------------------------------------
+# Game scores: what the presets' runs log as returns
+# ---------------------------------------------------------------------------------------
+class ScoreRecorder(gym.Env):
+    """A stand-in for an ALE game, with what the preset's wrappers use of one (ale.lives(), the screen,
+    the action meanings, frameskip=1): 3 lives, one lost every 64 frames, 2 points every 16th frame from
+    frame 32 (after the no-op starts) and 5 at each lost life. A game is 192 frames and scores 37 whatever
+    the actions; per life, clipped, it is a few points."""
+
+    GAME_SCORE = 2 * len(range(32, 193, 16)) + 5 * 3
+    metadata = {"render_modes": []}
+    observation_space, action_space = spaces.Box(0, 255, (210, 160, 3), np.uint8), spaces.Discrete(3)
+
+    def __init__(self, frameskip: int = 1, **kwargs):
+        self._frameskip, self.frame, self.ale = frameskip, 0, self  # the ALE interface's few calls, here
+
+    def get_action_meanings(self):  # FIRE as action 1: the preset presses FIRE, UP after every reset (steps of its own)
+        return ["NOOP", "FIRE", "UP"]
+
+    def lives(self) -> int:
+        return 3 - self.frame // 64
+
+    def getScreenGrayscale(self, out):
+        out[:] = self.frame % 251
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.frame = 0
+        return np.zeros((210, 160, 3), np.uint8), {}
+
+    def step(self, action):
+        self.frame += 1
+        reward = 2.0 * (self.frame % 16 == 0 and self.frame >= 32) + 5.0 * (self.frame % 64 == 0)
+        return np.zeros((210, 160, 3), np.uint8), reward, self.frame >= 192, False, {}
+
+
+@pytest.fixture
+def score_recorder(monkeypatch):
+    """ALE/ScoreRecorder-v5 registered; OpenCV's resize stood in for where the [atari] extra is not installed."""
+    try:
+        import cv2  # noqa: F401
+    except ImportError:
+        def resize(image, size, interpolation=None):  # nearest pixels: the recorder's frames are flat anyway
+            rows, cols = (np.linspace(0, n - 1, m).astype(int) for n, m in zip(image.shape, size[::-1]))
+            return image[rows][:, cols]
+
+        import types
+
+        monkeypatch.setitem(sys.modules, "cv2", types.SimpleNamespace(resize=resize, INTER_AREA=3))
+    gym.register("ALE/ScoreRecorder-v5", entry_point=ScoreRecorder)
+    yield "gym:ALE/ScoreRecorder-v5"
+    gym.registry.pop("ALE/ScoreRecorder-v5")
+
+
+def test_the_presets_report_the_games_reward_and_end_beside_the_learners(score_recorder):
+    """"atari": a lost life ends the learner's episode and its rewards are clipped, while info's game_reward
+    and game_over add up to the game's score over the whole game (the steps the wrappers take inside a
+    reset included); "atari-eval": the episode is the game."""
+    for preset, lives_per_game in (("atari", 3), ("atari-eval", 1)):
+        envs = make_env(score_recorder, 2, seed=1, preset=preset)
+        envs.reset()
+        games, score, episodes = [], torch.zeros(2), 0
+        for _ in range(400):
+            _, reward, terminated, truncated, info = envs.step(torch.randint(0, 3, (2,)))
+            assert preset == "atari-eval" or set(reward.tolist()) <= {0.0, 1.0}
+            score += info["game_reward"]
+            episodes += int((terminated | truncated).sum())
+            for i in torch.nonzero(info["game_over"]).flatten().tolist():
+                games.append(score[i].item())
+                score[i] = 0.0
+        envs.close()
+        assert len(games) >= 4 and games == [ScoreRecorder.GAME_SCORE] * len(games), (preset, games)
+        assert episodes in range(lives_per_game * len(games), lives_per_game * (len(games) + 2)), (preset, episodes)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_a_run_with_the_training_preset_alone_logs_game_scores_in_training_and_evaluation(algo, score_recorder,
+                                                                                         tmp_path, capsys):
+    """Only --env-kwargs '{"preset": "atari"}': the eval envs take "atari-eval" (a printed line says so), and
+    both charts/episodic_return and eval/episodic_return are the game's score, not a life's clipped sum."""
+    from tests.helpers import load_script, run_main
+
+    summary = run_main(load_script(algo), env_id=score_recorder, env_kwargs='{"preset": "atari"}', encoder="nature",
+                       num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=512,
+                       num_eval_envs=1, eval_episodes=1, eval_interval=4, hidden_sizes=(16,), output_dir=str(tmp_path),
+                       seed=1)
+    assert 'eval envs: preset "atari-eval"' in capsys.readouterr().out
+    assert summary["last_train_return"] == ScoreRecorder.GAME_SCORE
+    assert summary["best_eval_return"] == ScoreRecorder.GAME_SCORE

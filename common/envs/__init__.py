@@ -34,7 +34,24 @@ BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
 }
 ADAPTER_PREFIXES = ("gym", "envpool", "mjlab")
 
-__all__ = ["ADAPTER_PREFIXES", "BUILTIN_ENVS", "TorchEnv", "list_envs", "make_env"]
+__all__ = ["ADAPTER_PREFIXES", "BUILTIN_ENVS", "EVAL_PRESETS", "TorchEnv", "eval_env_kwargs", "list_envs", "make_env"]
+
+# A training preset -> the evaluation preset it implies: Atari's training preset ends an episode at a lost
+# life and clips rewards; evaluated so, best.pt would be chosen on per-life clipped sums, not game scores.
+EVAL_PRESETS = {"atari": "atari-eval"}
+
+
+def eval_env_kwargs(kwargs: dict, eval_kwargs: dict) -> tuple[dict, str | None]:
+    """The eval envs' keyword arguments: the training envs' `kwargs` updated with `eval_kwargs`, where a
+    training preset implies its evaluation preset unless `eval_kwargs` names a preset. Returns them and,
+    when a preset was implied, a line that says so."""
+    merged = {**kwargs, **eval_kwargs}
+    preset = kwargs.get("preset")
+    if "preset" in eval_kwargs or preset not in EVAL_PRESETS:
+        return merged, None
+    merged["preset"] = EVAL_PRESETS[preset]
+    return merged, (f'eval envs: preset "{merged["preset"]}" (implied by the training preset "{preset}": whole games, '
+                    f'unclipped scores); --eval-env-kwargs \'{{"preset": ...}}\' sets another')
 
 
 def list_envs() -> list[str]:

@@ -6,20 +6,26 @@
 envpool (Weng et al., 2022) steps a batch of envs in C++ threads: Atari, MuJoCo, DeepMind Control,
 MuJoCo Playground and classic control tasks all come through this one adapter. What it adds:
 
-- same-step autoreset: envpool resets a finished env at the *next* step call; here the finished envs
-  are reset within the step that ends them (envpool's `reset(env_ids)`), so `obs` holds the first
-  observation of their next episode and `info["final_obs"]` their true last one, as the contract asks;
+- same-step autoreset: envpool restarts a finished env at its *next* step call, whatever the action;
+  here the finished envs get that call within the step that ends them (a step of those envs alone), so
+  `obs` holds the first observation of their next episode and `info["final_obs"]` their true last one,
+  as the contract asks. (Not envpool's `reset(env_ids)`: that starts a new Atari game where the
+  training preset's lost life ended the episode, so no game would get past its first life);
 - image observations (Atari: uint8 [N, 4, 84, 84], channel-first already) stay uint8 images in the
   `policy` group; vector ones (a Box, or a Dict of Boxes as DeepMind Control's, flattened in key
   order) become float32 [N, D]; MuJoCo Playground's Dict of `state` and `privileged_state` becomes
   the groups `policy` and `critic` (the privileged inputs of an asymmetric critic, not the actor's);
-- tensors on `device`, one copy each way per step; actions from the device in one copy.
+- tensors on `device`: a step's results cross in one copy (common.envs.staging: one host buffer, pinned
+  and non-blocking on CUDA), the actions come to the host in one.
 
 Atari (`preset`): envpool's Atari defaults already are the standard preprocessing (up to 30 no-op
 starts, action repeat 4 with the max of the last two frames, grayscale 84x84, 4 frames stacked, FIRE
 at reset where the game needs it, no sticky actions, episodes cut at 108,000 frames).
 `preset="atari"` adds what training uses (episodic lives, rewards clipped to their sign) and
-`preset="atari-eval"` turns both off, for evaluation (`--eval-env-kwargs '{"preset": "atari-eval"}'`).
+`preset="atari-eval"` turns both off, for evaluation (a run trained with "atari" evaluates with it unless
+`--eval-env-kwargs` names another preset). With either, info has the game's own reward and end
+("game_reward": envpool's unclipped info["reward"], "game_over": its info["terminated"] or the time limit),
+which the scripts log as the returns: game scores, as CleanRL's envpool scripts log them.
 Other keyword arguments go to `envpool.make` (e.g. `num_threads`, `repeat_action_probability`).
 
 Seeding: env i is seeded `seed + i` by envpool (int32 seeds: `seed` is taken modulo 2**31 - num_envs);
@@ -38,6 +44,7 @@ from gymnasium import spaces
 from tensordict import TensorDict
 
 from common.envs.gym_adapter import _batch_flattenable, _flat_box, _flatten_batch, _image_layout, _to_chw
+from common.envs.staging import StepStaging
 
 EXTRA = 'pip install -e ".[envpool]"'
 PLAYGROUND_GROUPS = {"policy": "state", "critic": "privileged_state"}  # MuJoCo Playground's observation keys
@@ -72,14 +79,24 @@ def make_envpool_env(task: str, num_envs: int, device: str | torch.device = "cpu
         except (TypeError, KeyError, ValueError) as e:  # an option this task does not have
             raise ValueError(f"envpool:{task}: {e}") from None
 
-    return EnvpoolVecEnv(task, make_pool, num_envs, device, seed, render_mode)
+    return EnvpoolVecEnv(task, make_pool, num_envs, device, seed, render_mode, game=preset is not None)
+
+
+def _in_env_order(obs, reward, terminated, truncated, info):
+    """A step's results sorted by env id (envpool returns them in the order the envs finished)."""
+    order = np.argsort(info["env_id"])
+    if np.array_equal(order, np.arange(len(order))):
+        return obs, reward, terminated, truncated, info
+    obs = {k: v[order] for k, v in obs.items()} if isinstance(obs, dict) else obs[order]
+    info = {k: v[order] if isinstance(v, np.ndarray) and len(v) == len(order) else v for k, v in info.items()}
+    return obs, reward[order], terminated[order], truncated[order], info
 
 
 class EnvpoolVecEnv:
     """An envpool pool (same-step autoreset added) with the torch env contract's interface."""
 
     def __init__(self, task: str, make_pool, num_envs: int, device: str | torch.device, seed: int,
-                 render_mode: str | None = None):
+                 render_mode: str | None = None, game: bool = False):
         self.env_id = f"envpool:{task}"
         self.num_envs = num_envs
         self.device = torch.device(device)
@@ -89,6 +106,7 @@ class EnvpoolVecEnv:
         self.render_fps = 30
         self._needs_reset = True
         self._last_obs: dict[str, np.ndarray] | None = None  # for render(): the observations of now
+        self._game = game  # an Atari preset: info gets the game's reward and end
 
         # Observation groups: {group: (key of envpool's Dict, or None for the whole observation, its space)}.
         space = self.envs.observation_space
@@ -120,6 +138,18 @@ class EnvpoolVecEnv:
             self._action_dtype = act_space.dtype
         else:
             raise ValueError(f"{self.env_id}: action space {act_space} is not supported; the scripts handle Box and Discrete")
+        self._noop = np.zeros((num_envs, *self.single_action_space.shape), dtype=self._action_dtype)  # restarts' actions
+
+        # One staging buffer for a step's results: one copy to the device per step.
+        n, fields = num_envs, {}
+        for group in self._groups:
+            space = self.single_observation_space if group == "policy" else self.single_critic_observation_space
+            dtype = torch.uint8 if group == "policy" and self._image is not None else torch.float32
+            fields[f"obs/{group}"] = fields[f"final_obs/{group}"] = ((n, *space.shape), dtype)
+        fields.update(reward=((n,), torch.float32), terminated=((n,), torch.bool), truncated=((n,), torch.bool))
+        if game:
+            fields.update(game_reward=((n,), torch.float32), game_over=((n,), torch.bool))
+        self._staging = StepStaging(fields, self.device)
 
     # -- numpy <-> torch ----------------------------------------------------------------------
 
@@ -134,16 +164,15 @@ class EnvpoolVecEnv:
             out[group] = _flatten_batch(space, part, n).astype(np.float32, copy=False)
         return out
 
-    def _tensor(self, x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
-
-    def _wrap(self, groups: dict[str, np.ndarray]) -> TensorDict:
-        return TensorDict({k: self._tensor(v) for k, v in groups.items()}, batch_size=[self.num_envs], device=self.device)
+    def _wrap(self, dev: dict[str, torch.Tensor], part: str) -> TensorDict:
+        """The groups of `part` ("obs" or "final_obs") of the staged tensors as a TensorDict."""
+        groups = {group: dev[f"{part}/{group}"] for group in self._groups}
+        return TensorDict(groups, batch_size=[self.num_envs], device=self.device)
 
     def _actions_to_numpy(self, action) -> np.ndarray:
         n = self.num_envs
         if isinstance(action, torch.Tensor):
-            action = action.detach().cpu().numpy()
+            action = self._staging.actions_to_host(action)
         action = np.asarray(action)
         if isinstance(self.single_action_space, spaces.Discrete):
             action = action.reshape(n) if action.shape == (n, 1) else action
@@ -166,32 +195,41 @@ class EnvpoolVecEnv:
             self.envs.close()
             self.envs, self._seed = self._make_pool(seed), seed
         obs, _ = self.envs.reset()
-        self._last_obs = self._obs(obs)
+        host = self._staging.host()
+        for group, value in self._obs(obs).items():
+            host[f"obs/{group}"][:] = value
+        self._last_obs = {group: host[f"obs/{group}"] for group in self._groups}
         self._needs_reset = False
-        return self._wrap(self._last_obs), {}
+        return self._wrap(self._staging.to_device(), "obs"), {}
 
     def step(self, action) -> tuple[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Step every env; finished envs restart in the same call (see the module docstring)."""
         if self._needs_reset:
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
         obs, reward, terminated, truncated, info = self.envs.step(self._actions_to_numpy(action))
-        if not np.array_equal(info["env_id"], np.arange(self.num_envs)):  # results in env order
-            order = np.argsort(info["env_id"])
-            obs = {k: v[order] for k, v in obs.items()} if isinstance(obs, dict) else obs[order]
-            reward, terminated, truncated = reward[order], terminated[order], truncated[order]
-        final_obs = self._obs(obs)
-        done = np.asarray(terminated, dtype=bool) | np.asarray(truncated, dtype=bool)
-        next_obs = final_obs
-        if done.any():
-            ids = np.flatnonzero(done)
-            first_obs = self._obs(self.envs.reset(ids)[0])
-            next_obs = {group: value.copy() for group, value in final_obs.items()}
-            for group, value in next_obs.items():
-                value[ids] = first_obs[group]
-        self._last_obs = next_obs
-        out = {"final_obs": self._wrap(final_obs), "log": {}}
-        return (self._wrap(next_obs), self._tensor(np.asarray(reward, dtype=np.float32)),
-                self._tensor(np.asarray(terminated, dtype=bool)), self._tensor(np.asarray(truncated, dtype=bool)), out)
+        obs, reward, terminated, truncated, info = _in_env_order(obs, reward, terminated, truncated, info)
+        host = self._staging.host()
+        for group, value in self._obs(obs).items():
+            host[f"final_obs/{group}"][:] = value
+            host[f"obs/{group}"][:] = value
+        host["reward"][:] = reward
+        host["terminated"][:] = terminated
+        host["truncated"][:] = truncated
+        if self._game:  # envpool's info: the unclipped reward, and whether the game (not only a life) is over
+            host["game_reward"][:] = info["reward"]
+            host["game_over"][:] = np.asarray(info["terminated"], dtype=bool) | host["truncated"]
+        done = host["terminated"] | host["truncated"]
+        if done.any():  # envpool restarts a finished env at its next step, whatever the action: that step, now
+            ids = np.flatnonzero(done).astype(np.int32)
+            first = _in_env_order(*self.envs.step(self._noop[: len(ids)], ids))[0]
+            for group, value in self._obs(first).items():
+                host[f"obs/{group}"][ids] = value
+        self._last_obs = {group: host[f"obs/{group}"] for group in self._groups}
+        dev = self._staging.to_device()
+        out = {"final_obs": self._wrap(dev, "final_obs"), "log": {}}
+        if self._game:
+            out["game_reward"], out["game_over"] = dev["game_reward"], dev["game_over"]
+        return self._wrap(dev, "obs"), dev["reward"], dev["terminated"], dev["truncated"], out
 
     def render(self, env_ids: list[int]) -> list[np.ndarray]:
         """Frames of the envs `env_ids` drawn from their current observations (the newest stacked frame)."""

@@ -9,12 +9,12 @@ for the long tail of tasks (MuJoCo, Box2D, third-party registrations), not for t
 mode, so the true last observation of a finished episode comes back in the step that ends
 it, as the contract asks. What it adds on top of gymnasium's vector env:
 
-- all numpy <-> torch conversion happens in one place, one copy each way per step: the actions
-  come to the host in one copy (into a pinned buffer reused every step when the device is
-  CUDA); one host buffer holds the observations, final observations, rewards, done flags (and
-  success flags) and crosses to the device in a single copy (on CUDA: a pinned staging buffer
-  reused every step and a non-blocking copy; the flags are bytes of the same buffer, viewed as
-  bool on the device, not converted there);
+- all numpy <-> torch conversion happens in one place, one copy each way per step
+  (common.envs.staging): the actions come to the host in one copy (into a pinned buffer reused
+  every step when the device is CUDA); one host buffer holds the observations, final observations,
+  rewards, done flags (and success flags) and crosses to the device in a single copy (on CUDA: a
+  pinned buffer reused every step and a non-blocking copy; the flags are bytes of the same buffer,
+  viewed as bool on the device, not converted there);
 - observations are flattened to float32 vectors (`gymnasium.spaces.flatten`, so Dict, Tuple
   and Discrete observation spaces work too) and returned as `TensorDict({"policy": ...})`;
   an image observation (a uint8 Box of 2 or 3 dimensions) stays an image: uint8 [N, C, H, W],
@@ -31,9 +31,13 @@ grayscale, resized to 84x84), an episodic life (a lost life ends the episode for
 the game, which goes on at the next reset), FIRE then UP pressed after every reset in games whose
 action 1 is FIRE (Breakout waits for it), rewards clipped to their sign, and the last 4 frames
 stacked: observations uint8 [N, 4, 84, 84]. `preset="atari-eval"` is the same without episodic lives
-and clipping, for evaluation (`--eval-env-kwargs '{"preset": "atari-eval"}'`): returns are game
-scores. ALE's v5 ids keep their sticky actions (repeat_action_probability 0.25). Needs the `[atari]`
-extra (ale-py, OpenCV for the resize).
+and clipping, for evaluation: a run trained with "atari" evaluates with it unless `--eval-env-kwargs`
+names another preset. With either preset every step's info also has the game's own reward and end,
+"game_reward" and "game_over" (GameScore, below the episodic life and the clipping, counts the steps
+the wrappers take inside a reset too): the scripts log those as the returns, so training and
+evaluation curves are game scores, as CleanRL's are. ALE's v5 ids keep their sticky actions
+(repeat_action_probability 0.25); a game ends at ALE's 108,000 frames (`max_episode_steps` 27,000).
+Needs the `[atari]` extra (ale-py, OpenCV for the resize).
 
 Seeding: env i is seeded `seed + i` at the first `reset()` (gymnasium's vector convention);
 `reset(seed=s)` re-seeds env i with `s + i`.
@@ -51,6 +55,8 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector.utils import iterate
 from tensordict import TensorDict
+
+from common.envs.staging import StepStaging
 
 VECTORIZATION_MODES = ("sync", "async")
 
@@ -190,6 +196,52 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
+class GameScore(gym.Wrapper):
+    """The game's own reward and end, seen below the wrappers that change them for the learner (a lost
+    life ending the episode, clipped rewards), including the steps those wrappers take inside a reset
+    (the no-op after a lost life, FIRE and UP): what `report()` gives since its last call, as CleanRL's
+    episode statistics count under EpisodicLife and clipping."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.reward, self.over, self.after = 0.0, False, 0.0  # since the last report; `after`: reward of the next game
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.over:  # the game ended within a reset's steps and a new one is under way: its reward waits
+            self.after += float(reward)
+        else:
+            self.reward += float(reward)
+        self.over = self.over or terminated or truncated
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        # A new game: what the last one left unreported goes, unless it ended unreported (within a reset's steps).
+        if not self.over:
+            self.reward = 0.0
+        self.after = 0.0
+        return self.env.reset(**kwargs)
+
+    def report(self) -> tuple[float, bool]:
+        out = (self.reward, self.over)
+        self.reward, self.over, self.after = self.after, False, 0.0
+        return out
+
+
+class ReportGame(gym.Wrapper):
+    """Outermost: each step the agent takes puts the game's reward since the previous one and whether the
+    game ended (from `score`, a GameScore below) in its info: "game_reward" and "game_over"."""
+
+    def __init__(self, env: gym.Env, score: GameScore):
+        super().__init__(env)
+        self.score = score
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        info["game_reward"], info["game_over"] = self.score.report()
+        return obs, reward, terminated, truncated, info
+
+
 def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
     """The per-env wrappers of an Atari preset (the env itself is made with frameskip=1)."""
     if preset not in ATARI_PRESETS:
@@ -204,7 +256,8 @@ def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
     options = ATARI_PRESETS[preset]
 
     def preprocess(env: gym.Env) -> gym.Env:
-        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        env = score = GameScore(gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                                                                grayscale_obs=True))
         if options["episodic_life"]:
             env = EpisodicLife(env)
         meanings = env.unwrapped.get_action_meanings()
@@ -212,9 +265,19 @@ def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
             env = FireReset(env)  # also after a lost life's no-op, as the game waits for FIRE again
         if options["clip_rewards"]:
             env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
-        return gym.wrappers.FrameStackObservation(env, 4)
+        return ReportGame(gym.wrappers.FrameStackObservation(env, 4), score)
 
     return [preprocess]
+
+
+def _per_env(info: dict, key: str, n: int, default) -> np.ndarray:
+    """A step's per-env value of `key` from a same-step-autoreset vector env's info: an env that finished has
+    its step's info under "final_info" (its reset's info took the top level)."""
+    out = np.full(n, default)
+    for source in (info, info.get("final_info", {})):
+        if key in source:
+            out = np.where(source["_" + key], source[key], out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -250,7 +313,7 @@ class GymVecEnv:
         vector_kwargs["autoreset_mode"] = gym.vector.AutoresetMode.SAME_STEP
         vector_kwargs.setdefault("copy", False)  # observations are copied into our own buffer at once
         wrappers = _atari_setup(env_id, preset, env_kwargs) if preset is not None else None
-        if env_id.startswith("ALE/"):  # ale-py registers its ids with gymnasium when asked
+        if env_id.startswith("ALE/") and env_id not in gym.registry:  # ale-py registers its ids with gymnasium when asked
             try:
                 import ale_py
 
@@ -270,6 +333,9 @@ class GymVecEnv:
         self.device = torch.device(device)
         spec = self.envs.spec  # the registered spec (make_vec also resolves "module:Env-v0" ids)
         self.max_episode_steps: int | None = env_kwargs.get("max_episode_steps", spec.max_episode_steps)
+        if preset is not None and self.max_episode_steps is None:  # ALE v5 ends a game at 108,000 frames: 4 a step
+            self.max_episode_steps = env_kwargs.get("max_num_frames_per_episode", 108_000) // 4
+        self._game = preset is not None  # the presets' steps report the game's reward and end (ReportGame)
         self._seed: int | None = seed  # used by the first reset() that gets no seed
         self.render_fps = self.envs.metadata.get("render_fps") or 30
         self._needs_reset = True
@@ -284,7 +350,6 @@ class GymVecEnv:
             self.single_observation_space = _flat_box(self._obs_space)
         self._obs_shape = tuple(self.single_observation_space.shape)
         self.obs_dim = int(np.prod(self._obs_shape))  # numbers per observation
-        self._obs_dtype = np.uint8 if self._image is not None else np.float32
         self._batch_flatten = _batch_flattenable(self._obs_space)
 
         # Actions: Discrete(n) (a `start` offset is added here) or a Box, flattened to 1-D.
@@ -304,21 +369,14 @@ class GymVecEnv:
                 f"{self.env_id}: action space {act_space} is not supported; the scripts handle Box and Discrete actions"
             )
 
-        # One staging buffer of bytes: [obs N*D | final_obs N*D] (float32, or uint8 for images, each
-        # part padded to 4 bytes), float32 [reward N], then bool [terminated N | truncated N | success N].
-        # Viewed as arrays of those dtypes on the host and as tensors of them on the device: no
-        # conversion kernels after the copy.
-        n, d = num_envs, self.obs_dim
-        self._obs_bytes = -(-n * d * np.dtype(self._obs_dtype).itemsize // 4) * 4
-        self._float_bytes = 2 * self._obs_bytes + 4 * n  # everything before the flags
-        self._nbytes = self._float_bytes + 3 * n
-        self._cuda = self.device.type == "cuda"
-        self._action_host: torch.Tensor | None = None  # CUDA: pinned host buffer the actions are copied into
-        if self._cuda:
-            self._staging = torch.empty(self._nbytes, dtype=torch.uint8, pin_memory=True)
-            self._staging_views = self._host_views(self._staging)
-            self._copy_done = torch.cuda.Event()
-            self._copy_pending = False
+        # One staging buffer for a step's results (common.envs.staging): one copy to the device per step.
+        n, obs_dtype = num_envs, torch.uint8 if self._image is not None else torch.float32
+        fields = {"obs": ((n, *self._obs_shape), obs_dtype), "final_obs": ((n, *self._obs_shape), obs_dtype),
+                  "reward": ((n,), torch.float32), "terminated": ((n,), torch.bool), "truncated": ((n,), torch.bool),
+                  "success": ((n,), torch.bool)}
+        if self._game:
+            fields.update(game_reward=((n,), torch.float32), game_over=((n,), torch.bool))
+        self._staging = StepStaging(fields, self.device)
 
     # -- numpy <-> torch, in one place -------------------------------------------------------
 
@@ -331,48 +389,10 @@ class GymVecEnv:
         batched_space = self.envs.observation_space
         return np.stack([spaces.flatten(self._obs_space, o) for o in iterate(batched_space, obs)])
 
-    def _host_buffer(self) -> tuple[torch.Tensor, tuple[np.ndarray, ...]]:
-        """The byte buffer this step's results are written into on the host, and its typed views."""
-        if self._cuda:
-            if self._copy_pending:  # the previous non-blocking copy may still read the pinned buffer
-                self._copy_done.synchronize()
-            return self._staging, self._staging_views
-        host = torch.empty(self._nbytes, dtype=torch.uint8)  # fresh: the returned tensors are views of it
-        return host, self._host_views(host)
-
-    def _host_views(self, host: torch.Tensor) -> tuple[np.ndarray, ...]:
-        """(obs [N, *obs], final_obs [N, *obs], reward [N], terminated [N], truncated [N], success [N]) numpy views of `host`."""
-        n, d, ob = self.num_envs, self.obs_dim, self._obs_bytes
-        raw = host.numpy()
-        obs, final = (raw[i * ob : (i + 1) * ob].view(self._obs_dtype)[: n * d].reshape(n, *self._obs_shape) for i in (0, 1))
-        flags = raw[self._float_bytes :].view(np.bool_)
-        return obs, final, raw[2 * ob : self._float_bytes].view(np.float32), flags[:n], flags[n : 2 * n], flags[2 * n :]
-
-    def _to_device(self, host: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The filled host buffer on the device, in one copy; the typed views of `_host_views` as tensors."""
-        if self._cuda:
-            dev = host.to(self.device, non_blocking=True)  # a new device tensor: the caller may keep the results
-            self._copy_done.record()
-            self._copy_pending = True
-        else:
-            dev = host
-        n, d, ob = self.num_envs, self.obs_dim, self._obs_bytes
-        dtype = torch.uint8 if self._image is not None else torch.float32
-        obs, final = (dev[i * ob : (i + 1) * ob].view(dtype)[: n * d].view(n, *self._obs_shape) for i in (0, 1))
-        flags = dev[self._float_bytes :].view(torch.bool)
-        return obs, final, dev[2 * ob : self._float_bytes].view(torch.float32), flags[:n], flags[n : 2 * n], flags[2 * n :]
-
     def _actions_to_numpy(self, action) -> np.ndarray:
         n = self.num_envs
-        if isinstance(action, torch.Tensor):
-            action = action.detach()
-            if action.device.type != "cpu":  # one copy into a reused pinned buffer; waits for the policy
-                if (self._action_host is None or self._action_host.shape != action.shape
-                        or self._action_host.dtype != action.dtype):
-                    self._action_host = torch.empty(action.shape, dtype=action.dtype, pin_memory=True)
-                action = self._action_host.copy_(action)
-            # A view, not a copy: gymnasium's envs copy actions into their simulators within step.
-            action = action.numpy()
+        if isinstance(action, torch.Tensor):  # a view of a reused buffer: gymnasium's envs copy actions within step
+            action = self._staging.actions_to_host(action)
         action = np.asarray(action)
         if isinstance(self.single_action_space, spaces.Discrete):
             if action.shape == (n, 1):
@@ -400,11 +420,10 @@ class GymVecEnv:
         if seed is None:
             seed, self._seed = self._seed, None
         obs, _ = self.envs.reset(seed=seed)
-        host, views = self._host_buffer()
-        views[0][:] = self._flatten(obs)
-        obs_t = self._to_device(host)[0]
+        host = self._staging.host()
+        host["obs"][:] = self._flatten(obs)
         self._needs_reset = False
-        return self._wrap(obs_t), {}
+        return self._wrap(self._staging.to_device()["obs"]), {}
 
     def step(self, action) -> tuple[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Step every env; finished envs restart in the same call (gymnasium's SAME_STEP autoreset).
@@ -415,7 +434,8 @@ class GymVecEnv:
         if self._needs_reset:
             raise RuntimeError(f"{self.env_id}: call reset() before step()")
         obs, reward, terminated, truncated, info = self.envs.step(self._actions_to_numpy(action))
-        host, (h_obs, h_final, h_reward, h_term, h_trunc, h_success) = self._host_buffer()
+        host = self._staging.host()
+        h_obs, h_final, h_success = host["obs"], host["final_obs"], host["success"]
         h_obs[:] = self._flatten(obs)
         h_final[:] = h_obs  # the returned observation, then the true last one in the rows of finished envs
         done_mask = info.get("_final_obs")
@@ -423,20 +443,27 @@ class GymVecEnv:
             for i in np.flatnonzero(done_mask):
                 last = info["final_obs"][i]
                 h_final[i] = _to_chw(self._image, last[None])[0] if self._image else spaces.flatten(self._obs_space, last)
-        h_reward[:] = reward
-        h_term[:] = terminated
-        h_trunc[:] = truncated
+        host["reward"][:] = reward
+        host["terminated"][:] = terminated
+        host["truncated"][:] = truncated
         # Per-env success at episode end (gymnasium's robotics envs say "is_success"): evaluation's success rate.
         final_info = info.get("final_info", {})
         success_key = next((key for key in ("success", "is_success") if key in final_info), None)
         if success_key is not None:
             reported = np.asarray(final_info.get("_" + success_key, True), dtype=bool)
             h_success[:] = np.asarray(final_info[success_key], dtype=bool) & reported
-        obs_t, final_t, reward_t, term_t, trunc_t, success_t = self._to_device(host)
-        out = {"final_obs": self._wrap(final_t), "log": {}}
+        else:
+            h_success[:] = False
+        if self._game:
+            host["game_reward"][:] = _per_env(info, "game_reward", self.num_envs, 0.0)
+            host["game_over"][:] = _per_env(info, "game_over", self.num_envs, False)
+        dev = self._staging.to_device()
+        out = {"final_obs": self._wrap(dev["final_obs"]), "log": {}}
         if success_key is not None:
-            out["success"] = success_t
-        return self._wrap(obs_t), reward_t, term_t, trunc_t, out
+            out["success"] = dev["success"]
+        if self._game:  # the logged returns are the game's score: its reward, episodes that end with the game
+            out["game_reward"], out["game_over"] = dev["game_reward"], dev["game_over"]
+        return self._wrap(dev["obs"]), dev["reward"], dev["terminated"], dev["truncated"], out
 
     def render(self, env_ids: list[int]) -> list[np.ndarray]:
         """Frames of the envs `env_ids` (built with render_mode="rgb_array"), from gymnasium's renderers."""
