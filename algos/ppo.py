@@ -276,13 +276,12 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
-        final_values = agent.value(agent.normalize(data["final_obs"]))
         next_value = agent.value(agent.normalize(next_obs))
     rewards = data["rewards"]
     if args.reward_norm:
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
-    advantages, returns = compute_advantages(rewards, values, next_value, final_values, data["terminated"],
+    advantages, returns = compute_advantages(rewards, values, next_value, data["final_values"], data["terminated"],
                                              data["truncated"], args.gamma, args.gae_lambda)
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -371,13 +370,19 @@ def train(run, args: Args) -> dict:
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     policy_step = agent_inference.act
 
+    def final_value(final_obs: TensorDict) -> torch.Tensor:
+        """V(final_obs), the time-out bootstrap, at the step: stored in place of a second observation per step (half
+        the storage of frames). The weights and statistics the targets read: nothing changes them within a rollout."""
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+            return agent_inference.value(agent_inference.normalize(final_obs))
+
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         # no autocast cache: a captured acting step must cast the weights itself at every replay
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             action, logprob = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
-        transition = {"obs": obs, "final_obs": info["final_obs"], "actions": action, "logprobs": logprob,
+        transition = {"obs": obs, "final_values": final_value(info["final_obs"]), "actions": action, "logprobs": logprob,
                       "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
         if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
             transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
@@ -414,6 +419,7 @@ def train(run, args: Args) -> dict:
         env_step = compiled(run, env_step)
     else:
         policy_step = captured(run, "acting", compiled(run, policy_step))
+        final_value = captured(run, "final value", compiled(run, final_value))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
         targets_fn = captured(run, "targets", targets_fn)

@@ -191,7 +191,7 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
 @torch.no_grad()
 def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor,
             args: Args):
-    """Episode statistics; max-Q of the next and final observations, batched; the Q(lambda) targets;
+    """Episode statistics; max-Q of the next observations, batched; the Q(lambda) targets;
     then the observation statistics for the next rollout. Returns the flat batch the update reads
     and the counts of non-finite values by name."""
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
@@ -201,9 +201,8 @@ def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: to
     q_max = qnet(obs_n).amax(-1)
     last_q_max = qnet(qnet.obs_rms(next_obs["policy"])).amax(-1)
     next_q_max = torch.cat([q_max[1:], last_q_max.unsqueeze(0)])
-    final_q_max = qnet(qnet.obs_rms(data["final_obs"])).amax(-1)
     rewards = data["rewards"] * args.reward_scale
-    q_targets = q_lambda_targets(rewards, next_q_max, final_q_max, data["terminated"], data["truncated"], args.gamma,
+    q_targets = q_lambda_targets(rewards, next_q_max, data["final_q_max"], data["terminated"], data["truncated"], args.gamma,
                                  args.q_lambda)
     nonfinite_counts = {name: nonfinite(x) for name, x in
                         (("observations", data["obs"]), ("rewards", data["rewards"]), ("targets", q_targets))}
@@ -279,11 +278,17 @@ def train(run, args: Args) -> dict:
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     policy_step = qnet_inference.act
 
+    @torch.no_grad()
+    def final_q_max(final_obs: torch.Tensor) -> torch.Tensor:
+        """max_a Q(final_obs, a), the time-out bootstrap, at the step: stored in place of a second observation per step
+        (half the storage of frames). The weights and statistics the targets read: nothing changes them within a rollout."""
+        return qnet_inference(qnet_inference.obs_rms(final_obs)).amax(-1)
+
     def env_step(obs: TensorDict):
         """Act epsilon-greedily and step every env once: (next observation, the transition to store, the env's info)."""
         action = policy_step(obs["policy"], epsilon)
         next_obs, reward, terminated, truncated, info = envs.step(action)
-        transition = {"obs": obs["policy"], "final_obs": info["final_obs"]["policy"], "actions": action,
+        transition = {"obs": obs["policy"], "final_q_max": final_q_max(info["final_obs"]["policy"]), "actions": action,
                       "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
         if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
             transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
@@ -320,6 +325,7 @@ def train(run, args: Args) -> dict:
         env_step = compiled(run, env_step)
     else:
         policy_step = captured(run, "acting", compiled(run, policy_step))
+        final_q_max = captured(run, "final value", compiled(run, final_q_max))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch: one graph, the batch never leaves it

@@ -111,16 +111,16 @@ def test_steady_state_window_leaves_out_the_warmup():
 
 
 def test_bench_prints_the_bytes_of_a_pixel_rollout_as_uint8(tmp_path, capsys):
-    """--storage-bytes: 4096 envs x 128 steps of 84x84x4 frames (obs and final_obs, 2 x 28,224 bytes, plus
-    18 bytes of actions, log-probs, rewards and flags per transition) as the storage keeps them (uint8),
-    a quarter of the frames' float32 bytes."""
+    """--storage-bytes: 4096 envs x 128 steps of 84x84x4 frames (one frame of 28,224 bytes, plus 22 bytes of
+    V(final_obs), actions, log-probs, rewards and flags per transition: no second frame for the time-out
+    bootstrap) as the storage keeps them (uint8), a quarter of the frames' float32 bytes; 13.8 GiB in all."""
     assert bench.main(["--storage-bytes", "--json", str(tmp_path / "bytes.json")]) == 0
     out = capsys.readouterr().out
-    per = 2 * 4 * 84 * 84 + 8 + 4 + 4 + 1 + 1
-    assert f"4096 envs x 128 steps of 4x84x84 frames (obs and final_obs) as uint8: {per:,} bytes per transition, " \
-           f"{per * 4096 * 128:,} bytes" in out
+    per = 4 * 84 * 84 + 4 + 8 + 4 + 4 + 1 + 1
+    assert f"4096 envs x 128 steps of 4x84x84 frames (obs, and V(final_obs) for the bootstrap) as uint8: {per:,} bytes " \
+           f"per transition, {per * 4096 * 128:,} bytes (13.79 GiB)" in out
     figures = json.loads((tmp_path / "bytes.json").read_text())
-    assert figures["float32"]["bytes_per_transition"] == 4 * 2 * 4 * 84 * 84 + 18
+    assert figures["float32"]["bytes_per_transition"] == 4 * 4 * 84 * 84 + 22
 
 
 def test_learning_results_command_writes_curves_table_and_figures(tmp_path):

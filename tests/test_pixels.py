@@ -119,11 +119,13 @@ def test_storage_keeps_frames_uint8_and_says_its_bytes():
 @pytest.mark.parametrize("algo", ["ppo", "ppo_lstm", "pqn"])
 def test_a_pixel_run_stores_uint8_frames_and_normalizes_only_vector_groups(algo, tmp_path, capsys):
     """Catch's frames go through the encoder (ppo_lstm's: before its cell), are stored as uint8 (the line printed
-    at start says so) and get no normalizer; ppo's and ppo_lstm's vector "critic" group beside them does."""
+    at start says so), once per step (the time-out bootstrap is stored as a value, not as a second frame), and get
+    no normalizer; ppo's and ppo_lstm's vector "critic" group beside them does."""
     run_main(load_script(algo), env_id=CATCH, env_kwargs='{"proprio": true}', encoder="impala", num_envs=8, num_steps=4,
              num_minibatches=2, total_timesteps=64, device="cpu", output_dir=str(tmp_path), run_name="run",
              eval_interval=0, progress=False, hidden_sizes=(16,))
-    assert re.search(r"rollout storage: .* \(obs(\.policy)? uint8 \[2, 6, 6\]", capsys.readouterr().out)
+    line = next(line for line in capsys.readouterr().out.splitlines() if "rollout storage: " in line)
+    assert re.search(r"rollout storage: .* \(obs(\.policy)? uint8 \[2, 6, 6\]", line) and line.count("uint8") == 1, line
     model = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert not any(k.startswith("obs_rms.") for k in model), "no statistics of the image group"
     assert any(".convs." in k for k in model)

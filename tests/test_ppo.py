@@ -198,7 +198,7 @@ def test_compiled_targets_compute_what_eager_computes():
     args = ppo.Args(reward_norm=True, obs_norm=True)
     rows = {"policy": torch.randn(T, N, 3)}
     data = ppo.TensorDict({
-        "obs": rows, "final_obs": {"policy": torch.randn(T, N, 3)}, "actions": torch.randn(T, N, 1),
+        "obs": rows, "final_values": torch.randn(T, N), "actions": torch.randn(T, N, 1),
         "logprobs": torch.randn(T, N), "rewards": torch.randn(T, N), "terminated": torch.rand(T, N) < 0.1,
         "truncated": torch.rand(T, N) < 0.1}, batch_size=[T, N])
     next_obs = ppo.TensorDict({"policy": torch.randn(N, 3)}, batch_size=[N])

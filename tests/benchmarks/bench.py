@@ -612,11 +612,13 @@ def write_json(report: dict, target: str) -> None:
 
 # ----------------------------------------------------------------------------------------------
 def rollout_storage_bytes(num_envs: int, num_steps: int, frame: tuple[int, ...]) -> dict:
-    """The bytes of a ppo.py rollout of `frame` observations (obs and final_obs) as common.buffer's
-    RolloutStorage lays it out, with uint8 frames (as an image group is stored) and, for comparison,
-    float32 ones. The storage keeps the dtypes of its first write and its layout is one transition's
-    repeated num_envs * num_steps times, so a storage of one step of two envs gives the figure
-    without allocating it (28 GiB at 4096 x 128 x 84x84x4)."""
+    """The bytes of a ppo.py rollout of `frame` observations as common.buffer's RolloutStorage lays it
+    out, with uint8 frames (as an image group is stored) and, for comparison, float32 ones. A step
+    stores its observation and, for the time-out bootstrap, V(final_obs) (a float, not a second
+    frame; pqn.py stores max_a Q(final_obs) alike, without the log-prob). The storage keeps the
+    dtypes of its first write and its layout is one transition's repeated num_envs * num_steps
+    times, so a storage of one step of two envs gives the figure without allocating it (13.8 GiB at
+    4096 x 128 x 84x84x4; 27.6 GiB when final_obs was stored too)."""
     from tensordict import TensorDict
 
     from common.buffer import RolloutStorage, bytes_per_transition
@@ -625,8 +627,7 @@ def rollout_storage_bytes(num_envs: int, num_steps: int, frame: tuple[int, ...])
     for dtype in (torch.uint8, torch.float32):
         storage = RolloutStorage(1, 2, "cpu")
         storage.write(0, TensorDict({"obs": {"policy": torch.zeros(2, *frame, dtype=dtype)},
-                                     "final_obs": {"policy": torch.zeros(2, *frame, dtype=dtype)},
-                                     "actions": torch.zeros(2, dtype=torch.long), "logprobs": torch.zeros(2),
+                                     "final_values": torch.zeros(2), "actions": torch.zeros(2, dtype=torch.long), "logprobs": torch.zeros(2),
                                      "rewards": torch.zeros(2), "terminated": torch.zeros(2, dtype=torch.bool),
                                      "truncated": torch.zeros(2, dtype=torch.bool)}, batch_size=[2]))
         name = str(storage.data["obs", "policy"].dtype).replace("torch.", "")
@@ -639,7 +640,8 @@ def print_storage_bytes(figures: dict) -> None:
     n, t, frame = figures["num_envs"], figures["num_steps"], "x".join(map(str, figures["frame"]))
     for name in ("uint8", "float32"):
         f = figures[name]
-        print(f"rollout storage, {n} envs x {t} steps of {frame} frames (obs and final_obs) as {name}: {f['bytes_per_transition']:,} bytes "
+        print(f"rollout storage, {n} envs x {t} steps of {frame} frames (obs, and V(final_obs) for the bootstrap) as {name}: "
+              f"{f['bytes_per_transition']:,} bytes "
               f"per transition, {f['bytes']:,} bytes ({f['bytes'] / 2**30:.2f} GiB)")
     print(f"uint8 / float32: {figures['uint8']['bytes'] / figures['float32']['bytes']:.3f}")
 
