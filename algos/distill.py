@@ -426,8 +426,7 @@ def train(run, args: Args) -> dict:
     student_text = "MLP" if args.cell == "none" else f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
     begin_training(run, f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r}); student "
                         f"{student_text} reads 'policy'; batch {global_batch} per iteration ({args.num_minibatches} minibatches "
-                        f"of {args.num_envs // args.num_minibatches} envs x {args.num_steps} steps per process); compile "
-                        f"{args.compile}, CUDA graphs {args.cudagraphs}", global_batch)
+                        f"of {args.num_envs // args.num_minibatches} envs x {args.num_steps} steps per process)", global_batch)
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1

@@ -457,8 +457,8 @@ def train(run, args: Args) -> dict:
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves it
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
-                        f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}; "
-                        f"compile {args.compile}, CUDA graphs {args.cudagraphs}", global_batch)
+                        f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}",
+                   global_batch)
     iterations_in_stats, storage_said = 0, False
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1

@@ -329,10 +329,9 @@ def train(run, args: Args) -> dict:
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch: one graph, the batch never leaves it
+    graphs = f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update"
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process); compile {'on' if args.compile else 'off'}, CUDA graphs: "
-                        f"{'off' if not args.cudagraphs else 'the whole rollout' if whole_rollout else 'each acting step'}"
-                        f"{', the targets and the whole update' if args.cudagraphs else ''}", global_batch)
+                        f"per process)", global_batch, graphs if args.cudagraphs else None)
     iterations_in_stats, storage_said = 0, False
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.

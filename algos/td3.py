@@ -407,8 +407,8 @@ def train(run, args: Args) -> dict:
     critic_updates = actor_updates = 0
     ready = lambda: len(buffer) >= args.n_step and len(buffer) * steps_per_iteration >= args.learning_starts  # noqa: E731
     was_ready = ready()
-    begin_training(run, f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env; "
-                        f"compile {'on' if args.compile else 'off'}, CUDA graphs: {graphs}", steps_per_iteration)
+    begin_training(run, f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env",
+                   steps_per_iteration, graphs)
     # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1

@@ -120,6 +120,9 @@ class RunArgs:
     a baseline for a modified script: nothing else is taken (no counters, optimizers, schedules or flags); tensors
     whose name or shape differ keep this run's initialisation, and the run says which. A checkpoint that --resume
     finds wins (so --resume auto --init-from X survives restarts)"""
+    resume_other_script: bool = False
+    """let --resume continue a run that another script wrote (the copy it came from, or a copy of it): without it, a
+    resume that would cross scripts stops and names both (start a new run from its weights with --init-from instead)"""
     overwrite: bool = False
     """start over in an existing run directory: remove it whole first (without it, a run never writes over another)"""
     eval_only: bool = False
@@ -163,7 +166,9 @@ class RunArgs:
     progress: bool = True
     """show a progress bar on the main process (only on a terminal, never under CI)"""
     compile: bool | Literal["auto"] = "auto"
-    """torch.compile the hot functions (acting with the env step, targets, update): True, False, or auto (on CUDA)"""
+    """torch.compile the hot functions (acting with the env step, targets, update): True, False, or auto (on CUDA,
+    where it pays for itself within a minute; on a CPU compiling takes minutes, e.g. 220 s for ppo's functions, and
+    eager is faster for the small networks a CPU trains)"""
     cudagraphs: bool | Literal["auto"] = "auto"
     """capture the hot functions in CUDA graphs (a built-in env's whole rollout, the whole update): True, False,
     or auto (on CUDA)"""
@@ -201,7 +206,7 @@ def field_docs(cls) -> dict[str, str]:
         for node, after in zip(body, body[1:]):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
+                docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())  # tyro wraps it
     return docs
 
 
@@ -225,13 +230,14 @@ def parse_args(args_class, argv: list[str] | None = None):
 
     run_names = set(RunArgs.__dataclass_fields__)
     module = sys.modules.get(args_class.__module__)
-    algo = getattr(module, "ALGO", "algorithm")
+    algo = script_name(args_class, getattr(module, "ALGO", "algorithm"))
     cli = make_dataclass("CommandLine", [
         (algo, typing.Annotated[group(f"{algo} flags", lambda n: n not in run_names), tyro.conf.OmitArgPrefixes]),
         ("run", typing.Annotated[group("run flags", lambda n: n in run_names), tyro.conf.OmitArgPrefixes]),
     ])
     description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
     argv = sys.argv[1:] if argv is None else argv
+    check_flag_names(argv, {f.name for f in fields(args_class)})
     parsed = tyro.cli(cli, args=argv, description=description)
     args = args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))
     # the flags the command line names, also where a value equals its default (given_flags); an
@@ -239,6 +245,38 @@ def parse_args(args_class, argv: list[str] | None = None):
     names = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
     args._command_line = {n[3:] if n.startswith("no_") and n[3:] in args_class.__dataclass_fields__ else n for n in names}
     return args
+
+
+def script_name(args_class, algo: str) -> str:
+    """The name a script runs under: its file's, so that a copy (algos/ppo_mine.py) prints, logs, names its runs and
+    writes its checkpoints as `ppo_mine` with no edit; `algo` (the ALGO it declares: the algorithm it implements, which
+    its checkpoints are compatible with) where `args_class` does not come from a script's file."""
+    module = sys.modules.get(getattr(args_class, "__module__", ""))
+    path = getattr(module, "__file__", None)
+    if path is None or not hasattr(module, "ALGO"):
+        return algo
+    from pathlib import Path
+
+    return Path(path).stem
+
+
+def check_flag_names(argv: list[str], names: set[str]) -> None:
+    """Stop with one line for a flag the script does not have, naming the flags it may have meant: tyro's own
+    suggestions go by spelling, so `--lr` gets `--lr-schedule`, not `--learning-rate`; here initials count too."""
+    import difflib
+
+    for token in argv:
+        if not token.startswith("--") or token in ("--help", "--"):
+            continue
+        name = token[2:].split("=")[0].replace("-", "_")
+        if name in names or (name.startswith("no_") and name[3:] in names):  # --no-X: tyro judges whether X is a bool
+            continue
+        initials = [n for n in sorted(names) if "".join(w[0] for w in n.split("_") if w) == name]
+        prefixed = [n for n in sorted(names) if n.startswith(name) or name.startswith(n)]
+        close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.6)
+        meant = list(dict.fromkeys(initials + close + prefixed))[:3]
+        hint = f"; did you mean {' or '.join('--' + n.replace('_', '-') for n in meant)}?" if meant else "; see --help"
+        raise SystemExit(f"error: unknown flag {token.split('=')[0]}{hint}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,6 +304,11 @@ def take_flags_from(run, checkpoint: dict) -> None:
         raise SystemExit(f"error: {run.resume_path} was trained on env {saved['env_id']!r}, not {args.env_id!r}: drop "
                               f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}")
     taken = []
+    run.foreign_flags = {name: value for name, value in saved.items() if not hasattr(args, name)}
+    if run.foreign_flags:  # another script's run (--resume-other-script): its flags stay in its config and checkpoints
+        kept = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in run.foreign_flags.items())
+        run.say(f"notice: the run's flags that {run.algo}.py does not have are kept in its config.json and checkpoints, "
+                f"unused: {kept}")
     for name, value in saved.items():
         if name in RUN_FLAGS or name in run.given or not hasattr(args, name):
             continue

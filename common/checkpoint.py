@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # 2: per-rank state (RNG, env, ...) under "ranks", optimizers under "optimizers" (1: "rng", "env", "optimizer")
 FORMAT_VERSION = 4
 # The keys of the format itself (v3 and v4): a v3 checkpoint's other keys are the script's own state.
-FORMAT_KEYS = {"format_version", "algo", "env_id", "args", "world_size", "global_step", "iteration", "best_eval_return",
+FORMAT_KEYS = {"format_version", "algo", "algorithm", "totals", "env_id", "args", "world_size", "global_step", "iteration", "best_eval_return",
                "model", "optimizers", "ranks", "state"}
 RANK_KEYS = {"rng", "env", "next_obs", "buffer", "state"}
 LAST, BEST = "last.pt", "best.pt"
@@ -47,6 +47,39 @@ LAST, BEST = "last.pt", "best.pt"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable, or belongs to another run shape."""
+
+
+def algorithm_of(ckpt: dict) -> str:
+    """The algorithm a checkpoint is of (the ALGO of the script that wrote it): its "algorithm" entry, or, in a
+    checkpoint written before scripts took their names from their files, its "algo"."""
+    return ckpt.get("algorithm", ckpt.get("algo"))
+
+
+def check_written_by(run: Run, ckpt: dict, path) -> None:
+    """That `ckpt`, which --resume points to, continues a run of this script. A checkpoint of another
+    algorithm cannot (CheckpointError); one that another script of the same algorithm wrote (a copy, or
+    the original of this copy) stops with one line naming both and the way on, unless
+    --resume-other-script says the user means it. --eval-only reads any checkpoint of the algorithm."""
+    writer = ckpt.get("algo")
+    if algorithm_of(ckpt) != run.algorithm:
+        raise CheckpointError(f"{path} was written by {writer!r}, not {run.algo!r}: it cannot resume this script")
+    if writer != run.algo and not (run.args.eval_only or run.args.resume_other_script):
+        raise CheckpointError(
+            f"{path} is a run of {writer}.py, not of {run.algo}.py: resuming it here would go on with this script's "
+            f"code and flags in the other's run. Start a new run from its weights with --init-from {path}, resume it "
+            f"with {writer}.py, or pass --resume-other-script to continue it with {run.algo}.py")
+
+
+def run_totals(run: Run) -> dict:
+    """What a run's summary adds up over all its processes (a run resumed k times has k + 1): wall and phase
+    seconds, the number of processes, and the last training return (a process that finished no episode keeps
+    the one before). Saved in every checkpoint; the next process starts from the one it resumes."""
+    before = run.totals
+    seconds = dict(before.get("seconds", {}))
+    for phase, s in run.seconds.items():
+        seconds[phase] = seconds.get(phase, 0.0) + s
+    return {"wall_seconds": before.get("wall_seconds", 0.0) + time.time() - run.start_time, "seconds": seconds,
+            "processes": before.get("processes", 0) + 1, "last_train_return": run.last_train_return}
 
 
 def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
@@ -82,7 +115,8 @@ def load_checkpoint(
     env_id: str | None = None,
     map_location: str | torch.device = "cpu",
 ) -> dict:
-    """Load a checkpoint safely and check that it belongs to `algo` and `env_id` when given."""
+    """Load a checkpoint safely and check that it belongs to `algo` (an ALGO: a copy's checkpoints belong to its
+    original's) and `env_id` when given."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: check the path, or start without --resume")
@@ -111,7 +145,7 @@ def load_checkpoint(
             f"{path} has format version {state['format_version']}, {age} than this code's {FORMAT_VERSION}: "
             f"use the version of the scripts that wrote it"
         )
-    if algo is not None and state.get("algo") != algo:
+    if algo is not None and algorithm_of(state) != algo:
         raise CheckpointError(f"{path} was written by {state.get('algo')!r}, not {algo!r}: it cannot resume this script")
     if env_id is not None and state.get("env_id") != env_id:
         raise CheckpointError(
@@ -315,7 +349,8 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
     ranks = distributed.gather_object(_to_cpu(mine))
     if run.is_main:
         checkpoint = {
-            "format_version": FORMAT_VERSION, "algo": run.algo, "env_id": args.env_id, "args": asdict(args),
+            "format_version": FORMAT_VERSION, "algo": run.algo, "algorithm": run.algorithm, "env_id": args.env_id,
+            "args": {**run.foreign_flags, **asdict(args)}, "totals": run_totals(run),
             "world_size": run.world_size, "global_step": run.global_step, "iteration": run.iteration,
             "best_eval_return": run.best_eval_return, "model": state.model.state_dict(),
             "optimizers": {k: opt.state_dict() for k, opt in state.optimizers.items()},

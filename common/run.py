@@ -1,6 +1,6 @@
 """The run lifecycle every script shares, as plain functions over one small dataclass.
 
-    run = start_run(args, "ppo")             # torchrun's group and this rank's device; writes nothing
+    run = start_run(args, ALGO)              # torchrun's group and this rank's device; writes nothing
     with closing(run):                       # whatever ends the run: graphs, writers, group released
         open_run(run)                        # the run dir's name, the checkpoint to resume (its flags taken)
         envs, eval_envs = make_envs(run)     # per-rank seeds, a clear error for a bad id or kwargs
@@ -44,10 +44,11 @@ import numpy as np
 import torch
 
 from common import distributed, video
-from common.args import check_numbers, derive_seed, env_seed, eval_seed, given_flags, take_flags_from
-from common.capture import peak_memory_mb, read_timings, release_graphs
+from common.args import check_numbers, derive_seed, env_seed, eval_seed, given_flags, script_name, take_flags_from
+from common.capture import check_torch, peak_memory_mb, read_timings, release_graphs
 from common.checkpoint import (
-    BEST, LAST, CheckpointError, checkpoint_dir, elastic_restart_count, load_checkpoint, resolve_resume, stable_run_name,
+    BEST, LAST, CheckpointError, check_written_by, checkpoint_dir, elastic_restart_count, load_checkpoint, resolve_resume,
+    run_totals, stable_run_name,
 )
 from common.envs import eval_env_kwargs, make_env
 from common.stats import closing_words
@@ -58,7 +59,8 @@ class Run:
     """The handles and counters of one run, on every rank. Checkpoints carry the counters."""
 
     args: Any
-    algo: str
+    algo: str  # the script's name, from its file: a copy (algos/ppo_mine.py) is "ppo_mine" with no edit
+    algorithm: str  # the ALGO the script declares (a copy keeps its original's): which checkpoints it can read
     rank: int
     world_size: int
     device: torch.device
@@ -96,6 +98,8 @@ class Run:
     action_space: Any = None
     given: set = field(default_factory=set)  # the flags the command line set (see given_flags)
     final_step: int = 0  # the global step the run ends at (begin_training)
+    totals: dict = field(default_factory=dict)  # wall and phase seconds of the run's earlier processes (its checkpoint)
+    foreign_flags: dict = field(default_factory=dict)  # flags of the resumed run that this script lacks: kept, unused
 
     def say(self, msg: str) -> None:
         """Print a line on rank 0 (above the progress bar, if one is shown)."""
@@ -109,10 +113,13 @@ class Run:
 def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) -> Run:
     """Join torchrun's process group (when launched by it) and pick this rank's device. Writes nothing.
 
+    `algo` is the script's ALGO, the algorithm it implements; the run takes its name from the script's file
+    (`script_name`), so a copy is a script of its own that still reads its original's checkpoints.
     `device_defaults` {flag: (on CUDA, elsewhere)} fills the flags left at None once the device is
     known (sizes that suit a GPU starve a CPU of gradient steps); the resolved values are what the
     run's config.json and checkpoints record.
     """
+    check_torch()  # a torch outside pyproject.toml's range: one line (an older one stops here)
     given = given_flags(args)
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     cuda = info.device.type == "cuda"
@@ -148,7 +155,7 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         # step are the same code objects in every run of one process, and once their entries reach
         # the recompile limit dynamo runs them eagerly without a word. Each run compiles its own.
         torch._dynamo.reset()
-    return Run(args=args, algo=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main,
+    return Run(args=args, algo=script_name(type(args), algo), algorithm=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main,
                given=given)
 
 
@@ -234,13 +241,16 @@ def open_run(run: Run) -> dict | None:
         if args.eval_only and run.resume_path is None:
             raise CheckpointError("--eval-only needs --resume PATH of a checkpoint")
         if run.resume_path is not None:
-            run.checkpoint = load_checkpoint(run.resume_path, algo=run.algo)
+            run.checkpoint = load_checkpoint(run.resume_path)
+            check_written_by(run, run.checkpoint, run.resume_path)
             take_flags_from(run, run.checkpoint)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
     if run.checkpoint is not None:
         run.global_step, run.iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
         run.best_eval_return = run.checkpoint["best_eval_return"]
+        run.totals = run.checkpoint.get("totals", {})
+        run.last_train_return = run.totals.get("last_train_return", math.nan)  # until an episode of this process ends
         if args.total_timesteps < run.global_step and not args.eval_only:
             raise SystemExit(f"error: {run.resume_path} is at global step {run.global_step:,}, past --total-timesteps "
                              f"{args.total_timesteps:,}: drop --total-timesteps (the run's is "
@@ -267,9 +277,13 @@ def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
     return None
 
 
-def begin_training(run: Run, description: str, steps_per_iteration: int) -> None:
-    """Write the run directory (config.json, TensorBoard, wandb), print what runs, and start the
-    clocks, the signal handler and the progress bar: the loop starts next. A collective.
+def begin_training(run: Run, description: str, steps_per_iteration: int, graphs: str | None = None) -> None:
+    """Write the run directory (config.json, TensorBoard, wandb), print what runs (`description`, then
+    compile and CUDA graphs, `graphs` saying what is captured), and start the clocks, the signal
+    handler and the progress bar: the loop starts next. A collective.
+
+    A resumed run that is at its end already (no whole iteration left) says so and exits (status 0)
+    before anything is written: its summary, logs and checkpoints stay as they were.
 
     The run ends at the last whole iteration within --total-timesteps (at least one): the progress
     bar counts to those steps, run.final_step."""
@@ -277,8 +291,13 @@ def begin_training(run: Run, description: str, steps_per_iteration: int) -> None
     total = max(args.total_timesteps, steps_per_iteration)
     run.final_step = run.global_step + (total - run.global_step) // steps_per_iteration * steps_per_iteration
     ckpt = run.checkpoint
-    if ckpt is not None and run.final_step == run.global_step < args.total_timesteps and (
-            ckpt["args"]["num_envs"] != args.num_envs or ckpt["world_size"] != run.world_size):
+    same_shape = ckpt is not None and ckpt["args"]["num_envs"] == args.num_envs and ckpt["world_size"] == run.world_size
+    if ckpt is not None and run.final_step == run.global_step and (same_shape or run.global_step >= args.total_timesteps):
+        # the run is at its end: resuming it changes nothing, its summary and logs least of all
+        run.say(f"{run.algo}: the run in {run.run_dir} is finished (global step {run.global_step:,} of --total-timesteps "
+                f"{args.total_timesteps:,}); nothing to do, no file changed. Extend it with a larger --total-timesteps")
+        raise SystemExit(0)
+    if ckpt is not None and run.final_step == run.global_step < args.total_timesteps and not same_shape:
         # resumed with bigger iterations than the run's, and not one fits in what is left of it
         raise SystemExit(f"error: an iteration of {run.world_size} process(es) x {args.num_envs} envs is "
                          f"{steps_per_iteration:,} env steps, more than the {args.total_timesteps - run.global_step:,} "
@@ -293,9 +312,12 @@ def begin_training(run: Run, description: str, steps_per_iteration: int) -> None
     run.steps_at_start = run.reduced_step = run.global_step
     if not run.is_main:
         return
-    print(f"{run.algo} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
-          f"{description}; {(run.final_step - run.global_step) // steps_per_iteration} iterations to step "
-          f"{run.final_step:,}; run dir {run.run_dir}", flush=True)
+    compiling = "on" + (" (compiling takes minutes on a CPU)" if run.device.type == "cpu" else "") if args.compile else "off"
+    copied = f" (a copy of {run.algorithm}.py)" if run.algo != run.algorithm else ""
+    print(f"{run.algo}{copied} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
+          f"{description}; compile {compiling}, CUDA graphs: {graphs or ('on' if args.cudagraphs else 'off')}; "
+          f"{(run.final_step - run.global_step) // steps_per_iteration} iterations to step {run.final_step:,}; "
+          f"run dir {run.run_dir}", flush=True)
     if args.progress and not os.environ.get("CI") and sys.stderr.isatty():
         from tqdm import tqdm
 
@@ -309,7 +331,7 @@ def _write_run_dir(run: Run) -> str | None:
         if args.overwrite and run.run_dir.is_dir():
             shutil.rmtree(run.run_dir)
         checkpoint_dir(run.run_dir).mkdir(parents=True, exist_ok=True)
-        (run.run_dir / "config.json").write_text(json.dumps(asdict(args), indent=2))
+        (run.run_dir / "config.json").write_text(json.dumps({**run.foreign_flags, **asdict(args)}, indent=2))
     except OSError as e:
         return f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir"
     if args.track:
@@ -413,14 +435,16 @@ def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
         print("warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged them", flush=True)
     read_timings(run)
     ckpts = checkpoint_dir(run.run_dir)
+    totals = run_totals(run)  # the whole run's: this process's seconds on top of its earlier processes'
     summary = {
-        "algo": run.algo, "env_id": run.args.env_id, "run_dir": str(run.run_dir), "global_step": run.global_step,
-        "iteration": run.iteration, "wall_seconds": time.time() - run.start_time, "sps": run.sps,
+        "algo": run.algo, "algorithm": run.algorithm, "env_id": run.args.env_id, "run_dir": str(run.run_dir),
+        "global_step": run.global_step, "iteration": run.iteration, "wall_seconds": totals["wall_seconds"],
+        "processes": totals["processes"], "sps": run.sps,
         "last_train_return": None if math.isnan(run.last_train_return) else run.last_train_return,  # strict JSON
         "best_eval_return": run.best_eval_return if run.best_eval_return > -math.inf else None,
         "stop_reason": run.stop_reason or "total_timesteps", "world_size": run.world_size, "params_in_sync": in_sync,
-        "rollout_seconds": run.seconds.get("rollout"), "update_seconds": run.seconds.get("update"),
-        "evaluation_seconds": run.seconds.get("evaluation", 0.0),
+        "rollout_seconds": totals["seconds"].get("rollout"), "update_seconds": totals["seconds"].get("update"),
+        "evaluation_seconds": totals["seconds"].get("evaluation", 0.0),
         # until each hot function ran compiled and captured (its first calls, their work included)
         "compile_seconds": sum(run.compile_seconds.values()), "compile_seconds_by_function": run.compile_seconds,
         "compile": bool(run.args.compile), "cudagraphs": bool(run.args.cudagraphs),

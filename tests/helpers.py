@@ -37,10 +37,10 @@ def subprocess_env() -> dict:
     return env
 
 
-def run(cmd: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run `cmd` in its own process group; kill the whole group on timeout."""
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env or subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cmd, cwd=cwd, env=env or subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
     try:

@@ -8,6 +8,7 @@ exactly once, so a change to ppo.py that moves an anchor fails here loudly, not 
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from common.args import Ge, Le, RunArgs, check_numbers, given_flags, parse_args
-from tests.helpers import ROOT, load_script, run_main
+from tests.helpers import ROOT, load_script, run, run_main, subprocess_env
 from tests.test_scripts import assert_runs_alike, next_second, scalars
 
 # The copy's edits: (anchor in ppo.py, what replaces it)
@@ -110,16 +111,21 @@ def test_a_copy_resumes_its_own_state_exactly_and_starts_from_the_original_with_
     run_main(module, **common, resume="auto")
     assert own_state(tmp_path / "copy" / "run") == own_state(out / "eager" / "run")  # bit for bit
 
-    # the original script's checkpoint lacks the copy's state: one line, and the way on
+    # a resume that crosses scripts stops, naming both (the copy's run is not the original's, nor the reverse)
     ppo = load_script("ppo")
     plain = {k: v for k, v in TINY.items() if k not in ("weight_norm", "warmup_iters")}
     run_main(ppo, **plain, output_dir=str(tmp_path / "ppo"), total_timesteps=2 * ITERATION)
     original = tmp_path / "ppo" / "run" / "checkpoints" / "last.pt"
+    with pytest.raises(SystemExit, match=rf"^error: {original} is a run of ppo.py, not of ppo_ema.py: .*--init-from {original}"):
+        run_main(module, **TINY, output_dir=str(tmp_path / "x"), resume=str(original))
+    # meant (--resume-other-script): the original's checkpoint lacks the copy's state, one line and the way on
     with pytest.raises(SystemExit, match=rf"^error: {original} .*lacks adv_ema \(shared\), which this script declares;.*"
                                          rf"--init-from {original}$"):
-        run_main(module, **TINY, output_dir=str(tmp_path / "x"), resume=str(original))
-    with pytest.raises(SystemExit, match=r"holds adv_ema \(shared\), which this script does not declare"):
+        run_main(module, **TINY, output_dir=str(tmp_path / "x"), resume=str(original), resume_other_script=True)
+    with pytest.raises(SystemExit, match=r"is a run of ppo_ema.py, not of ppo.py"):
         run_main(ppo, **plain, output_dir=str(tmp_path / "y"), resume=str(out / "eager" / "run"))
+    with pytest.raises(SystemExit, match=r"holds adv_ema \(shared\), which this script does not declare"):
+        run_main(ppo, **plain, output_dir=str(tmp_path / "y"), resume=str(out / "eager" / "run"), resume_other_script=True)
 
     # --init-from: the original's weights and normalizers, nothing else (a new run from step 0)
     capsys.readouterr()
@@ -208,3 +214,124 @@ def test_the_given_flags_are_the_command_lines_whatever_the_class_is_called(monk
     args = parse_args(Renamed)
     assert args.rate == 0.25 and {"rate", "track", "seed"} <= given_flags(args)  # 0.25 is the default: named all the same
     assert "warmup_iters" not in given_flags(args) and "rate" not in given_flags(Renamed())
+
+
+# ----------------------------------------------------------------------------------------------
+# a copy's identity: its own name everywhere, a resume that never crosses scripts unasked, and a
+# finished run that a resume leaves as it was
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mine(tmp_path_factory):
+    """algos/ppo.py copied to ppo_mine.py with two new flags (the copy's first two edits), ALGO kept, as the
+    README says; nothing else changed."""
+    text = (ROOT / "algos" / "ppo.py").read_text()
+    for anchor, replacement in EDITS[:2]:
+        assert text.count(anchor) == 1, f"the copy's edit no longer applies to algos/ppo.py: {anchor!r}"
+        text = text.replace(anchor, replacement)
+    path = tmp_path_factory.mktemp("mine") / "ppo_mine.py"
+    path.write_text(text)
+    yield load_script("ppo_mine", path)
+    sys.modules.pop("ppo_mine", None)
+
+
+PLAIN = {k: v for k, v in TINY.items() if k not in ("weight_norm", "warmup_iters")}
+
+
+def test_a_copy_is_its_own_script_in_its_run_name_summary_and_checkpoints(mine, tmp_path, capsys):
+    summary = run_main(mine, **{**TINY, "run_name": None}, output_dir=str(tmp_path), total_timesteps=ITERATION)
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.name.startswith("Pendulum-v1__ppo_mine__1__"), run_dir.name
+    assert (summary["algo"], summary["algorithm"]) == ("ppo_mine", "ppo")
+    assert json.loads((run_dir / "summary.json").read_text())["algo"] == "ppo_mine"
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert (state["algo"], state["algorithm"]) == ("ppo_mine", "ppo")
+    said = capsys.readouterr().out
+    assert "ppo_mine (a copy of ppo.py) on Pendulum-v1: 1 process(es) x 16 envs on cpu;" in said
+    assert "ppo_mine on Pendulum-v1: 128 steps (1 iterations)" in said
+
+
+def test_a_resume_never_crosses_scripts_unasked_and_keeps_every_flag_of_the_run(mine, tmp_path, capsys):
+    ppo = load_script("ppo")
+    run_main(mine, **{**TINY, "warmup_iters": 3}, output_dir=str(tmp_path), total_timesteps=ITERATION)
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    # the original takes over the copy's run only when told to
+    with pytest.raises(SystemExit, match=rf"^error: {last} is a run of ppo_mine.py, not of ppo.py: .*--init-from {last}, "
+                                         r"resume it with ppo_mine.py, or pass --resume-other-script"):
+        run_main(ppo, **PLAIN, output_dir=str(tmp_path), resume="auto", total_timesteps=2 * ITERATION)
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before, "a refused resume writes nothing"
+    # and so the copy with the original's run
+    run_main(ppo, **PLAIN, output_dir=str(tmp_path / "ppo"), total_timesteps=ITERATION)
+    with pytest.raises(SystemExit, match=r"is a run of ppo.py, not of ppo_mine.py"):
+        run_main(mine, **TINY, output_dir=str(tmp_path / "ppo"), resume="auto", total_timesteps=2 * ITERATION)
+    # told: it continues, and the copy's flags stay in the run's config and checkpoints, named once
+    next_second()
+    capsys.readouterr()
+    done = run_main(ppo, **PLAIN, output_dir=str(tmp_path), resume="auto", total_timesteps=2 * ITERATION,
+                    resume_other_script=True)
+    assert done["global_step"] == 2 * ITERATION
+    assert "flags that ppo.py does not have are kept in its config.json and checkpoints, unused: --weight-norm 0.0 " \
+           "--warmup-iters 3" in capsys.readouterr().out
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["warmup_iters"] == 3 and config["weight_norm"] == 0.0 and config["resume_other_script"] is True
+    assert torch.load(last, weights_only=True)["args"]["warmup_iters"] == 3
+
+
+def test_resuming_a_finished_run_changes_no_file_and_extending_it_adds_up_the_whole_run(tmp_path, capsys):
+    ppo = load_script("ppo")
+    first = run_main(ppo, **{**PLAIN, "eval_interval": 1}, output_dir=str(tmp_path), total_timesteps=2 * ITERATION + 5)
+    files = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()}
+    next_second()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        run_main(ppo, **PLAIN, output_dir=str(tmp_path), resume="auto")
+    assert stopped.value.code == 0
+    assert f"the run in {tmp_path / 'run'} is finished (global step 256 of --total-timesteps 261); nothing to do, no " \
+           "file changed. Extend it with a larger --total-timesteps" in capsys.readouterr().out
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()} == files
+    # a larger --total-timesteps extends it; the summary covers both processes
+    extended = run_main(ppo, **PLAIN, output_dir=str(tmp_path), resume="auto", total_timesteps=3 * ITERATION)
+    assert extended["global_step"] == 3 * ITERATION and extended["processes"] == 2
+    assert extended["wall_seconds"] > first["wall_seconds"] and extended["rollout_seconds"] > first["rollout_seconds"]
+    assert extended["best_eval_return"] >= first["best_eval_return"]
+
+
+def test_a_flag_the_script_lacks_names_the_flags_meant(monkeypatch, capsys):
+    ppo = load_script("ppo")
+    for given, meant in (("--lr", "did you mean --learning-rate"), ("--num-env", "did you mean --num-envs"),
+                         ("--lerning-rate=3e-4", "did you mean --learning-rate?")):
+        with pytest.raises(SystemExit, match=rf"^error: unknown flag {given.split('=')[0]}; {meant}"):
+            parse_args(ppo.Args, [given, "3e-4"] if "=" not in given else [given])
+    assert parse_args(ppo.Args, ["--learning-rate", "3e-4", "--no-track"]).learning_rate == 3e-4
+
+
+def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
+    """A fresh checkout (algos/, tests/, pyproject.toml; common/ as installed), then the README's copy:
+    `cp algos/ppo.py algos/ppo_myidea.py`, a flag with a declared range and a logged statistic. Every
+    contract test of tests/test_scripts.py runs on it with ppo's tiny settings, as it would in the
+    README's test command, but for the torchrun faults, videos and the compiled runs of other capture
+    layouts, which run ppo's code paths unchanged (ppo's own tests run them)."""
+    import shutil
+
+    for part in ("algos", "tests"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    text = (tmp_path / "algos" / "ppo.py").read_text()
+    for anchor, replacement in [
+        ("class Args(RunArgs):\n", 'class Args(RunArgs):\n    adv_clip: Annotated[float, Gt(0)] = 5.0\n'
+                                   '    """advantages clipped to [-adv_clip, adv_clip] after normalization"""\n'),
+        ("    pg_loss = torch.max(-adv * ratio, ", "    adv = adv.clamp(-args.adv_clip, args.adv_clip)\n    pg_loss = torch.max(-adv * ratio, "),
+        ('{"explained_variance": explained_variance}', '{"explained_variance": explained_variance, "adv_abs": advantages.abs().mean()}'),
+    ]:
+        assert text.count(anchor) == 1, f"the README's copy no longer applies to algos/ppo.py: {anchor!r}"
+        text = text.replace(anchor, replacement)
+    (tmp_path / "algos" / "ppo_myidea.py").write_text(text)
+    env = dict(subprocess_env(), PYTHONPATH=str(tmp_path))
+    # compiled against eager in the plain layout only: the other layouts compile ppo's code, which ppo's own runs check
+    others = [f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[ppo_myidea-{i}]"
+              for i in range(1, 5)]
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests/test_scripts.py",
+                  "-k", "every_script or (ppo_myidea and not sigterm and not sigkill and not video and not two_process)",
+                  *others], timeout=900, env=env, cwd=tmp_path)
+    assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
+    assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]

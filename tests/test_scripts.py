@@ -118,11 +118,11 @@ def algo_of(script: str) -> str:
 TINY.update({script: TINY[algo_of(script)] for script in SCRIPTS if script not in TINY and algo_of(script) in TINY})
 COMMON = dict(device="cpu", progress=False, run_name="run", num_eval_envs=4, eval_interval=0, save_interval=10_000,
               hidden_sizes=(32, 32), env_kwargs='{"max_episode_steps": 16}')
-SUMMARY_FIELDS = {"algo", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
+SUMMARY_FIELDS = {"algo", "algorithm", "processes", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
                   "best_eval_return", "stop_reason", "world_size", "params_in_sync", "rollout_seconds", "update_seconds",
                   "peak_memory_mb", "checkpoints", "compile_seconds", "compile_seconds_by_function", "compile", "cudagraphs",
                   "evaluation_seconds"}
-CHECKPOINT_FIELDS = {"format_version", "algo", "env_id", "args", "world_size", "global_step", "iteration",
+CHECKPOINT_FIELDS = {"format_version", "algo", "algorithm", "totals", "env_id", "args", "world_size", "global_step", "iteration",
                      "best_eval_return", "model", "optimizers", "ranks"}
 
 
@@ -238,7 +238,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(algo, tmp_path):
     last = train(algo, tmp_path / "b", resume="auto", **common)
     assert last["global_step"] == full["global_step"] == units(algo, 6)
     a, b = checkpoint(tmp_path / "a"), checkpoint(tmp_path / "b")
-    a.pop("args"), b.pop("args")  # --resume and --max-wall-seconds differ; everything else must not
+    a, b = without_flags_and_clocks(a), without_flags_and_clocks(b)  # --resume and --max-wall-seconds differ
     assert_same(a, b)
     assert full["best_eval_return"] == last["best_eval_return"]
     # and the curves are one run's: the same values at the same steps (all but the clocks)
@@ -257,7 +257,9 @@ def test_checkpoints_load_weights_only_and_eval_only_gives_back_the_best_return(
     for name in ("last.pt", "best.pt"):
         state = checkpoint(tmp_path, name)  # torch.load(weights_only=True): plain values and tensors only
         assert CHECKPOINT_FIELDS <= set(state), CHECKPOINT_FIELDS - set(state)
-        assert state["algo"] == algo_of(algo) and state["format_version"] == FORMAT_VERSION and len(state["ranks"]) == 1
+        # a copy is its own script (its file's name) of its original's algorithm (its ALGO)
+        assert (state["algo"], state["algorithm"]) == (summary["algo"], summary["algorithm"]) == (algo, algo_of(algo))
+        assert state["format_version"] == FORMAT_VERSION and len(state["ranks"]) == 1
         assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
     assert checkpoint(tmp_path)["iteration"] == 4 * sync and checkpoint(tmp_path)["global_step"] == units(algo, 4)
     best = checkpoint(tmp_path, "best.pt")
@@ -380,12 +382,20 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
         assert 4 * sum(v for _, v in means) == pytest.approx(summary[f"{phase}_seconds"], rel=1e-5)
 
 
+def without_flags_and_clocks(ckpt: dict) -> dict:
+    """A checkpoint but for its flags and the clocks of its totals (seconds, processes), which two runs that
+    computed the same may differ in; its last training return stays."""
+    totals = ckpt.pop("totals")
+    ckpt.pop("args")
+    return {**ckpt, "last_train_return": totals["last_train_return"]}
+
+
 def assert_runs_alike(eager_dir: Path, compiled_dir: Path, rtol: float = 1e-4, atol: float = 1e-5) -> None:
     """Two runs of one script computed the same, up to float rounding: every value of their last.pt
     (model, optimizers, the script's own shared and per-rank state, RNG, env state, replay buffers,
     counters; all but the flags) and every logged scalar but the clocks, at the same steps."""
     a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (eager_dir, compiled_dir))
-    a.pop("args"), b.pop("args")
+    a, b = without_flags_and_clocks(a), without_flags_and_clocks(b)
     flat_a, spec_a = torch.utils._pytree.tree_flatten(a)
     flat_b, spec_b = torch.utils._pytree.tree_flatten(b)
     assert spec_a == spec_b, "the two checkpoints hold other entries"
@@ -395,8 +405,10 @@ def assert_runs_alike(eager_dir: Path, compiled_dir: Path, rtol: float = 1e-4, a
             torch.testing.assert_close(y, x, rtol=rtol, atol=atol, msg=lambda m, path=path: f"last.pt{path}: {m}")
         elif torch.is_tensor(x):
             assert torch.equal(x, y), f"last.pt{path}"
+        elif isinstance(x, float):  # a statistic read from the device (the last training return)
+            assert y == pytest.approx(x, rel=rtol, abs=atol, nan_ok=True), f"last.pt{path}: {x} != {y}"
         else:
-            assert x == y or (x != x and y != y), f"last.pt{path}: {x} != {y}"
+            assert x == y, f"last.pt{path}: {x} != {y}"
     curves_a, curves_b = scalars(eager_dir), scalars(compiled_dir)
     assert curves_a.keys() == curves_b.keys(), curves_a.keys() ^ curves_b.keys()
     for tag, points in curves_a.items():
@@ -599,7 +611,7 @@ def test_two_process_resume_is_bit_identical(algo, tmp_path):
                   timeout=240)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     a, b = checkpoint(tmp_path, run_name="full"), checkpoint(tmp_path, run_name="cut")
-    a.pop("args"), b.pop("args")
+    a, b = without_flags_and_clocks(a), without_flags_and_clocks(b)
     assert_same(a, b)
     assert summary_of(tmp_path, "full")["params_in_sync"] and summary_of(tmp_path, "cut")["params_in_sync"]
 
