@@ -56,6 +56,32 @@ def read_timings(run: Run) -> None:
     run.pending_timings.clear()
 
 
+# The torch releases this project supports, as pyproject.toml states them (a test keeps the two equal):
+# from the oldest whose contract tests pass with everything the scripts use (tensordict 0.15.2+ needs
+# 2.11) to the newest that CI has run. Outside it, `check_torch` says so in one line at start.
+TORCH_RANGE = ("2.11", "2.15")
+
+
+def check_torch(version: str | None = None) -> None:
+    """Nothing for a torch in TORCH_RANGE (`version`: torch.__version__ unless given). Below it, the run
+    stops with one line (SystemExit) naming the version found and the range; above it, rank 0 prints
+    that line as a notice and the run goes on (a newer torch may well work; nothing here ran on it)."""
+    import os
+    import re
+
+    version = str(version or torch.__version__)
+    lo, hi = TORCH_RANGE
+    major_minor = lambda v: tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", v).groups())  # noqa: E731
+    release = major_minor(version)  # 2.11.0a0+git... (a build of 2.11) counts as 2.11
+    wanted = f"torch>={lo},<{hi}"
+    if release < major_minor(lo):
+        raise SystemExit(f"error: torch {version} is older than this project supports ({wanted}): "
+                         f'install a supported one, e.g. pip install "{wanted}"')
+    if release >= major_minor(hi) and os.environ.get("RANK", "0") == "0":
+        print(f"notice: torch {version} is newer than the releases this project has run on ({wanted}); if "
+              f'something fails, try pip install "{wanted}"', flush=True)
+
+
 def compiled(run: Run, fn: Callable) -> Callable:
     """`fn` under `torch.compile` with --compile, else `fn`: for the per-step functions (acting and
     the env step, a minibatch's update) whose loops `captured` then takes whole.
@@ -65,49 +91,145 @@ def compiled(run: Run, fn: Callable) -> Callable:
     of tensors it only reads from or adds into in place (a new key in a dict makes dynamo trace
     again: create the sums before, as common.stats.add_to does in a captured function's eager
     warm-up). Python values (counters, attributes) it changes are traced as constants: keep them
-    outside. One case torch.compile gets wrong is handled here: an in-place write to a 0-d float64
-    tensor on the CPU (`ema.mul_(0.9).add_(x)`) is dropped from the compiled graph (torch 2.13;
-    dynamo takes such tensors for Python floats); a graph with one runs uncompiled, whole and
-    correct, and the run says which tensor it was (a [1]-shaped or float32 one compiles).
+    outside.
+
+    One thing some torch releases get wrong is handled here: inductor drops in-place writes to 0-d
+    float64 CPU tensors (`ema.mul_(0.9).add_(x)`, `ema += x`, `torch.mul(ema, 0.9, out=ema)` leave
+    `ema` as it was on torch 2.13; 2.14 keeps them). Which writes a torch loses is not read from
+    its version: `lost_writes` compiles a small function once per process and device and looks.
+    Where nothing is lost, `fn` compiles as it is; where something is, a graph that makes such a
+    write runs uncompiled (whole and correct) and the run says which tensor it was.
     """
     if not run.args.compile:
         return fn
-    return torch.compile(fn, backend=functools.partial(_inductor_keeping_writes, run, getattr(fn, "__name__", "fn")))
+    lost = lost_writes(run.device)
+    if not lost:
+        return torch.compile(fn)
+    return torch.compile(fn, backend=functools.partial(_inductor_keeping_writes, run, getattr(fn, "__name__", "fn"), lost))
 
 
-def _inductor_keeping_writes(run: Run, name: str, gm: torch.fx.GraphModule, example_inputs):
-    """torch.compile's backend for `compiled`: inductor, unless the graph writes in place to a 0-d
-    float64 CPU tensor, which inductor's path would drop; such a graph runs as dynamo traced it."""
-    dropped = zero_d_float64_writes(gm)
+# The forms of an in-place write the probe makes, each as its graph shows it (`graph_writes` finds
+# them by these names), each to a tensor of every kind below; every write turns 1 into 1 * 2 + 3 = 5.
+def _method(t, y):  # any Tensor method ending in `_`, here mul_ and add_
+    t.mul_(2).add_(y)
+
+
+def _copy(t, y):  # a method too, as copy_ writes a value computed apart
+    t.copy_(t * 2 + y)
+
+
+def _operator(t, y):  # an augmented assignment: operator.imul and operator.iadd in the graph
+    t *= 2
+    t += y
+
+
+def _out(t, y):
+    torch.add(torch.mul(t, 2, out=t), y, out=t)
+
+
+def _setitem(t, y):
+    t[...] = t * 2 + y
+
+
+PROBED_FORMS = {"method": _method, "copy": _copy, "operator": _operator, "out": _out, "setitem": _setitem}
+PROBED_KINDS = {  # (dtype, shape); a kind is its (dtype, whether 0-d)
+    "0-d float64": (torch.float64, ()),
+    "0-d float32": (torch.float32, ()),
+    "0-d int64": (torch.int64, ()),
+    "float64 [1]": (torch.float64, (1,)),
+}
+
+
+def _probe(tensors: list[torch.Tensor], ys: list[torch.Tensor]) -> None:
+    for i, form in enumerate(PROBED_FORMS.values()):
+        for j in range(len(PROBED_KINDS)):
+            form(tensors[i * len(PROBED_KINDS) + j], ys[j])
+
+
+@functools.cache
+def _lost_writes(device: str) -> frozenset[tuple[str, torch.dtype, bool]]:
+    ys = [torch.full(shape, 3, dtype=dtype, device=device) for dtype, shape in PROBED_KINDS.values()]
+    tensors = [torch.ones(shape, dtype=dtype, device=device) for _ in PROBED_FORMS for dtype, shape in PROBED_KINDS.values()]
+    torch.compile(_probe, backend="inductor", fullgraph=True)(tensors, ys)
+    lost = set()
+    for i, form in enumerate(PROBED_FORMS):
+        for j, (dtype, shape) in enumerate(PROBED_KINDS.values()):
+            if tensors[i * len(PROBED_KINDS) + j].flatten()[0].item() != 5:
+                lost.add(("method" if form == "copy" else form, dtype, len(shape) == 0))
+    return frozenset(lost)
+
+
+def lost_writes(device: torch.device | str) -> frozenset[tuple[str, torch.dtype, bool]]:
+    """The in-place writes that torch.compile (inductor) loses on `device` with the torch at hand, as
+    (form, dtype, whether the tensor is 0-d): form is "method" (`t.add_(y)`, `t.copy_(y)`), "operator"
+    (`t += y`), "out" (`torch.add(t, y, out=t)`) or "setitem" (`t[...] = y`). Empty where every
+    write the probe makes is kept. Found once per process and device by compiling a small function
+    that makes each write to a tensor of each probed kind and reading the tensors back."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _lost_writes(str(device))
+
+
+def _inductor_keeping_writes(run: Run, name: str, lost, gm: torch.fx.GraphModule, example_inputs):
+    """torch.compile's backend for `compiled` where the probe found writes lost: inductor, unless the
+    graph makes one of them, which inductor's path would drop; such a graph runs as dynamo traced it."""
+    dropped = sorted({tensor for tensor, form, kind in graph_writes(gm) if (form, *kind) in lost})
     if dropped:
-        run.say(f"notice: {name} writes in place to 0-d float64 tensor(s) {', '.join(dropped)}, which torch.compile "
-                f"drops on the CPU: that graph runs uncompiled")
+        run.say(f"notice: {name} writes in place to {', '.join(dropped)}, a write that torch {torch.__version__} "
+                f"drops from a compiled graph on {run.device}: that graph runs uncompiled")
         return gm.forward
     from torch._inductor.compile_fx import compile_fx
 
     return compile_fx(gm, example_inputs)
 
 
-def zero_d_float64_writes(gm: torch.fx.GraphModule) -> list[str]:
-    """The inputs of a dynamo graph that it writes to in place and that are 0-d float64 CPU tensors."""
+def graph_writes(gm: torch.fx.GraphModule) -> list[tuple[str, str, tuple[torch.dtype, bool]]]:
+    """The in-place writes of a dynamo graph to its inputs, as (the input's name in the traced code, the
+    form of the write as `lost_writes` names it, (dtype, whether 0-d)). A write through the result
+    of another in-place op (`t.mul_(2).add_(y)`) is a write to the tensor that op wrote."""
     import operator
 
-    inplace_operators = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow}
-    found = []
-    for node in gm.graph.nodes:
+    inplace_operators = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                         operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+                         operator.ilshift, operator.irshift, operator.imatmul}
+
+    def form_and_target(node):
+        if node.op not in ("call_method", "call_function"):
+            return None, None
+        if isinstance(node.kwargs.get("out"), torch.fx.Node):
+            return "out", node.kwargs["out"]
+        if not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None, None
         target = node.target
         op_name = target if isinstance(target, str) else getattr(target, "__name__", "")
-        inplace = (node.op in ("call_method", "call_function") and op_name.endswith("_") and not op_name.endswith("__")) \
-            or target in inplace_operators
-        if not inplace or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        if target in inplace_operators:
+            return "operator", node.args[0]
+        if target is operator.setitem:
+            return "setitem", node.args[0]
+        if op_name.endswith("_") and not op_name.endswith("__"):
+            return "method", node.args[0]
+        return None, None
+
+    def written_input(node):  # follow the results of in-place ops back to the tensor they wrote
+        while True:
+            form, target = form_and_target(node)
+            if target is None:
+                return node
+            node = target
+
+    found = []
+    for node in gm.graph.nodes:
+        form, target = form_and_target(node)
+        if target is None:
             continue
-        written = node.args[0]
+        written = written_input(target)
         value = written.meta.get("example_value")
-        if (written.op == "placeholder" and isinstance(value, torch.Tensor) and value.dim() == 0
-                and value.dtype == torch.float64 and value.device.type == "cpu"):
+        if written.op in ("placeholder", "get_attr") and isinstance(value, torch.Tensor):
             source = written.meta.get("grapharg")
-            found.append(source.source.name if source is not None else written.name)
-    return sorted(set(found))
+            name = source.source.name if source is not None else written.name
+            found.append((name() if callable(name) else name, form, (value.dtype, value.dim() == 0)))
+    return found
 
 
 def captured(run: Run, name: str, fn: Callable, capture: bool = True) -> Callable:
