@@ -114,19 +114,21 @@ class Agent(nn.Module):
     Discrete spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a
     state-independent log-std. The critic reads the "critic" observations when given. A group's
     shape is one env's: [D] (an int will do) for vectors, [C, H, W] for uint8 images, which go
-    through an --encoder of their own (scaled by 1/image_max there, never normalized), or a dict
+    through an --encoder of their own (scaled by 1/image_max there, the policy's and the critic's group's own,
+    never normalized), or a dict
     term -> shape for a group of terms (common.nets.TermsEncoder).
     """
 
-    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max: float = 255.0):
+    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
         super().__init__()
         obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder, max_value=image_max)
-        self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, **net)
-        self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, **net)
+        net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
+        self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
+        self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, **net,
+                                max_value=image_max[1] if critic_obs_shape is not None else image_max[0])
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
@@ -344,7 +346,9 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape = observation_shape(next_obs, "policy")
     critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    image_scale = image_max(envs.single_observation_space)  # the image groups' scale: their space's high (255 for uint8 frames)
+    # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
+    image_scale = tuple(image_max(space) for space in (envs.single_observation_space,
+                                                       getattr(envs, "single_critic_observation_space", None)))
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
@@ -431,7 +435,7 @@ def train(run, args: Args) -> dict:
         f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
         f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}")
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process)", global_batch, graphs)
+                        f"per process); compile {'on' if args.compile else 'off'}, CUDA graphs: {graphs}", global_batch)
     iterations_in_stats, storage_said = 0, False
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its linear schedule continues where it was.

@@ -59,11 +59,28 @@ class EnsembleLinear(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Encoders of image observation groups: uint8 [..., C, H, W] -> float features [..., out_dim]
 # ----------------------------------------------------------------------------------------------
-def nature_convs(channels: int) -> nn.Sequential:
-    """The Atari DQN's three conv layers (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1; needs frames of 36x36 or more."""
-    return nn.Sequential(layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-                         layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                         layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU())
+class ChannelLayerNorm(nn.LayerNorm):
+    """LayerNorm over the channels of each pixel of [B, C, H, W] feature maps: what a LayerNorm after a conv is in
+    PQN's networks (Gallici et al. 2024; their code normalizes the last axis of channel-last maps)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # explicit perms: ONNX refuses negative ones
+
+
+def _conv_stack(convs: list[tuple], layer_norm: bool) -> nn.Sequential:
+    """conv -> (ChannelLayerNorm with `layer_norm`) -> ReLU for each conv's (in, out, kernel, stride), each made and
+    initialised in turn (the random draws, and so the weights of a seed, of the stack without LayerNorms)."""
+    layers = []
+    for in_channels, out_channels, kernel, stride in convs:
+        layers += [layer_init(nn.Conv2d(in_channels, out_channels, kernel, stride=stride)),
+                   *([ChannelLayerNorm(out_channels)] if layer_norm else []), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def nature_convs(channels: int, layer_norm: bool = False) -> nn.Sequential:
+    """The Atari DQN's three conv layers (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1; needs frames of 36x36 or
+    more. With `layer_norm`, a LayerNorm over the channels after each conv, as PQN's Atari network has."""
+    return _conv_stack([(channels, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1)], layer_norm)
 
 
 class ResidualBlock(nn.Module):
@@ -78,8 +95,9 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
-def impala_convs(channels: int, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Sequential:
-    """IMPALA's ResNet (Espeholt et al. 2018): per depth a 3x3 conv, a 3x3/2 max-pool and two residual blocks."""
+def impala_convs(channels: int, layer_norm: bool = False, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Sequential:
+    """IMPALA's ResNet (Espeholt et al. 2018): per depth a 3x3 conv, a 3x3/2 max-pool and two residual blocks
+    (no normalization inside: `layer_norm` leaves it as published, only the Linear after it gets one)."""
     layers = []
     for depth in depths:
         layers += [layer_init(nn.Conv2d(channels, depth, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1),
@@ -88,28 +106,29 @@ def impala_convs(channels: int, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Se
     return nn.Sequential(*layers, nn.ReLU())
 
 
-def minatar_convs(channels: int) -> nn.Sequential:
-    """MinAtar's network (Young & Tian 2019), which PQN's MinAtar code (purejaxql) also uses: one 16-filter 3x3/1 conv."""
-    return nn.Sequential(layer_init(nn.Conv2d(channels, 16, 3, stride=1)), nn.ReLU())
+def minatar_convs(channels: int, layer_norm: bool = False) -> nn.Sequential:
+    """MinAtar's network (Young & Tian 2019): one 16-filter 3x3/1 conv. With `layer_norm`, PQN's MinAtar network
+    (purejaxql): a LayerNorm over the channels after the conv."""
+    return _conv_stack([(channels, 16, 3, 1)], layer_norm)
 
 
 # encoder name -> (its conv layers, the width of the Linear after them; 0: flattened frames, no Linear)
 ENCODERS = {"nature": (nature_convs, 512), "impala": (impala_convs, 256), "minatar": (minatar_convs, 128),
-            "mlp": (lambda channels: nn.Identity(), 0)}
+            "mlp": (lambda channels, layer_norm=False: nn.Identity(), 0)}
 
 
 class ImageEncoder(nn.Module):
     """An image group's features: uint8 frames [..., C, H, W] scaled to [0, 1] by 1/max_value (here, not
     by the observation normalizer, which leaves image groups alone), through `kind`'s conv layers,
-    flattened, then one Linear (+ LayerNorm with `layer_norm`, as PQN puts after every hidden Linear)
-    and ReLU. "mlp" passes the scaled frames on flattened (an MLP on pixels, for contrast).
+    flattened, then one Linear (+ LayerNorm with `layer_norm`, as PQN puts after every hidden Linear, and
+    after each conv of the nature and minatar convs, as PQN's Atari and MinAtar networks) and ReLU. "mlp" passes the scaled frames on flattened (an MLP on pixels, for contrast).
     Leading dims are batch dims ([N] while acting, [T, N] over a rollout)."""
 
     def __init__(self, kind: str, shape: tuple[int, int, int], max_value: float = 255.0, layer_norm: bool = False):
         super().__init__()
         make_convs, width = ENCODERS[kind]
         self.shape, self.scale = tuple(shape), 1.0 / max_value
-        self.convs = make_convs(shape[0])
+        self.convs = make_convs(shape[0], layer_norm)
         try:
             with torch.no_grad():
                 flat = self.convs(torch.zeros(1, *shape)).numel()
@@ -152,8 +171,11 @@ def group_encoder(shape, kind: str, max_value: float = 255.0, layer_norm: bool =
 
 
 def image_max(space) -> float:
-    """The scale of the image groups: their space's high (255 for uint8 frames); for a term group (a gymnasium
-    Dict space), the highest of its uint8 image terms' [C, H, W]."""
+    """The scale of one group's images: its space's high (255 for uint8 frames); for a term group (a gymnasium
+    Dict space), the highest of its uint8 image terms' [C, H, W]; 255 for an absent group (None). One group's:
+    a vector group's high (often inf) is no scale for another group's frames."""
+    if space is None:
+        return 255.0
     if hasattr(space, "spaces"):
         return max((image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8" and len(s.shape) == 3), default=255.0)
     return float(space.high.max())
@@ -205,3 +227,4 @@ def group_mlp(shape, out_dim: int, hidden: tuple[int, ...], activation: str, enc
     if encoder is None:
         return mlp(shape[0], out_dim, hidden, activation, out_gain=out_gain)
     return nn.Sequential(encoder, mlp(encoder.out_dim, out_dim, hidden, activation, out_gain=out_gain))
+

@@ -8,7 +8,9 @@ goes through an image encoder; with `proprio=True` a vector group "critic" [N, 2
 column and the paddle's, scaled to [0, 1]) sits beside it, for an asymmetric critic. With `terms=True`
 the "policy" group is a group of terms instead: "image" uint8 [N, 1, H, W], the ball alone, and
 "proprio" [N, 1], the paddle's column (0 to H-1, unscaled: the normalizer scales it), and the paddle
-starts in a random column, so that a policy must read both terms to catch every ball.
+starts in a random column, so that a policy must read both terms to catch every ball. With
+`vector_policy=True` the groups swap kinds: "policy" is the columns [N, 2] (its space unbounded) and
+"critic" the frames.
 
 `register()` (a pytest fixture calls it) adds it to the built-in envs under CATCH, in this process only.
 """
@@ -32,13 +34,16 @@ class Catch(TorchEnv):
     default_max_episode_steps = 100
 
     def __init__(self, num_envs, device="cpu", seed=0, dtype=torch.float32, max_episode_steps=None, size: int = 6,
-                 proprio: bool = False, terms: bool = False):
-        self.size, self.proprio, self.terms = size, proprio, terms
+                 proprio: bool = False, terms: bool = False, vector_policy: bool = False):
+        self.size, self.proprio, self.terms, self.vector_policy = size, proprio, terms, vector_policy
         self.num_reset_uniforms = 2 if terms else 1  # the paddle's first column too
         self.single_observation_space = spaces.Box(0, 255, (2, size, size), dtype=np.uint8)
         if terms:
             self.single_observation_space = spaces.Dict({"image": spaces.Box(0, 255, (1, size, size), dtype=np.uint8),
                                                          "proprio": spaces.Box(0, size - 1, (1,), dtype=np.float32)})
+        if vector_policy:  # the columns for the policy (unbounded, as vector spaces often are), the frames for the critic
+            self.single_observation_space = spaces.Box(-np.inf, np.inf, (2,), dtype=np.float32)
+            self.single_critic_observation_space = spaces.Box(0, 255, (2, size, size), dtype=np.uint8)
         self.single_action_space = spaces.Discrete(3)
         super().__init__(num_envs, device, seed, dtype, max_episode_steps)
         self.cells = torch.arange(size, device=self.device)
@@ -70,6 +75,8 @@ class Catch(TorchEnv):
             groups["policy"] = {"image": obs[:, :1], "proprio": columns[:, 1:]}
         if self.proprio:
             groups["critic"] = columns / self.size
+        if self.vector_policy:
+            groups = {"policy": columns / self.size, "critic": obs}
         return TensorDict(groups, batch_size=self._batch_size, device=self.device)
 
 

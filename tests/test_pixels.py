@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import re
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
 from common.buffer import ReplayBuffer, RolloutStorage, bytes_per_transition
-from common.nets import ImageEncoder, TermsEncoder, group_mlp, observation_shape, vector_size
+from common.nets import ImageEncoder, TermsEncoder, group_mlp, image_max, observation_shape, vector_size
 from common.normalize import RunningMeanStd, TermsNormalizer, Unnormalized, observation_normalizer
 from common.stats import nonfinite
 from tests.helpers import load_script, run_main
@@ -321,3 +323,44 @@ def test_learns_catch_from_a_group_of_terms(tmp_path):
     flags = {**TERMS, "num_envs": 32, "num_steps": 8, "num_minibatches": 4, "eval_interval": 240, "hidden_sizes": (64,)}
     result = run_main(load_script("pqn"), **flags, encoder="mlp", total_timesteps=61440, seed=1, output_dir=str(tmp_path))
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
+
+
+def test_each_group_scales_its_images_by_its_own_spaces_high(tmp_path, monkeypatch):
+    """A vector policy group (its space unbounded) beside an image critic group: the critic's encoder scales
+    the frames by 1/255, its own space's high, not by 1/inf = 0 (a critic blind to its frames)."""
+    module, built = load_script("ppo"), []
+
+    class Recorded(module.Agent):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(module, "Agent", Recorded)
+    run_main(module, env_id=CATCH, env_kwargs='{"vector_policy": true}', encoder="minatar", num_envs=8, num_steps=4,
+             num_minibatches=2, total_timesteps=32, device="cpu", output_dir=str(tmp_path), eval_interval=0,
+             progress=False, hidden_sizes=(16,))
+    encoders = [m for agent in built for m in agent.modules() if isinstance(m, ImageEncoder)]
+    assert encoders and all(e.scale == 1 / 255 for e in encoders), [e.scale for e in encoders]
+    assert image_max(None) == 255.0 and image_max(gym.spaces.Box(0, 1, (2, 6, 6), np.uint8)) == 1.0
+
+
+@pytest.mark.parametrize("kind, frame", [("minatar", (4, 10, 10)), ("nature", (4, 36, 36))])
+def test_pqns_encoders_normalize_each_pixels_channels_after_every_conv(kind, frame):
+    """PQN's MinAtar and Atari networks (purejaxql) put a LayerNorm after each conv, over the channels of each pixel,
+    as after each Linear: pqn's encoder does; ppo's (no layer_norm) keeps the published network without it."""
+    pqn = load_script("pqn")
+    qnet = pqn.QNetwork(frame, 3, pqn.Args(encoder=kind))
+    outputs = []
+    for conv in (m for m in qnet.modules() if isinstance(m, torch.nn.Conv2d)):
+        conv.register_forward_hook(lambda module, inputs, out: outputs.append(out))
+    normed = []
+    for norm in (m for m in qnet.modules() if isinstance(m, torch.nn.LayerNorm) and m.normalized_shape[0] < 128):
+        norm.register_forward_hook(lambda module, inputs, out: normed.append(out))
+    qnet(torch.randint(0, 256, (5, *frame), dtype=torch.uint8))
+    assert len(normed) == len(outputs) == (1 if kind == "minatar" else 3)
+    for out in normed:  # [B, C, H, W]: zero mean and unit variance over C at every pixel (the norm's weights start at 1, 0)
+        torch.testing.assert_close(out.mean(1), torch.zeros_like(out[:, 0]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.var(1, unbiased=False), torch.ones_like(out[:, 0]), atol=1e-3, rtol=0)
+    ppo = load_script("ppo")
+    agent = ppo.Agent(frame, None, gym.spaces.Discrete(3), ppo.Args(encoder=kind))
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in agent.modules())
