@@ -435,7 +435,7 @@ def train(run, args: Args) -> dict:
         f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
         f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}")
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process); compile {'on' if args.compile else 'off'}, CUDA graphs: {graphs}", global_batch)
+                        f"per process)", global_batch, graphs)
     iterations_in_stats, storage_said = 0, False
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its linear schedule continues where it was.
