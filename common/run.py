@@ -29,6 +29,7 @@ common.checkpoint (what a script checkpoints, save and restore).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -155,8 +156,16 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         # step are the same code objects in every run of one process, and once their entries reach
         # the recompile limit dynamo runs them eagerly without a word. Each run compiles its own.
         torch._dynamo.reset()
+        for name in ("torch._dynamo.variables.ctx_manager", "torch._dynamo.variables.torch"):
+            logging.getLogger(name).addFilter(_not_a_profiler_notice)
     return Run(args=args, algo=script_name(type(args), algo), algorithm=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main,
                given=given)
+
+
+def _not_a_profiler_notice(record: logging.LogRecord) -> bool:
+    """Dynamo's warning that it ignores a profiler range ("Profiler record function ... will be ignored": the
+    one torch.optim's step opens) says nothing a run can act on: it is dropped, dynamo's other warnings stay."""
+    return not str(record.msg).startswith("Profiler ")
 
 
 def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
@@ -312,7 +321,7 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
     run.steps_at_start = run.reduced_step = run.global_step
     if not run.is_main:
         return
-    compiling = "on" + (" (compiling takes minutes on a CPU)" if run.device.type == "cpu" else "") if args.compile else "off"
+    compiling = "on" + (" (compiling takes a minute or more on a CPU)" if run.device.type == "cpu" else "") if args.compile else "off"
     copied = f" (a copy of {run.algorithm}.py)" if run.algo != run.algorithm else ""
     print(f"{run.algo}{copied} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
           f"{description}; compile {compiling}, CUDA graphs: {graphs or ('on' if args.cudagraphs else 'off')}; "

@@ -73,7 +73,7 @@ def own_state(run_dir: Path) -> torch.Tensor:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["state"]["adv_ema"]
 
 
-def test_a_copy_with_new_flags_a_statistic_and_state_compiles_as_it_runs_eagerly(copy, tmp_path):
+def test_a_copy_with_new_flags_a_statistic_and_state_compiles_as_it_runs_eagerly(copy, tmp_path, capfd):
     """--compile: the flags are accepted, the new statistic is logged and non-zero, and the running 0-d
     float64 tensor (whose in-place write torch.compile would drop on a CPU) ends non-zero and equal to
     the eager run's, as does everything else the run holds and logs."""
@@ -82,6 +82,8 @@ def test_a_copy_with_new_flags_a_statistic_and_state_compiles_as_it_runs_eagerly
     module, out = copy
     with torch._inductor.config.patch(fallback_random=True):
         run_main(module, **TINY, output_dir=str(tmp_path), total_timesteps=3 * ITERATION, compile=True)
+    said = "".join(capfd.readouterr())
+    assert "compile on (compiling takes a minute or more on a CPU), CUDA graphs: off;" in said
     eager, compiled = out / "eager" / "run", tmp_path / "run"
     assert own_state(compiled) != 0 and own_state(compiled) == pytest.approx(own_state(eager).item(), rel=1e-6)
     assert all(value != 0 for _, value in scalars(compiled)["losses/adv_abs"])
@@ -359,3 +361,27 @@ def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
                   *others], timeout=900, env=env, cwd=tmp_path)
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
     assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]
+
+
+def test_dynamos_notice_of_a_profiler_range_is_dropped_and_its_other_warnings_are_not(caplog):
+    """torch.optim's step opens a profiler range that dynamo ignores, with a warning at every compiled run; a
+    compiled run drops that warning at the loggers that make it, and only that one."""
+    import logging
+
+    import torch._dynamo.variables.ctx_manager as ctx_manager
+    import torch._dynamo.variables.torch as torch_variables
+
+    from common.run import start_run
+
+    ppo = load_script("ppo")
+    start_run(ppo.Args(device="cpu", compile=True, cudagraphs=False), "ppo")
+    for log in (ctx_manager.log, torch_variables.log):  # the loggers dynamo warns with
+        log.propagate, was = True, log.propagate  # to caplog's handler on the root logger
+        try:
+            with caplog.at_level(logging.WARNING, logger=log.name):
+                log.warning("Profiler record function %s will be ignored", "<class 'record_function'>")
+                log.warning("Graph break from %s", "something else")
+        finally:
+            log.propagate = was
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["Graph break from something else"] * 2, said
