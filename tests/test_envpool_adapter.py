@@ -172,3 +172,35 @@ def test_mujoco_playground_state_is_the_policy_group_and_privileged_state_the_cr
     np.testing.assert_array_equal(info["final_obs"]["critic"].numpy(), r_obs["privileged_state"].astype(np.float32))
     np.testing.assert_array_equal(reward.numpy(), r_reward.astype(np.float32))
     envs.close()
+
+
+def test_a_step_crosses_to_the_device_in_one_copy():
+    """A step's results (observation groups, final observations, rewards, flags, the game's reward and end) reach
+    the device in one host-to-device copy of one host buffer (pinned on CUDA), not one per tensor. The device
+    here is "meta" (no data: the copies are counted, not made)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountCopies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.to_device = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+                source = args[1] if func is torch.ops.aten.copy_.default else args[0]
+                target = args[0] if func is torch.ops.aten.copy_.default else out
+                self.to_device += source.device.type == "cpu" and target.device.type == "meta"
+            return out
+
+    for task, kwargs in (("Pong-v5", {"preset": "atari"}), ("MuJoCoPlayground/Go1JoystickFlatTerrain-v1", {})):
+        envs = make_env(f"envpool:{task}", 2, device="meta", seed=1, **kwargs)
+        envs.reset()
+        action = torch.zeros((2, *envs.single_action_space.shape), dtype=torch.int64 if not envs.single_action_space.shape
+                             else torch.float32)
+        for _ in range(3):
+            with CountCopies() as counter:
+                obs, *_, info = envs.step(action)
+            assert counter.to_device == 1, (task, counter.to_device)
+        assert obs["policy"].device.type == "meta" and info["final_obs"]["policy"].device.type == "meta"
+        envs.close()

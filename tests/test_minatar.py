@@ -431,3 +431,28 @@ def test_video_of_minatar_needs_no_pygame(monkeypatch):
     check_dependencies("MinAtar/Breakout-v1")  # drawn from the observation
     with pytest.raises(SystemExit, match="pygame"):
         check_dependencies("CartPole-v1")  # drawn by gymnasium's renderer
+
+
+def test_seaquest_counts_the_entities_its_slots_cannot_hold():
+    """Seaquest's entity lists are fixed numbers of slots: two slots of each, and an enemy and a diver spawned at
+    every step, must overflow, and every dropped entity is counted (info["log"] per step, entities_dropped in all);
+    with the package's capacities a game of the same steps drops none."""
+    from common.envs.minatar import Seaquest
+
+    class Crowded(Seaquest):
+        lists = {name: (2, extra) for name, (_, extra) in Seaquest.lists.items()}
+        fields = tuple((name, 1) for name in ("oxygen", "diver_count", "sub_x", "sub_y", "sub_or", "spawn_speed",
+                                              "spawn_timer", "diver_timer", "move_speed", "ramp_index", "shot_timer",
+                                              "surface")) + tuple(
+            (f"{name}_{field}", capacity) for name, (capacity, extra) in lists.items()
+            for field in ("on", "x", "y", "lr") + extra)
+        init_spawn_speed = diver_spawn_speed = 1
+
+    for cls, expect_drops in ((Crowded, True), (Seaquest, False)):
+        env = cls(8, seed=3, max_episode_steps=200)
+        env.reset()
+        logged = 0.0
+        for _ in range(100):
+            *_, info = env.step(torch.full((8,), 5))  # fire: bullets too
+            logged += info["log"]["entities_dropped"].item()
+        assert logged == env.entities_dropped.item() and (logged > 0) == expect_drops, (cls.__name__, logged)

@@ -50,8 +50,9 @@ class MinAtarEnv(TorchEnv):
     """A MinAtar game over a batch of envs. A subclass sets the class attributes and writes
 
         _new_game(u, n)               reset lanes [n, reset_lanes] (None without) -> state [n, state_dim]
-        _game_step(state, a, u)       full-set action [N], the step's game lanes -> (new state, reward, terminated);
-                                      it must not write into `state` (the env's live state)
+        _game_step(state, a, u)       full-set action [N], the step's game lanes -> (new state, reward, terminated),
+                                      or with a 4th: entities [N] the game had no slot for (Seaquest); it must not
+                                      write into `state` (the env's live state)
         _observe(state)               -> uint8 [N, C, 10, 10]
     """
 
@@ -151,7 +152,7 @@ class MinAtarEnv(TorchEnv):
         self._rng_counter.add_(1)  # every env draws one block per step, finished or not
         action = torch.where(u[:, 0] < self.sticky_action_prob, self.col(self.state, "last_action"), action)
         # The game reads the state and makes a new one (its last-action column left 0: set below).
-        next_state, reward, terminated = self._game_step(self.state, action, u[:, 1:1 + self.game_lanes])
+        next_state, reward, terminated, *dropped = self._game_step(self.state, action, u[:, 1:1 + self.game_lanes])
 
         steps = self.episode_steps + 1
         truncated = steps >= self.max_episode_steps
@@ -171,6 +172,11 @@ class MinAtarEnv(TorchEnv):
             obs = torch.where(done[:, None, None, None], obs.repeat(1, self.frame_stack, 1, 1), torch.cat([older, obs], 1))
             self._frames.copy_(obs)
         info = {"final_obs": self._wrap_obs(final_obs), "log": {}}
+        if dropped:  # entities a fixed number of slots could not hold: counted on the device, never silently lost
+            dropped = dropped[0].sum()
+            self.entities_dropped.add_(dropped)
+            if self.device.type != "cuda":  # on CUDA the rollout is one graph that runs no Python: read entities_dropped
+                info["log"]["entities_dropped"] = dropped.float()
         return self._wrap_obs(obs), reward.to(self.dtype), terminated, truncated, info
 
     def reset(self, seed=None):
@@ -539,9 +545,12 @@ class Seaquest(MinAtarEnv):
     The package keeps its entities in Python lists, appended at the end and visited from the last;
     here each list is a fixed number of slots in list order (compacted after every step), and the
     few rules that depend on that order (which of two bullets on one cell a fish takes, which of two
-    subs on one cell a bullet takes, who gets a diver when the sub is full) follow it. Slots beyond
-    the capacities below would be dropped: at the package's fastest spawn rate (every step, moves
-    every third step) about 30 enemies are on the board at once.
+    subs on one cell a bullet takes, who gets a diver when the sub is full) follow it. An entity beyond
+    the capacities below is dropped and counted: `entities_dropped` (on the device, in place: since the
+    env was made) and info["log"]["entities_dropped"] per step (env/entities_dropped; not on CUDA, where
+    a captured rollout runs no Python). The package's constants never reach them: at its fastest spawn
+    rate (every step, moves every third step) about 30 enemies are on the board at once; a modified
+    game might.
     """
 
     env_id = "MinAtar/Seaquest-v1"
@@ -561,6 +570,9 @@ class Seaquest(MinAtarEnv):
     max_oxygen, init_spawn_speed, diver_spawn_speed, init_move_interval = 200, 20, 30, 5
     shot_cool_down, enemy_shot_interval, diver_move_interval = 5, 10, 5
 
+    def _setup(self):
+        self.entities_dropped = torch.zeros((), dtype=torch.int64, device=self.device)
+
     def _new_game(self, u, n):
         return self.pack(n, oxygen=self.max_oxygen, sub_x=5, spawn_speed=self.init_spawn_speed,
                          spawn_timer=self.init_spawn_speed, diver_timer=self.diver_spawn_speed,
@@ -574,14 +586,16 @@ class Seaquest(MinAtarEnv):
         return out
 
     @staticmethod
-    def _append(entities, when, used, **values) -> torch.Tensor:
-        """Append an entity (fields [N]) where `when`, after the `used` slots; returns the new `used`."""
+    def _append(entities, when, used, dropped, **values) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append an entity (fields [N]) where `when`, after the `used` slots; returns the new `used` and `dropped`
+        [N] counting those with no slot left."""
         slots = torch.arange(entities["on"].shape[1], device=used.device)
+        dropped = dropped + (when & (used >= len(slots))).long()
         at = (slots == used[:, None]) & when[:, None]
         entities["on"] = entities["on"] | at
         for field, value in values.items():
             entities[field] = torch.where(at, value[:, None] if torch.is_tensor(value) else value, entities[field])
-        return used + when.long()
+        return used + when.long(), dropped
 
     @staticmethod
     def _first(match: torch.Tensor) -> torch.Tensor:
@@ -640,23 +654,23 @@ class Seaquest(MinAtarEnv):
         blocked = torch.zeros_like(spawn)
         for enemies in (subs, fish):
             blocked = blocked | (enemies["on"] & (enemies["y"] == row[:, None]) & (enemies["lr"] != lr[:, None])).any(1)
-        x = torch.where(lr, 0, 9)
-        used["subs"] = self._append(subs, spawn & ~blocked & is_sub, used["subs"], x=x, y=row, lr=lr,
-                                    mt=move_speed, st=self.enemy_shot_interval)
-        used["fish"] = self._append(fish, spawn & ~blocked & ~is_sub, used["fish"], x=x, y=row, lr=lr,
-                                    mt=move_speed)
+        x, dropped = torch.where(lr, 0, 9), torch.zeros_like(spawn, dtype=torch.int64)
+        used["subs"], dropped = self._append(subs, spawn & ~blocked & is_sub, used["subs"], dropped, x=x, y=row, lr=lr,
+                                             mt=move_speed, st=self.enemy_shot_interval)
+        used["fish"], dropped = self._append(fish, spawn & ~blocked & ~is_sub, used["fish"], dropped, x=x, y=row, lr=lr,
+                                             mt=move_speed)
         spawn_timer = torch.where(spawn, spawn_speed, col("spawn_timer"))
         diver_spawn = col("diver_timer") == 0
         k = torch.where(spawn, 3, 0)[:, None]  # the diver's draws follow the enemy's, if it drew
         d_lr = u.gather(1, k)[:, 0] < 1 / 2
         d_row = 1 + (u.gather(1, k + 1)[:, 0] * 8).floor().long()
-        used["divers"] = self._append(divers, diver_spawn, used["divers"], x=torch.where(d_lr, 0, 9), y=d_row,
-                                      lr=d_lr, mt=self.diver_move_interval)
+        used["divers"], dropped = self._append(divers, diver_spawn, used["divers"], dropped, x=torch.where(d_lr, 0, 9),
+                                               y=d_row, lr=d_lr, mt=self.diver_move_interval)
         diver_timer = torch.where(diver_spawn, self.diver_spawn_speed, col("diver_timer"))
         # The sub: fire (when the gun is cool), or move.
         sub_x, sub_y, sub_or, shot_timer = col("sub_x"), col("sub_y"), col("sub_or").bool(), col("shot_timer")
         fire = (a == 5) & (shot_timer == 0)
-        used["fb"] = self._append(fb, fire, used["fb"], x=sub_x, y=sub_y, lr=sub_or)
+        used["fb"], dropped = self._append(fb, fire, used["fb"], dropped, x=sub_x, y=sub_y, lr=sub_or)
         shot_timer = torch.where(fire, self.shot_cool_down, shot_timer)
         sub_x = torch.where(a == 1, (sub_x - 1).clamp(min=0), torch.where(a == 3, (sub_x + 1).clamp(max=9), sub_x))
         sub_or = torch.where(a == 1, False, torch.where(a == 3, True, sub_or))
@@ -704,7 +718,9 @@ class Seaquest(MinAtarEnv):
         # The fired bullets join the enemy bullets after the used slots (their order there changes nothing);
         # a sub that does not fire writes into a spare last column, dropped.
         capacity = self.lists["eb"][0]
-        slot = torch.where(fires, used["eb"][:, None] + fires.long().cumsum(1) - 1, capacity).clamp(max=capacity)
+        slot = torch.where(fires, used["eb"][:, None] + fires.long().cumsum(1) - 1, capacity)
+        dropped = dropped + (slot > capacity - 1).logical_and(fires).sum(1)  # a bullet past the last slot
+        slot = slot.clamp(max=capacity)
         spare = torch.zeros(n, capacity + 1, dtype=torch.int64, device=self.device)
         written = spare.scatter(1, slot, fires.long())[:, :capacity].bool()
         for field in ("x", "y", "lr"):
@@ -743,7 +759,7 @@ class Seaquest(MinAtarEnv):
         return (self.pack(n, oxygen=oxygen, diver_count=diver_count, sub_x=sub_x, sub_y=sub_y, sub_or=sub_or,
                           spawn_speed=spawn_speed, spawn_timer=spawn_timer, diver_timer=diver_timer,
                           move_speed=move_speed, ramp_index=ramp_index + ramp.long(), shot_timer=shot_timer,
-                          surface=surface, **columns), reward, terminated)
+                          surface=surface, **columns), reward, terminated, dropped)
 
     def _observe(self, state):
         n = len(state)
