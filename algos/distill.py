@@ -46,7 +46,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import CheckpointError, TrainingState, load_checkpoint, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import mlp, vector_size  # noqa: E402
+from common.nets import mlp, rnn_step, vector_size  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
@@ -128,39 +128,21 @@ class Policy(nn.Module):
     def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
         return torch.zeros(self.state_shape[0], batch, self.state_shape[1], device=self.actor[0].weight.device)
 
-    def cell_weights(self) -> list[list[torch.Tensor]]:  # the module's own tensors, per layer: w_ih, w_hh, b_ih, b_hh
-        return [[getattr(self.rnn, f"{w}_l{i}") for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")] for i in range(self.rnn.num_layers)]
-
     def memory(self, obs_n: torch.Tensor, state: torch.Tensor):
         """One step: normalized observations [B, obs_dim] and the state -> (the head's input [B, H], next state).
-        The op nn.LSTM / nn.GRU call, on their weights, in inference mode (as ppo_lstm.py acts)."""
-        if self.rnn is None:
-            return obs_n, state
-        layers, x, weights = self.rnn.num_layers, obs_n.unsqueeze(0), [w for layer in self.cell_weights() for w in layer]
-        flags = dict(has_biases=True, num_layers=layers, dropout=0.0, train=False, bidirectional=False, batch_first=False)
-        if self.lstm:
-            out, h, c = torch.lstm(x, (state[:layers], state[layers:]), weights, **flags)
-            return out[0], torch.cat([h, c])
-        out, h = torch.gru(x, state, weights, **flags)
-        return out[0], h
+        The module's step as matmuls and pointwise ops on its own weights (common.nets.rnn_step, as ppo_lstm.py
+        acts: no fused RNN kernel, which would dispatch to another kernel on each device)."""
+        return (obs_n, state) if self.rnn is None else rnn_step(self.rnn, obs_n, state)
 
     def replay(self, obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The cell over sequences [T, B, obs_dim] from `state`, zeroed where an episode starts (starts [T, B]),
-        step by step through the cell functions (with gradients; cheaper than the module on sequences of one):
-        the head's inputs [T, B, H] the rollout acted on, to float rounding."""
+        the same step as acting: the head's inputs [T, B, H] the rollout acted on, to float rounding."""
         if self.rnn is None:
             return obs_n
-        layers, keep, outputs, weights = self.rnn.num_layers, (~starts).unsqueeze(-1), [], self.cell_weights()
-        h, c = list(state[:layers]), list(state[layers:])  # c: empty for a GRU
+        keep, outputs = (~starts).unsqueeze(-1), []
         for t in range(obs_n.shape[0]):
-            x = obs_n[t]
-            for i in range(layers):
-                if self.lstm:
-                    h[i], c[i] = torch.lstm_cell(x, (h[i] * keep[t], c[i] * keep[t]), *weights[i])
-                else:
-                    h[i] = torch.gru_cell(x, h[i] * keep[t], *weights[i])
-                x = h[i]
-            outputs.append(x)
+            out, state = rnn_step(self.rnn, obs_n[t], state * keep[t])
+            outputs.append(out)
         return torch.stack(outputs)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
@@ -304,7 +286,7 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, sta
 
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
-    # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where its weights are read, all the script does
+    # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where only its weights are read (rnn_step)
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, torch._dynamo.config.patch(allow_rnn=True):
         return train(run, args)  # on any exit, an error included: graphs released, then the process group left
 

@@ -40,7 +40,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import group_encoder, image_max, mlp, observation_shape  # noqa: E402
+from common.nets import group_encoder, image_max, mlp, observation_shape, rnn_step  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
@@ -148,38 +148,20 @@ class Agent(nn.Module):
         critic = {"critic": self.critic_obs_rms(obs["critic"])} if self.critic_key == "critic" else {}
         return TensorDict({"policy": self.obs_rms(obs["policy"]), **critic}, batch_size=obs.batch_size)
 
-    def cell_weights(self) -> list[list[torch.Tensor]]:  # the module's own tensors, per layer: w_ih, w_hh, b_ih, b_hh
-        return [[getattr(self.rnn, f"{w}_l{i}") for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")] for i in range(self.rnn.num_layers)]
-
     def memory(self, policy_obs_n: torch.Tensor, state: torch.Tensor):
-        """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state). The op
-        nn.LSTM / nn.GRU call, on their weights, inference mode (cuDNN: no reserve buffer), traced whole (see main);
-        on CPU the module's step bit for bit (oneDNN), and for an LSTM ~1.5x faster than the cell functions."""
-        layers, x, weights = self.rnn.num_layers, self.encoder(policy_obs_n).unsqueeze(0), [w for layer in self.cell_weights() for w in layer]
-        flags = dict(has_biases=True, num_layers=layers, dropout=0.0, train=False, bidirectional=False, batch_first=False)
-        if self.lstm:
-            out, h, c = torch.lstm(x, (state[:layers], state[layers:]), weights, **flags)
-            return out[0], torch.cat([h, c])
-        out, h = torch.gru(x, state, weights, **flags)
-        return out[0], h
+        """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state). The
+        module's step as matmuls and pointwise ops on its own weights (common.nets.rnn_step: no fused RNN kernel,
+        which would dispatch to another kernel on each device), so the graph compiled on a CPU is the GPU's."""
+        return rnn_step(self.rnn, self.encoder(policy_obs_n), state)
 
     def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The cell over sequences [T, B, ...] from `state`, zeroed where an episode starts (starts [T, B]) as the rollout
-        zeroed it: the outputs [T, B, H] the rollout acted on. Step by step through the cell functions on the module's own
-        weights: with gradients they cost less than the module called on sequences of one (oneDNN on CPU); the outputs
-        equal the rollout's to float rounding."""
-        layers, keep, outputs, weights = self.rnn.num_layers, (~starts).unsqueeze(-1), [], self.cell_weights()
-        h, c = list(state[:layers]), list(state[layers:])  # c: empty for a GRU
+        zeroed it: the outputs [T, B, H] the rollout acted on (the same step as acting: equal to float rounding)."""
+        keep, outputs = (~starts).unsqueeze(-1), []
         features = self.encoder(policy_obs_n)  # an image group's frames: every step's in one batch
         for t in range(features.shape[0]):
-            x = features[t]
-            for i in range(layers):
-                if self.lstm:
-                    h[i], c[i] = torch.lstm_cell(x, (h[i] * keep[t], c[i] * keep[t]), *weights[i])
-                else:
-                    h[i] = torch.gru_cell(x, h[i] * keep[t], *weights[i])
-                x = h[i]
-            outputs.append(x)
+            out, state = rnn_step(self.rnn, features[t], state * keep[t])
+            outputs.append(out)
         return torch.stack(outputs)
 
     def value(self, out: torch.Tensor, obs_n: TensorDict) -> torch.Tensor:
@@ -358,7 +340,7 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
 
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
-    # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where its weights are read, all the script does
+    # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where only its weights are read (rnn_step)
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, torch._dynamo.config.patch(allow_rnn=True):
         return train(run, args)  # on any exit, an error included: graphs released, then the process group left
 

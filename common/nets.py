@@ -228,3 +228,29 @@ def group_mlp(shape, out_dim: int, hidden: tuple[int, ...], activation: str, enc
         return mlp(shape[0], out_dim, hidden, activation, out_gain=out_gain)
     return nn.Sequential(encoder, mlp(encoder.out_dim, out_dim, hidden, activation, out_gain=out_gain))
 
+
+def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One time step of an nn.LSTM or nn.GRU, all its layers, as matmuls and pointwise ops on the module's own
+    weights: x [B, in] and state [k * layers, B, H] (k = 2 for an LSTM: the h rows, then the c rows) -> (the last
+    layer's output [B, H], the next state in the same layout). The module's gates (PyTorch's order: i, f, g, o for
+    an LSTM; r, z, n for a GRU, whose reset gate scales W_hn h + b_hn) to float rounding, without the fused RNN ops
+    the module calls (torch.lstm / torch.gru, and torch.lstm_cell / gru_cell): those dispatch to another kernel on
+    each device (cuDNN, oneDNN, _thnn_fused_*), so a graph that compiles with them on a CPU can fail on a GPU
+    (torch.compile's trace of torch.lstm did on CUDA); matmuls and pointwise ops compile alike on both."""
+    layers, lstm, linear = rnn.num_layers, isinstance(rnn, nn.LSTM), nn.functional.linear
+    hs, cs = [], []
+    for i in range(layers):
+        h = state[i]
+        w_ih, w_hh, b_ih, b_hh = (getattr(rnn, f"{w}_l{i}", None) for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        if lstm:
+            in_gate, forget, cell, out_gate = (linear(x, w_ih, b_ih) + linear(h, w_hh, b_hh)).chunk(4, -1)
+            c = torch.sigmoid(forget) * state[layers + i] + torch.sigmoid(in_gate) * torch.tanh(cell)
+            x = torch.sigmoid(out_gate) * torch.tanh(c)
+            cs.append(c)
+        else:
+            (r_x, z_x, n_x), (r_h, z_h, n_h) = linear(x, w_ih, b_ih).chunk(3, -1), linear(h, w_hh, b_hh).chunk(3, -1)
+            reset, update = torch.sigmoid(r_x + r_h), torch.sigmoid(z_x + z_h)
+            n = torch.tanh(n_x + reset * n_h)
+            x = (1 - update) * n + update * h
+        hs.append(x)
+    return x, torch.stack(hs + cs)

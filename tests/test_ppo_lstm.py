@@ -113,24 +113,45 @@ def test_minibatches_split_envs(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# acting: the module's op on its weights, traced whole by torch.compile
+# acting and replay: the module's step as matmuls and pointwise ops, traced whole by torch.compile
 # --------------------------------------------------------------------------------------------
+def module_steps(rnn, x, state, starts):
+    """What the nn.LSTM / nn.GRU module itself gives over x [T, B, D] from state [k * layers, B, H], called one
+    step at a time with the state zeroed where starts [T, B] (the outputs [T, B, H], the last state)."""
+    outputs = []
+    for t in range(x.shape[0]):
+        state = state * (~starts[t]).unsqueeze(-1)
+        if isinstance(rnn, torch.nn.LSTM):
+            out, (h, c) = rnn(x[t : t + 1], tuple(state.chunk(2)))
+            state = torch.cat([h, c])
+        else:
+            out, state = rnn(x[t : t + 1], state)
+        outputs.append(out[0])
+    return torch.stack(outputs), state
+
+
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_acting_step_is_the_modules_step_bit_for_bit(cell):
-    """Agent.memory (torch.lstm / torch.gru on the module's weights, inference mode) gives the output and the
-    next state that the nn.LSTM / nn.GRU module itself gives for the same step, bit for bit on CPU (its
-    oneDNN kernel for an LSTM, which the cell functions of the replay match only to float rounding)."""
+def test_acting_and_replay_are_the_modules_steps_to_float_rounding(cell):
+    """Agent.memory (one acting step) and Agent.replay (a sequence, the state zeroed at episode starts) give
+    what the nn.LSTM / nn.GRU module gives on its own weights (2 layers, random weights and states): the
+    output and the next state of a step, and the outputs of every step of a replay, to float rounding. A gate
+    in another order, or a GRU's reset gate applied before W_hn h, is off by far more."""
     args = ppo_lstm.Args(cell=cell, rnn_layers=2, rnn_hidden_size=16)
     agent = ppo_lstm.Agent(3, None, make_env("Pendulum-v1", 1).single_action_space, args)
-    x, state = torch.randn(64, 3), torch.randn(agent.state_shape[0], 64, agent.state_shape[1])
+    for name, p in agent.rnn.named_parameters():  # nonzero biases: the init zeroes them, which would hide a misplaced one
+        torch.nn.init.normal_(p, std=0.5)
+    g = torch.Generator().manual_seed(0)
+    x, state = torch.randn(12, 64, 3, generator=g), torch.randn(agent.state_shape[0], 64, agent.state_shape[1], generator=g)
+    starts = torch.rand(12, 64, generator=g) < 0.2
     with torch.no_grad():
-        out, next_state = agent.memory(x, state)
-        if cell == "lstm":
-            expected, (h, c) = agent.rnn(x[None], tuple(state.chunk(2)))
-            expected_state = torch.cat([h, c])
-        else:
-            expected, expected_state = agent.rnn(x[None], state)
-    assert torch.equal(out, expected[0]) and torch.equal(next_state, expected_state)
+        out, next_state = agent.memory(x[0], state)
+        expected, expected_state = module_steps(agent.rnn, x[:1], state, torch.zeros_like(starts[:1]))
+        assert torch.allclose(out, expected[0], rtol=1e-5, atol=1e-6), (out - expected[0]).abs().max()
+        assert torch.allclose(next_state, expected_state, rtol=1e-5, atol=1e-6), (next_state - expected_state).abs().max()
+        replayed = agent.replay(x, state, starts)
+        expected, _ = module_steps(agent.rnn, x, state, starts)
+        assert torch.allclose(replayed, expected, rtol=1e-5, atol=1e-6), (replayed - expected).abs().max()
+        assert not torch.allclose(agent.replay(x, state, torch.zeros_like(starts)), expected, rtol=1e-3, atol=1e-3)
 
 
 def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatch):
