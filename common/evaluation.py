@@ -22,7 +22,8 @@ from tensordict import TensorDict
 from common import distributed, video
 from common.capture import captured, compiled
 from common.checkpoint import export_run_policy
-from common.run import close, eval_seed
+from common.args import eval_seed
+from common.run import close
 
 if TYPE_CHECKING:
     from common.run import Run

@@ -404,7 +404,7 @@ def test_bad_options_fail_clearly():
 
 def test_render_draws_the_observation_enlarged():
     """No renderer of its own: the video frames are the observation, each object kind in its colour."""
-    from common.video import frames_from_image
+    from common.envs.frames import frames_from_image
 
     env = make_env("MinAtar/Breakout-v1", 4, seed=2)
     env.reset()

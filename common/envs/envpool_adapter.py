@@ -233,7 +233,7 @@ class EnvpoolVecEnv:
 
     def render(self, env_ids: list[int]) -> list[np.ndarray]:
         """Frames of the envs `env_ids` drawn from their current observations (the newest stacked frame)."""
-        from common.video import frames_from_image
+        from common.envs.frames import frames_from_image
 
         if self._last_obs is None:
             raise RuntimeError(f"{self.env_id}: call reset() before render()")

@@ -221,8 +221,8 @@ class MinAtarEnv(TorchEnv):
 
     def render(self, env_ids: list[int]) -> list[np.ndarray]:
         """Frames of the envs `env_ids`, drawn from their observations (the newest frame; see
-        common.video.frames_from_image)."""
-        from common.video import frames_from_image
+        common.envs.frames)."""
+        from common.envs.frames import frames_from_image
 
         return frames_from_image(self._observe(self.state[env_ids]), kind="objects")
 
