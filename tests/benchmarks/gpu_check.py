@@ -5,8 +5,12 @@ each fit a short reservation:
     python -m tests.benchmarks.gpu_check --sections checks parity      # part 2, about 7 min
     python -m tests.benchmarks.gpu_check --sections speed              # part 3, about 6.5 min
     python -m tests.benchmarks.gpu_check --sections speed-pendulum     # part 4, about 4 min
+    python -m tests.benchmarks.gpu_check --quick                       # first in a short lease, about 8 min
 
-Without --sections it runs them all (about 19 minutes; the parts one after another, about 22). Each run prints its plan first (the
+--quick: the checks of every script (10 iterations, without the eager seeds), the parity rows and the acting
+step, then the captured speed rows of ppo, ppo_lstm and pqn on CartPole-v1 at 4096 envs (speed-quick); it leaves
+out the CUDA tests, torchrun, the comparison with eager seeds, the eager speed rows, ppo at 65536 envs and the
+Pendulum-v1 rows, which the parts run. Without --sections it runs them all (about 19 minutes; the parts one after another, about 22). Each run prints its plan first (the
 sections with their expected minutes), writes DIR/gpu_check.md and DIR/gpu_check.json (DIR:
 --out, default runs/gpu_check), prints the markdown, and exits non-zero if anything it ran failed.
 Parts run one after another into the same DIR add up to one report (sections of the same commit
@@ -37,9 +41,13 @@ parity    every script: the same plan eager and compiled and captured (the same 
           iterations and flags), with inductor drawing its random numbers as eager does
           (fallback_random); the first numbered checkpoint (iteration 5) of both compared: model,
           optimizers, normalizers, counters, each rank's state and env state (not the RNG states).
-          And ppo's Gaussian acting step compiled and captured: against eager with fallback_random,
-          and with inductor's own random numbers, judged by distribution (the standardised noise
-          of 6 replays of 4 steps: mean 0, variance 1, no correlation between steps or replays).
+          And ppo's Gaussian acting step as a script acts, in three parts: compiled against eager,
+          compiled and captured against eager (both with fallback_random), and with inductor's own
+          random numbers, judged by distribution (the standardised noise of 6 replays of 4 steps:
+          mean 0, variance 1, no correlation between steps or replays). Every script's row and
+          every part of the acting step is a result of its own, run in a process of its own: one
+          that fails (a CUDA error in a capture included) is reported with its error, the others
+          still are.
 torchrun  ppo under `torchrun --nproc-per-node 1`, whose one rank joins an NCCL group and so runs
           every distributed path (the all-reduces inside the captured update, gather_object at
           save, the parameter check at the end); then the NaN guard under the same launcher,
@@ -47,9 +55,10 @@ torchrun  ppo under `torchrun --nproc-per-node 1`, whose one rank joins an NCCL 
 speed     CartPole-v1: ppo, ppo_lstm and pqn at 4096 envs, ppo at 65536; eager and
           compile+cudagraphs, each run alone in its own process (tests/benchmarks/bench.py: steady
           state over 3 log intervals after one of warm-up), next to the env-only SPS. A run below
-          its floor (FLOORS: 90% of the last figure measured on an H100, applied on H100 and H200)
-          fails, naming the floor.
+          its floor (FLOORS: 90% of the last figure measured on the same GPU, H100 or H200; a row
+          without one is measured and its figure printed) fails, naming the floor.
 speed-pendulum   the same for ppo, td3 and sac on Pendulum-v1 at 4096 envs.
+speed-quick      --quick's: ppo, ppo_lstm and pqn on CartPole-v1 at 4096 envs, compile+cudagraphs only.
 
 On a machine without a GPU, and no --device, it runs its CPU part, what needs no GPU (CI runs
 it): the checks' iterations eager, with a host-sync recorder (tests/host_sync.py) in place of the
@@ -94,22 +103,48 @@ CORRECTNESS = ("tests", "checks", "parity", "torchrun")  # side by side on a GPU
 # ppo_lstm) and 20-40 s eager, one at a time.
 EXPECTED_MINUTES = {"tests": 4.0, "checks": 6.0, "parity": 4.8, "torchrun": 1.5, "speed": 6.5, "speed-pendulum": 4.0}
 PARTS = (("tests", "torchrun"), ("checks", "parity"), ("speed",), ("speed-pendulum",))
+# --quick: what runs first in a short reservation, within 8 minutes by these estimates (one H100's figures; an H200
+# is at least as fast): the checks of every script at QUICK_ITERATIONS without the eager seeds (each a process that
+# is mostly compiling: about 3 min side by side), the parity rows and the acting step (each process compiles once
+# more after its eager run: 3.5), then speed-quick alone (one env-only measurement and three compiled processes of
+# about 55, 90 and 55 s: 3.5). Left out: QUICK_LEAVES_OUT.
+QUICK = ("checks", "parity", "speed-quick")
+QUICK_MINUTES = {"checks": 3.0, "parity": 3.5, "speed-quick": 3.5}
+QUICK_ITERATIONS = 10  # two log intervals and one evaluation
+QUICK_LEAVES_OUT = ("the CUDA tests (tests)", "torchrun with NCCL and the NaN guard's exit (torchrun)",
+                    "the checks' comparison with six eager seeds", "the eager speed rows", "ppo at 65536 envs",
+                    "the Pendulum-v1 speed rows (speed-pendulum)")
 WHAT = {"tests": "the CUDA tests (pytest -m cuda)",
         "checks": "every script compiled and captured: syncs, graph breaks, recompiles, Python state; against eager seeds",
         "parity": "every script's compiled and eager plans at iteration 5; ppo's captured acting step and its RNG",
         "torchrun": "ppo under torchrun with one NCCL rank; the NaN guard's exit",
         "speed": "CartPole-v1 at 4096 (ppo, ppo_lstm, pqn) and 65536 envs (ppo), eager and captured",
-        "speed-pendulum": "Pendulum-v1 at 4096 envs (ppo, td3, sac), eager and captured"}
+        "speed-pendulum": "Pendulum-v1 at 4096 envs (ppo, td3, sac), eager and captured",
+        "speed-quick": "CartPole-v1 at 4096 envs (ppo, ppo_lstm, pqn), captured only (--quick)"}
+ALL_SECTIONS = (*SECTIONS, "speed-quick")
+SPEED_SECTIONS = ("speed", "speed-pendulum", "speed-quick")
 MARKER = "GPU_CHECK_RESULT "
 HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_to_write", "save", "finish", "eval_only")
 SPEED_ROWS = [("speed", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")), ("speed", "CartPole-v1", 65536, ("ppo",)),
-              ("speed-pendulum", "Pendulum-v1", 4096, ("ppo", "td3", "sac"))]
+              ("speed-pendulum", "Pendulum-v1", 4096, ("ppo", "td3", "sac")),
+              ("speed-quick", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn"))]
 SPEED_MODES = ("eager", "compile+cudagraphs")
-# The last measured training SPS of a row, on an H100: its floor is FLOOR_SHARE of it (run-to-run
-# noise), applied on the GPUs named in FLOOR_GPUS (an H200 is at least as fast at these sizes).
-# Rows without a figure have no floor yet: the report prints their figures to add here.
-FLOORS = {("ppo", "CartPole-v1", 4096, "compile+cudagraphs"): 1.22e6}
-FLOOR_SHARE, FLOOR_GPUS = 0.9, ("H100", "H200")
+SECTION_MODES = {"speed-quick": ("compile+cudagraphs",)}  # the modes of a speed section, when not SPEED_MODES
+# The training SPS last measured for a row on a GPU, by the GPU's name (matched in torch.cuda's device name): a
+# run's floor is FLOOR_SHARE of it (run-to-run noise), on that GPU only. A GPU or row without a figure has no floor
+# yet: the report prints the figures it measured, to add here. H200: `python -m tests.benchmarks.bench --device cuda
+# --env-id ENV --num-envs N --algos ALGO --modes MODE`, each run alone, steady state (torch 2.11.0+cu130, tensordict
+# 0.15.3, commit b3e1853). H100: none measured since the current layout (its old 1.22M for ppo is gone with it).
+FLOORS = {
+    "H200": {("ppo", "CartPole-v1", 4096, "compile+cudagraphs"): 9_112_420,
+             ("ppo", "CartPole-v1", 4096, "eager"): 554_530,
+             ("pqn", "CartPole-v1", 4096, "compile+cudagraphs"): 12_552_176,
+             ("ppo", "CartPole-v1", 65536, "compile+cudagraphs"): 29_305_583,
+             ("td3", "Pendulum-v1", 4096, "compile+cudagraphs"): 375_009,
+             ("sac", "Pendulum-v1", 4096, "compile+cudagraphs"): 373_168},
+    "H100": {},
+}
+FLOOR_SHARE = 0.9
 DISTRIBUTION_SEEDS = (1, 2, 3, 4, 5, 6)
 OUTSIDE = "(outside captured functions)"
 STATISTICS = re.compile(r"^(charts/episodic_return|losses/.*)$")
@@ -365,6 +400,8 @@ def worker(cfg: dict) -> dict:
     result = {"algo": cfg["algo"], "job": cfg["job"]}
     if cfg["job"] == "check":
         return {**result, **check_run(module, args, cuda, files)}
+    if cfg["job"] == "acting":
+        return {**result, "status": "ok", "parts": acting_step(args["device"])}
     try:
         if cfg["job"] == "seeds":
             result["statistics"] = {}
@@ -491,7 +528,8 @@ def section_checks(mode: str, device: str, algos: list[str], cfg: argparse.Names
             return run_worker({**spec, "seeds": list(DISTRIBUTION_SEEDS),
                                "args": {**args, "compile": False, "cudagraphs": False}}, cfg.timeout)
 
-        kinds = ("check",) if mode == "cpu" else ("check", "seeds")
+        seeds = mode != "cpu" and not getattr(cfg, "quick", False)  # --quick leaves the eager seeds out
+        kinds = ("check", "seeds") if seeds else ("check",)
         jobs = [(algo, kind) for algo in algos for kind in kinds]
         t0 = time.time()
         with ThreadPoolExecutor(max_workers=len(jobs) if cuda else 1) as pool:
@@ -501,76 +539,144 @@ def section_checks(mode: str, device: str, algos: list[str], cfg: argparse.Names
         row = done[(algo, "check")]
         if mode == "cpu":
             row["distribution"] = {"status": "skipped", "error": "needs CUDA: here the checked run is eager"}
+        elif not seeds:
+            row["distribution"] = {"status": "skipped", "error": "--quick leaves out the eager seeds"}
         else:
             seeds = done[(algo, "seeds")]
             row["distribution"] = (distribution(row["statistics"], seeds["statistics"])
                                    if row["status"] == seeds["status"] == "ok"
                                    else {"status": "skipped", "error": seeds.get("error") or "the checked run failed"})
         row.pop("statistics", None)
-        if mode != "cpu":
+        if seeds:
             row["seconds"] = max(row["seconds"], done[(algo, "seeds")]["seconds"])  # side by side on a GPU
         rows.append(row)
     return {"scripts": rows, "seconds": time.time() - t0, "compiled": cuda, "mode": mode, "iterations": cfg.iterations}
 
 
 def section_parity(mode: str, device: str, algos: list[str], cfg: argparse.Namespace) -> dict:
-    """Each script's plan eager and compiled (captured on CUDA) with fallback_random, one process per
-    script; then ppo's acting step. The CPU part runs the acting step only."""
+    """Each script's plan eager and compiled (captured on CUDA) with fallback_random, and ppo's acting step, each in
+    a process of its own, side by side on a GPU: every row is a result of its own (a row whose process fails, a
+    CUDA capture error included, is that row's failure, named, with its error; the others are reported). The CPU
+    part runs the acting step only."""
     cuda = device.startswith("cuda")
-    rows = []
     t0 = time.time()
-    if mode != "cpu":
-        with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-            def job(algo: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        def job(algo: str | None) -> dict:
+            if algo is None:  # the acting step
+                return run_worker({"algo": "ppo", "script": "ppo", "job": "acting", "args": {"device": device}}, cfg.timeout)
+            try:
                 args = plan(algo, device, True, cfg.iterations, cfg.num_envs, Path(tmp) / script_name(algo))
                 return run_worker({"algo": script_name(algo), "script": algo, "job": "parity", "compile": cuda,
                                    "args": args}, cfg.timeout)
+            except Exception as e:  # noqa: BLE001 -- the row's failure, not the section's end
+                return {"algo": script_name(algo), "job": "parity", "status": "failed", "seconds": 0.0,
+                        "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
 
-            with ThreadPoolExecutor(max_workers=len(algos) if cuda else 1) as pool:
-                rows = list(pool.map(job, algos))
-    return {"scripts": rows, "acting": acting_step(device), "seconds": time.time() - t0, "compiled": cuda,
+        jobs = ([] if mode == "cpu" else list(algos)) + [None]
+        with ThreadPoolExecutor(max_workers=len(jobs) if cuda else 1) as pool:
+            *rows, acting = list(pool.map(job, jobs))
+    acting_rows = acting.get("parts") or [{"part": "its process", "status": "failed", "error": acting.get("error"),
+                                           "at": acting.get("at")}]
+    return {"scripts": rows, "acting": acting_rows, "seconds": time.time() - t0, "compiled": cuda,
             **({"skipped": "needs CUDA; --device cpu runs both eager, a dry run"} if mode == "cpu" else {})}
 
 
-def acting_step(device: str) -> dict:
-    """ppo's Gaussian acting step compiled (and captured on CUDA) against eager: the same actions and
-    log-probs from the same generator state with fallback_random; and with inductor's own random
-    numbers, four steps per call as in a rollout, replayed six times on one observation: the noise
-    (action - mean) / std is judged by distribution, each bound 5 standard errors (a broken draw
-    under capture, such as the same numbers at every replay or every step, fails it)."""
-    import torch._inductor.config
-    from tensordict.nn import CudaGraphModule
+ACTING_PARTS = ("compiled against eager", "captured against eager", "own random numbers")
 
+
+def acting_step(device: str) -> list[dict]:
+    """ppo's Gaussian acting step as a script acts (its grad-free twin of the agent, under no_grad), in three parts,
+    each a row of its own (one that raises is that part's failure, with its error and where; the others still run):
+    - compiled against eager: common.capture.compiled (the scripts' torch.compile) against eager, the same actions
+      and log-probs from the same generator state, with fallback_random;
+    - captured against eager (CUDA only): compiled and captured as common.capture.captured does for a script's
+      acting step (tensordict's CudaGraphModule, the scripts' warm-up), against eager the same way;
+    - own random numbers: with inductor's own random numbers, four steps per call as in a rollout, compiled (and
+      captured on CUDA), replayed six times on one observation: the noise (action - mean) / std judged by
+      distribution, each bound 5 standard errors (a broken draw under capture, such as the same numbers at every
+      replay or every step, fails it).
+    Run in a worker process of its own, on its main thread (as a script captures), so that a CUDA error in a
+    capture, which can leave the process's CUDA context unusable, ends that process alone.
+
+    At b3e1853 on an H200 (torch 2.11) this check's capture failed with cudaErrorStreamCaptureInvalidated (an
+    earlier call inside the capture was refused), while the scripts' own captures passed the checks section. It
+    was not reproduced (no GPU since; a CPU cannot capture). What set it apart from a script's capture, each now
+    as a script does it: it captured inside the gpu_check process, on one of the threads its sections run on side
+    by side, where a call of another thread that is not allowed during a capture (CUDA's default, global capture
+    mode refuses it process-wide and invalidates the capture) or a dynamo/inductor compile or generator access on
+    the capture call (torch 2.11 reads the CUDA RNG state when it compiles a frame, refused during a capture)
+    ends it; it acted with the agent itself (parameters that require grad) where a script acts with a grad-free
+    twin; and it wrapped a plain torch.compile in its own CudaGraphModule instead of common.capture's compiled()
+    and captured() with their warm-up. The next GPU check tells whether one of these was the cause: the report
+    names the part and the error if it fails again."""
+    import types
+
+    import torch._inductor.config
+    from tensordict import from_module
+
+    from common.capture import captured, compiled
     from common.envs import make_env
 
     cuda = device.startswith("cuda")
+    files = {str(ROOT / "algos" / "ppo.py")}
+    rows = []
+
+    def part(name: str, fn) -> None:
+        t0 = time.time()
+        try:
+            rows.append({"part": name, **fn()})
+        except BaseException as e:  # noqa: BLE001 -- reported as this part's failure
+            rows.append({"part": name, "status": "failed", "error": f"{type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}", "at": where(files, e.__traceback__)})
+        rows[-1]["seconds"] = time.time() - t0
+
     ppo = load_script("ppo")
     envs = make_env("Pendulum-v1", 256, device=device, seed=1)
     obs, _ = envs.reset()
     agent = ppo.Agent(obs["policy"].shape[-1], None, envs.single_action_space, ppo.Args()).to(device)
-    act = lambda o: agent.act(o)  # noqa: E731
-    fast = torch.compile(act)
-    if cuda:
-        fast = CudaGraphModule(fast, warmup=3)
-    results = []
-    with torch.no_grad(), torch._inductor.config.patch(fallback_random=True):
-        for fn in (act, fast):
-            torch.manual_seed(0)
-            results.append([tuple(t.clone() for t in fn(obs)) for _ in range(5)])
-    diffs = [max((x - y).abs().max().item() for x, y in zip(a, b)) for a, b in zip(*results)]
-    out = {"status": "ok" if max(diffs) < 1e-5 else "differs", "max_abs_diff": max(diffs), "captured": cuda}
+    twin = ppo.Agent(obs["policy"].shape[-1], None, envs.single_action_space, ppo.Args()).to(device)
+    from_module(agent).data.to_module(twin)  # the scripts act with such a twin: no autograd in the rollout
 
-    steps = 4
-    rollout = torch.compile(lambda o: torch.stack([agent.act(o)[0] for _ in range(steps)]))
+    def run_like(capture: bool):  # what common.capture reads of a script's run
+        return types.SimpleNamespace(args=types.SimpleNamespace(compile=True, cudagraphs=capture), device=torch.device(device),
+                                     graphs=[], compile_seconds={}, say=lambda message: None)
+
+    def against_eager(capture: bool) -> dict:
+        def act(o):
+            return twin.act(o)
+
+        run = run_like(capture)
+        fast = captured(run, "acting", compiled(run, act), capture=capture)
+        results = []
+        with torch.no_grad(), torch._inductor.config.patch(fallback_random=True):
+            for fn in (act, fast):
+                torch.manual_seed(0)
+                results.append([tuple(t.clone() for t in fn(obs)) for _ in range(5)])
+        diffs = [max((x - y).abs().max().item() for x, y in zip(a, b)) for a, b in zip(*results)]
+        return {"status": "ok" if max(diffs) < 1e-5 else "differs", "max_abs_diff": max(diffs), "captured": capture}
+
+    def own_random_numbers() -> dict:
+        steps = 4
+
+        def rollout(o):
+            return torch.stack([twin.act(o)[0] for _ in range(steps)])
+
+        run = run_like(cuda)
+        rollout = captured(run, "rollout", compiled(run, rollout), capture=cuda)
+        with torch.no_grad():
+            d = twin.dist(twin.obs_rms(obs["policy"]))
+            for _ in range(3):  # compiled, warmed up and captured: every later call a replay
+                rollout(obs)
+            z = torch.stack([((rollout(obs) - d.mean) / d.stddev).clone() for _ in range(6)])  # [6, 4, N, A]
+        return {**judge_noise(z), "captured": cuda}
+
+    part(ACTING_PARTS[0], lambda: against_eager(False))
     if cuda:
-        rollout = CudaGraphModule(rollout, warmup=3)
-    with torch.no_grad():
-        d = agent.dist(agent.obs_rms(obs["policy"]))
-        for _ in range(3):  # warm-up and capture
-            rollout(obs)
-        z = torch.stack([((rollout(obs) - d.mean) / d.stddev).clone() for _ in range(6)])  # [6, 4, N, A]
-    out["rng"] = judge_noise(z)
-    return out
+        part(ACTING_PARTS[1], lambda: against_eager(True))
+    else:
+        rows.append({"part": ACTING_PARTS[1], "status": "skipped", "error": "needs CUDA"})
+    part(ACTING_PARTS[2], own_random_numbers)
+    return rows
 
 
 def judge_noise(z: torch.Tensor) -> dict:
@@ -630,11 +736,14 @@ def section_torchrun(device: str, num_envs: int, timeout: float) -> dict:
 
 
 def floor_of(algo: str, env_id: str, num_envs: int, mode: str, gpu: str | None) -> dict | None:
-    figure = FLOORS.get((algo, env_id, num_envs, mode))
-    if figure is None or not gpu or not any(name in gpu for name in FLOOR_GPUS):
+    """The floor of a speed row on the GPU named `gpu` (torch.cuda's device name), or None where that GPU has no
+    figure for the row."""
+    name = next((name for name in FLOORS if gpu and name in gpu), None)
+    figure = FLOORS[name].get((algo, env_id, num_envs, mode)) if name else None
+    if figure is None:
         return None
-    return {"sps": FLOOR_SHARE * figure, "measured": figure,
-            "text": f"{FLOOR_SHARE * figure:,.0f} SPS ({FLOOR_SHARE:.0%} of {figure:,.0f}, the last measured on an H100)"}
+    return {"sps": FLOOR_SHARE * figure, "measured": figure, "gpu": name,
+            "text": f"{FLOOR_SHARE * figure:,.0f} SPS ({FLOOR_SHARE:.0%} of {figure:,.0f}, the last measured on an {name})"}
 
 
 def section_speed(section: str, device: str, timeout: float, iterations: int, gpu: str | None) -> dict:
@@ -645,8 +754,11 @@ def section_speed(section: str, device: str, timeout: float, iterations: int, gp
                "env_only_sps": bench.measure_env_only(env_id, num_envs, torch.device(device))["sps"], "runs": []}
         for algo in algos:
             args_cls = load_script(algo).Args
-            for mode in SPEED_MODES:
-                record = bench.run_training(algo, args_cls, env_id, num_envs, device, mode, iterations, 1, timeout=timeout)
+            for mode in SECTION_MODES.get(section, SPEED_MODES):
+                try:
+                    record = bench.run_training(algo, args_cls, env_id, num_envs, device, mode, iterations, 1, timeout=timeout)
+                except Exception as e:  # noqa: BLE001 -- this row's failure, the section goes on
+                    record = {"algo": algo, "mode": mode, "status": "failed", "error": f"{type(e).__name__}: {e}"}
                 run = {k: record.get(k) for k in ("algo", "mode", "status", "sps", "rollout_seconds", "update_seconds",
                                                   "peak_memory_mb", "process_seconds", "error", "command")}
                 floor = floor_of(algo, env_id, num_envs, mode, gpu)
@@ -662,7 +774,7 @@ def section_speed(section: str, device: str, timeout: float, iterations: int, gp
 
 def speed_commands(section: str) -> list[str]:
     return [f"python -m tests.benchmarks.bench --device cuda --env-id {env_id} --num-envs {n} --algos {' '.join(algos)} "
-            f"--modes {' '.join(SPEED_MODES)}" for s, env_id, n, algos in SPEED_ROWS if s == section]
+            f"--modes {' '.join(SECTION_MODES.get(section, SPEED_MODES))}" for s, env_id, n, algos in SPEED_ROWS if s == section]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -671,6 +783,8 @@ def speed_commands(section: str) -> list[str]:
 def failures(name: str, result: dict) -> list[str]:
     """What failed in a section's result, each naming the script and the function or run."""
     bad = []
+    if "crashed" in result:  # the section's own code raised (its rows are not there to report)
+        return [f"{name}: {result['crashed']}"]
     if name == "tests" and result.get("status") == "failed":
         bad.append("CUDA tests: " + (", ".join(result.get("failed", [])) or result.get("tail", "")))
     if name == "checks":
@@ -694,11 +808,11 @@ def failures(name: str, result: dict) -> list[str]:
             p = r.get("parity", {})
             if r["status"] != "ok" or p.get("status") != "ok":
                 bad.append(f"{r['algo']}: " + (r.get("error") or f"{p.get('status')} ({', '.join(p.get('differing', []))})"))
-        acting = result["acting"]
-        if acting["status"] != "ok":
-            bad.append(f"acting step against eager: max abs diff {acting['max_abs_diff']:.2g}")
-        if acting["rng"]["status"] != "ok":
-            bad.append(f"acting step's own random numbers: {', '.join(acting['rng']['failed'])} out of bounds")
+        for a in result["acting"]:
+            if a["status"] not in ("ok", "skipped"):
+                what = (a["error"] + (f" at {a['at']}" if a.get("at") else "") if a["status"] == "failed" else
+                        f"{', '.join(a['failed'])} out of bounds" if "failed" in a else f"max abs diff {a['max_abs_diff']:.2g}")
+                bad.append(f"acting step, {a['part']}: {what}")
     if name == "torchrun":
         bad += [f"{k}: {r.get('error')}" for k, r in result.items() if isinstance(r, dict) and r.get("status") != "ok"]
     if name.startswith("speed"):
@@ -713,26 +827,28 @@ def markdown(report: dict) -> str:
              f"{bench.machine_label(m)}; torch {m['torch']}, tensordict {report['tensordict']}; commit {report['commit']}; "
              f"{report['mode_text']}. Verdict: **{report['verdict']}**", "",
              "| section | what | expected on one H100 | measured | result |", "|---|---|---|---|---|"]
-    for name in SECTIONS:
+    for name in (s for s in ALL_SECTIONS if s in SECTIONS or s in report["sections"]):
         s = report["sections"].get(name)
-        result = "not run" if s is None else s["status"]
+        result = "not run" if s is None else s["status"] + (" (--quick)" if s.get("quick") else "")
         measured = "-" if s is None else f"{s['seconds'] / 60:.1f} min" + ("" if report["mode"] == "gpu" else " on this CPU")
-        lines.append(f"| {name} | {WHAT[name]} | {EXPECTED_MINUTES[name]:.1f} min | {measured} | {result} |")
+        expected = (s or {}).get("expected_minutes", EXPECTED_MINUTES.get(name))
+        lines.append(f"| {name} | {WHAT[name]} | {expected:.1f} min | {measured} | {result} |")
     lines.append("")
     if report["skipped"]:
         lines += ["Skipped: " + "; ".join(report["skipped"]), ""]
     sections = report["sections"]
-    for name in SECTIONS:
+    for name in ALL_SECTIONS:
         if name in sections and sections[name]["failures"]:
             lines += [f"Failed in {name}:", *[f"- {b}" for b in sections[name]["failures"]], ""]
-    tests = sections.get("tests", {}).get("result")
+    shown = {name: sections[name]["result"] for name in sections if "crashed" not in sections[name].get("result", {})}
+    tests = shown.get("tests")
     if tests:
         lines += ["## CUDA tests", ""]
         if tests["status"] == "skipped":
             lines += [f"skipped ({tests['error']}): {len(tests['tests'])} tests: " + ", ".join(tests["tests"]), ""]
         else:
             lines += [f"{tests['status']}: {tests['tail']}", *[f"- failed: {t}" for t in tests["failed"]], ""]
-    checks = sections.get("checks", {}).get("result")
+    checks = shown.get("checks")
     if checks:
         how = "compiled and captured" if checks["compiled"] else "eager"
         sizes = "its CUDA defaults" if checks.get("mode") != "cpu" else "small sizes"
@@ -756,7 +872,7 @@ def markdown(report: dict) -> str:
         by_design = sorted({b.split(": ", 1)[1] for r in checks["scripts"] for b in r.get("accepted_breaks", [])})
         lines += ["", *(["Graph breaks not by design:", *reasons, ""] if reasons else []),
                   *([f"Graph breaks by design (gpu_check.accepted_break): {', '.join(by_design)}", ""] if by_design else [])]
-    parity_result = sections.get("parity", {}).get("result")
+    parity_result = shown.get("parity")
     if parity_result:
         other = ("compiled and captured (fallback_random)" if parity_result["compiled"] or parity_result.get("skipped")
                  else "eager again (a dry run)")
@@ -772,19 +888,25 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {r['algo']} | {res} | {p.get('iteration', '-')} | {p.get('tensors', '-')} "
                              f"({', '.join(p.get('parts', []))}) | {diff} |")
             lines.append("")
-        a = parity_result["acting"]
-        rng = a["rng"]
-        lines += [f"ppo's acting step, compiled{' and captured' if a['captured'] else ''} against eager: {a['status']} "
-                  f"(max abs diff {a['max_abs_diff']:.2g}); with its own random numbers ({rng['draws']} draws): "
-                  f"{rng['status']} (mean {rng['mean']:.3f}, variance {rng['var']:.3f}, correlation across replays "
-                  f"{rng['across_replays']:.3f}, across steps {rng['across_steps']:.3f})", ""]
-    torchrun = sections.get("torchrun", {}).get("result")
+        lines += ["ppo's acting step, as a script acts (a process of its own):", ""]
+        for a in parity_result["acting"]:
+            if a["status"] in ("failed", "skipped"):
+                text = f"{a['status']}: {a.get('error')}" + (f" at {a['at']}" if a.get("at") else "")
+            elif "draws" in a:  # judged by distribution
+                text = (f"{a['status']} ({a['draws']} draws{', captured' if a.get('captured') else ''}: mean {a['mean']:.3f}, "
+                        f"variance {a['var']:.3f}, correlation across replays {a['across_replays']:.3f}, across steps "
+                        f"{a['across_steps']:.3f})")
+            else:
+                text = f"{a['status']} (max abs diff {a['max_abs_diff']:.2g})"
+            lines.append(f"- {a['part']}: {text}")
+        lines.append("")
+    torchrun = shown.get("torchrun")
     if torchrun:
         lines += ["## torchrun, one rank", ""]
         for name, r in torchrun.items():
             lines.append(f"- {name}: {r['status']} in {r['seconds']:.0f} s" + (f" ({r['error']})" if r.get("error") else ""))
         lines.append("")
-    speed = [row for name in ("speed", "speed-pendulum") for row in sections.get(name, {}).get("result", {}).get("rows", [])]
+    speed = [row for name in SPEED_SECTIONS for row in shown.get(name, {}).get("rows", [])]
     if speed:
         lines += ["## Speed (steady state, each run alone in its own process)", "",
                   "| env | num_envs | env only SPS | script | mode | SPS | x env only | floor | rollout s | update s | peak MB |",
@@ -821,23 +943,29 @@ def git_commit() -> str | None:
 MODE_TEXT = {"gpu": "the GPU plan", "dry": "a dry run of the GPU plan on the CPU, every run eager", "cpu": "the CPU part"}
 
 
-def expected_minutes(sections) -> float:
-    """Expected minutes of a run of `sections` on one H100: the correctness sections side by side
-    (they share the CPU's cores while compiling: the longest, plus a quarter of the others), then
-    the speed sections one after another."""
-    side = [EXPECTED_MINUTES[s] for s in sections if s in CORRECTNESS]
-    alone = sum(EXPECTED_MINUTES[s] for s in sections if s not in CORRECTNESS)
+def expected_minutes(sections, quick: bool = False) -> float:
+    """Expected minutes of a run of `sections` on one H100 (QUICK_MINUTES with --quick): the correctness sections
+    side by side (they share the CPU's cores while compiling: the longest, plus a quarter of the others), then the
+    speed sections one after another."""
+    minutes = QUICK_MINUTES if quick else EXPECTED_MINUTES
+    side = [minutes[s] for s in sections if s in CORRECTNESS]
+    alone = sum(minutes[s] for s in sections if s not in CORRECTNESS)
     return (max(side) + 0.25 * (sum(side) - max(side)) if side else 0.0) + alone
 
 
-def print_plan(sections: list[str], mode: str, device: str) -> None:
-    """The sections this run takes, each with its expected minutes on one H100, and the parts."""
-    say(f"plan on {device} ({MODE_TEXT[mode]}):")
+def print_plan(sections: list[str], mode: str, device: str, quick: bool = False) -> None:
+    """The sections this run takes, each with its expected minutes on one H100, and the parts (with --quick: what
+    it leaves out)."""
+    minutes = QUICK_MINUTES if quick else EXPECTED_MINUTES
+    say(f"plan on {device} ({MODE_TEXT[mode]}{', --quick' if quick else ''}):")
     for s in sections:
-        say(f"  {s:15s} {EXPECTED_MINUTES[s]:4.1f} min on one H100   {WHAT[s]}")
-    total = expected_minutes(sections)
+        say(f"  {s:15s} {minutes[s]:4.1f} min on one H100   {WHAT[s]}"
+            + (f" ({QUICK_ITERATIONS} iterations, no eager seeds)" if quick and s == "checks" else ""))
+    total = expected_minutes(sections, quick)
     say(f"  in all about {total:.1f} min on one H100")
-    if total > 9:
+    if quick:
+        say(f"  left out by --quick: {'; '.join(QUICK_LEAVES_OUT)}; the parts below run them")
+    if total > 9 or quick:
         say("  for reservations of under ten minutes, run the parts one after another (the report adds them up):")
         for part in PARTS:
             say(f"    python -m tests.benchmarks.gpu_check --sections {' '.join(part)}   # about "
@@ -847,14 +975,20 @@ def print_plan(sections: list[str], mode: str, device: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/gpu_check", help="directory of gpu_check.md and gpu_check.json")
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
-                        help="the parts to run (default: all); see the parts above for reservations of under ten minutes")
+    parser.add_argument("--sections", nargs="+", choices=ALL_SECTIONS, default=list(SECTIONS),
+                        help="the parts to run (default: all but speed-quick); see the parts above for reservations "
+                             "of under ten minutes")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"what runs first in a short reservation, about {expected_minutes(QUICK, True):.0f} min: "
+                             f"{', '.join(QUICK)} (checks at {QUICK_ITERATIONS} iterations); leaves out "
+                             + "; ".join(QUICK_LEAVES_OUT))
     parser.add_argument("--device", default=None,
                         help="default: cuda if there is one (the GPU plan), else the CPU part; --device cpu: a dry run "
                              "of the GPU plan on the CPU, every run eager")
     parser.add_argument("--algos", nargs="+", default=None,
                         help="scripts of checks and parity: names in algos/ or paths to copies (default: all in algos/)")
-    parser.add_argument("--iterations", type=int, default=20, help="iterations of each planned run")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help=f"iterations of each planned run (default: 20; {QUICK_ITERATIONS} with --quick)")
     parser.add_argument("--num-envs", type=int, default=None, help="envs of the planned runs (default: each script's)")
     parser.add_argument("--speed-iterations", type=int, default=3,
                         help="timed log intervals of each speed run, after one of warm-up (compile and capture)")
@@ -870,8 +1004,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu = device.startswith("cuda")
     mode = "gpu" if gpu else "dry" if args.device else "cpu"
     algos = args.algos or sorted(bench.discover_algos(None)[0])
-    sections = [s for s in SECTIONS if s in args.sections]
-    print_plan(sections, mode, device)
+    if args.iterations is None:
+        args.iterations = QUICK_ITERATIONS if args.quick else 20
+    sections = list(QUICK) if args.quick else [s for s in ALL_SECTIONS if s in args.sections]
+    print_plan(sections, mode, device, args.quick)
     machine = bench.machine_info(torch.device(device))
     commit = git_commit()
     out = Path(args.out)
@@ -894,18 +1030,24 @@ def main(argv: list[str] | None = None) -> int:
 
     def timed_job(name):
         t0 = time.time()
-        result = jobs[name]()
+        try:
+            result = jobs[name]()
+        except Exception as e:  # noqa: BLE001 -- this section's failure; the others are still reported
+            result = {"crashed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} at "
+                                 f"{where(set(), e.__traceback__)}"}
         return result, time.time() - t0
 
     with ThreadPoolExecutor(max_workers=max(len(jobs), 1) if gpu else 1) as pool:
         futures = {name: pool.submit(timed_job, name) for name in jobs}
         done = {name: f.result() for name, f in futures.items()}
+    minutes = QUICK_MINUTES if args.quick else EXPECTED_MINUTES
     for name, (result, seconds) in done.items():
         bad = failures(name, result)
         skipped = name == "tests" and result.get("status") == "skipped"
-        report["sections"][name] = {"status": "failed" if bad else "skipped" if skipped else "ok",
-                                    "seconds": seconds, "failures": bad, "result": result}
-    for name in ("speed", "speed-pendulum"):
+        report["sections"][name] = {"status": "failed" if bad else "skipped" if skipped else "ok", "seconds": seconds,
+                                    "failures": bad, "result": result, "expected_minutes": minutes[name],
+                                    **({"quick": True} if args.quick else {})}
+    for name in SPEED_SECTIONS:
         if name not in sections:
             continue
         if gpu:
@@ -914,12 +1056,12 @@ def main(argv: list[str] | None = None) -> int:
             result = section_speed(name, device, args.timeout, args.speed_iterations, machine.get("gpu"))
             bad = failures(name, result)
             report["sections"][name] = {"status": "failed" if bad else "ok", "seconds": time.time() - t0,
-                                        "failures": bad, "result": result}
+                                        "failures": bad, "result": result, "expected_minutes": minutes[name]}
         else:
             report["skipped"].append(f"{name} (needs CUDA; its commands: {'; '.join(speed_commands(name))})")
     if not gpu:
         if "tests" in sections:
-            report["skipped"].append(f"the {len(report['sections']['tests']['result']['tests'])} CUDA tests")
+            report["skipped"].append(f"the {len(report['sections']['tests']['result'].get('tests', []))} CUDA tests")
         if "checks" in sections:
             report["skipped"].append("sync debug mode, graph breaks and recompiles of the compiled and captured runs "
                                      "(here: the runs eager, with the host-sync recorder and the Python-state check)")
@@ -928,6 +1070,8 @@ def main(argv: list[str] | None = None) -> int:
     this_run = [b for name in sections if name in report["sections"] for b in report["sections"][name]["failures"]]
     all_bad = [name for name, s in report["sections"].items() if s["failures"]]
     missing = [s for s in SECTIONS if s not in report["sections"] and (gpu or not s.startswith("speed"))]
+    if args.quick:
+        report["skipped"].append("left out by --quick: " + "; ".join(QUICK_LEAVES_OUT))
     report["verdict"] = ("failed: " + ", ".join(all_bad) if all_bad else "all passed") + \
         (f" (not yet run: {', '.join(missing)})" if missing else "")
     out.mkdir(parents=True, exist_ok=True)
