@@ -94,6 +94,14 @@ TINY = {
         rnn_hidden_size=16),
         captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
         tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None),
+    # a linear weight schedule that ends within the tiny runs, so resume and compile parity cover its steps
+    "ppo_rnd": dict(steps=16 * 8, sync=1, kwargs=dict(
+        env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True,
+        rnd_hidden_sizes=(16,), rnd_target_hidden_sizes=(16,), rnd_num_outputs=4, rnd_weight_final=0.0, rnd_weight_steps=(8, 40)),
+        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+        tags=PPO_TAGS | {"losses/rnd_loss", "charts/intrinsic_reward", "charts/rnd_weight"}, per_read="num_steps",
+        log_interval_only_logs=True, wrong_actions=None,
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args)),
 }
 _TEACHERS = Path(tempfile.mkdtemp(prefix="distill-teacher-"))  # distill.py's teacher: a file for every run
 atexit.register(shutil.rmtree, _TEACHERS, True)

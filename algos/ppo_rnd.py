@@ -1,0 +1,500 @@
+"""PPO with random network distillation (RND): an intrinsic reward for states the agent has rarely seen.
+
+    python algos/ppo_rnd.py --env-id MountainCarContinuous-v0 --num-envs 4096
+
+ppo.py (read it first; this file keeps its order, less --target-kl, --anneal-lr and --bf16) plus RND (Burda et
+al. 2018): a predictor learns to match a frozen random network on the states visited; its error on a state,
+divided by the running std of its discounted return, is the intrinsic reward, large where the agent has rarely been.
+Two value heads (CleanRL's ppo_rnd_envpool.py), not rsl_rl's one summed reward: the critic predicts the extrinsic
+return (episodic, --gamma) and the intrinsic one (non-episodic, --rnd-gamma); the advantage is A_ext + weight *
+A_int. Why: novelty does not end with an episode. Summed into one episodic reward, the intrinsic stream stops
+wherever an episode does, so a terminal goal (MountainCarContinuous-v0: +100, then the end) costs the agent the
+novelty it would have found by wandering on, and one critic fits a steady return and a fading one at once. Apart,
+the weight (and its schedule) scales an advantage without refitting the critic; the price is one more critic output.
+References: Burda et al. 2018; Schwarke et al. 2023 (rsl_rl's RND); the predictor has an Adam of its own, as there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import gymnasium as gym
+import torch
+import torch.nn as nn
+from tensordict import TensorDict, from_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+if importlib.util.find_spec("common") is None:
+    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+
+from common import distributed  # noqa: E402
+from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
+from common.buffer import RolloutStorage  # noqa: E402
+from common.capture import captured, compiled, timed  # noqa: E402
+from common.checkpoint import TrainingState, restore, save  # noqa: E402
+from common.evaluation import eval_only, evaluate  # noqa: E402
+from common.nets import group_mlp, image_max, observation_shape  # noqa: E402
+from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
+from common.run import (  # noqa: E402
+    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
+)
+from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
+
+ALGO = "ppo_rnd"
+
+
+@dataclass
+class Args(RunArgs):
+    num_steps: Annotated[int, Ge(1)] = 24
+    """steps per env per rollout; the batch per process is num_envs * num_steps"""
+    num_minibatches: Annotated[int, Ge(1)] = 4
+    """minibatches per epoch"""
+    update_epochs: Annotated[int, Ge(1)] = 5
+    """epochs over the batch per iteration"""
+    learning_rate: Annotated[float, Gt(0)] = 1e-3
+    """initial learning rate of Adam"""
+    lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
+    """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
+    desired_kl: Annotated[float, Gt(0)] = 0.01
+    """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
+    gamma: Annotated[float, Ge(0), Le(1)] = 0.99
+    """discount factor"""
+    gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
+    """GAE lambda"""
+    adv_norm: Literal["none", "minibatch", "batch"] = "minibatch"
+    """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all"""
+    clip_coef: Annotated[float, Ge(0)] = 0.2
+    """surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss around the old values"""
+    ent_coef: Annotated[float, Ge(0)] = 0.005
+    """entropy bonus coefficient"""
+    vf_coef: Annotated[float, Ge(0)] = 1.0
+    """value loss coefficient"""
+    max_grad_norm: Annotated[float, Gt(0)] = 1.0
+    """global gradient-norm clip"""
+    hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
+    """hidden layer sizes of the actor and the critic"""
+    activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
+    """activation of the hidden layers"""
+    encoder: Literal["nature", "impala", "minatar", "mlp"] = "nature"
+    """encoder of image groups (uint8 [C, H, W]): Atari DQN CNN, IMPALA ResNet, MinAtar's conv, or flattened frames"""
+    init_log_std: float = 0.0
+    """initial log standard deviation of the Gaussian policy (continuous actions)"""
+    asymmetric_critic: bool = True
+    """feed the critic the env's 'critic' observations when it provides them"""
+    obs_norm: bool = True
+    """normalize observations with running statistics of the rollouts"""
+    obs_clip: Annotated[float, Gt(0)] = 10.0
+    """clip normalized observations to [-obs_clip, obs_clip]"""
+    reward_norm: bool = True
+    """scale rewards by the running std of the discounted return (keeps the value loss O(1))"""
+    reward_clip: Annotated[float, Gt(0)] = 10.0
+    """clip normalized rewards to [-reward_clip, reward_clip]"""
+    rnd_weight: Annotated[float, Ge(0)] = 1.0
+    """weight of the intrinsic advantage beside the extrinsic one (rsl_rl's rnd_cfg.weight)"""
+    rnd_weight_final: Annotated[float | None, Ge(0)] = None
+    """a linear schedule from --rnd-weight to this over --rnd-weight-steps (equal steps: a switch); None: constant"""
+    rnd_weight_steps: Annotated[tuple[int, int], Ge(0)] = (0, 0)
+    """where the schedule starts and ends, in steps of one env (rsl_rl's initial_step, final_step)"""
+    rnd_gamma: Annotated[float, Ge(0), Le(1)] = 0.99
+    """discount of the intrinsic return, which runs on across episode ends"""
+    rnd_obs_group: Literal["policy", "critic"] = "policy"
+    """the observation group RND reads (rsl_rl's obs_groups["rnd_state"])"""
+    rnd_hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
+    """hidden layer sizes of the predictor"""
+    rnd_target_hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
+    """hidden layer sizes of the frozen random target"""
+    rnd_num_outputs: Annotated[int, Ge(1)] = 16
+    """size of the embedding the predictor learns to match"""
+    rnd_learning_rate: Annotated[float, Gt(0)] = 1e-3
+    """learning rate of the predictor's Adam"""
+    rnd_state_norm: bool = True
+    """normalize RND's input with running statistics of its own, clipped to [-5, 5] (rsl_rl's state_normalization)"""
+    rnd_reward_norm: bool = True
+    """divide the intrinsic reward by the running std of its discounted return (rsl_rl's reward_normalization)"""
+
+
+# --- networks -----------------------------------------------------------------------------------
+class Agent(nn.Module):
+    """ppo.py's actor and critic (two outputs: the extrinsic and the intrinsic value) with the observation normalizers.
+    A group's shape is one env's: [D], [C, H, W] for uint8 images (an --encoder's, never normalized), or term -> shape."""
+
+    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
+        super().__init__()
+        obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.critic_key = "critic" if critic_obs_shape is not None else "policy"
+        act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
+        self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
+        self.critic = group_mlp(critic_obs_shape or obs_shape, 2, out_gain=1.0, **net,
+                                max_value=image_max[1] if critic_obs_shape is not None else image_max[0])
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
+        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
+        # Gaussian samples are clipped to the env's bounds on their way to it (the stored action keeps the raw sample)
+        self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
+        self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
+        self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
+        self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
+
+    def normalize(self, obs: TensorDict) -> TensorDict:
+        out = {"policy": self.obs_rms(obs["policy"])}
+        if self.critic_key == "critic":
+            out["critic"] = self.critic_obs_rms(obs["critic"])
+        return TensorDict(out, batch_size=obs.batch_size)
+
+    def value(self, obs_n: TensorDict) -> torch.Tensor:
+        """[..., 2]: the extrinsic value, then the intrinsic one."""
+        return self.critic(obs_n[self.critic_key])
+
+    def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
+        out = self.actor(policy_obs_n)
+        # validate_args=False: argument checks read tensors on the host, a sync on every step.
+        if self.discrete:
+            return torch.distributions.Categorical(logits=out, validate_args=False)
+        return torch.distributions.Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
+
+    def log_prob_entropy(self, policy_obs_n: torch.Tensor, action: torch.Tensor):
+        d = self.dist(policy_obs_n)
+        if self.discrete:
+            return d.log_prob(action), d.entropy()
+        return d.log_prob(action).sum(-1), d.entropy().sum(-1)
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        if self.action_low.numel() == 0:
+            return action
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
+        """The evaluated (and exported) policy on raw observations: the mode, clipped to the action bounds."""
+        out = self.actor(self.obs_rms(policy_obs))
+        return out.argmax(-1) if self.discrete else self.to_env(out)
+
+    def act(self, obs: TensorDict, deterministic: bool = False):
+        """One acting step: normalize, sample (or take the mode), return the action and its log-prob."""
+        d = self.dist(self.obs_rms(obs["policy"]))
+        action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else d.sample()
+        logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
+        return action, logprob
+
+
+class RND(nn.Module):
+    """Random network distillation: `error(x_n)` is the predictor's mean squared distance to the frozen random
+    target on each (normalized) observation, the novelty of that state and, averaged, the predictor's loss."""
+
+    def __init__(self, shape, args: Args, image_max: float):
+        super().__init__()
+        net = dict(activation=args.activation, encoder=args.encoder, max_value=image_max, out_gain=1.0)
+        self.predictor = group_mlp(shape, args.rnd_num_outputs, args.rnd_hidden_sizes, **net)
+        self.target = group_mlp(shape, args.rnd_num_outputs, args.rnd_target_hidden_sizes, **net).requires_grad_(False)
+        self.obs_rms = observation_normalizer(shape, args.rnd_state_norm, 5.0)  # [-5, 5]: Burda et al.'s clip
+
+    def error(self, x_n) -> torch.Tensor:
+        return (self.predictor(x_n) - self.target(x_n)).square().mean(-1)
+
+    def novelty(self, obs: TensorDict, group: str) -> torch.Tensor:
+        return self.error(self.obs_rms(obs[group]))
+
+
+def rnd_weight_at(env_steps: int, args: Args) -> float:
+    """The intrinsic advantage's weight after `env_steps` steps of one env (rsl_rl counts so)."""
+    if args.rnd_weight_final is None:
+        return args.rnd_weight
+    start, end = args.rnd_weight_steps
+    done = 1.0 if env_steps >= end else max(env_steps - start, 0) / max(end - start, 1)
+    return args.rnd_weight + (args.rnd_weight_final - args.rnd_weight) * done
+
+
+# ----------------------------------------------------------------------------------------------
+# GAE with truncation bootstrapping, the adaptive learning rate, the PPO loss (ppo.py's, two value heads)
+# ----------------------------------------------------------------------------------------------
+def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
+    """GAE(lambda) over a [T, N] rollout; a truncated episode's last reward gets gamma * V(final_obs) (ppo.py)."""
+    bootstrap = truncated & ~terminated
+    rewards = rewards + gamma * final_values * bootstrap
+    dones = (terminated | truncated).float()
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        next_v = next_value if t == rewards.shape[0] - 1 else values[t + 1]
+        not_done = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_v * not_done - values[t]
+        last_gae = delta + gamma * lam * not_done * last_gae
+        advantages[t] = last_gae
+    return advantages, advantages + values
+
+
+def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
+    """rsl_rl's schedule, in place on the device: lr / 1.5 when the KL of the last minibatch is
+    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 5e-3] (ppo.py says why 5e-3)."""
+    factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
+    lr.copy_((lr * factor).clamp(1e-5, 5e-3))
+
+
+def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
+    """Clipped surrogate + (clipped) value losses - entropy bonus; returns the loss and its logged parts by name."""
+    newlogprob, entropy = agent.log_prob_entropy(mb["obs_n", "policy"], mb["actions"])
+    newvalue = agent.value(mb["obs_n"])
+    logratio = newlogprob - mb["logprobs"]
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()  # k3 estimator: unbiased, always >= 0
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    adv = mb["advantages"]
+    if args.adv_norm == "minibatch":
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+    if args.clip_vloss:
+        v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean(0).sum()
+    else:  # each head's mean, summed: the extrinsic and the intrinsic value loss
+        v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean(0).sum()
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+                  "approx_kl": approx_kl, "clipfrac": clipfrac}
+
+
+# ----------------------------------------------------------------------------------------------
+# One iteration: rollout -> targets -> update, compiled and captured whole on CUDA (ppo.py). `stats` gathers, on
+# the device, what the logs read every --log-interval: finished episodes, losses and charts, non-finite counts.
+# ----------------------------------------------------------------------------------------------
+def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
+    """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
+    for step in range(storage.num_steps):
+        next_obs, transition, info = env_step(next_obs)
+        storage.write(step, transition)
+        record_env_log(run, info)
+    return next_obs
+
+
+@torch.no_grad()
+def targets(agent: Agent, rnd: RND, reward_normalizers: tuple[RewardNormalizer, RewardNormalizer], rnd_weight: torch.Tensor,
+            data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
+    """Episode statistics, values, (normalized) rewards and GAE of a rollout, extrinsic and intrinsic, then the observation
+    statistics for the next one. Returns the flat batch, the logged statistics (losses/, charts/), non-finite counts."""
+    dones = data["terminated"] | data["truncated"]
+    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
+    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
+    nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"]),
+                        "intrinsic_rewards": nonfinite(data["int_rewards"])}
+    obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
+    values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
+    rewards, int_rewards = data["rewards"], data["int_rewards"]
+    if args.reward_norm:
+        reward_normalizers[0].update(rewards, dones)
+        rewards = reward_normalizers[0].normalize(rewards)
+    never = torch.zeros_like(dones)  # the intrinsic return is not cut at episode ends (Burda et al.)
+    if args.rnd_reward_norm:
+        reward_normalizers[1].update(int_rewards, never)
+        int_rewards = reward_normalizers[1].normalize(int_rewards)
+    adv_ext, ret_ext = compute_advantages(rewards, values[..., 0], next_value[..., 0], data["final_values"],
+                                          data["terminated"], data["truncated"], args.gamma, args.gae_lambda)
+    adv_int, ret_int = compute_advantages(int_rewards, values[..., 1], next_value[..., 1], torch.zeros_like(int_rewards),
+                                          never, never, args.rnd_gamma, args.gae_lambda)
+    advantages, returns = adv_ext + rnd_weight * adv_int, torch.stack((ret_ext, ret_int), -1)
+    if args.adv_norm == "batch":
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    rnd_obs_n = rnd.obs_rms(data["obs", args.rnd_obs_group])  # the statistics its rewards were computed with
+    if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
+        agent.obs_rms.update(data["obs", "policy"])
+        if agent.critic_key == "critic":
+            agent.critic_obs_rms.update(data["obs", "critic"])
+    rnd.obs_rms.update(data["obs", args.rnd_obs_group])
+    var_y = ret_ext.var()
+    explained_variance = torch.where(var_y > 0, 1 - (ret_ext - values[..., 0]).var() / var_y, torch.nan)
+    batch = TensorDict({"obs_n": obs_n, "rnd_obs_n": rnd_obs_n, "actions": data["actions"], "logprobs": data["logprobs"],
+                        "values": values, "advantages": advantages, "returns": returns}, batch_size=dones.shape,
+                       device=values.device)
+    charts = {"intrinsic_reward": (rnd_weight * int_rewards).mean()}  # as the advantage weighs it
+    return batch.reshape(-1), {"explained_variance": explained_variance}, charts, nonfinite_counts
+
+
+def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
+    """Epochs of shuffled minibatches; the adaptive lr after each from the ranks' mean KL; the mean losses into stats."""
+    batch_size = batch.shape[0]
+    minibatch_size = batch_size // args.num_minibatches
+    loss_sums, num_updates = {}, 0
+    for _ in range(args.update_epochs):
+        perm = torch.randperm(batch_size, device=batch.device)
+        for start in range(0, batch_size, minibatch_size):
+            losses = update_minibatch(batch[perm[start : start + minibatch_size]])
+            add_to(loss_sums, losses)
+            num_updates += 1
+            if args.lr_schedule == "adaptive":
+                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
+    means = {name: total / num_updates for name, total in loss_sums.items()}
+    add_to(stats["losses"], means)
+    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+
+
+def main(args: Args) -> dict:
+    run = start_run(args, ALGO, {"log_interval": (10, 1)})
+    with closing(run):  # on any exit, an error included: graphs released, then the process group left
+        return train(run, args)
+
+
+def train(run, args: Args) -> dict:
+    open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
+    device = run.device
+    batch_size = args.num_envs * args.num_steps  # per process
+    if batch_size % args.num_minibatches != 0:
+        raise SystemExit(f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
+                         f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}")
+    minibatch_size = batch_size // args.num_minibatches
+    global_batch = batch_size * run.world_size
+    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
+    envs, eval_envs = make_envs(run)
+
+    next_obs, _ = envs.reset()  # the seeds make_envs gave them
+    obs_shape = observation_shape(next_obs, "policy")
+    critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
+    image_scale = tuple(image_max(space) for space in (envs.single_observation_space,
+                                                       getattr(envs, "single_critic_observation_space", None)))
+    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
+    distributed.broadcast_module(agent)  # identical initial weights on every rank
+    # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
+    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
+    from_module(agent).data.to_module(agent_inference)
+    lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
+    # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
+    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
+    if args.rnd_obs_group not in next_obs.keys():
+        raise SystemExit(f"error: --rnd-obs-group {args.rnd_obs_group}: {args.env_id} has only {', '.join(next_obs.keys())}")
+    rnd_shape = observation_shape(next_obs, args.rnd_obs_group)
+    rnd, rnd_inference = (RND(rnd_shape, args, image_scale[args.rnd_obs_group == "critic"]).to(device) for _ in "12")
+    distributed.broadcast_module(rnd)  # one random target and one predictor on every rank
+    from_module(rnd).data.to_module(rnd_inference)  # the grad-free twin the rollout reads, as agent_inference
+    rnd_optimizer = torch.optim.Adam(rnd.predictor.parameters(), lr=torch.tensor(args.rnd_learning_rate, device=device),
+                                     eps=1e-5, capturable=device.type == "cuda")
+    # not clipped: the raw scale would be lost (the intrinsic advantage is weighed against the extrinsic one)
+    int_normalizer = RewardNormalizer(args.num_envs, args.rnd_gamma, clip=None).to(device)
+    rnd_weight = torch.tensor(args.rnd_weight, device=device)  # set from the schedule every iteration
+
+    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    state = TrainingState(agent, {"adam": optimizer, "rnd_adam": rnd_optimizer}, envs, shared={
+        "learning_rate": lr, "reward_normalizer": reward_normalizer, "rnd": rnd, "intrinsic_reward_normalizer": int_normalizer},
+        per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "intrinsic_returns": int_normalizer.returns})
+    next_obs = restore(run, state, next_obs)
+    if args.eval_only:
+        return eval_only(run, eval_envs, agent_inference)
+
+    storage = RolloutStorage(args.num_steps, args.num_envs, device)
+    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "charts": {}, "nonfinite": {}}
+
+    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    policy_step = agent_inference.act
+
+    def step_values(next_obs: TensorDict, final_obs: TensorDict, done: torch.Tensor):
+        """At the step, with the weights and statistics the targets read: V_ext(final_obs), the time-out bootstrap, and
+        the intrinsic reward, the novelty of the state reached (the true last one where an episode ended)."""
+        final_value = agent_inference.value(agent_inference.normalize(final_obs))[..., 0]
+        return final_value, torch.where(done, rnd_inference.novelty(final_obs, args.rnd_obs_group),
+                                        rnd_inference.novelty(next_obs, args.rnd_obs_group))
+
+    def env_step(obs: TensorDict):
+        """Act and step every env once: (next observation, the transition to store, the env's info)."""
+        action, logprob = policy_step(obs)  # the rollout runs under no_grad
+        next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
+        final_value, novelty = step_values(next_obs, info["final_obs"], terminated | truncated)
+        transition = {"obs": obs, "final_values": final_value, "int_rewards": novelty, "actions": action, "logprobs": logprob,
+                      "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
+        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
+            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
+
+    def update_minibatch(mb: TensorDict):
+        """A gradient step of the agent and of the predictor (not clipped, as rsl_rl's) on a minibatch; its losses."""
+        loss, losses = ppo_loss(agent, mb, args)
+        rnd_loss = rnd.error(mb["rnd_obs_n"]).mean()
+        optimizer.zero_grad(set_to_none=False)
+        rnd_optimizer.zero_grad(set_to_none=False)
+        (loss + rnd_loss).backward()  # no parameter in common: each gets its own loss's gradient
+        distributed.all_reduce_gradients([*agent.parameters(), *rnd.predictor.parameters()])
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        rnd_optimizer.step()
+        return {**losses, "rnd_loss": rnd_loss.detach()}
+
+    def rollout_fn(obs: TensorDict) -> TensorDict:
+        return rollout(run, env_step, obs, storage)
+
+    def targets_fn(obs: TensorDict):
+        return targets(agent, rnd, (reward_normalizer, int_normalizer), rnd_weight, storage.data, obs, ep_stats,
+                       stats["episodes"], args)
+
+    def update_fn(obs: TensorDict) -> None:
+        """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
+        batch, rollout_stats, charts, nonfinite_counts = targets_fn(obs)
+        add_to(stats["losses"], rollout_stats)
+        add_to(stats["charts"], charts)
+        add_to(stats["nonfinite"], nonfinite_counts)
+        update(update_minibatch, batch, lr, stats, args)
+
+    # --- compile and capture (--compile / --cudagraphs), as ppo.py: one rollout graph with a built-in env ---
+    whole_rollout = getattr(envs, "capturable", False)
+    if whole_rollout:
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        step_values = captured(run, "values and novelty", compiled(run, step_values))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    update_fn = captured(run, "update", update_fn)  # the targets and every epoch of the update as one graph
+    graphs = "off" if not args.cudagraphs else (
+        f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update")
+    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
+                        f"per process)", global_batch, graphs)
+    iterations_in_stats, storage_said = 0, False
+    # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
+    while run.global_step + global_batch <= total_steps:
+        run.iteration += 1
+        final_iteration = run.global_step + 2 * global_batch > total_steps
+        if args.lr_schedule == "linear":
+            lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
+        rnd_weight.fill_(rnd_weight_at(run.global_step // (args.num_envs * run.world_size), args))
+
+        with timed(run, "rollout"), torch.no_grad():
+            next_obs = rollout_fn(next_obs)
+        if not storage_said:  # once the first rollout has laid the storage out (image groups stay uint8 in it)
+            run.say(storage.describe())
+            storage_said = True
+        run.global_step += global_batch
+        with timed(run, "update"):
+            update_fn(next_obs)  # targets, then the epochs
+        iterations_in_stats += 1
+
+        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
+        due = what_is_due(run, final_iteration)
+        if due.log:
+            log(run, reduce_iteration(
+                run, episodes=stats["episodes"],
+                means={f"{kind}/{name}": total / iterations_in_stats for kind in ("losses", "charts")
+                       for name, total in stats[kind].items()},
+                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
+                local={"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight},
+            ))
+            zero_(stats)
+            iterations_in_stats = 0
+
+        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
+        if due.eval:
+            evaluate(run, eval_envs, agent_inference)
+        if names := checkpoints_to_write(run, due):
+            save(run, names, state, next_obs)
+        if run.stop_reason:
+            break
+    return finish(run, agent)
+
+
+if __name__ == "__main__":
+    main(parse_args(Args))
