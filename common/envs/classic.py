@@ -18,6 +18,12 @@ The full observation (the unmasked task's) is the privileged `critic` group
 (`single_critic_observation_space`): for an asymmetric critic, and for a teacher trained on the
 unmasked task (algos/distill.py).
 
+Mirror symmetry: CartPole-v1, Pendulum-v1 and Acrobot-v1 (masked or not) look the same in a mirror, left
+and right swapped, and say so with `data_augmentation` (see MirrorSymmetric). MountainCar-v0 and
+MountainCarContinuous-v0 do not: their slope is symmetric about the valley floor (x = -pi/6: cos(3x) changes
+sign under x -> -pi/3 - x), but the wall at -1.2 and the goal at 0.45 (0.5) are not mirror images of each
+other, so a mirrored state would not have the original's future.
+
 Known, intended differences from gymnasium:
 - everything is computed in the env dtype (float32 by default). Gymnasium mixes: most
   states are float64 while observations are cast to float32; MountainCarContinuous
@@ -51,7 +57,60 @@ def _masked_groups(env: TorchEnv, full: torch.Tensor, observed: slice) -> Tensor
     return TensorDict({"policy": full[:, observed].clone(), "critic": full}, batch_size=[env.num_envs], device=env.device)
 
 
-class CartPole(TorchEnv):
+class MirrorSymmetric:
+    """A task that looks the same in a mirror. `mirror_state`, `mirror_obs` (a TensorDict of the env's groups,
+    any batch shape) and `mirror_action` map a batch to its mirror image; each is its own inverse, and stepping
+    the mirror image of a state with the mirror image of an action gives the mirror image of the next state and
+    observation, with the same reward and termination (tests/test_symmetry.py).
+
+    `data_augmentation(obs=None, actions=None) -> (obs, actions)` is rsl_rl's data_augmentation_func
+    (RslRlSymmetryCfg) on this env: each batch followed by its mirror image along dim 0, None left None. It is
+    the one name a script looks for (`getattr(envs, "data_augmentation", None)`); an adapter sets it from the
+    task's own function (an mjlab or Isaac Lab task's data_augmentation_func, given the env).
+
+    A subclass declares `state_signs` and `obs_signs` (the mirror negates the entries marked -1; the full
+    observation's, of which a masked "policy" group keeps the `masked_obs` entries) and either
+    `action_permutation` (Discrete: action i's mirror image) or `action_signs` (Box).
+    """
+
+    state_signs: tuple[float, ...] = ()
+    obs_signs: tuple[float, ...] = ()
+    action_permutation: tuple[int, ...] | None = None
+    action_signs: tuple[float, ...] | None = None
+    masked_obs: slice = slice(None)
+    mask_velocity: bool = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # made once on the env's device: no host-to-device copy where a step is captured
+        self._state_signs = torch.tensor(self.state_signs, dtype=self.dtype, device=self.device)
+        self._obs_signs = torch.tensor(self.obs_signs, dtype=self.dtype, device=self.device)
+        mirror = self.action_permutation if self.action_signs is None else self.action_signs
+        self._action_mirror = torch.tensor(mirror, device=self.device)
+
+    def mirror_state(self, state: torch.Tensor) -> torch.Tensor:
+        return state * self._state_signs.to(state.dtype)
+
+    def mirror_obs(self, obs: TensorDict) -> TensorDict:
+        signs = self._obs_signs
+        out = obs.clone(recurse=False)  # the same groups and batch shape, each replaced below
+        out["policy"] = obs["policy"] * signs[self.masked_obs if self.mask_velocity else slice(None)].to(obs["policy"].dtype)
+        if "critic" in obs.keys():
+            out["critic"] = obs["critic"] * signs.to(obs["critic"].dtype)
+        return out
+
+    def mirror_action(self, action: torch.Tensor) -> torch.Tensor:
+        if self.action_signs is None:  # Discrete: a permutation of the actions, looked up on the device
+            return self._action_mirror[action]
+        return action * self._action_mirror.to(action.dtype)
+
+    def data_augmentation(self, obs: TensorDict | None = None, actions: torch.Tensor | None = None):
+        obs = None if obs is None else torch.cat([obs, self.mirror_obs(obs)], dim=0)
+        actions = None if actions is None else torch.cat([actions, self.mirror_action(actions)], dim=0)
+        return obs, actions
+
+
+class CartPole(MirrorSymmetric, TorchEnv):
     """CartPole-v1: push a cart left/right to keep a pole upright (Barto, Sutton, Anderson)."""
 
     env_id = "CartPole-v1"
@@ -69,6 +128,10 @@ class CartPole(TorchEnv):
     tau = 0.02  # seconds between state updates (explicit Euler)
     theta_threshold_radians = 12 * 2 * math.pi / 360
     x_threshold = 2.4
+    # the mirror: the cart's position and the pole's angle, and their rates, change sign; push left <-> right
+    state_signs = obs_signs = (-1.0, -1.0, -1.0, -1.0)
+    action_permutation = (1, 0)
+    masked_obs = slice(0, None, 2)  # mask_velocity observes x and theta
 
     def __init__(
         self,
@@ -132,10 +195,10 @@ class CartPole(TorchEnv):
         return state.clone()
 
     def _wrap_obs(self, obs):
-        return _masked_groups(self, obs, slice(0, None, 2)) if self.mask_velocity else super()._wrap_obs(obs)
+        return _masked_groups(self, obs, self.masked_obs) if self.mask_velocity else super()._wrap_obs(obs)
 
 
-class Pendulum(TorchEnv):
+class Pendulum(MirrorSymmetric, TorchEnv):
     """Pendulum-v1: swing a torque-limited pendulum up and hold it (no termination)."""
 
     env_id = "Pendulum-v1"
@@ -148,6 +211,11 @@ class Pendulum(TorchEnv):
     dt = 0.05
     m = 1.0
     l = 1.0  # noqa: E741 (gymnasium's name)
+    # the mirror: the angle from upright, its rate and the torque change sign (cos th stays, sin th flips)
+    state_signs = (-1.0, -1.0)
+    obs_signs = (1.0, -1.0, -1.0)
+    action_signs = (-1.0,)
+    masked_obs = slice(0, 2)  # mask_velocity observes cos th and sin th
 
     def __init__(
         self,
@@ -196,7 +264,7 @@ class Pendulum(TorchEnv):
         return torch.stack((torch.cos(th), torch.sin(th), thdot), dim=1)
 
     def _wrap_obs(self, obs):
-        return _masked_groups(self, obs, slice(0, 2)) if self.mask_velocity else super()._wrap_obs(obs)
+        return _masked_groups(self, obs, self.masked_obs) if self.mask_velocity else super()._wrap_obs(obs)
 
 
 class MountainCarContinuous(TorchEnv):
@@ -256,7 +324,7 @@ class MountainCarContinuous(TorchEnv):
         return state.clone()
 
 
-class Acrobot(TorchEnv):
+class Acrobot(MirrorSymmetric, TorchEnv):
     """Acrobot-v1: swing the tip of a two-link chain above a line by torquing the elbow."""
 
     env_id = "Acrobot-v1"
@@ -273,6 +341,10 @@ class Acrobot(TorchEnv):
     LINK_MOI = 1.0
     MAX_VEL_1 = 4 * math.pi
     MAX_VEL_2 = 9 * math.pi
+    # the mirror: both joint angles and rates change sign (their cosines stay); torque -1 <-> +1
+    state_signs = (-1.0, -1.0, -1.0, -1.0)
+    obs_signs = (1.0, -1.0, 1.0, -1.0, -1.0, -1.0)
+    action_permutation = (2, 1, 0)
 
     def __init__(
         self,
