@@ -70,6 +70,11 @@ EXPERIMENTS = {
     # noise lets every seed find it.
     "ppo:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=["--gamma", "0.999", "--init-log-std", "0.5"]),
     "ppo:MountainCarContinuous-v0@defaults": dict(target=90.0, budget=3_000_000, flags=[]),
+    # Exploration: RND's intrinsic reward (algos/ppo_rnd.py) against ppo alone, both at their defaults (gamma 0.99, where
+    # the goal's reward fades under the action costs); the targets are gymnasium's reward thresholds
+    "ppo_rnd:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=[]),
+    "ppo:MountainCar-v0": dict(target=-110.0, budget=3_000_000, flags=[]),
+    "ppo_rnd:MountainCar-v0": dict(target=-110.0, budget=3_000_000, flags=[]),
     "pqn:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "pqn:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
     # TD3 and SAC: their defaults depend on the device (32 envs and batches of 512 on a CPU)
