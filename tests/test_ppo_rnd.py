@@ -80,3 +80,10 @@ def test_intrinsic_return_runs_on_across_episode_ends():
     advantages = batch["advantages"].reshape(T, N)
     torch.testing.assert_close(advantages, (returns[..., 0] - values[..., 0]) + 0.25 * (returns[..., 1] - values[..., 1]))
     torch.testing.assert_close(charts["intrinsic_reward"], 0.25 * r_int.mean())
+
+
+def test_an_absent_observation_group_is_a_one_line_error(tmp_path):
+    with pytest.raises(SystemExit, match=r"^error: --rnd-obs-group critic: CartPole-v1 has only policy$"):
+        ppo_rnd.main(ppo_rnd.Args(env_id="CartPole-v1", rnd_obs_group="critic", num_envs=4, num_steps=4, total_timesteps=16,
+                                  output_dir=str(tmp_path), run_name="run", progress=False))
+    assert not (tmp_path / "run").exists()  # stopped before anything was written
