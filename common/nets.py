@@ -242,15 +242,17 @@ def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tup
     for i in range(layers):
         h = state[i]
         w_ih, w_hh, b_ih, b_hh = (getattr(rnn, f"{w}_l{i}", None) for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
-        if lstm:
-            in_gate, forget, cell, out_gate = (linear(x, w_ih, b_ih) + linear(h, w_hh, b_hh)).chunk(4, -1)
-            c = torch.sigmoid(forget) * state[layers + i] + torch.sigmoid(in_gate) * torch.tanh(cell)
-            x = torch.sigmoid(out_gate) * torch.tanh(c)
+        hidden = h.shape[-1]
+        if lstm:  # one sigmoid over all the gates, contiguous (faster in eager than three over strided chunks)
+            gates = linear(x, w_ih, b_ih) + linear(h, w_hh, b_hh)
+            in_gate, forget, _, out_gate = torch.sigmoid(gates).chunk(4, -1)
+            c = forget * state[layers + i] + in_gate * torch.tanh(gates[..., 2 * hidden : 3 * hidden])
+            x = out_gate * torch.tanh(c)
             cs.append(c)
         else:
-            (r_x, z_x, n_x), (r_h, z_h, n_h) = linear(x, w_ih, b_ih).chunk(3, -1), linear(h, w_hh, b_hh).chunk(3, -1)
-            reset, update = torch.sigmoid(r_x + r_h), torch.sigmoid(z_x + z_h)
-            n = torch.tanh(n_x + reset * n_h)
+            gates_x, gates_h = linear(x, w_ih, b_ih), linear(h, w_hh, b_hh)
+            reset, update = torch.sigmoid(gates_x[..., : 2 * hidden] + gates_h[..., : 2 * hidden]).chunk(2, -1)
+            n = torch.tanh(gates_x[..., 2 * hidden :] + reset * gates_h[..., 2 * hidden :])
             x = (1 - update) * n + update * h
         hs.append(x)
     return x, torch.stack(hs + cs)
