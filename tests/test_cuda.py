@@ -114,3 +114,26 @@ def test_env_metrics_inside_a_capture_are_refused():
     with pytest.raises(RuntimeError, match="capturable = False"):
         with torch.cuda.graph(graph):
             record_env_log(None, {"log": {"reward_term": value}})
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_recurrent_step_compiles_on_cuda_to_the_modules_cudnn_step(cell):
+    """common.nets.rnn_step compiled on CUDA (the recurrent scripts' acting and replay step, whose dynamo graphs
+    tests/test_device_kernels.py keeps free of fused RNN ops on the CPU) gives what the nn.LSTM / nn.GRU module
+    gives through cuDNN on the same weights, 2 layers, to float rounding (TF32 off on both sides)."""
+    from common.nets import rnn_step
+
+    rnn = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(4, 64, num_layers=2).cuda()
+    x = torch.randn(1024, 4, device="cuda")
+    state = torch.randn((2 if cell == "lstm" else 1) * 2, 1024, 64, device="cuda")
+    step = torch.compile(rnn_step)
+    exact_cudnn = torch.backends.cudnn.flags(enabled=True, allow_tf32=False)
+    with torch.no_grad(), exact_cudnn, torch._dynamo.config.patch(allow_rnn=True):  # allow_rnn: as the scripts run
+        out, next_state = step(rnn, x, state)
+        if cell == "lstm":
+            expected, (h, c) = rnn(x[None], tuple(state.chunk(2)))
+            expected_state = torch.cat([h, c])
+        else:
+            expected, expected_state = rnn(x[None], state)
+    torch.testing.assert_close(out, expected[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(next_state, expected_state, rtol=1e-4, atol=1e-5)
