@@ -10,8 +10,10 @@ each fit a short reservation:
 --quick: the checks of every script (10 iterations, without the eager seeds), the parity rows and the acting
 step, then the captured speed rows of ppo, ppo_lstm and pqn on CartPole-v1 at 4096 envs (speed-quick); it leaves
 out the CUDA tests, torchrun, the comparison with eager seeds, the eager speed rows, ppo at 65536 envs and the
-Pendulum-v1 rows, which the parts run. Without --sections it runs them all (about 19 minutes; the parts one after another, about 22). Each run prints its plan first (the
-sections with their expected minutes), writes DIR/gpu_check.md and DIR/gpu_check.json (DIR:
+Pendulum-v1 rows, which the parts run.
+
+Without --sections it runs them all (about 19 minutes; the parts one after another, about 22). Each run prints
+its plan first (the sections with their expected minutes), writes DIR/gpu_check.md and DIR/gpu_check.json (DIR:
 --out, default runs/gpu_check), prints the markdown, and exits non-zero if anything it ran failed.
 Parts run one after another into the same DIR add up to one report (sections of the same commit
 and device are kept; a section run again replaces its earlier result). The expected minutes are
