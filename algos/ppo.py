@@ -3,15 +3,12 @@
     python algos/ppo.py --env-id CartPole-v1 --num-envs 4096
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
-The file, top to bottom: Args -> networks (Agent) -> GAE with truncation bootstrapping and the
-adaptive-KL learning rate -> the PPO loss -> an iteration as three functions, rollout -> targets ->
-update, compiled and captured in two CUDA graphs on a GPU (the rollout; the targets with the
-update) -> main and train (setup; the iteration's functions, then one block that compiles and captures them;
-the loop: rollout -> targets -> update -> log every --log-interval -> eval/save). The run around it (run
-directory, checkpoints, torchrun, evaluation, logging) is in common/ (common/run.py lists its modules).
-`--num-envs` is per process; `--total-timesteps` counts env steps over all processes.
-References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37 implementation
-details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate from the measured KL).
+Top to bottom: Args -> Agent -> GAE and the adaptive-KL learning rate -> the PPO loss (with rsl_rl's symmetry)
+-> an iteration as rollout -> targets -> update, two CUDA graphs on a GPU -> main and train (setup; the iteration's
+functions, then one block that compiles and captures them; the loop). The run around it (run directory,
+checkpoints, torchrun, evaluation, logging) is in common/. `--num-envs` is per process; `--total-timesteps` counts
+env steps over all processes. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37
+implementation details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate); Mittal et al. 2024 (symmetry).
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import group_mlp, image_max, observation_shape  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
-from common.run import (  # noqa: E402
-    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
-)
+from common.run import (begin_training, checkpoints_to_write, closing, finish, make_envs, open_run,  # noqa: E402
+                        start_run, what_is_due)
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo"
@@ -99,25 +95,25 @@ class Args(RunArgs):
     obs_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
     reward_norm: bool = True
-    """scale rewards by the running std of the discounted return (keeps the value loss O(1), so the
-    global gradient clip does not starve the policy when returns are large)"""
+    """scale rewards by the running std of the discounted return (keeps the value loss O(1), so the global gradient
+    clip does not starve the policy when returns are large)"""
     reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
+    symmetry: Literal["none", "log", "augmentation", "mirror-loss", "both"] = "none"
+    """rsl_rl's, by the env's mirror (data_augmentation): each minibatch with its mirror images, a loss between the actor's
+    output on mirror images and its mirrored output, both, or neither but logging mirror_loss and symmetry_error"""
+    mirror_loss_coef: Annotated[float, Ge(0)] = 1.0
+    """weight of the mirror loss (rsl_rl's mirror_loss_coeff)"""
 
 
-# ----------------------------------------------------------------------------------------------
-# Networks
-# ----------------------------------------------------------------------------------------------
+# --- Networks -------------------------------------------------------------------------------
 class Agent(nn.Module):
     """Actor and critic MLPs, with the observation normalizers so that one state_dict holds all.
 
-    Discrete spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a
-    state-independent log-std. The critic reads the "critic" observations when given. A group's
-    shape is one env's: [D] (an int will do) for vectors, [C, H, W] for uint8 images, which go
-    through an --encoder of their own (scaled by 1/image_max there, the policy's and the critic's group's own,
-    never normalized), or a dict
-    term -> shape for a group of terms (common.nets.TermsEncoder).
-    """
+    Discrete spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std.
+    The critic reads the "critic" observations when given. A group's shape is one env's: [D] (an int will do) for
+    vectors; [C, H, W] for uint8 images, through an --encoder (scaled by its group's 1/image_max, never normalized);
+    or a dict term -> shape for a group of terms (common.nets.TermsEncoder)."""
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
         super().__init__()
@@ -132,8 +128,7 @@ class Agent(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        # The env's action bounds: Gaussian samples are clipped to them before they reach the env
-        # (the stored action and its log-prob keep the raw sample). Not learned: not checkpointed.
+        # Gaussian samples are clipped to the env's bounds on their way to it (the stored action keeps the raw sample)
         self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
         self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
@@ -149,26 +144,25 @@ class Agent(nn.Module):
         return self.critic(obs_n[self.critic_key]).squeeze(-1).float()
 
     def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(policy_obs_n).float()  # float32 even under bf16 autocast
+        return self.distribution(self.actor(policy_obs_n).float())  # float32 even under bf16 autocast
+
+    def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the Gaussian's mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
         return torch.distributions.Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
-    def log_prob_entropy(self, policy_obs_n: torch.Tensor, action: torch.Tensor):
-        d = self.dist(policy_obs_n)
+    def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
+        d = self.distribution(out)
         if self.discrete:
             return d.log_prob(action), d.entropy()
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        if self.action_low.numel() == 0:
-            return action
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        return action if self.action_low.numel() == 0 else torch.maximum(torch.minimum(action, self.action_high), self.action_low)
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
-        """The evaluated (and exported) policy on raw observations: the most likely action, or the
-        Gaussian mean clipped to the action bounds."""
+        """The evaluated (and exported) policy on raw observations: the likeliest action, or the clipped Gaussian mean."""
         out = self.actor(self.obs_rms(policy_obs)).float()
         return out.argmax(-1) if self.discrete else self.to_env(out)
 
@@ -180,19 +174,14 @@ class Agent(nn.Module):
         return action, logprob
 
 
-# ----------------------------------------------------------------------------------------------
-# GAE with truncation bootstrapping; the adaptive learning rate
-# ----------------------------------------------------------------------------------------------
+# --- GAE with truncation bootstrapping; the adaptive learning rate --------------------------
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout.
 
-    An episode that *terminated* has no future: no bootstrap. One that was *truncated* by the
-    time limit does: its last reward gets gamma * V(final_obs), the value of the true last
-    observation (the env has already reset to a new episode), and the lambda-chain stops there
-    because the next stored state belongs to the new episode. Treating truncation as
-    termination teaches the critic that time-outs are terminal, which biases every value near
-    the time limit (Pardo et al., 2018).
-    """
+    A *terminated* episode has no future: no bootstrap. A *truncated* one does: its last reward gets
+    gamma * V(final_obs), the value of the true last observation (the env has already reset), and the lambda-chain
+    stops there, since the next stored state is the new episode's. Treating truncation as termination teaches the
+    critic that time-outs are terminal, biasing every value near the time limit (Pardo et al., 2018)."""
     bootstrap = truncated & ~terminated
     rewards = rewards + gamma * final_values * bootstrap
     dones = (terminated | truncated).float()
@@ -208,31 +197,39 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
-    """rsl_rl's schedule, in place on the device: lr / 1.5 when the KL of the last minibatch is
-    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 5e-3].
-
-    rsl_rl's cap is 1e-2. A solved task keeps each step's KL under the target (its advantages are
-    mostly noise), so the rate sits at the cap, and at 1e-2 the policy drifts off what it solved
-    (CartPole-v1: eval 495 -> 289, final 457.8 +- 84.3 over seeds 1-5). At 5e-3 every seed holds
-    500 and the median seed reaches 475 sooner (983,040 env steps, not 1,966,080); Pendulum-v1,
-    which starts at the cap, reaches -200 later (median 3.9M steps, not 2.9M) and ends higher."""
+    """rsl_rl's schedule, in place on the device: lr / 1.5 when the last minibatch's KL is above 2x the desired KL,
+    lr * 1.5 below half of it, kept in [1e-5, 5e-3]. rsl_rl's cap is 1e-2: a solved task keeps each step's KL under
+    the target (its advantages are mostly noise), the rate sits at the cap, and at 1e-2 the policy drifts off what it
+    solved (CartPole-v1: eval 495 -> 289, final 457.8 +- 84.3 over seeds 1-5). At 5e-3 every seed holds 500 and the
+    median seed reaches 475 sooner (983,040 env steps, not 1,966,080); Pendulum-v1, which starts at the cap, reaches
+    -200 later (median 3.9M steps, not 2.9M) and ends higher."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
     lr.copy_((lr * factor).clamp(1e-5, 5e-3))
 
 
-# ----------------------------------------------------------------------------------------------
-# The PPO loss of a minibatch, and the rollout
-# ----------------------------------------------------------------------------------------------
-def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
-    """Clipped surrogate + (clipped) value loss - entropy bonus; returns the loss and what is logged of it,
-    by name (losses/<name>)."""
+# --- The PPO loss of a minibatch, with rsl_rl's symmetry --------------------------------------
+def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
+    """Clipped surrogate + (clipped) value loss - entropy bonus (+ mirror loss): the loss and what is logged, by name.
+
+    --symmetry (rsl_rl's): the actor also reads the minibatch's mirror images. Augmentation adds them to the surrogate
+    and value losses with the originals' old log-probs, values, advantages and returns, as rsl_rl does: (m(s), m(a))
+    was drawn exactly as likely as (s, a), by the mirror image of the acting policy, so pi_old(a|s) is its behaviour
+    probability; a symmetric task gives it the same value and advantage. Entropy and KL are the originals'."""
+    b, obs_n = mb.shape[0], mb["obs_n"]
+    if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
+        images = mb["mirrored"].transpose(0, 1).reshape(-1)
+        obs_n = torch.cat([obs_n, images["obs_n"]])
+        if args.symmetry in ("augmentation", "both"):
+            images.update({key: mb[key].repeat(images.shape[0] // b) for key in ("logprobs", "values", "advantages", "returns")})
+            mb = torch.cat([mb.exclude("mirrored"), images])
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
-        newlogprob, entropy = agent.log_prob_entropy(mb["obs_n", "policy"], mb["actions"])
+        out = agent.actor(obs_n["policy"]).float()  # float32 even under bf16 autocast
         newvalue = agent.value(mb["obs_n"])
+    newlogprob, entropy = agent.log_prob_entropy(out[: mb.shape[0]], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - logratio).mean()  # k3 estimator: unbiased, always >= 0
+        approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     adv = mb["advantages"]
     if args.adv_norm == "minibatch":
@@ -243,19 +240,36 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
         v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean()
     else:
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
-    entropy_loss = entropy.mean()
+    entropy_loss = entropy[:b].mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-                  "approx_kl": approx_kl, "clipfrac": clipfrac}
+    logged = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+              "approx_kl": approx_kl, "clipfrac": clipfrac}
+    if args.symmetry != "none":  # rsl_rl's mirror loss: the output on the mirror images against the mirrored output on
+        # the originals, detached; logits less their mean (a constant added to every logit is the same policy)
+        out = out - out.mean(-1, keepdim=True) if agent.discrete else out
+        mirror_loss = nn.functional.mse_loss(out[b:], mirror_output(out[:b].detach())[b:])
+        if args.symmetry in ("mirror-loss", "both"):
+            loss = loss + args.mirror_loss_coef * mirror_loss
+        with torch.no_grad():  # mean |pi(m(s)) - m(pi(s))| of the deterministic action (the clipped mean), or the logits
+            act = out if agent.discrete else agent.to_env(out)
+            logged.update({"mirror_loss": mirror_loss.detach(),
+                           "charts/symmetry_error": (act[b:] - mirror_output(act[:b])[b:]).abs().mean()})
+    return loss, logged
 
 
-# ----------------------------------------------------------------------------------------------
-# One iteration: rollout -> targets -> update. Each is a function of tensors that live as long as
-# the run, so that on CUDA they are compiled and captured whole (one CUDA graph for a built-in
-# env's T steps; one for the targets and all epochs and minibatches of the update), and the host
-# only launches two graphs per iteration. `stats` gathers, on the device, what the logs read every
-# --log-interval iterations: the finished episodes, the losses by name, the non-finite counts by name.
-# ----------------------------------------------------------------------------------------------
+def output_mirror(data_augmentation, action_space: gym.Space, device: torch.device):
+    """The actor's outputs [B, A], then their mirror images ([k*B, A], data_augmentation's order): a Gaussian's mean
+    is mirrored as an action; column j of an image's logits is the logit of the action whose mirror image is j."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        return lambda out: data_augmentation(actions=out)[1]
+    columns = data_augmentation(actions=torch.arange(action_space.n, device=device))[1].view(-1, action_space.n).argsort(-1)
+    return lambda out: out[:, columns].transpose(0, 1).flatten(0, 1)
+
+
+# --- One iteration: rollout -> targets -> update ---------------------------------------------
+# Functions of tensors that live as long as the run, so that on CUDA they are compiled and captured whole (one graph
+# for a built-in env's T steps; one for the targets and all epochs and minibatches of the update). `stats` gathers, on
+# the device, what the logs read every --log-interval: the finished episodes, the losses and non-finite counts by name.
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
     for step in range(storage.num_steps):
@@ -266,16 +280,21 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
 
 
 @torch.no_grad()
-def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict,
+def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict, data_augmentation,
             ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
     """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation
     statistics for the next one. Returns the flat batch the update reads, the rollout's logged
-    statistics and its counts of non-finite values, by name."""
+    statistics and its counts of non-finite values, by name; with --symmetry, the batch has the mirror images too."""
     dones = data["terminated"] | data["truncated"]
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
+    mirrored = {}
+    if args.symmetry != "none":  # of the raw observations, then normalized (the normalizer's mean need not be symmetric)
+        obs, actions = (x[data.shape[0]:] for x in data_augmentation(obs=data["obs"], actions=data["actions"]))
+        mirrored["mirrored"] = TensorDict({"obs_n": agent.normalize(obs), "actions": actions}, batch_size=obs.shape).reshape(
+            -1, *data.shape).permute(1, 2, 0)  # [T, N, k-1]: data_augmentation's k-1 mirror images of each step
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
         next_value = agent.value(agent.normalize(next_obs))
@@ -294,7 +313,7 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
-                        "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
+                        "advantages": advantages, "returns": returns, **mirrored}, batch_size=values.shape, device=values.device)
     return batch.reshape(-1), {"explained_variance": explained_variance}, nonfinite_counts
 
 
@@ -320,7 +339,6 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
     add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
-# ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     if args.anneal_lr:
         args.lr_schedule = "linear"
@@ -334,15 +352,16 @@ def train(run, args: Args) -> dict:
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:
-        raise SystemExit(
-            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does not divide "
-            f"into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
-        )
+        raise SystemExit(f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
+                         f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}")
     minibatch_size = batch_size // args.num_minibatches
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
-
+    data_augmentation = getattr(envs, "data_augmentation", None)  # the env's mirror (rsl_rl's data_augmentation_func)
+    if args.symmetry != "none" and data_augmentation is None:
+        raise SystemExit(f"error: --symmetry {args.symmetry}: {args.env_id} has no mirror (data_augmentation) to use")
+    mirror_output = output_mirror(data_augmentation, envs.single_action_space, device) if args.symmetry != "none" else None
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape = observation_shape(next_obs, "policy")
     critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
@@ -375,8 +394,8 @@ def train(run, args: Args) -> dict:
     policy_step = agent_inference.act
 
     def final_value(final_obs: TensorDict) -> torch.Tensor:
-        """V(final_obs), the time-out bootstrap, at the step: stored in place of a second observation per step (half
-        the storage of frames). The weights and statistics the targets read: nothing changes them within a rollout."""
+        """V(final_obs), the time-out bootstrap, at the step: stored in place of a second observation (half the frames);
+        nothing changes the weights and statistics the targets read within a rollout."""
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             return agent_inference.value(agent_inference.normalize(final_obs))
 
@@ -394,7 +413,7 @@ def train(run, args: Args) -> dict:
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch (gradients averaged over ranks); returns its losses."""
-        loss, losses = ppo_loss(agent, mb, args)
+        loss, losses = ppo_loss(agent, mb, args, mirror_output)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         distributed.all_reduce_gradients(agent.parameters())
@@ -406,7 +425,7 @@ def train(run, args: Args) -> dict:
         return rollout(run, env_step, obs, storage)
 
     def targets_fn(obs: TensorDict):
-        return targets(agent, reward_normalizer, storage.data, obs, ep_stats, stats["episodes"], args)
+        return targets(agent, reward_normalizer, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args)
 
     def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
@@ -437,8 +456,7 @@ def train(run, args: Args) -> dict:
     begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
                         f"per process)", global_batch, graphs)
     iterations_in_stats, storage_said = 0, False
-    # Counted in env steps, not iterations: a run resumed with another world size still ends at
-    # --total-timesteps and its linear schedule continues where it was.
+    # Counted in env steps: a run resumed with another world size still ends at --total-timesteps, its schedule continuing
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * global_batch > total_steps
@@ -460,7 +478,8 @@ def train(run, args: Args) -> dict:
         if due.log:
             log(run, reduce_iteration(
                 run, episodes=stats["episodes"],
-                means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
+                means={name if "/" in name else f"losses/{name}": total / iterations_in_stats  # charts/symmetry_error
+                       for name, total in stats["losses"].items()},
                 checks={name: count == 0 for name, count in stats["nonfinite"].items()},
                 local={"charts/learning_rate": lr},
             ))
