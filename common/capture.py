@@ -93,11 +93,12 @@ def compiled(run: Run, fn: Callable) -> Callable:
     outside.
 
     One thing some torch releases get wrong is handled here: inductor drops in-place writes to 0-d
-    float64 CPU tensors (`ema.mul_(0.9).add_(x)`, `ema += x`, `torch.mul(ema, 0.9, out=ema)` leave
-    `ema` as it was on torch 2.13; 2.14 keeps them). Which writes a torch loses is not read from
-    its version: `lost_writes` compiles a small function once per process and device and looks.
-    Where nothing is lost, `fn` compiles as it is; where something is, a graph that makes such a
-    write runs uncompiled (whole and correct) and the run says which tensor it was.
+    float64 CPU tensors (after `ema.mul_(0.9).add_(x)`, `ema += x` or `torch.mul(ema, 0.9, out=ema)`,
+    `ema` does not hold the result on torch 2.11 and 2.13; 2.14.1 keeps it). Which writes a torch
+    loses is not read from its version: `lost_writes` compiles a small function once per process and
+    device and looks. Where nothing is lost, `fn` compiles as it is; where something is, a graph that
+    makes such a write (to a tensor of that dtype and 0-d-ness, on any device: the guard errs on the
+    side of eager) runs uncompiled, whole and correct, and the run says which tensor it was.
     """
     if not run.args.compile:
         return fn

@@ -128,3 +128,5 @@ def test_pyproject_and_ci_state_the_range_the_code_checks():
     assert re.findall(r'"torch[^"]*"', pyproject) == [f'"torch>={lo},<{hi}"']
     # the second CI lane installs the oldest release of the range
     assert re.search(rf"^OLDEST_TORCH={re.escape(lo)}\.0 ", (ROOT / ".ci" / "run").read_text(), re.M)
+    # the README's CPU install takes a torch of the range, which the project's install then keeps
+    assert f'pip install "torch>={lo},<{hi}" --index-url https://download.pytorch.org/whl/cpu' in (ROOT / "README.md").read_text()
