@@ -63,7 +63,7 @@ def box_bounds(space):
 TINY = {
     "ppo": dict(steps=16 * 8, sync=1, kwargs=dict(
         env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True),
-        captures=[{}, dict(target_kl=1.0), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
+        captures=[{}, dict(target_kl=1.0, symmetry="both"), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
         tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None,
         policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args)),
     "pqn": dict(steps=16 * 8, sync=1, kwargs=dict(
