@@ -61,7 +61,6 @@ class Run:
 
     args: Any
     algo: str  # the script's name, from its file: a copy (algos/ppo_mine.py) is "ppo_mine" with no edit
-    algorithm: str  # the ALGO the script declares (a copy keeps its original's): which checkpoints it can read
     rank: int
     world_size: int
     device: torch.device
@@ -101,6 +100,10 @@ class Run:
     final_step: int = 0  # the global step the run ends at (begin_training)
     totals: dict = field(default_factory=dict)  # wall and phase seconds of the run's earlier processes (its checkpoint)
     foreign_flags: dict = field(default_factory=dict)  # flags of the resumed run that this script lacks: kept, unused
+    algorithm: str | None = None  # the ALGO the script declares (a copy keeps its original's): whose checkpoints it reads
+
+    def __post_init__(self):
+        self.algorithm = self.algorithm or self.algo
 
     def say(self, msg: str) -> None:
         """Print a line on rank 0 (above the progress bar, if one is shown)."""
