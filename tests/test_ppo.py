@@ -187,15 +187,16 @@ def test_target_kl_ends_the_epochs_early(tmp_path, compile):
         assert summary["compile_seconds"] == pytest.approx(sum(by_function.values()))
 
 
-def test_compiled_targets_compute_what_eager_computes():
+@pytest.mark.parametrize("symmetry", ["none", "augmentation"])
+def test_compiled_targets_compute_what_eager_computes(symmetry):
     """torch.compile of the targets (episode statistics, values, reward and observation normalizers,
-    GAE) gives eager's values and leaves the same state behind: a compiled in-place update that is
-    silently dropped (inductor loses writes to 0-d float64 tensors, e.g. a normalizer's count)
-    would show here."""
+    GAE; with --symmetry, the normalized mirror images) gives eager's values and leaves the same state
+    behind: a compiled in-place update that is silently dropped (inductor loses writes to 0-d float64
+    tensors, e.g. a normalizer's count) would show here."""
     torch.manual_seed(0)
     T, N = 8, 32
     env = make_env("Pendulum-v1", N, seed=1)
-    args = ppo.Args(reward_norm=True, obs_norm=True)
+    args = ppo.Args(reward_norm=True, obs_norm=True, symmetry=symmetry)
     rows = {"policy": torch.randn(T, N, 3)}
     data = ppo.TensorDict({
         "obs": rows, "final_values": torch.randn(T, N), "actions": torch.randn(T, N, 1),
@@ -215,11 +216,13 @@ def test_compiled_targets_compute_what_eager_computes():
     for fn in (ppo.targets, torch.compile(ppo.targets)):
         s = fresh()
         with torch.no_grad():
-            batch, logged, nonfinite = fn(s["agent"], s["reward_normalizer"], data, next_obs, s["ep_stats"], s["episodes"], args)
+            batch, logged, nonfinite = fn(s["agent"], s["reward_normalizer"], data, next_obs, env.data_augmentation,
+                                          s["ep_stats"], s["episodes"], args)
         s["stats"] = {"episodes": s["episodes"], **logged, **nonfinite}
         results.append((batch, s))
     (batch_e, e), (batch_c, c) = results
-    for key in ("advantages", "returns", "values"):
+    for key in ("advantages", "returns", "values") + ((("mirrored", "obs_n", "policy"), ("mirrored", "actions"))
+                                                      if symmetry != "none" else ()):
         torch.testing.assert_close(batch_c[key], batch_e[key], rtol=1e-4, atol=1e-5)
     for a, b in ((e["agent"].state_dict(), c["agent"].state_dict()),
                  (e["reward_normalizer"].state_dict(), c["reward_normalizer"].state_dict())):
