@@ -114,15 +114,17 @@ class Agent(nn.Module):
     step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
     observation normalizers: one state_dict holds all. Discrete spaces get a Categorical over logits; Box spaces a
     diagonal Gaussian with a state-independent log-std. A group's shape is one env's: [D] (an int will do) for vectors,
-    [C, H, W] for uint8 images, which an --encoder of their own (1/image_max scale inside, never normalized) reads first,
-    or a dict term -> shape for a group of terms (common.nets.TermsEncoder)."""
+    [C, H, W] for uint8 images, which an --encoder of their own reads first (scaled inside by 1/image_max, the
+    policy's and the critic's group's own; never normalized), or a dict term -> shape for a group of terms
+    (common.nets.TermsEncoder)."""
 
-    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max: float = 255.0):
+    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
         super().__init__()
         obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
-        self.encoder, self.critic_encoder = (group_encoder(s, args.encoder, image_max) or nn.Identity() for s in (obs_shape, critic_obs_shape))
+        self.encoder, self.critic_encoder = (group_encoder(s, args.encoder, m) or nn.Identity()
+                                             for s, m in zip((obs_shape, critic_obs_shape), image_max))
         obs_dim = self.encoder.out_dim if hasattr(self.encoder, "out_dim") else obs_shape[0]  # what the cell reads: features or the vector
         critic_obs_dim = None if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
         self.lstm = args.cell == "lstm"
@@ -295,7 +297,8 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation statistics for the next one.
     Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by name."""
     dones = data["terminated"] | data["truncated"]
-    episode_sums(ep_stats, data["rewards"], dones, sums=episodes)
+    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
+    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
@@ -358,7 +361,9 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape = observation_shape(next_obs, "policy", "--export of a recurrent policy" if args.export or args.export_best else None)
     critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    image_scale = image_max(envs.single_observation_space)  # the image groups' scale: their space's high (255 for uint8 frames)
+    # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
+    image_scale = tuple(image_max(space) for space in (envs.single_observation_space,
+                                                       getattr(envs, "single_critic_observation_space", None)))
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
@@ -401,8 +406,11 @@ def train(run, args: Args) -> dict:
         action, logprob, value, state = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value = end_step(info["final_obs"], state, terminated | truncated)
-        return next_obs, TensorDict({"obs": obs, "actions": action, "logprobs": logprob, "values": value, "final_values": final_value,
-                                     "rewards": reward.float(), "terminated": terminated, "truncated": truncated}, batch_size=[envs.num_envs]), info
+        transition = {"obs": obs, "actions": action, "logprobs": logprob, "values": value, "final_values": final_value,
+                      "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
+        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
+            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):
         """One gradient step on a minibatch of sequences (gradients averaged over ranks); returns its losses."""

@@ -545,7 +545,7 @@ def test_the_presets_report_the_games_reward_and_end_beside_the_learners(score_r
         assert episodes in range(lives_per_game * len(games), lives_per_game * (len(games) + 2)), (preset, episodes)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+@pytest.mark.parametrize("algo", ["ppo", "pqn", "ppo_lstm"])
 def test_a_run_with_the_training_preset_alone_logs_game_scores_in_training_and_evaluation(algo, score_recorder,
                                                                                          tmp_path, capsys):
     """Only --env-kwargs '{"preset": "atari"}': the eval envs take "atari-eval" (a printed line says so), and

@@ -325,10 +325,11 @@ def test_learns_catch_from_a_group_of_terms(tmp_path):
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
 
 
-def test_each_group_scales_its_images_by_its_own_spaces_high(tmp_path, monkeypatch):
+@pytest.mark.parametrize("algo", ["ppo", "ppo_lstm"])
+def test_each_group_scales_its_images_by_its_own_spaces_high(algo, tmp_path, monkeypatch):
     """A vector policy group (its space unbounded) beside an image critic group: the critic's encoder scales
     the frames by 1/255, its own space's high, not by 1/inf = 0 (a critic blind to its frames)."""
-    module, built = load_script("ppo"), []
+    module, built = load_script(algo), []
 
     class Recorded(module.Agent):
         def __init__(self, *args, **kwargs):
