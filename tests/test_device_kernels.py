@@ -1,8 +1,8 @@
 """The device-kernel guard: no op inside a compiled or captured function that goes to another kernel on each device.
 
 Every function a script gives `compiled()` or `captured()` (and the evaluation step that common/evaluation.py
-compiles and captures) is traced by dynamo here, on the CPU, in each of the script's layouts (TINY[algo]["captures"]
-of tests/test_scripts.py), and no graph dynamo builds for it may hold an op of DEVICE_KERNELS: the fused RNN ops and
+compiles and captures) is traced by dynamo here, on the CPU, in the script's built-in and pixel layouts (of
+TINY[algo]["captures"] in tests/test_scripts.py), and no graph dynamo builds for it may hold an op of DEVICE_KERNELS: the fused RNN ops and
 the ops of one vendor's library (cuDNN, oneDNN, MIOpen). Such an op compiles and passes every parity test on a CPU
 and can fail on a GPU, where the same call goes to another kernel: ppo_lstm's acting step through `torch.lstm` did,
 dynamo's fake-tensor trace of it stopped on CUDA (torch 2.11) while the CPU suite passed. That failure itself cannot
@@ -130,12 +130,22 @@ def guarded_run(algo: str, out, **settings) -> None:
     train(algo, out, compile=True, total_timesteps=units(algo, 2), eval_interval=TINY[algo]["sync"], **short, **settings)
 
 
-@pytest.mark.parametrize("algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(TINY[algo]["captures"]))])
+def guarded_layouts(algo: str) -> list[int]:
+    """The layouts of TINY[algo]["captures"] the guard traces: the built-in env's (every function the script
+    compiles and captures, its networks among them) and the first on pixels (the image encoders' convolutions).
+    The other layouts regroup the same networks' ops into other captured functions (an adapter's acting step,
+    td3's actor phases); compiled against eager, tests/test_scripts.py runs them all. Each traced layout costs
+    seconds of dynamo; the suite keeps to its budget."""
+    captures = TINY[algo]["captures"]
+    return [0] + [i for i, c in enumerate(captures) if i and "encoder" in c][:1]
+
+
+@pytest.mark.parametrize("algo, variant", [(algo, i) for algo in SCRIPTS for i in guarded_layouts(algo)])
 def test_compiled_and_captured_functions_hold_no_device_dispatched_kernel(algo, variant, tmp_path, monkeypatch):
-    """In each layout of a script's compiled and captured functions (TINY[algo]["captures"]), with an
-    evaluation, every function given to compiled() or captured() is traced by dynamo, and no graph of any of
-    them holds an op of DEVICE_KERNELS (a fused RNN, a cuDNN/oneDNN/MIOpen op): on CUDA each would go to
-    another kernel than the one the CPU suite traced and ran."""
+    """In a script's layouts of compiled and captured functions (guarded_layouts), with an evaluation, every
+    function given to compiled() or captured() is traced by dynamo, and no graph of any of them holds an op of
+    DEVICE_KERNELS (a fused RNN, a cuDNN/oneDNN/MIOpen op): on CUDA each would go to another kernel than the
+    one the CPU suite traced and ran."""
     traced = traced_graphs(monkeypatch, load_script(algo))
     guarded_run(algo, tmp_path, **TINY[algo]["captures"][variant])
     assert traced.called and not traced.untraced(), (traced.called, traced.untraced())
