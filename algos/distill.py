@@ -44,7 +44,7 @@ from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
-from common.checkpoint import CheckpointError, TrainingState, load_checkpoint, restore, save  # noqa: E402
+from common.checkpoint import CheckpointError, TrainingState, algorithm_of, load_checkpoint, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import mlp, rnn_step, vector_size  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
@@ -52,13 +52,14 @@ from common.run import begin_training, checkpoints_to_write, closing, finish, ma
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "distill"
-TEACHERS = ("ppo", "ppo_lstm", "distill")  # the scripts whose actors Policy rebuilds by name
+TEACHERS = ("ppo", "ppo_lstm", "distill")  # the algorithms whose actors Policy rebuilds by name (a copy of one too)
 
 
 @dataclass
 class Args(RunArgs):
     teacher: str | None = None
-    """checkpoint of the teacher (ppo.py, ppo_lstm.py or distill.py), loaded frozen with its observation normalizer"""
+    """checkpoint of the teacher (ppo.py, ppo_lstm.py, distill.py or a copy of one), loaded frozen with its observation
+    normalizer"""
     teacher_obs: str | None = None
     """observation group the teacher reads: default 'critic' where the env has one (the full state), else 'policy'"""
     teacher_action_prob: Annotated[float, Ge(0), Le(1)] = 0.0
@@ -198,16 +199,19 @@ def load_teacher(path: str, obs_dim: int, group: str, action_space: gym.Space, e
         ckpt = load_checkpoint(path)
     except CheckpointError as e:
         raise SystemExit(f"error: --teacher: {e}") from None
-    if ckpt["algo"] not in TEACHERS:
-        raise SystemExit(f"error: --teacher {path} was written by {ckpt['algo']}.py; a teacher comes from "
-                         f"{', '.join(f'{t}.py' for t in TEACHERS)}")
+    # By algorithm, not by the writing script's name: a copy of ppo.py (ppo_mine.py) writes "algo": "ppo_mine" and
+    # "algorithm": "ppo", and its actor is ppo's.
+    algorithm = algorithm_of(ckpt)
+    if algorithm not in TEACHERS:
+        raise SystemExit(f"error: --teacher {path} was written by {ckpt['algo']}.py (algorithm {algorithm}); a teacher "
+                         f"comes from {', '.join(f'{t}.py' for t in TEACHERS)} or a copy of one")
     a, model = ckpt["args"], ckpt["model"]
     cell = a.get("cell", "none")
     first = model["rnn.weight_ih_l0" if cell != "none" else "actor.0.weight"]
     last = model[max((k for k in model if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))]
     discrete = isinstance(action_space, gym.spaces.Discrete)
     space = f"Discrete({action_space.n})" if discrete else f"Box{list(action_space.shape)}"
-    other_kind = ckpt["algo"] != "distill" and ("log_std" in model) == discrete  # ppo's Gaussians have a log_std
+    other_kind = algorithm != "distill" and ("log_std" in model) == discrete  # ppo's Gaussians have a log_std
     if first.shape[1] != obs_dim or last.shape[0] != (int(action_space.n) if discrete else action_space.shape[0]) or other_kind:
         raise SystemExit(f"error: --teacher {path} ({ckpt['algo']} on {ckpt['env_id']}) reads {first.shape[1]} observations "
                          f"and has {last.shape[0]} action outputs{' (Gaussian)' if 'log_std' in model else ''}; {env_id}'s "
@@ -258,7 +262,8 @@ def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes:
     """The episode statistics of a rollout, its observations normalized as the student acted on them, then
     the observation statistics for the next one. Returns the [T, N] batch of sequences the update reads
     and the rollout's counts of non-finite values, by name."""
-    episode_sums(ep_stats, data["rewards"], data["dones"], sums=episodes)
+    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
+    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", data["dones"]), sums=episodes)
     nonfinite = {name: (~torch.isfinite(data[key])).sum() for name, key in
                  (("observations", "obs"), ("rewards", "rewards"), ("teacher", "teacher"))}
     obs_n = student.obs_rms(data["obs"])  # the statistics the student acted with
@@ -368,8 +373,10 @@ def train(run, args: Args) -> dict:
         action, target, student_next, teacher_next = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(action)
         end_step(student_next, teacher_next, terminated | truncated)
-        return next_obs, TensorDict({"obs": obs["policy"], "teacher": target, "rewards": reward.float(),
-                                     "dones": terminated | truncated}, batch_size=[envs.num_envs]), info
+        transition = {"obs": obs["policy"], "teacher": target, "rewards": reward.float(), "dones": terminated | truncated}
+        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
+            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):
         """One gradient step on a minibatch of sequences (gradients averaged over ranks); returns its losses."""

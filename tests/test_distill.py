@@ -11,6 +11,10 @@ import gymnasium as gym
 import pytest
 import torch
 
+from gymnasium import spaces
+
+from common.checkpoint import save_checkpoint
+from common.envs.core import TorchEnv
 from tests.helpers import load_script, run_main, untrained_teacher
 
 MASKED = '{"mask_velocity": true}'
@@ -57,6 +61,87 @@ def test_a_teacher_that_does_not_fit_the_task_stops_in_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"^error: --teacher: no checkpoint at"):
         run_main(distill, **common, env_id="Pendulum-v1", teacher=str(tmp_path / "none.pt"))
     assert not (tmp_path / "out").exists()
+
+
+def as_copys(path, to, algo: str, algorithm: str):
+    """The checkpoint at `path` as the script `algo`, a copy of `algorithm`'s, writes it (its two names) at `to`."""
+    ckpt = torch.load(path, weights_only=True)
+    ckpt.update(algo=algo, algorithm=algorithm)
+    return str(save_checkpoint(ckpt, to))
+
+
+def test_a_teacher_is_taken_by_its_algorithm_so_a_copys_checkpoint_teaches(tmp_path):
+    """A copy of ppo.py (ppo_mine.py) writes "algo": "ppo_mine", "algorithm": "ppo": it teaches as ppo's does; a
+    copy of distill.py's Box student teaches as a student does (its mean, no log_std); a copy of another algorithm
+    stops in one line that names both."""
+    distill = load_script("distill")
+    tiny = dict(PLAIN, output_dir=str(tmp_path / "out"), env_id="Pendulum-v1", num_envs=8, num_steps=4, num_minibatches=2,
+                num_eval_envs=4, eval_interval=0, total_timesteps=64)
+    ppo_copy = as_copys(untrained_teacher(tmp_path / "ppo.pt"), tmp_path / "ppo_mine.pt", "ppo_mine", "ppo")
+    student = run_main(distill, **tiny, run_name="of_ppo_mine", cell="none", teacher=ppo_copy)
+    assert student["global_step"] == 64 and student["teacher"]["path"] == ppo_copy
+    distill_copy = as_copys(student["checkpoints"]["last"], tmp_path / "distill_mine.pt", "distill_mine", "distill")
+    again = run_main(distill, **tiny, run_name="of_distill_mine", teacher=distill_copy)
+    assert again["global_step"] == 64 and again["teacher"]["path"] == distill_copy
+    other = as_copys(untrained_teacher(tmp_path / "ppo.pt"), tmp_path / "pqn_mine.pt", "pqn_mine", "pqn")
+    with pytest.raises(SystemExit, match=r"^error: --teacher .*pqn_mine.pt was written by pqn_mine.py \(algorithm pqn\); "
+                                         r"a teacher comes from ppo.py, ppo_lstm.py, distill.py or a copy of one$"):
+        run_main(distill, **tiny, run_name="of_pqn_mine", teacher=other)
+
+
+class Lives(TorchEnv):
+    """A stand-in for a game with lives and vector observations (distill.py reads no frames): a life is the
+    learner's episode, LIFE steps with reward 1 on every other one (clipped, as Atari's training preset gives
+    them); info's game_reward is the game's own, 2 on those steps and 5 more at each lost life, and game_over
+    ends the game at its LIVES-th lost life. A game scores GAME_SCORE whatever the actions; a life, clipped, 4."""
+
+    env_id, state_dim, num_reset_uniforms, default_max_episode_steps = "Lives-v0", 1, 1, 1000
+    LIFE, LIVES = 8, 3
+    GAME_SCORE = (2 * LIFE // 2 + 5) * LIVES
+
+    def __init__(self, num_envs, device="cpu", seed=0, dtype=torch.float32, max_episode_steps=None):
+        self.single_observation_space = spaces.Box(-float("inf"), float("inf"), (2,))
+        self.single_action_space = spaces.Discrete(2)
+        super().__init__(num_envs, device, seed, dtype, max_episode_steps)
+        self.lives_lost = torch.zeros(num_envs, device=self.device)
+
+    def _initial_state(self, u):
+        return torch.zeros_like(u[:, :1])
+
+    def _dynamics(self, state, action):
+        frame = state + 1
+        terminated = frame[:, 0] >= self.LIFE
+        return frame, (frame[:, 0] % 2 == 0).float(), terminated
+
+    def _observe(self, state):
+        return torch.stack([state[:, 0] / self.LIFE, self.lives_lost.to(state.dtype)], 1)
+
+    def reset(self, seed=None):
+        self.lives_lost.zero_()
+        return super().reset(seed)
+
+    def step(self, action):
+        frame = self.state[:, 0] + 1  # the step's frame of the life, before the autoreset
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.lives_lost.add_(terminated)
+        game_over = (self.lives_lost >= self.LIVES) | truncated
+        self.lives_lost.masked_fill_(game_over, 0)
+        info.update(game_reward=2.0 * (frame % 2 == 0) + 5.0 * terminated, game_over=game_over)
+        return obs, reward, terminated, truncated, info
+
+
+def test_a_student_logs_the_games_score_where_the_env_reports_one(tmp_path, monkeypatch):
+    """An env whose info has the game's reward and end (Atari's presets): charts/episodic_return and
+    eval/episodic_return are the game's score (39), not a life's clipped sum (4)."""
+    import common.envs
+
+    monkeypatch.setitem(common.envs.BUILTIN_ENVS, Lives.env_id, Lives)
+    teacher = untrained_teacher(tmp_path / "teacher.pt", Lives.env_id)
+    summary = run_main(load_script("distill"), **dict(PLAIN, num_eval_envs=1), output_dir=str(tmp_path / "out"),
+                       env_id=Lives.env_id, teacher=str(teacher), num_envs=4, num_steps=24, num_minibatches=2,
+                       total_timesteps=4 * 24 * 2, eval_interval=2, eval_episodes=1, seed=1)
+    assert summary["last_train_return"] == Lives.GAME_SCORE == 39
+    assert summary["best_eval_return"] == Lives.GAME_SCORE
 
 
 @pytest.fixture(scope="module")
