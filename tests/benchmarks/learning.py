@@ -75,6 +75,11 @@ EXPERIMENTS = {
     "ppo_rnd:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=[]),
     "ppo:MountainCar-v0": dict(target=-110.0, budget=3_000_000, flags=[]),
     "ppo_rnd:MountainCar-v0": dict(target=-110.0, budget=3_000_000, flags=[]),
+    # Symmetry (ppo --symmetry, rsl_rl's): the minibatch's mirror images added, against ppo with the symmetry only
+    # measured (--symmetry log: the same updates), both at the defaults otherwise; charts/symmetry_error read at the end
+    **{f"ppo:{env_id}@{mode}": dict(target=target, budget=budget, flags=["--symmetry", mode])
+       for env_id, target, budget in [("Pendulum-v1", -200.0, 8_000_000), ("Acrobot-v1", -100.0, 5_000_000)]
+       for mode in ("log", "augmentation")},
     "pqn:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "pqn:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
     # TD3 and SAC: their defaults depend on the device (32 envs and batches of 512 on a CPU)
@@ -181,8 +186,11 @@ def read_curve(run_dir: Path) -> dict:
     # SPS = steps / (now - start of the training loop), so its first event dates the start.
     start = sps[0].wall_time - sps[0].step / sps[0].value if sps and sps[0].value > 0 else None
     evals = acc.Scalars("eval/episodic_return") if "eval/episodic_return" in acc.Tags()["scalars"] else []
-    return {"steps": [e.step for e in evals], "seconds": [e.wall_time - start for e in evals] if start else [],
-            "returns": [e.value for e in evals]}
+    curve = {"steps": [e.step for e in evals], "seconds": [e.wall_time - start for e in evals] if start else [],
+             "returns": [e.value for e in evals]}
+    if "charts/symmetry_error" in acc.Tags()["scalars"]:  # ppo --symmetry: the policy's asymmetry at the last log
+        curve["symmetry_error"] = acc.Scalars("charts/symmetry_error")[-1].value
+    return curve
 
 
 def run_one(job: dict) -> dict:
