@@ -6,7 +6,7 @@ observation of a finished episode (`info["final_obs"]`) and the first observatio
 
 How the randomness is aligned: each package env's numpy generator (the one `minatar.Environment`
 uses for sticky actions and hands to its game) is replaced by `BlockRandom`, which serves the
-uniforms of the same env's stream of ours (core.hash_uniform at the positions minatar.py's
+uniforms of the same env's stream of ours (core.hash_uniform at the positions common.envs.minatar's
 docstring gives): a step's calls take the lanes of that step's block in order (lane 0: the sticky
 action test), a reset's calls the block's last lanes. So both envs take the same sticky actions
 and draw the same starts and spawns, and any difference in the game's rules shows as a different
@@ -44,7 +44,7 @@ ACTION_PROBS = {"MinAtar/Freeway-v1": [0.1, 0.8, 0.1]}
 
 class BlockRandom:
     """Stands in for numpy's RandomState in one package env: serves that env's uniforms of ours, block
-    by block, lane by lane (`rand`, `randint(n)`, `randint(lo, hi, size)`, as minatar.py says)."""
+    by block, lane by lane (`rand`, `randint(n)`, `randint(lo, hi, size)`, as common.envs.minatar says)."""
 
     def __init__(self, uniforms: np.ndarray):
         self.uniforms = uniforms  # [blocks, lanes] float64
