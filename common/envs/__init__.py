@@ -5,7 +5,7 @@
     obs, reward, terminated, truncated, info = envs.step(action)
 
 A plain id names a built-in batched torch env: gymnasium's classic control (classic.py) and
-MinAtar's games (minatar.py, e.g. `MinAtar/Breakout-v1`, image observations).
+MinAtar's games (the minatar package, one module per game, e.g. `MinAtar/Breakout-v1`, image observations).
 An id `<prefix>:<name>` is handed to an adapter, imported only when used so that its
 simulator is an optional dependency:
 
