@@ -123,7 +123,7 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     known (sizes that suit a GPU starve a CPU of gradient steps); the resolved values are what the
     run's config.json and checkpoints record.
     """
-    check_torch()  # a torch outside pyproject.toml's range: one line (an older one stops here)
+    check_torch()  # a torch outside pyproject.toml's range: one line, and the run goes on
     given = given_flags(args)
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     cuda = info.device.type == "cuda"
@@ -161,8 +161,8 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         torch._dynamo.reset()
         for name in ("torch._dynamo.variables.ctx_manager", "torch._dynamo.variables.torch"):
             logging.getLogger(name).addFilter(_not_a_profiler_notice)
-    return Run(args=args, algo=script_name(type(args), algo), algorithm=algo, rank=info.rank, world_size=info.world_size, device=info.device, is_main=info.is_main,
-               given=given)
+    return Run(args=args, algo=script_name(type(args), algo), algorithm=algo, rank=info.rank, world_size=info.world_size,
+               device=info.device, is_main=info.is_main, given=given)
 
 
 def _not_a_profiler_notice(record: logging.LogRecord) -> bool:
