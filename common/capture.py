@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 if TYPE_CHECKING:
-    from common.run import Run
+    from common.record import Run
 
 
 @contextmanager

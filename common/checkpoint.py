@@ -31,7 +31,7 @@ from common.args import RUN_FLAGS
 from common.export import export_policy
 
 if TYPE_CHECKING:
-    from common.run import Run
+    from common.record import Run
 
 # 4: a script's own state in namespaces of its own: TrainingState.shared under "state", each rank's
 #    TrainingState.per_rank under ranks[r]["state"] (3 had them beside the format's keys; still read)

@@ -26,7 +26,7 @@ from common.args import eval_seed
 from common.run import close
 
 if TYPE_CHECKING:
-    from common.run import Run
+    from common.record import Run
 
 
 EVAL_CHUNK = 64  # eval steps between two host reads ("has every env finished?"); one graph with --cudagraphs

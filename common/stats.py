@@ -23,7 +23,7 @@ from common.capture import read_timings
 from common.checkpoint import checkpoint_dir
 
 if TYPE_CHECKING:
-    from common.run import Run
+    from common.record import Run
 
 
 @torch.no_grad()

@@ -18,16 +18,11 @@ EXTRA = 'pip install -e ".[video]"'
 TENSORBOARD_MAX_SIDE = 256  # TensorBoard gets a downscaled GIF; the mp4 keeps the full frames
 
 
-def check_dependencies(env_id: str) -> None:
-    """Stop before training, with one line naming the extra, when a video could not be written (pygame
-    only for the built-in envs that gymnasium's classic renderers draw, not those drawn from images)."""
-    from common.envs import BUILTIN_ENVS
-    from common.envs.core import TorchEnv
-
-    env = BUILTIN_ENVS.get(env_id)
-    draws_with_pygame = env is not None and env.render is TorchEnv.render
+def check_dependencies(pygame: bool) -> None:
+    """Stop before training, with one line naming the extra, when a video could not be written (`pygame`: the
+    env's frames are drawn by gymnasium's classic renderers, not from its images; the caller knows the env)."""
     missing = []
-    for module in ("imageio", "imageio_ffmpeg", "PIL") + (("pygame",) if draws_with_pygame else ()):
+    for module in ("imageio", "imageio_ffmpeg", "PIL") + (("pygame",) if pygame else ()):
         try:
             __import__(module)
         except ImportError:

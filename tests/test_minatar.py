@@ -425,12 +425,15 @@ def test_render_draws_the_observation_enlarged():
 
 
 def test_video_of_minatar_needs_no_pygame(monkeypatch):
+    from common.envs import draws_with_pygame
     from common.video import check_dependencies
 
     monkeypatch.setitem(sys.modules, "pygame", None)
-    check_dependencies("MinAtar/Breakout-v1")  # drawn from the observation
+    assert not draws_with_pygame("MinAtar/Breakout-v1")  # drawn from the observation
+    check_dependencies(pygame=draws_with_pygame("MinAtar/Breakout-v1"))
+    assert draws_with_pygame("CartPole-v1")  # drawn by gymnasium's renderer
     with pytest.raises(SystemExit, match="pygame"):
-        check_dependencies("CartPole-v1")  # drawn by gymnasium's renderer
+        check_dependencies(pygame=draws_with_pygame("CartPole-v1"))
 
 
 def test_seaquest_counts_the_entities_its_slots_cannot_hold():

@@ -34,7 +34,7 @@ BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
 }
 ADAPTER_PREFIXES = ("gym", "envpool", "mjlab")
 
-__all__ = ["ADAPTER_PREFIXES", "BUILTIN_ENVS", "EVAL_PRESETS", "TorchEnv", "eval_env_kwargs", "list_envs", "make_env"]
+__all__ = ["ADAPTER_PREFIXES", "BUILTIN_ENVS", "EVAL_PRESETS", "TorchEnv", "eval_env_kwargs", "draws_with_pygame", "list_envs", "make_env"]
 
 # A training preset -> the evaluation preset it implies: Atari's training preset ends an episode at a lost
 # life and clips rewards; evaluated so, best.pt would be chosen on per-life clipped sums, not game scores.
@@ -52,6 +52,12 @@ def eval_env_kwargs(kwargs: dict, eval_kwargs: dict) -> tuple[dict, str | None]:
     merged["preset"] = EVAL_PRESETS[preset]
     return merged, (f'eval envs: preset "{merged["preset"]}" (implied by the training preset "{preset}": whole games, '
                     f'unclipped scores); --eval-env-kwargs \'{{"preset": ...}}\' sets another')
+
+
+def draws_with_pygame(env_id: str) -> bool:
+    """Whether the env's video frames come from gymnasium's classic renderers (pygame), not from its images."""
+    env = BUILTIN_ENVS.get(env_id)
+    return env is not None and env.render is TorchEnv.render
 
 
 def list_envs() -> list[str]:

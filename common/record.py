@@ -1,0 +1,71 @@
+"""The record of one run: its handles and counters, one small dataclass that every `common` module passes around.
+
+A leaf: it imports no other `common` module, so the modules below `common.run` (capture, checkpoint, stats,
+evaluation) take the type from here and no import circle runs through `run.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Run:
+    """The handles and counters of one run, on every rank. Checkpoints carry the counters."""
+
+    args: Any
+    algo: str  # the script's name, from its file: a copy (algos/ppo_mine.py) is "ppo_mine" with no edit
+    rank: int
+    world_size: int
+    device: torch.device
+    is_main: bool  # rank 0: the one process that logs, prints and writes checkpoints
+    run_dir: Path | None = None
+    writer: Any = None  # TensorBoard SummaryWriter on rank 0
+    wandb_run: Any = None
+    checkpoint: dict | None = None  # the checkpoint this run resumes from
+    resume_path: Path | None = None
+    init_checkpoint: dict | None = None  # --init-from's checkpoint: a new run starts from its weights
+    init_path: Path | None = None
+    global_step: int = 0
+    iteration: int = 0
+    best_eval_return: float = -math.inf
+    best_iteration: int = -1  # iteration of the evaluation that gave best_eval_return
+    last_train_return: float = math.nan
+    sps: float = 0.0
+    stop_reason: str | None = None  # set once every rank agrees to stop after this iteration
+    save_time_due: bool = False  # --save-interval-seconds has passed on some rank
+    seconds: dict = field(default_factory=dict)  # seconds per phase, summed (see `timed`)
+    compile_seconds: dict = field(default_factory=dict)  # wall seconds until compiled and captured, per function
+    graphs: list = field(default_factory=list)  # the CudaGraphModules of captured(), released in finish()
+    interval_seconds: dict = field(default_factory=dict)  # phase -> [seconds, iterations] since the last log
+    pending_timings: list = field(default_factory=list)  # (phase, start event, end event) not yet read (CUDA)
+    env_log: dict = field(default_factory=dict)  # the env's info["log"]: name -> [sum, steps reported]
+    eval_chunks: dict = field(default_factory=dict)  # (eval envs, model, episodes) -> (captured chunk, accumulators)
+    start_time: float = field(default_factory=time.time)
+    last_save_time: float = field(default_factory=time.time)
+    steps_at_start: int = 0
+    reduced_step: int = 0  # global step of the last reduce_iteration
+    guard: Any = None
+    progress: Any = None
+    closed: bool = False  # close() ran: graphs, writers and the process group are gone
+    observation_space: Any = None  # of one env's "policy" observations (for export)
+    action_space: Any = None
+    given: set = field(default_factory=set)  # the flags the command line set (see given_flags)
+    final_step: int = 0  # the global step the run ends at (begin_training)
+    totals: dict = field(default_factory=dict)  # wall and phase seconds of the run's earlier processes (its checkpoint)
+    foreign_flags: dict = field(default_factory=dict)  # flags of the resumed run that this script lacks: kept, unused
+    algorithm: str | None = None  # the ALGO the script declares (a copy keeps its original's): whose checkpoints it reads
+
+    def __post_init__(self):
+        self.algorithm = self.algorithm or self.algo
+
+    def say(self, msg: str) -> None:
+        """Print a line on rank 0 (above the progress bar, if one is shown)."""
+        if self.is_main:
+            self.progress.write(msg) if self.progress is not None else print(msg, flush=True)
