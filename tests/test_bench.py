@@ -181,6 +181,21 @@ def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step()
     assert [c.strip() for c in learning.at_steps_table(records, [name + "@n1"])[2].split("|")[1:-1]][1] == "gym:Hopper-v5@n1"
 
 
+def test_symmetry_table_gives_each_seeds_steps_and_last_symmetry_error():
+    """ppo --symmetry rows: steps to target and the last charts/symmetry_error per seed, in seed order; the runs
+    that logged no symmetry error (ppo without --symmetry) get no row."""
+    from tests.benchmarks import learning
+
+    records = [{"name": "ppo:Pendulum-v1@augmentation", "seed": seed, "steps_to_target": steps,
+                "curve": {"steps": [1], "returns": [0.0], "symmetry_error": error}}
+               for seed, steps, error in ((2, None, 0.05), (1, 983_040, 0.01))]
+    records.append({"name": "ppo:Pendulum-v1", "seed": 1, "steps_to_target": 1, "curve": {"steps": [1], "returns": [0.0]}})
+    rows = learning.symmetry_table(records, ["ppo:Pendulum-v1", "ppo:Pendulum-v1@augmentation"])
+    assert len(rows) == 3
+    assert [c.strip() for c in rows[2].split("|")[1:-1]] == [
+        "ppo", "Pendulum-v1", "`augmentation`", "983,040 / -", "0.030 ± 0.020 (0.010 / 0.050)"]
+    assert learning.symmetry_table(records[2:], ["ppo:Pendulum-v1"]) == []
+
 def committed_files() -> dict:
     from tests.benchmarks import learning
 

@@ -284,6 +284,24 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     return rows
 
 
+def symmetry_table(records: list[dict], experiments: list[str]) -> list[str]:
+    """For the runs that logged charts/symmetry_error (ppo --symmetry): each seed's env steps to the target and
+    its last symmetry error (the policy's mean |pi(m(s)) - m(pi(s))|), in seed order, and their mean ± std."""
+    named = [n for n in experiments if any(r["name"] == n and "symmetry_error" in r.get("curve", {}) for r in records)]
+    if not named:
+        return []
+    rows = ["| script | env | `--symmetry` | env steps to target, each seed | charts/symmetry_error at the end, mean ± std "
+            "(each seed) |", "|---|---|---|---|---|"]
+    for name in named:
+        algo, env_id, label = split_name(name)
+        runs = sorted((r for r in records if r["name"] == name and "symmetry_error" in r.get("curve", {})),
+                      key=lambda r: r["seed"])
+        errors = [r["curve"]["symmetry_error"] for r in runs]
+        rows.append(f"| {algo} | {env_id} | `{label}` | {' / '.join(fmt(r['steps_to_target']) for r in runs)} "
+                    f"| {statistics.mean(errors):.3f} ± {statistics.pstdev(errors):.3f} "
+                    f"({' / '.join(f'{e:.3f}' for e in errors)}) |")
+    return rows
+
 LEGEND = ("mean over seeds", "min-max over seeds", "target")  # the line, the band, the dashed line
 
 
@@ -440,6 +458,8 @@ def write_report(report: dict, experiments: list[str], seeds: list[int], out: Pa
              f"{report['jobs']} run(s) at a time with {threads} thread(s) each):", "", *table(records, experiments, seeds)]
     if extra := at_steps_table(records, experiments):
         lines += ["", "Eval return at env steps, mean ± std over seeds (each seed's, in seed order):", "", *extra]
+    if extra := symmetry_table(records, experiments):
+        lines += ["", "The policy's asymmetry (ppo `--symmetry`), each seed's last logged value:", "", *extra]
     try:
         for path in figures(records, experiments, out):
             lines += ["", f"![{path.stem}]({path.name})"]
