@@ -19,16 +19,26 @@ the observation pass; `reset(env_ids)` runs the same pass scoped to `env_ids`. T
   last 3 `derived` values), "critic" (terms not concatenated) and "camera" (not mapped);
 - extras["log"] at resets: a 0-d tensor per reward term, an int from termination counts and a
   float from the command metrics (both read back with `.item()`, as mjlab's managers do).
+
+Below the env: mjlab's task registry (`list_tasks`, `load_env_cfg`, `load_rl_cfg`) over "Fake-Point"
+and two tasks whose rsl_rl runner config declares a mirror (`algorithm.symmetry_cfg.
+data_augmentation_func`, as an Isaac Lab config does): "Fake-Point-Symmetric" (rsl_rl >= 3's form)
+and "Fake-Point-Symmetric-By-Group" (rsl_rl 2's, named by a "module:name" string); and `install`,
+which puts the stand-in in `sys.modules` as `mjlab` so that `make_env("mjlab:<task>")` builds it.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import sys
 from dataclasses import dataclass, field
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import torch
 from gymnasium import spaces
+from tensordict import TensorDict
 
 
 @dataclass
@@ -220,7 +230,8 @@ class FakeManagerBasedRlEnv:
 
     def __init__(self, cfg: FakeEnvCfg, device: str = "cpu"):
         assert torch.device(device).type == "cpu"
-        cfg.scene.num_envs = cfg.num_envs
+        # mjlab's builder sets cfg.scene.num_envs; a config made here says cfg.num_envs
+        cfg.num_envs = cfg.scene.num_envs = getattr(cfg.scene, "num_envs", cfg.num_envs)
         self.cfg = cfg
         self.device = "cpu"
         if cfg.seed is not None:
@@ -248,6 +259,10 @@ class FakeManagerBasedRlEnv:
     @property
     def num_envs(self) -> int:
         return self.cfg.num_envs
+
+    @property
+    def unwrapped(self) -> FakeManagerBasedRlEnv:
+        return self  # as mjlab's env: the end of a wrapper chain
 
     @property
     def step_dt(self) -> float:
@@ -311,3 +326,105 @@ class FakeManagerBasedRlEnv:
 
     def close(self) -> None:
         self.closed = True
+
+
+# ---------------------------------------------------------------------------------------------
+# The mirror of the toy and the task registry
+# ---------------------------------------------------------------------------------------------
+# The point's mirror x -> -x negates every odd quantity: the kinematics, command, action and history
+# columns of "actor" (its step counter stays), and the critic's terms but |derived| ("sensor").
+# Rewards, falls and the reset distribution are even in x; the commands, drawn from a counter, are
+# not mirror images of each other: a mirror for the contract, not one that commutes with the toy.
+ACTOR_SIGNS = (-1.0, -1.0, 1.0, -1.0, -1.0, -1.0, -1.0)
+CRITIC_SIGNS = {"derived": -1.0, "sensor": 1.0, "command": -1.0, "history": -1.0}
+
+
+def mirror_point(env, obs: TensorDict | None = None, actions: torch.Tensor | None = None):
+    """rsl_rl >= 3's data_augmentation_func for the point: the task's groups ("actor" concatenated, "critic" a
+    TensorDict of its terms), each batch followed by its mirror image. Keeps the env it was called with."""
+    mirror_point.last_env = env
+    assert env.unwrapped.single_observation_space["actor"].shape == (len(ACTOR_SIGNS),)
+    obs_aug = actions_aug = None
+    if obs is not None:
+        assert obs.batch_dims == 1, "rsl_rl gives the function flat minibatches"
+        image = obs.clone()
+        if "actor" in obs.keys():
+            image["actor"] = obs["actor"] * torch.tensor(ACTOR_SIGNS, dtype=obs["actor"].dtype)
+        if "critic" in obs.keys():
+            image["critic"] = TensorDict({t: v * CRITIC_SIGNS[t] for t, v in obs["critic"].items()},
+                                         batch_size=obs.batch_size)
+        obs_aug = torch.cat([obs, image], dim=0)
+    if actions is not None:
+        assert actions.dim() == 2
+        actions_aug = torch.cat([actions, -actions], dim=0)
+    return obs_aug, actions_aug
+
+
+mirror_point.last_env = None
+
+
+def mirror_point_by_group(env, obs: torch.Tensor | None = None, actions: torch.Tensor | None = None,
+                          obs_type: str = "policy"):
+    """The same mirror in rsl_rl 2's form (older Isaac Lab): one flat group tensor at a time, named by obs_type
+    ("critic": the terms flattened in their order)."""
+    signs = {"policy": torch.tensor(ACTOR_SIGNS),
+             "critic": torch.tensor([CRITIC_SIGNS["derived"], CRITIC_SIGNS["sensor"], CRITIC_SIGNS["command"]]
+                                    + [CRITIC_SIGNS["history"]] * 3)}[obs_type]
+    obs_aug = None if obs is None else torch.cat([obs, obs * signs], dim=0)
+    actions_aug = None if actions is None else torch.cat([actions, -actions], dim=0)
+    return obs_aug, actions_aug
+
+
+@dataclass
+class FakeSymmetryCfg:
+    """Isaac Lab's RslRlSymmetryCfg."""
+
+    use_data_augmentation: bool = False
+    use_mirror_loss: bool = False
+    data_augmentation_func: Any = None
+    mirror_loss_coeff: float = 0.0
+
+
+@dataclass
+class FakeAlgorithmCfg:
+    symmetry_cfg: FakeSymmetryCfg | None = None
+
+
+@dataclass
+class FakeRunnerCfg:
+    clip_actions: float | None = None
+    algorithm: FakeAlgorithmCfg = field(default_factory=FakeAlgorithmCfg)
+
+
+TASKS = {
+    "Fake-Point": (FakeEnvCfg(), FakeRunnerCfg()),
+    "Fake-Point-Symmetric": (FakeEnvCfg(), FakeRunnerCfg(algorithm=FakeAlgorithmCfg(
+        FakeSymmetryCfg(use_data_augmentation=True, data_augmentation_func=mirror_point)))),
+    "Fake-Point-Symmetric-By-Group": (FakeEnvCfg(), FakeRunnerCfg(algorithm=FakeAlgorithmCfg(
+        FakeSymmetryCfg(use_data_augmentation=True, data_augmentation_func=f"{__name__}:mirror_point_by_group")))),
+}
+
+
+def list_tasks() -> list[str]:
+    return sorted(TASKS)
+
+
+def load_env_cfg(task: str, play: bool = False) -> FakeEnvCfg:
+    return copy.deepcopy(TASKS[task][0])  # a copy, as mjlab's registry gives
+
+
+def load_rl_cfg(task: str) -> FakeRunnerCfg:
+    return copy.deepcopy(TASKS[task][1])
+
+
+def install(monkeypatch) -> None:
+    """This module as `mjlab` (its `tasks`, `tasks.registry` and `envs`) for the rest of the test."""
+    names = {"mjlab": ModuleType("mjlab"), "mjlab.tasks": ModuleType("mjlab.tasks"),
+             "mjlab.tasks.registry": ModuleType("mjlab.tasks.registry"), "mjlab.envs": ModuleType("mjlab.envs")}
+    registry = names["mjlab.tasks.registry"]
+    registry.list_tasks, registry.load_env_cfg, registry.load_rl_cfg = list_tasks, load_env_cfg, load_rl_cfg
+    names["mjlab.envs"].ManagerBasedRlEnv = FakeManagerBasedRlEnv
+    names["mjlab"].tasks, names["mjlab"].envs, names["mjlab.tasks"].registry = (
+        names["mjlab.tasks"], names["mjlab.envs"], registry)
+    for name, module in names.items():
+        monkeypatch.setitem(sys.modules, name, module)

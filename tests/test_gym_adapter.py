@@ -346,6 +346,86 @@ def test_success_at_episode_end_reaches_the_eval_success_rate():
 
 
 # ---------------------------------------------------------------------------------------
+# Mirror symmetry: the env's own data_augmentation
+# ---------------------------------------------------------------------------------------
+
+
+class MirroredPoint(gym.Env):
+    """A point pushed along a line and kept near 0: symmetric under x -> -x, which it declares with
+    `data_augmentation` on the adapter's batched torch tensors (rsl_rl's contract less the env)."""
+
+    observation_space = spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)  # x, v, step
+    action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+    OBS_SIGNS = torch.tensor([-1.0, -1.0, 1.0])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.v, self.t = float(self.np_random.uniform(-1.0, 1.0)), 0.0, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.v += 0.1 * float(np.clip(action[0], -1.0, 1.0))
+        self.x += 0.1 * self.v
+        self.t += 1
+        return self._obs(), -self.x**2, abs(self.x) > 2.0, False, {}
+
+    def _obs(self):
+        return np.array([self.x, self.v, self.t], dtype=np.float32)
+
+    def data_augmentation(self, obs=None, actions=None):
+        if obs is not None:
+            image = obs.clone()
+            image["policy"] = obs["policy"] * self.OBS_SIGNS.to(obs["policy"])
+            obs = torch.cat([obs, image], dim=0)
+        if actions is not None:
+            actions = torch.cat([actions, -actions], dim=0)
+        return obs, actions
+
+
+gym.register(id="TestMirroredPoint-v0", entry_point=MirroredPoint, max_episode_steps=20)
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_the_envs_own_mirror_is_passed_on_as_is(vectorization):
+    """data_augmentation is the unwrapped env's own (sync: the first sub-env's; async: that of an instance built in
+    this process), with its contract: originals first, then mirror images; mirroring twice gives the originals.
+    An env without one gives the adapter none."""
+    n = 4
+    envs = make_env("gym:TestMirroredPoint-v0", n, seed=1, vectorization=vectorization)
+    try:
+        if vectorization == "sync":
+            assert envs.data_augmentation == envs.envs.envs[0].unwrapped.data_augmentation
+        obs, _ = envs.reset()
+        for _ in range(3):
+            obs = envs.step(torch.ones(n, 1))[0]
+        actions = torch.linspace(-1.0, 1.0, n)[:, None]
+        aug_obs, aug_actions = envs.data_augmentation(obs=obs, actions=actions)
+        assert aug_obs.batch_size == (2 * n,) and aug_actions.shape == (2 * n, 1)
+        assert torch.equal(aug_obs["policy"][:n], obs["policy"]) and torch.equal(aug_actions[:n], actions)
+        assert torch.equal(aug_obs["policy"][n:], obs["policy"] * torch.tensor([-1.0, -1.0, 1.0]))
+        assert torch.equal(aug_actions[n:], -actions)
+        twice, twice_actions = envs.data_augmentation(obs=aug_obs[n:], actions=aug_actions[n:])
+        assert torch.equal(twice["policy"][n:], obs["policy"]) and torch.equal(twice_actions[n:], actions)
+    finally:
+        envs.close()
+    for env_id in ("gym:Pendulum-v1", "gym:TestDictObs-v0"):
+        plain = make_env(env_id, 2, vectorization=vectorization)
+        assert getattr(plain, "data_augmentation", None) is None
+        plain.close()
+
+
+def test_ppo_symmetry_augmentation_runs_on_a_gym_env_with_a_mirror(tmp_path):
+    from tests.helpers import load_script, run_main
+    from tests.test_scripts import scalars
+
+    summary = run_main(load_script("ppo"), env_id="gym:TestMirroredPoint-v0", symmetry="augmentation", num_envs=4,
+                       num_steps=8, num_minibatches=2, total_timesteps=96, num_eval_envs=2, eval_interval=0,
+                       hidden_sizes=(16,), device="cpu", progress=False, output_dir=str(tmp_path), run_name="run")
+    assert summary["global_step"] == 96
+    assert scalars(tmp_path / "run")["losses/mirror_loss"]
+
+
+# ---------------------------------------------------------------------------------------
 # Atari: image observations and the preset
 # ---------------------------------------------------------------------------------------
 

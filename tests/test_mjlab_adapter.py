@@ -5,7 +5,8 @@ Two halves:
   structure (always run): the terminal mode against mjlab's explicit reset flow (auto_reset off,
   then reset(env_ids)) bit for bit, the final observation against an env whose episode never
   ends, the other envs untouched, no host read of the adapter per step, returned tensors never
-  rewritten, episode statistics, and the refusals;
+  rewritten, episode statistics, and the refusals; the task's mirror (data_augmentation), from its
+  registered rsl_rl config through the stand-in's task registry, and ppo.py's --symmetry on it;
 - with real mjlab (skipped when it is not installed): the same equalities on
   Mjlab-Cartpole-Balance (5-dim actor and critic observations, 1 action), the contract, and PPO
   end to end. On CPU, MuJoCo Warp compiles its kernels on first use (about a minute, cached on
@@ -355,6 +356,116 @@ def test_seeds_are_folded_into_the_simulators_range():
     envs = fake_adapter()
     envs.reset(seed=2**61 + 5)
     assert envs.env.last_seed == (2**61 + 5) % 2**31
+
+
+# --------------------------------------------------------------------------------------------
+# the task's mirror (data_augmentation), with the stand-in's task registry
+# --------------------------------------------------------------------------------------------
+MIRRORED_TASKS = ["Fake-Point-Symmetric", "Fake-Point-Symmetric-By-Group"]  # rsl_rl >= 3's form, rsl_rl 2's
+# The point's mirror x -> -x in the adapter's columns. "policy": kinematics, command, step counter (kept),
+# last action, 3 history frames; "critic" (terms not concatenated, flattened in the order the task gives them,
+# which is not its space's sorted order): kinematics, |kinematics| (kept), command, 3 history frames.
+POLICY_MIRROR = torch.tensor([-1.0, -1.0, 1.0, -1.0, -1.0, -1.0, -1.0])
+CRITIC_MIRROR = torch.tensor([-1.0, 1.0, -1.0, -1.0, -1.0, -1.0])
+
+
+@pytest.fixture
+def fake_tasks(monkeypatch):
+    """make_env("mjlab:<task>") builds the stand-in's registered tasks."""
+    fake_mjlab.install(monkeypatch)
+    fake_mjlab.mirror_point.last_env = None
+
+
+def fake_task(task: str, n: int = 5, **kwargs) -> ManagerBasedEnvAdapter:
+    from common.envs import make_env
+
+    return make_env(f"mjlab:{task}", n, seed=1, **kwargs)
+
+
+def test_the_mirror_is_the_tasks_rl_config_symmetry_function(fake_tasks):
+    """data_augmentation where the task's rsl_rl config declares a mirror (algorithm.symmetry_cfg's
+    data_augmentation_func), called with the env the adapter wraps; none where it does not."""
+    assert getattr(fake_task("Fake-Point"), "data_augmentation", None) is None
+    envs = fake_task("Fake-Point-Symmetric")
+    obs, _ = envs.reset(seed=0)
+    envs.data_augmentation(obs=obs)
+    assert fake_mjlab.mirror_point.last_env is envs.env
+    by_group = fake_task("Fake-Point-Symmetric-By-Group")  # a "module:name" string, as Isaac Lab's dicts have it
+    assert by_group._task_mirror is fake_mjlab.mirror_point_by_group
+
+
+@pytest.mark.parametrize("task", MIRRORED_TASKS)
+def test_the_tasks_mirror_keeps_rsl_rls_contract(task, fake_tasks):
+    """Originals unchanged first, then their mirror images, for a [B] and a [T, N] batch; mirroring the mirror
+    images gives the originals back; None stays None; one group alone is mirrored alone."""
+    n = 5
+    envs = fake_task(task, n)
+    envs.reset(seed=2)
+    for action in fake_actions(n, 4):  # nonzero history, commands, last actions
+        obs = envs.step(action)[0]
+    actions = fake_actions(n, 1, seed=3)[0]
+    aug_obs, aug_actions = envs.data_augmentation(obs=obs, actions=actions)
+    assert aug_obs.batch_size == (2 * n,) and set(aug_obs.keys()) == {"policy", "critic"}
+    for key, signs in (("policy", POLICY_MIRROR), ("critic", CRITIC_MIRROR)):
+        assert torch.equal(aug_obs[key][:n], obs[key])
+        assert torch.equal(aug_obs[key][n:], obs[key] * signs)
+    assert torch.equal(aug_actions[:n], actions) and torch.equal(aug_actions[n:], -actions)
+    twice, twice_actions = envs.data_augmentation(obs=aug_obs[n:], actions=aug_actions[n:])
+    for key in ("policy", "critic"):
+        assert torch.equal(twice[key][n:], obs[key])
+    assert torch.equal(twice_actions[n:], actions)
+    assert envs.data_augmentation(obs=obs)[1] is None and envs.data_augmentation(actions=actions)[0] is None
+    assert torch.equal(envs.data_augmentation(actions=actions)[1], aug_actions)
+    alone = envs.data_augmentation(obs=obs.select("policy"))[0]
+    assert set(alone.keys()) == {"policy"} and torch.equal(alone["policy"], aug_obs["policy"])
+
+    rollout, rollout_actions = torch.stack([obs, aug_obs[n:]]), torch.stack([actions, -actions])  # [T, N]
+    r_obs, r_actions = envs.data_augmentation(obs=rollout, actions=rollout_actions)
+    assert r_obs.batch_size == (4, n) and r_actions.shape == (4, n, 1)
+    for key, signs in (("policy", POLICY_MIRROR), ("critic", CRITIC_MIRROR)):
+        assert torch.equal(r_obs[key][:2], rollout[key]) and torch.equal(r_obs[key][2:], rollout[key] * signs)
+    assert torch.equal(r_actions[2:], -rollout_actions)
+
+
+def test_a_mirror_the_env_or_its_config_carries_is_taken_as_is(fake_tasks):
+    """A data_augmentation on the unwrapped env, or on its config (a task without an rsl_rl mirror, configured
+    with one), is the adapter's, unchanged, and comes before a task function; without any, none."""
+
+    def mirror(obs=None, actions=None):
+        return obs, actions
+
+    env = fake_env()
+    env.data_augmentation = mirror
+    envs = ManagerBasedEnvAdapter(env, "fake", data_augmentation_func=fake_mjlab.mirror_point)
+    assert envs.data_augmentation is mirror
+    configured = fake_task("Fake-Point", configure=lambda cfg: setattr(cfg, "data_augmentation", mirror))
+    assert configured.data_augmentation is mirror
+    assert not hasattr(ManagerBasedEnvAdapter(fake_env(), "fake"), "data_augmentation")
+
+
+def test_a_task_mirror_that_leaves_out_the_originals_is_refused():
+    envs = ManagerBasedEnvAdapter(fake_env(), "mjlab:Task",
+                                  data_augmentation_func=lambda env, obs=None, actions=None: (obs, -actions[:3]))
+    refused = r"^mjlab:Task: the task's data_augmentation_func returned 3 rows of actions for 6"
+    with pytest.raises(ValueError, match=refused):
+        envs.data_augmentation(actions=torch.zeros(6, 1))
+
+
+def test_ppo_symmetry_augmentation_runs_on_a_task_with_a_mirror(fake_tasks, tmp_path):
+    """ppo.py --symmetry augmentation trains on the task's mirror (logged: the mirror loss each iteration); on a
+    task without one it stops with the one-line error."""
+    from tests.helpers import load_script, run_main
+    from tests.test_scripts import scalars
+
+    ppo = load_script("ppo")
+    flags = dict(symmetry="augmentation", num_envs=4, num_steps=8, num_minibatches=2, total_timesteps=96,
+                 num_eval_envs=2, eval_interval=0, hidden_sizes=(16,), device="cpu", progress=False,
+                 output_dir=str(tmp_path))
+    summary = run_main(ppo, env_id="mjlab:Fake-Point-Symmetric", run_name="mirrored", **flags)
+    assert summary["global_step"] == 96 and fake_mjlab.mirror_point.last_env is not None
+    assert len(scalars(tmp_path / "mirrored")["losses/mirror_loss"]) == summary["iteration"] == 3
+    with pytest.raises(SystemExit, match=r"^error: --symmetry augmentation: mjlab:Fake-Point has no mirror"):
+        run_main(ppo, env_id="mjlab:Fake-Point", run_name="plain", **flags)
 
 
 # --------------------------------------------------------------------------------------------

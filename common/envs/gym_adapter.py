@@ -39,6 +39,13 @@ evaluation curves are game scores, as CleanRL's are. ALE's v5 ids keep their sti
 (repeat_action_probability 0.25); a game ends at ALE's 108,000 frames (`max_episode_steps` 27,000).
 Needs the `[atari]` extra (ale-py, OpenCV for the resize).
 
+Mirror symmetry (`ppo.py --symmetry`): a `data_augmentation(obs=None, actions=None)` callable of the
+unwrapped env (rsl_rl's data_augmentation_func less the `env` argument, on this adapter's batched
+torch tensors: a TensorDict of "policy" observations, the actions as the adapter takes them; each
+batch followed by its mirror images along dim 0) becomes the adapter's `data_augmentation`, as is.
+It is the first sub-env's; with "async" the sub-envs live in other processes, so it is that of one
+more instance built here, only when the first sub-env reports having one.
+
 Seeding: env i is seeded `seed + i` at the first `reset()` (gymnasium's vector convention);
 `reset(seed=s)` re-seeds env i with `s + i`.
 
@@ -378,6 +385,22 @@ class GymVecEnv:
             fields.update(game_reward=((n,), torch.float32), game_over=((n,), torch.bool))
         self._staging = StepStaging(fields, self.device)
 
+        # The env's own mirror, as is (see the module docstring); no attribute where it has none, so a
+        # script's `getattr(envs, "data_augmentation", None)` tells.
+        self._mirror_env: gym.Env | None = None  # "async": the instance whose mirror is used
+        if isinstance(self.envs, gym.vector.SyncVectorEnv):
+            mirror = getattr(self.envs.envs[0].unwrapped, "data_augmentation", None)
+        elif self.envs.call("has_wrapper_attr", "data_augmentation")[0]:
+            self._mirror_env = gym.make(env_id, **env_kwargs)
+            mirror = getattr(self._mirror_env.unwrapped, "data_augmentation", None)
+        else:
+            mirror = None
+        if callable(mirror):
+            self.data_augmentation = mirror
+        elif self._mirror_env is not None:  # a wrapper's attribute, not the env's own mirror
+            self._mirror_env.close()
+            self._mirror_env = None
+
     # -- numpy <-> torch, in one place -------------------------------------------------------
 
     def _flatten(self, obs) -> np.ndarray:
@@ -483,6 +506,8 @@ class GymVecEnv:
 
     def close(self) -> None:
         self.envs.close()
+        if self._mirror_env is not None:
+            self._mirror_env.close()
 
     def __repr__(self) -> str:
         return (

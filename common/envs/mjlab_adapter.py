@@ -102,6 +102,24 @@ Episodes that hit the time limit are `truncated` (bootstrapped) unless the task 
 finite horizon (`cfg.is_finite_horizon`), in which case the time limit is terminal and the
 adapter reports them as `terminated`, as mjlab's rsl_rl wrapper does.
 
+Mirror symmetry (`data_augmentation`, for `ppo.py --symmetry`)
+---------------------------------------------------------------
+An rsl_rl user declares a task's mirror in its rsl_rl runner config, which mjlab's registry keeps
+beside the env config (`register_mjlab_task(..., rl_cfg=...)`, read back by `load_rl_cfg(task)`):
+`rl_cfg.algorithm.symmetry_cfg.data_augmentation_func`, as in Isaac Lab's `RslRlPpoAlgorithmCfg`
+(whose `symmetry_cfg` is an `RslRlSymmetryCfg`). mjlab 1.6's algorithm config has no such field: a
+task declares it in a subclass, and rsl_rl (5.4.2, which mjlab 1.6 pins) reads it from the dict
+mjlab's train script makes of the config. rsl_rl calls it `func(env=..., obs=..., actions=...)`,
+`obs` a TensorDict of the task's groups (rsl_rl >= 3), or once per group with
+`obs_type="policy"|"critic"` and that group's tensor (rsl_rl 2, older Isaac Lab); a "module:name"
+string (what Isaac Lab's config-to-dict makes of a function) is imported. The adapter's `data_augmentation(obs=None, actions=None)` calls it with the
+wrapped env (whose `unwrapped` is itself, as the functions expect of rsl_rl's wrapper) and the
+observations under the task's group names, a group of separate terms split back into its terms,
+and maps the result back: each batch followed by its mirror images along dim 0, any leading batch
+shape ([B] or [T, N]). A `data_augmentation` attribute of the unwrapped env, or else of its config,
+is taken as is, before the task's function (a mirror written for the adapter's own observations).
+Without either the adapter has no `data_augmentation` attribute (`--symmetry` then stops the run).
+
 Seeding and checkpoints: mjlab draws its randomness (resets, domain randomisation, noise)
 from the process-wide torch/numpy/warp generators, so `seed` (at construction and in
 `reset(seed=...)`) re-seeds those global generators, exactly as mjlab does; numpy and warp
@@ -114,6 +132,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import inspect
 import math
 import numbers
@@ -144,6 +163,7 @@ def make_mjlab_env(
     final_obs: str = "terminal",
     obs_groups: dict[str, str] | None = None,
     clip_actions: float | None = None,
+    data_augmentation_func: Callable | str | None = None,
 ) -> ManagerBasedEnvAdapter:
     """Build mjlab's registered `task` with `num_envs` envs on `device`, wrapped in the contract.
 
@@ -157,6 +177,8 @@ def make_mjlab_env(
             default: found by name (see POLICY_GROUPS, CRITIC_GROUPS)
         clip_actions: bound of the action space, so scripts clip actions to [-c, c]; default:
             the task's own rsl_rl setting (`clip_actions` of its registered runner config)
+        data_augmentation_func: the task's mirror, rsl_rl's `func(env, obs, actions)` (see the module
+            doc); default: the `symmetry_cfg` of its registered runner config, if it has one
     """
     if final_obs not in FINAL_OBS_MODES:
         raise ValueError(f"mjlab:{task}: final_obs must be one of {', '.join(FINAL_OBS_MODES)}, got {final_obs!r}")
@@ -188,16 +210,56 @@ def make_mjlab_env(
     cfg.scene.num_envs = num_envs
     cfg.seed = sim_seed(seed)
     enable_auto_reset(cfg)
+    rl_cfg = load_rl_cfg(task)
     if clip_actions is None:
-        clip_actions = getattr(load_rl_cfg(task), "clip_actions", None)
+        clip_actions = getattr(rl_cfg, "clip_actions", None)
+    if data_augmentation_func is None:
+        data_augmentation_func = symmetry_function(rl_cfg)
     env = ManagerBasedRlEnv(cfg, device=str(torch.device(device)))
     try:
         # copy_obs=False: mjlab builds new observation tensors at every compute (see the module doc).
         return ManagerBasedEnvAdapter(env, f"mjlab:{task}", final_obs=final_obs, obs_groups=obs_groups,
-                                      clip_actions=clip_actions, copy_obs=False)
+                                      clip_actions=clip_actions, copy_obs=False,
+                                      data_augmentation_func=data_augmentation_func)
     except Exception:
         env.close()
         raise
+
+
+def symmetry_function(rl_cfg) -> Callable | str | None:
+    """`rl_cfg.algorithm.symmetry_cfg.data_augmentation_func` of an rsl_rl runner config (config objects or
+    the dicts made of them), or None where any of them is missing, None or unset (a config's MISSING)."""
+    value = rl_cfg
+    for name in ("algorithm", "symmetry_cfg", "data_augmentation_func"):
+        value = value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+        if value is None or value is dataclasses.MISSING:
+            return None
+    return value
+
+
+def resolve_function(function: Callable | str) -> Callable:
+    """A callable as is; a string "package.module:name" (or "package.module.name") imported, as rsl_rl does."""
+    if callable(function):
+        return function
+    if not isinstance(function, str):
+        raise TypeError(f"data_augmentation_func must be a callable or a 'module:name' string, got {function!r}")
+    module, sep, attr = function.rpartition(":") if ":" in function else function.rpartition(".")
+    if not sep or not module:
+        raise ValueError(f"data_augmentation_func {function!r}: expected 'module:name'")
+    value = importlib.import_module(module)
+    for part in attr.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def own_data_augmentation(env) -> Callable | None:
+    """A mirror in the adapter's own terms that the env carries: `data_augmentation` of its unwrapped env,
+    else of its config."""
+    for owner in (getattr(env, "unwrapped", env), getattr(env, "cfg", None)):
+        function = getattr(owner, "data_augmentation", None)
+        if callable(function):
+            return function
+    return None
 
 
 def sim_seed(seed: int) -> int:
@@ -290,6 +352,9 @@ class ManagerBasedEnvAdapter:
 
     `copy_obs`: copy the observation tensors the env returns before handing them on (needed for an
     env that rewrites them in place on its next step); `make_mjlab_env` passes False.
+    `data_augmentation_func`: the task's rsl_rl mirror function (or a "module:name" string), which the
+    adapter's `data_augmentation` calls with this env (see the module docstring); a `data_augmentation`
+    the env or its config carries comes first.
     """
 
     def __init__(
@@ -300,6 +365,7 @@ class ManagerBasedEnvAdapter:
         obs_groups: dict[str, str] | None = None,
         clip_actions: float | None = None,
         copy_obs: bool = True,
+        data_augmentation_func: Callable | str | None = None,
     ):
         if final_obs not in FINAL_OBS_MODES:
             raise ValueError(f"{env_id}: final_obs must be one of {', '.join(FINAL_OBS_MODES)}, got {final_obs!r}")
@@ -359,6 +425,23 @@ class ManagerBasedEnvAdapter:
         if final_obs == "terminal":
             env._reset_idx = self._reset_idx_hook  # an instance attribute shadows the class's method
 
+        # The mirror (see the module docstring): set only where there is one, so `getattr(envs,
+        # "data_augmentation", None)` tells a script whether the task has a mirror.
+        self._group_shapes = {g: tuple(s.shape) for g, s in group_spaces.items() if not hasattr(s, "spaces")}
+        # Terms of the groups that are not concatenated, in the order `_group_tensor` flattens them:
+        # the space's order until the first observations show theirs.
+        self._term_layout = {g: [(t, tuple(ts.shape)) for t, ts in s.spaces.items()]
+                             for g, s in group_spaces.items() if hasattr(s, "spaces")}
+        self._term_order_seen: set[str] = set()
+        own = own_data_augmentation(env)
+        if own is not None:
+            self.data_augmentation = own
+        elif data_augmentation_func is not None:
+            self._task_mirror = resolve_function(data_augmentation_func)
+            # rsl_rl 2 (older Isaac Lab) mirrors one group at a time, named by obs_type
+            self._mirror_per_group = "obs_type" in _parameters(self._task_mirror)
+            self.data_augmentation = self._data_augmentation_by_task
+
     # -- the hook ("terminal") ------------------------------------------------------------------
 
     def _reset_idx_hook(self, env_ids: torch.Tensor) -> None:
@@ -395,18 +478,86 @@ class ManagerBasedEnvAdapter:
 
     # -- conversions ---------------------------------------------------------------------
 
-    def _group_tensor(self, value) -> torch.Tensor:
+    def _group_tensor(self, group: str, value) -> torch.Tensor:
         n = self.num_envs
         if isinstance(value, dict):  # a group whose terms are not concatenated: flatten each, in term order (new tensor)
+            if group not in self._term_order_seen:  # once: the order the mirror splits the flat rows by
+                self._term_layout[group] = [(t, tuple(v.shape[1:])) for t, v in value.items()]
+                self._term_order_seen.add(group)
             return torch.cat([v.reshape(n, -1) for v in value.values()], dim=-1).to(torch.float32)
         value = value.reshape(n, -1).to(torch.float32)
         return value.clone() if self._copy_obs else value
 
     def _convert_obs(self, obs: dict) -> TensorDict:
         return TensorDict(
-            {key: self._group_tensor(obs[group]) for key, group in self.obs_groups.items()},
+            {key: self._group_tensor(group, obs[group]) for key, group in self.obs_groups.items()},
             batch_size=self._batch_size, device=self.device,
         )
+
+    # -- the mirror (data_augmentation) by the task's function ------------------------------------
+
+    def _data_augmentation_by_task(self, obs: TensorDict | None = None, actions: torch.Tensor | None = None):
+        """rsl_rl's data_augmentation_func less `env`: each batch ([B] or [T, N] leading dims) followed by its
+        mirror images along dim 0, None left None; the task's function sees [B'] rows, as rsl_rl gives it."""
+        flat_obs = None if obs is None else obs.reshape(-1)
+        flat_actions = None if actions is None else actions.reshape(-1, *actions.shape[-1:])
+        if self._mirror_per_group:
+            mirrored, actions_aug = self._mirror_each_group(flat_obs, flat_actions)
+        else:
+            task_obs = None
+            if flat_obs is not None:
+                task_obs = TensorDict({self.obs_groups[k]: self._task_group(self.obs_groups[k], flat_obs[k])
+                                       for k in flat_obs.keys()}, batch_size=flat_obs.batch_size)
+            obs_aug, actions_aug = self._task_mirror(env=self.env, obs=task_obs, actions=flat_actions)
+            mirrored = None if obs is None else {k: self._flat_rows(self.obs_groups[k], obs_aug[self.obs_groups[k]])
+                                                 for k in flat_obs.keys()}
+        obs_out = actions_out = None
+        if obs is not None:
+            rows = next(iter(mirrored.values())).shape[0]
+            lead = self._stacked(rows, obs.batch_size, "observations")
+            obs_out = TensorDict({k: v.reshape(*lead, *obs[k].shape[obs.batch_dims:]) for k, v in mirrored.items()},
+                                 batch_size=lead, device=obs.device)
+        if actions is not None:
+            lead = self._stacked(actions_aug.shape[0], actions.shape[:-1], "actions")
+            actions_out = actions_aug.reshape(*lead, actions.shape[-1])
+        return obs_out, actions_out
+
+    def _mirror_each_group(self, flat_obs: TensorDict | None, flat_actions: torch.Tensor | None):
+        """rsl_rl 2's calls: one per group with its flat tensor and obs_type, the actions with the policy's."""
+        mirrored, actions_aug = {}, None
+        keys = [] if flat_obs is None else list(flat_obs.keys())
+        for key in keys:
+            given = flat_actions if key == "policy" else None
+            mirrored[key], out = self._task_mirror(env=self.env, obs=flat_obs[key], actions=given, obs_type=key)
+            if given is not None:
+                actions_aug = out
+        if flat_actions is not None and "policy" not in keys:
+            _, actions_aug = self._task_mirror(env=self.env, obs=None, actions=flat_actions, obs_type="policy")
+        return mirrored, actions_aug
+
+    def _task_group(self, group: str, rows: torch.Tensor):
+        """A group's flat rows [B, D] as the task's observations have it: its shape, or a TensorDict of its terms."""
+        b = rows.shape[0]
+        if group in self._group_shapes:
+            return rows.reshape(b, *self._group_shapes[group])
+        layout = self._term_layout[group]
+        parts = rows.split([math.prod(shape) for _, shape in layout], dim=-1)
+        return TensorDict({t: p.reshape(b, *shape) for (t, shape), p in zip(layout, parts)}, batch_size=[b])
+
+    def _flat_rows(self, group: str, value) -> torch.Tensor:
+        """The inverse of `_task_group`, for any number of rows."""
+        b = value.shape[0]
+        if group in self._group_shapes:
+            return value.reshape(b, -1)
+        return torch.cat([value[t].reshape(b, -1) for t, _ in self._term_layout[group]], dim=-1)
+
+    def _stacked(self, rows: int, batch_shape, what: str) -> tuple[int, ...]:
+        """The leading shape of `rows` mirrored rows of a batch of `batch_shape`: its first dim times the copies."""
+        n = math.prod(batch_shape)
+        if rows < n or rows % n:
+            raise ValueError(f"{self.env_id}: the task's data_augmentation_func returned {rows} rows of {what} for "
+                             f"{n}; it must return the {n} given, then their mirror images")
+        return (rows // n * batch_shape[0], *batch_shape[1:])
 
     def _log(self, extras: dict) -> dict[str, torch.Tensor | float]:
         """Scalar episode statistics from extras["log"]: tensors as 0-d float32 on the device (no host
