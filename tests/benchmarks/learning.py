@@ -126,6 +126,33 @@ EXPERIMENTS = {
     "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "minatar"]),
     "ppo:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]),
 }
+# MinAtar's five games, pqn and ppo with the Breakout settings above, no target of our own (Breakout's 10 aside): the
+# eval return at env steps beside the one published figure readable near this budget, gymnax-blines' PPO log
+# (RobertTLange/gymnax-blines, agents/<Game>-MinAtar/ppo.pkl: one seed, an MLP, gymnax's MinAtar without sticky
+# actions and with 1,000-step episodes, so another setting; its return at 639,936 steps). None has Seaquest; no PQN
+# figure is readable below 10M steps. The budget is 160 iterations of 4,096 steps, the evaluation after 639,936.
+MINATAR_BUDGET = 655_360
+GYMNAX_PPO = {"Asterix": 1.62, "Breakout": 15.45, "Freeway": 28.16, "SpaceInvaders": 30.37}
+for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"):
+    for algo, flags in (("pqn", PQN_MINATAR), ("ppo", PPO_MINATAR)):
+        name = f"{algo}:MinAtar/{game}-v1"
+        EXPERIMENTS[name] = dict(EXPERIMENTS.get(name, dict(target=math.inf, flags=[*MINATAR, *flags, "--encoder", "minatar"])),
+                                 budget=EXPERIMENTS.get(name, {}).get("budget", MINATAR_BUDGET),
+                                 at_steps=(100_000, 250_000, 500_000, 639_936),
+                                 reference=GYMNAX_PPO.get(game) if algo == "ppo" else None, reference_at=639_936)
+# Atari Pong with CleanRL's ppo_atari_envpool.py settings (8 envs x 128 steps, 4 minibatches, 4 epochs, lr 2.5e-4
+# annealed over its 10M steps, clip 0.1, entropy 0.01; steps are agent steps, 4 frames each). Eval: 8 whole games at
+# every 51,200 steps. On a CPU it takes hours: a checkpoint every 10 minutes and --resume auto, so the same command,
+# stopped (SIGTERM: the run writes last.pt and its summary) and run again with --reuse left out, goes on where it
+# stopped. The reference is CleanRL's table (docs/benchmark/ppo_atari_envpool.md: 3 seeds at 10M steps).
+CLEANRL_ATARI = ["--env-kwargs", '{"preset": "atari"}', "--encoder", "nature", "--num-envs", "8", "--num-steps", "128",
+                 "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4", "--lr-schedule", "linear",
+                 "--clip-coef", "0.1", "--ent-coef", "0.01"]
+EXPERIMENTS["ppo:envpool:Pong-v5"] = dict(
+    target=math.inf, budget=10_000_000, reference=20.45, reference_at=10_000_000,
+    at_steps=(500_000, 1_000_000, 2_500_000, 10_000_000),
+    flags=[*CLEANRL_ATARI, "--num-eval-envs", "8", "--eval-interval", "50", "--save-interval-seconds", "600",
+           "--resume", "auto"])
 # gymnasium MuJoCo on a CPU, the README's commands (td3/sac at their CPU defaults: 32 envs, 2 updates of 512 per
 # step). The target is 90% of CleanRL's published mean return at 1M steps (3 seeds, training episodic returns; td3 and
 # ppo on the v4 tasks, sac on v2: docs/rl-algorithms/td3.md, sac.md and ppo.md of vwxyzjn/cleanrl); the at-steps table gives each
@@ -248,7 +275,7 @@ def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list
         budgets = sorted({r["budget"] for r in records if r["name"] == name})
         flags = f" `{' '.join(spec['flags'])}`" if spec.get("flags") else ""
         rows.append(
-            f"| {algo} | {env_id}{flags} | {fmt(spec.get('target'), 'g')} | {', '.join(fmt(b) for b in budgets)} | {len(hit)}/{len(seeds)}"
+            f"| {algo} | {env_id}{flags} | {fmt(spec.get('target'), 'g') if math.isfinite(spec.get('target', math.inf)) else '-'} | {', '.join(fmt(b) for b in budgets)} | {len(hit)}/{len(seeds)}"
             f"{f' ({failed} failed)' if failed else ''} | {median_range([r['steps_to_target'] for r in hit], ',.0f')} "
             f"| {median_range([r['seconds_to_target'] for r in hit if r['seconds_to_target'] is not None], '.1f')} "
             f"| {mean_std(final)} | {mean_std(best)} |"
@@ -265,7 +292,9 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     if not named:
         return []
     steps = sorted({s for n in named for s in EXPERIMENTS[n]["at_steps"]})
-    rows = ["| script | env | " + " | ".join(f"eval at {s:,}" for s in steps) + " | reference at 1M | wall min per 1M steps |",
+    at = {EXPERIMENTS[n].get("reference_at", 1_000_000) for n in named}  # the steps of the published figures
+    reference_header = "reference at 1M" if at == {1_000_000} else f"reference at {', '.join(f'{s:,}' for s in sorted(at))}"
+    rows = ["| script | env | " + " | ".join(f"eval at {s:,}" for s in steps) + f" | {reference_header} | wall min per 1M steps |",
             "|---|---|" + "---|" * len(steps) + "---|---|"]
     for name in named:
         algo, env_id, label = split_name(name)
@@ -280,7 +309,7 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
             cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, ',.0f') for v in values)})" if got else "-")
         minutes = [r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]]
         reference = EXPERIMENTS[name].get("reference")
-        rows.append(f"| {algo} | {env_id} | " + " | ".join(cells) + f" | {fmt(reference, ',.0f')} | {median_range(minutes, '.1f')} |")
+        rows.append(f"| {algo} | {env_id} | " + " | ".join(cells) + f" | {fmt(reference, ',.0f' if abs(reference or 0) >= 100 else ',.2f')} | {median_range(minutes, '.1f')} |")
     return rows
 
 
@@ -330,7 +359,7 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
                 ax.fill_between(x, y.min(0), y.max(0), alpha=0.25, linewidth=0, label=LEGEND[1])
                 ax.plot(x, y.mean(0), linewidth=1.5, marker="o" if n < 8 else None, markersize=3, label=LEGEND[0])
             target = EXPERIMENTS.get(name, {}).get("target")
-            if target is not None:
+            if target is not None and math.isfinite(target):
                 ax.axhline(target, color="gray", linestyle="--", linewidth=0.8, label=LEGEND[2])
             ax.set_title(f"{algo} {env_id}{' (' + label + ')' if label else ''}", fontsize=9)
             ax.set_xlabel(xlabel, fontsize=8)
