@@ -196,6 +196,21 @@ def test_symmetry_table_gives_each_seeds_steps_and_last_symmetry_error():
         "ppo", "Pendulum-v1", "`augmentation`", "983,040 / -", "0.030 ± 0.020 (0.010 / 0.050)"]
     assert learning.symmetry_table(records[2:], ["ppo:Pendulum-v1"]) == []
 
+def test_goal_table_gives_each_seeds_first_eval_above_the_goal():
+    """MountainCar-v0's rows: the steps of each seed's first eval return above -200 (an episode reached the flag);
+    a seed that never got there is '-', and then the row has no median."""
+    from tests.benchmarks import learning
+
+    name = "ppo:MountainCar-v0"
+    assert learning.EXPERIMENTS[name]["goal"] == -200.0
+    records = [{"name": name, "seed": 2, "curve": {"steps": [10, 20, 30], "returns": [-200.0, -200.0, -150.0]}},
+               {"name": name, "seed": 1, "curve": {"steps": [10, 20, 30], "returns": [-200.0, -199.5, -120.0]}}]
+    rows = learning.goal_table(records, ["ppo:CartPole-v1", name])
+    assert len(rows) == 3 and [c.strip() for c in rows[2].split("|")[1:-1]] == [
+        "ppo", "MountainCar-v0", "-200", "25 (20 / 30)"]
+    records[0]["curve"]["returns"][-1] = -200.0
+    assert learning.goal_table(records, [name])[2].split("|")[4].strip() == "- (20 / -)"
+
 def committed_files() -> dict:
     from tests.benchmarks import learning
 

@@ -73,8 +73,13 @@ EXPERIMENTS = {
     # Exploration: RND's intrinsic reward (algos/ppo_rnd.py) against ppo alone, both at their defaults (gamma 0.99, where
     # the goal's reward fades under the action costs); the targets are gymnasium's reward thresholds
     "ppo_rnd:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=[]),
-    "ppo:MountainCar-v0": dict(target=-110.0, budget=3_000_000, flags=[]),
-    "ppo_rnd:MountainCar-v0": dict(target=-110.0, budget=3_000_000, flags=[]),
+    # MountainCar-v0: `goal` -200, the return of an episode cut at its 200 steps, so an eval return above it says an
+    # eval episode reached the flag; @decay: the intrinsic weight taken linearly to 0 by 488 steps of each env
+    # (2,000,000 env steps at 4,096 envs), rsl_rl's linear schedule, so the last third trains on the task's reward alone
+    "ppo:MountainCar-v0": dict(target=-110.0, budget=3_000_000, goal=-200.0, flags=[]),
+    "ppo_rnd:MountainCar-v0": dict(target=-110.0, budget=3_000_000, goal=-200.0, flags=[]),
+    "ppo_rnd:MountainCar-v0@decay": dict(target=-110.0, budget=3_000_000, goal=-200.0,
+                                         flags=["--rnd-weight-final", "0", "--rnd-weight-steps", "0", "488"]),
     # Symmetry (ppo --symmetry, rsl_rl's): the minibatch's mirror images added, against ppo with the symmetry only
     # measured (--symmetry log: the same updates), both at the defaults otherwise; charts/symmetry_error read at the end
     **{f"ppo:{env_id}@{mode}": dict(target=target, budget=budget, flags=["--symmetry", mode])
@@ -313,6 +318,25 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     return rows
 
 
+def goal_table(records: list[dict], experiments: list[str]) -> list[str]:
+    """For the experiments with a `goal` (a return only an episode that reached the goal exceeds): each seed's env
+    steps at its first evaluation above it, in seed order, and their median."""
+    named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("goal") is not None]
+    if not named:
+        return []
+    rows = ["| script | env | goal: eval return above | env steps to the first eval above it, median (each seed) |",
+            "|---|---|---|---|"]
+    for name in named:
+        algo, env_id, label = split_name(name)
+        goal = EXPERIMENTS[name]["goal"]
+        runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"])
+        steps = [next((x for x, ret in zip(r["curve"]["steps"], r["curve"]["returns"]) if ret > goal), None) for r in runs]
+        got = [s for s in steps if s is not None]
+        median = fmt(statistics.median(got)) if len(got) == len(steps) and got else "-"  # a seed that never got there: none
+        rows.append(f"| {algo} | {env_id}{'@' + label if label else ''} | {fmt(goal, 'g')} | {median} "
+                    f"({' / '.join(fmt(s) for s in steps)}) |")
+    return rows
+
 def symmetry_table(records: list[dict], experiments: list[str]) -> list[str]:
     """For the runs that logged charts/symmetry_error (ppo --symmetry): each seed's env steps to the target and
     its last symmetry error (the policy's mean |pi(m(s)) - m(pi(s))|), in seed order, and their mean ± std."""
@@ -487,6 +511,8 @@ def write_report(report: dict, experiments: list[str], seeds: list[int], out: Pa
              f"{report['jobs']} run(s) at a time with {threads} thread(s) each):", "", *table(records, experiments, seeds)]
     if extra := at_steps_table(records, experiments):
         lines += ["", "Eval return at env steps, mean ± std over seeds (each seed's, in seed order):", "", *extra]
+    if extra := goal_table(records, experiments):
+        lines += ["", "Env steps until the policy first reached the goal in an evaluation:", "", *extra]
     if extra := symmetry_table(records, experiments):
         lines += ["", "The policy's asymmetry (ppo `--symmetry`), each seed's last logged value:", "", *extra]
     try:
