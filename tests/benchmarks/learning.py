@@ -80,11 +80,12 @@ EXPERIMENTS = {
     "ppo_rnd:MountainCar-v0": dict(target=-110.0, budget=3_000_000, goal=-200.0, flags=[]),
     "ppo_rnd:MountainCar-v0@decay": dict(target=-110.0, budget=3_000_000, goal=-200.0,
                                          flags=["--rnd-weight-final", "0", "--rnd-weight-steps", "0", "488"]),
-    # Symmetry (ppo --symmetry, rsl_rl's): the minibatch's mirror images added, against ppo with the symmetry only
-    # measured (--symmetry log: the same updates), both at the defaults otherwise; charts/symmetry_error read at the end
+    # Symmetry (ppo --symmetry, rsl_rl's): the minibatch's mirror images added (augmentation), or the mirror loss at its
+    # default coefficient 1.0, against ppo with the symmetry only measured (--symmetry log: the same updates), all at the
+    # defaults otherwise; charts/symmetry_error read at the end
     **{f"ppo:{env_id}@{mode}": dict(target=target, budget=budget, flags=["--symmetry", mode])
        for env_id, target, budget in [("Pendulum-v1", -200.0, 8_000_000), ("Acrobot-v1", -100.0, 5_000_000)]
-       for mode in ("log", "augmentation")},
+       for mode in ("log", "augmentation", "mirror-loss")},
     "pqn:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "pqn:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
     # TD3 and SAC: their defaults depend on the device (32 envs and batches of 512 on a CPU)
