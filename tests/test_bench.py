@@ -176,6 +176,9 @@ def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step()
     for r in records:  # a run that ended an iteration short of its budget of 1M: its final eval is the 1M one
         r.update(budget=1_000_000, curve={k: v[:-1] for k, v in r["curve"].items()})
     assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][5] == "1,518.0 ± 500.0 (1,018 / 2,018)"
+    records[0]["summary"] = {"stop_reason": "SIGTERM"}  # stopped before its budget: no eval at 1M for that seed
+    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][5] == "1,018.0 ± 0.0 (1,018 / -)"
+    del records[0]["summary"]
     for r in records:
         r["name"] = name + "@n1"
     assert [c.strip() for c in learning.at_steps_table(records, [name + "@n1"])[2].split("|")[1:-1]][1] == "gym:Hopper-v5@n1"

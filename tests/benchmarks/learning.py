@@ -289,6 +289,10 @@ def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list
     return rows
 
 
+def ran_its_budget(record: dict) -> bool:
+    """Whether the run ended at its --total-timesteps (not stopped early by a signal, a target or a NaN guard)."""
+    return record.get("summary", {}).get("stop_reason", "total_timesteps") == "total_timesteps"
+
 def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     """For the experiments with `at_steps`: the eval return at the first evaluation at or after each of those
     env steps, or the final one where the budget is that step (mean ± std over seeds, then each seed's), the
@@ -309,8 +313,10 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
         cells = []
         for s in steps:
             # the first eval at or after s; a run whose budget is s may end an iteration short of it: its final eval
+            # (not for a run stopped before its budget, e.g. by SIGTERM: it has no eval at s)
             values = [next((ret for x, ret in zip(r["curve"]["steps"], r["curve"]["returns"]) if x >= s),
-                           r["curve"]["returns"][-1] if r.get("budget", 0) >= s else None) for r in runs]
+                           r["curve"]["returns"][-1] if r.get("budget", 0) >= s and ran_its_budget(r) else None)
+                      for r in runs]
             got = [v for v in values if v is not None]
             cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, ',.0f') for v in values)})" if got else "-")
         minutes = [r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]]
