@@ -318,7 +318,8 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
                            r["curve"]["returns"][-1] if r.get("budget", 0) >= s and ran_its_budget(r) else None)
                       for r in runs]
             got = [v for v in values if v is not None]
-            cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, ',.0f') for v in values)})" if got else "-")
+            spec = ",.1f" if got and max(abs(v) for v in got) < 100 else ",.0f"  # MinAtar's scores in tenths
+            cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, spec) for v in values)})" if got else "-")
         minutes = [r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]]
         reference = EXPERIMENTS[name].get("reference")
         rows.append(f"| {algo} | {env_id} | " + " | ".join(cells) + f" | {fmt(reference, ',.0f' if abs(reference or 0) >= 100 else ',.2f')} | {median_range(minutes, '.1f')} |")
