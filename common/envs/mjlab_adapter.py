@@ -429,10 +429,10 @@ class ManagerBasedEnvAdapter:
         # "data_augmentation", None)` tells a script whether the task has a mirror.
         self._group_shapes = {g: tuple(s.shape) for g, s in group_spaces.items() if not hasattr(s, "spaces")}
         # Terms of the groups that are not concatenated, in the order `_group_tensor` flattens them:
-        # the space's order until the first observations show theirs.
+        # the space's order until reset() reads theirs from the first observations (not in step: nothing
+        # for the mirror's sake runs per env step).
         self._term_layout = {g: [(t, tuple(ts.shape)) for t, ts in s.spaces.items()]
                              for g, s in group_spaces.items() if hasattr(s, "spaces")}
-        self._term_order_seen: set[str] = set()
         own = own_data_augmentation(env)
         if own is not None:
             self.data_augmentation = own
@@ -478,19 +478,16 @@ class ManagerBasedEnvAdapter:
 
     # -- conversions ---------------------------------------------------------------------
 
-    def _group_tensor(self, group: str, value) -> torch.Tensor:
+    def _group_tensor(self, value) -> torch.Tensor:
         n = self.num_envs
         if isinstance(value, dict):  # a group whose terms are not concatenated: flatten each, in term order (new tensor)
-            if group not in self._term_order_seen:  # once: the order the mirror splits the flat rows by
-                self._term_layout[group] = [(t, tuple(v.shape[1:])) for t, v in value.items()]
-                self._term_order_seen.add(group)
             return torch.cat([v.reshape(n, -1) for v in value.values()], dim=-1).to(torch.float32)
         value = value.reshape(n, -1).to(torch.float32)
         return value.clone() if self._copy_obs else value
 
     def _convert_obs(self, obs: dict) -> TensorDict:
         return TensorDict(
-            {key: self._group_tensor(group, obs[group]) for key, group in self.obs_groups.items()},
+            {key: self._group_tensor(obs[group]) for key, group in self.obs_groups.items()},
             batch_size=self._batch_size, device=self.device,
         )
 
@@ -585,6 +582,9 @@ class ManagerBasedEnvAdapter:
     def reset(self, seed: int | None = None) -> tuple[TensorDict, dict]:
         """Reset every env; `seed` re-seeds the simulator's (process-wide) generators first."""
         obs, _ = self.env.reset(seed=sim_seed(seed)) if seed is not None else self.env.reset()
+        # the order the mirror splits a term group's flat rows by: the env's, as _group_tensor flattens it
+        self._term_layout.update({g: [(t, tuple(v.shape[1:])) for t, v in value.items()]
+                                  for g, value in obs.items() if isinstance(value, dict)})
         self._last_obs = self._convert_obs(obs)
         self._needs_reset = False
         return self._last_obs, {}

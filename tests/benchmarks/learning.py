@@ -142,9 +142,9 @@ GYMNAX_PPO = {"Asterix": 1.62, "Breakout": 15.45, "Freeway": 28.16, "SpaceInvade
 for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"):
     for algo, flags in (("pqn", PQN_MINATAR), ("ppo", PPO_MINATAR)):
         name = f"{algo}:MinAtar/{game}-v1"
-        EXPERIMENTS[name] = dict(EXPERIMENTS.get(name, dict(target=math.inf, flags=[*MINATAR, *flags, "--encoder", "minatar"])),
-                                 budget=EXPERIMENTS.get(name, {}).get("budget", MINATAR_BUDGET),
-                                 at_steps=(100_000, 250_000, 500_000, 639_936),
+        base = EXPERIMENTS.get(name, dict(target=math.inf, budget=MINATAR_BUDGET,
+                                          flags=[*MINATAR, *flags, "--encoder", "minatar"]))  # Breakout's kept
+        EXPERIMENTS[name] = dict(base, at_steps=(100_000, 250_000, 500_000, 639_936),
                                  reference=GYMNAX_PPO.get(game) if algo == "ppo" else None, reference_at=639_936)
 # Atari Pong with CleanRL's ppo_atari_envpool.py settings (8 envs x 128 steps, 4 minibatches, 4 epochs, lr 2.5e-4
 # annealed over its 10M steps, clip 0.1, entropy 0.01; steps are agent steps, 4 frames each). Eval: 8 whole games at
