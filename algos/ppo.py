@@ -3,11 +3,10 @@
     python algos/ppo.py --env-id CartPole-v1 --num-envs 4096
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
-Top to bottom: Args -> Agent -> GAE and the adaptive-KL learning rate -> the PPO loss (with rsl_rl's symmetry)
--> an iteration as rollout -> targets -> update, two CUDA graphs on a GPU -> main and train (setup; the iteration's
-functions, then one block that compiles and captures them; the loop). The run around it (run directory,
-checkpoints, torchrun, evaluation, logging) is in common/. `--num-envs` is per process; `--total-timesteps` counts
-env steps over all processes. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37
+Top to bottom: Args -> Agent -> GAE and the adaptive-KL learning rate -> the PPO loss (with rsl_rl's symmetry) -> an
+iteration as rollout -> targets -> update, two CUDA graphs on a GPU -> main and train (setup, the iteration's functions,
+their compile and capture, the loop). The run around it is in common/. `--num-envs` is per process; `--total-timesteps`
+counts env steps over all processes. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37
 implementation details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate); Mittal et al. 2024 (symmetry).
 """
 
@@ -88,6 +87,8 @@ class Args(RunArgs):
     IMPALA's ResNet, MinAtar's one-conv network, or the flattened frames (vector groups go in as they are)"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
+    shared_encoder: bool = False
+    """one image encoder under both heads, trained by both losses (CleanRL's Atari agent); needs the critic to read the policy group"""
     asymmetric_critic: bool = True
     """feed the critic the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
@@ -108,12 +109,10 @@ class Args(RunArgs):
 
 # --- Networks -------------------------------------------------------------------------------
 class Agent(nn.Module):
-    """Actor and critic MLPs, with the observation normalizers so that one state_dict holds all.
-
-    Discrete spaces get a Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std.
-    The critic reads the "critic" observations when given. A group's shape is one env's: [D] (an int will do) for
-    vectors; [C, H, W] for uint8 images, through an --encoder (scaled by its group's 1/image_max, never normalized);
-    or a dict term -> shape for a group of terms (common.nets.TermsEncoder)."""
+    """Actor and critic MLPs and the observation normalizers, so that one state_dict holds all. Discrete spaces get a
+    Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std. The critic reads the
+    "critic" group when given. A group's shape is one env's: [D] for vectors; [C, H, W] for uint8 images, through an
+    --encoder (scaled by its group's 1/image_max, never normalized); or a dict term -> shape (common.nets.TermsEncoder)."""
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
         super().__init__()
@@ -125,6 +124,11 @@ class Agent(nn.Module):
         self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
         self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, **net,
                                 max_value=image_max[1] if critic_obs_shape is not None else image_max[0])
+        self.shared = args.shared_encoder  # the critic's head on the actor's encoder: one module, in both state_dict keys
+        if self.shared and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
+            raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
+        elif self.shared:
+            self.critic[0] = self.actor[0]
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
@@ -176,12 +180,9 @@ class Agent(nn.Module):
 
 # --- GAE with truncation bootstrapping; the adaptive learning rate --------------------------
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
-    """GAE(lambda) over a [T, N] rollout.
-
-    A *terminated* episode has no future: no bootstrap. A *truncated* one does: its last reward gets
-    gamma * V(final_obs), the value of the true last observation (the env has already reset), and the lambda-chain
-    stops there, since the next stored state is the new episode's. Treating truncation as termination teaches the
-    critic that time-outs are terminal, biasing every value near the time limit (Pardo et al., 2018)."""
+    """GAE(lambda) over a [T, N] rollout. A *terminated* episode has no future: no bootstrap. A *truncated* one does:
+    its last reward gets gamma * V(final_obs), the true last observation's value, and the lambda-chain stops there.
+    Treating truncation as termination teaches the critic that time-outs are terminal (Pardo et al., 2018)."""
     bootstrap = truncated & ~terminated
     rewards = rewards + gamma * final_values * bootstrap
     dones = (terminated | truncated).float()
@@ -197,12 +198,10 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
-    """rsl_rl's schedule, in place on the device: lr / 1.5 when the last minibatch's KL is above 2x the desired KL,
-    lr * 1.5 below half of it, kept in [1e-5, 5e-3]. rsl_rl's cap is 1e-2: a solved task keeps each step's KL under
-    the target (its advantages are mostly noise), the rate sits at the cap, and at 1e-2 the policy drifts off what it
-    solved (CartPole-v1: eval 495 -> 289, final 457.8 +- 84.3 over seeds 1-5). At 5e-3 every seed holds 500 and the
-    median seed reaches 475 sooner (983,040 env steps, not 1,966,080); Pendulum-v1, which starts at the cap, reaches
-    -200 later (median 3.9M steps, not 2.9M) and ends higher."""
+    """rsl_rl's schedule, in place on the device: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, lr * 1.5
+    below half of it, kept in [1e-5, 5e-3]. rsl_rl's cap, 1e-2, is where a solved task's rate sits (its advantages are noise)
+    and the policy drifts off what it solved (CartPole-v1: eval 495 -> 289, final 457.8 +- 84.3, seeds 1-5); at 5e-3 every
+    seed holds 500 and reaches 475 sooner (median 983,040 steps, not 1,966,080); Pendulum-v1 reaches -200 later, ends higher."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
     lr.copy_((lr * factor).clamp(1e-5, 5e-3))
 
@@ -210,11 +209,10 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
 # --- The PPO loss of a minibatch, with rsl_rl's symmetry --------------------------------------
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
     """Clipped surrogate + (clipped) value loss - entropy bonus (+ mirror loss): the loss and what is logged, by name.
-
     --symmetry (rsl_rl's): the actor also reads the minibatch's mirror images. Augmentation adds them to the surrogate
-    and value losses with the originals' old log-probs, values, advantages and returns, as rsl_rl does: (m(s), m(a))
-    was drawn exactly as likely as (s, a), by the mirror image of the acting policy, so pi_old(a|s) is its behaviour
-    probability; a symmetric task gives it the same value and advantage. Entropy and KL are the originals'."""
+    and value losses with the originals' old log-probs, values, advantages and returns, as rsl_rl does: (m(s), m(a)) was
+    drawn exactly as likely as (s, a), by the mirror image of the acting policy, so pi_old(a|s) is its behaviour
+    probability; a symmetric task gives it the same value and advantage.Entropy and KL are the originals'."""
     b, obs_n = mb.shape[0], mb["obs_n"]
     if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
         images = mb["mirrored"].transpose(0, 1).reshape(-1)
@@ -223,8 +221,12 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
             images.update({key: mb[key].repeat(images.shape[0] // b) for key in ("logprobs", "values", "advantages", "returns")})
             mb = torch.cat([mb.exclude("mirrored"), images])
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
-        out = agent.actor(obs_n["policy"]).float()  # float32 even under bf16 autocast
-        newvalue = agent.value(mb["obs_n"])
+        if agent.shared:  # the encoder once, both heads on its features (the critic's on the rows it reads)
+            features = agent.actor[0](obs_n["policy"])
+            out, newvalue = agent.actor[1](features), agent.critic[1](features[: mb.shape[0]]).squeeze(-1)
+        else:
+            out, newvalue = agent.actor(obs_n["policy"]), agent.value(mb["obs_n"])
+    out, newvalue = out.float(), newvalue.float()  # float32 even under bf16 autocast
     newlogprob, entropy = agent.log_prob_entropy(out[: mb.shape[0]], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
@@ -282,9 +284,8 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
 @torch.no_grad()
 def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict, data_augmentation,
             ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
-    """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation
-    statistics for the next one. Returns the flat batch the update reads, the rollout's logged
-    statistics and its counts of non-finite values, by name; with --symmetry, the batch has the mirror images too."""
+    """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation statistics for the
+    next one: the flat batch the update reads (with --symmetry, their mirror images too), logged statistics, non-finite counts."""
     dones = data["terminated"] | data["truncated"]
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
@@ -394,8 +395,7 @@ def train(run, args: Args) -> dict:
     policy_step = agent_inference.act
 
     def final_value(final_obs: TensorDict) -> torch.Tensor:
-        """V(final_obs), the time-out bootstrap, at the step: stored in place of a second observation (half the frames);
-        nothing changes the weights and statistics the targets read within a rollout."""
+        """V(final_obs), the time-out bootstrap, at the step: stored in place of a second frame (the targets' weights)."""
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             return agent_inference.value(agent_inference.normalize(final_obs))
 

@@ -365,3 +365,50 @@ def test_pqns_encoders_normalize_each_pixels_channels_after_every_conv(kind, fra
     ppo = load_script("ppo")
     agent = ppo.Agent(frame, None, gym.spaces.Discrete(3), ppo.Args(encoder=kind))
     assert not any(isinstance(m, torch.nn.LayerNorm) for m in agent.modules())
+
+
+def test_a_shared_encoder_is_one_module_under_both_heads_and_learns_catch(tmp_path):
+    """--shared-encoder (CleanRL's Atari agent): the critic's head sits on the actor's encoder, one module that both
+    losses train and the optimizer steps once; the loss computes its features once and gives what the two networks
+    give when called apart; a run learns Catch with heads straight on the features (--hidden-sizes empty), and its
+    checkpoint, loaded, keeps one encoder."""
+    ppo = load_script("ppo")
+    args = ppo.Args(encoder="minatar", hidden_sizes=(), shared_encoder=True)
+    agent = ppo.Agent((2, 6, 6), None, gym.spaces.Discrete(3), args)
+    separate = ppo.Agent((2, 6, 6), None, gym.spaces.Discrete(3), ppo.Args(encoder="minatar", hidden_sizes=()))
+    assert agent.critic[0] is agent.actor[0] and separate.critic[0] is not separate.actor[0]
+    encoder_size = sum(p.numel() for p in agent.actor[0].parameters())
+    assert sum(p.numel() for p in agent.parameters()) == sum(p.numel() for p in separate.parameters()) - encoder_size
+    obs = torch.randint(0, 256, (16, 2, 6, 6), dtype=torch.uint8)
+    mb = TensorDict({"obs_n": {"policy": obs}, "actions": torch.randint(0, 3, (16,)), "logprobs": torch.full((16,), -1.1),
+                     "values": torch.randn(16), "advantages": torch.randn(16), "returns": torch.randn(16)}, batch_size=[16],
+                    device="cpu")
+    loss, logged = ppo.ppo_loss(agent, mb, args)
+    agent.shared = False  # the same module called twice, as the separate networks are
+    loss_apart, logged_apart = ppo.ppo_loss(agent, mb, args)
+    torch.testing.assert_close(loss, loss_apart)
+    torch.testing.assert_close(logged["value_loss"], logged_apart["value_loss"])
+    agent.shared = True
+    loss.backward()
+    value_only = ppo.Agent((2, 6, 6), None, gym.spaces.Discrete(3), args)
+    value_only.value(TensorDict({"policy": obs}, batch_size=[16])).sum().backward()
+    assert value_only.actor[0].convs[0].weight.grad.abs().sum() > 0, "the value loss trains the actor's encoder"
+
+    result = run_main(ppo, env_id=CATCH, encoder="minatar", num_envs=32, num_steps=8, num_minibatches=4, total_timesteps=15360,
+                      seed=1, device="cpu", output_dir=str(tmp_path), run_name="run", eval_interval=60, progress=False,
+                      hidden_sizes=(), shared_encoder=True)
+    assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
+    model = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    torch.testing.assert_close(model["actor.0.convs.0.weight"], model["critic.0.convs.0.weight"])
+    agent.load_state_dict(model)
+    assert agent.critic[0] is agent.actor[0]
+    torch.testing.assert_close(agent.critic[0].convs[0].weight, model["critic.0.convs.0.weight"])
+
+
+@pytest.mark.parametrize("env_id, env_kwargs", [("CartPole-v1", None), (CATCH, '{"proprio": true}')])
+def test_a_shared_encoder_needs_an_encoded_policy_group_that_the_critic_reads(env_id, env_kwargs, tmp_path):
+    """Vector observations have no encoder to share; a critic group of its own reads other observations: both refused."""
+    with pytest.raises(SystemExit, match="--shared-encoder needs an image"):
+        run_main(load_script("ppo"), env_id=env_id, env_kwargs=env_kwargs, encoder="minatar", num_envs=8, num_steps=4,
+                 num_minibatches=2, total_timesteps=32, device="cpu", output_dir=str(tmp_path), eval_interval=0,
+                 progress=False, shared_encoder=True)
