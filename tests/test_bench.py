@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,36 @@ def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step()
     for r in records:
         r["name"] = name + "@n1"
     assert [c.strip() for c in learning.at_steps_table(records, [name + "@n1"])[2].split("|")[1:-1]][1] == "gym:Hopper-v5@n1"
+
+
+def test_the_training_return_is_read_in_bins_of_env_steps_and_tabled_at_the_steps(tmp_path):
+    """Pong's training curve (what CleanRL plots): charts/episodic_return read from the events as the mean of each
+    100,000 env steps' logged values, at the bin's end; the table gives the bin ending at or after each at-step, "-"
+    for a run not there yet; an experiment without train_bin keeps no training curve."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tests.benchmarks import learning
+
+    name = "ppo:envpool:Pong-v5"
+    assert learning.EXPERIMENTS[name]["train_bin"] == 100_000 and learning.EXPERIMENTS[name]["at_steps"][0] == 500_000
+    writer = SummaryWriter(str(tmp_path))
+    for step in range(0, 1_000_001, 25_000):  # -21 up to 500k, then step / 50k - 31: -20.5 at 525k, ... -11 at 1M
+        writer.add_scalar("charts/SPS", 100.0, max(step, 1))
+        writer.add_scalar("charts/episodic_return", -21.0 if step <= 500_000 else step / 50_000 - 31, step)
+    writer.close()
+    curve = learning.read_curve(tmp_path, 100_000)
+    assert curve["train_steps"][:2] == [0, 100_000] and curve["train_steps"][-1] == 1_000_000
+    assert curve["train_returns"][5] == -21.0  # 425k..500k
+    assert curve["train_returns"][-1] == statistics.mean([s / 50_000 - 31 for s in (925_000, 950_000, 975_000, 1_000_000)])
+    assert "train_returns" not in learning.read_curve(tmp_path)
+    short = {k: v[:6] for k, v in curve.items() if k.startswith("train_")}  # up to 500k
+    records = [{"name": name, "seed": 2, "curve": {**curve, "steps": [], "returns": []}},
+               {"name": name, "seed": 1, "curve": {"steps": [], "returns": [], **short}}]
+    rows = learning.train_table(records, ["ppo:CartPole-v1", name])
+    assert len(rows) == 3 and rows[0].count("training return at") == 4
+    cells = [c.strip() for c in rows[2].split("|")[1:-1]]
+    assert cells[:3] == ["ppo", "envpool:Pong-v5", "-21.0 ± 0.0 (-21.0 / -21.0)"]
+    assert cells[3] == f"{curve['train_returns'][-1]:.1f} ± 0.0 (- / {curve['train_returns'][-1]:.1f})" and cells[4:] == ["-", "-"]
 
 
 def test_symmetry_table_gives_each_seeds_steps_and_last_symmetry_error():

@@ -147,15 +147,17 @@ for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"):
         EXPERIMENTS[name] = dict(base, at_steps=(100_000, 250_000, 500_000, 639_936),
                                  reference=GYMNAX_PPO.get(game) if algo == "ppo" else None, reference_at=639_936)
 # Atari Pong with CleanRL's ppo_atari_envpool.py settings (8 envs x 128 steps, 4 minibatches, 4 epochs, lr 2.5e-4
-# annealed over its 10M steps, clip 0.1, entropy 0.01; steps are agent steps, 4 frames each). Eval: 8 whole games at
+# annealed over its 10M steps, clip 0.1, entropy 0.01, value coefficient 0.5, gradient clip 0.5, rewards clipped and not
+# normalized; its agent: one nature CNN under two linear heads; steps are agent steps, 4 frames each). Eval: 8 games at
 # every 51,200 steps. On a CPU it takes hours: a checkpoint every 10 minutes and --resume auto, so the same command,
 # stopped (SIGTERM: the run writes last.pt and its summary) and run again with --reuse left out, goes on where it
 # stopped. The reference is CleanRL's table (docs/benchmark/ppo_atari_envpool.md: 3 seeds at 10M steps).
 CLEANRL_ATARI = ["--env-kwargs", '{"preset": "atari"}', "--encoder", "nature", "--num-envs", "8", "--num-steps", "128",
                  "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4", "--lr-schedule", "linear",
-                 "--clip-coef", "0.1", "--ent-coef", "0.01"]
+                 "--clip-coef", "0.1", "--ent-coef", "0.01", "--vf-coef", "0.5", "--max-grad-norm", "0.5", "--no-reward-norm",
+                 "--shared-encoder", "--hidden-sizes"]  # no hidden layers: the heads on the encoder's 512 features
 EXPERIMENTS["ppo:envpool:Pong-v5"] = dict(
-    target=math.inf, budget=10_000_000, reference=20.45, reference_at=10_000_000,
+    target=math.inf, budget=10_000_000, reference=20.45, reference_at=10_000_000, train_bin=100_000,
     at_steps=(500_000, 1_000_000, 2_500_000, 10_000_000),
     flags=[*CLEANRL_ATARI, "--num-eval-envs", "8", "--eval-interval", "50", "--save-interval-seconds", "600",
            "--resume", "auto"])
@@ -209,8 +211,10 @@ def run_command(name: str, seed: int, budget: int, flags: list[str], out: Path) 
             *flags, "--no-progress", "--output-dir", str(out), "--run-name", run_name]
 
 
-def read_curve(run_dir: Path) -> dict:
-    """The eval curve of a run: env steps, training seconds and returns, from its events."""
+def read_curve(run_dir: Path, train_bin: int | None = None) -> dict:
+    """The eval curve of a run: env steps, training seconds and returns, from its events. With `train_bin`, also the
+    training curve (charts/episodic_return, what CleanRL plots): the mean of the values logged in each `train_bin`
+    env steps, at the bin's end (train_steps, train_returns)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir))
@@ -221,6 +225,12 @@ def read_curve(run_dir: Path) -> dict:
     evals = acc.Scalars("eval/episodic_return") if "eval/episodic_return" in acc.Tags()["scalars"] else []
     curve = {"steps": [e.step for e in evals], "seconds": [e.wall_time - start for e in evals] if start else [],
              "returns": [e.value for e in evals]}
+    if train_bin and "charts/episodic_return" in acc.Tags()["scalars"]:
+        bins = {}
+        for e in acc.Scalars("charts/episodic_return"):
+            bins.setdefault(math.ceil(e.step / train_bin) * train_bin, []).append(e.value)
+        curve["train_steps"] = sorted(bins)
+        curve["train_returns"] = [statistics.mean(bins[x]) for x in curve["train_steps"]]
     if "charts/symmetry_error" in acc.Tags()["scalars"]:  # ppo --symmetry: the policy's asymmetry at the last log
         curve["symmetry_error"] = acc.Scalars("charts/symmetry_error")[-1].value
     return curve
@@ -243,7 +253,7 @@ def run_one(job: dict) -> dict:
         record["error"] = (proc.stdout + proc.stderr)[-2000:]
         return record
     record["summary"] = json.loads((run_dir / "summary.json").read_text())
-    record["curve"] = read_curve(run_dir)
+    record["curve"] = read_curve(run_dir, EXPERIMENTS.get(job["name"], {}).get("train_bin"))
     reached = [i for i, r in enumerate(record["curve"]["returns"]) if r >= job["target"]]
     record["steps_to_target"] = record["curve"]["steps"][reached[0]] if reached else None
     record["seconds_to_target"] = record["curve"]["seconds"][reached[0]] if reached and record["curve"]["seconds"] else None
@@ -326,6 +336,27 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     return rows
 
 
+def train_table(records: list[dict], experiments: list[str]) -> list[str]:
+    """For the experiments with `train_bin`: the training return (the mean of its bin) at the bin ending at or after
+    each of their `at_steps`, mean ± std over seeds, then each seed's; "-" where a run has not got there."""
+    named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("train_bin") and EXPERIMENTS[n].get("at_steps")]
+    if not named:
+        return []
+    steps = sorted({s for n in named for s in EXPERIMENTS[n]["at_steps"]})
+    rows = ["| script | env | " + " | ".join(f"training return at {s:,}" for s in steps) + " |", "|---|---|" + "---|" * len(steps)]
+    for name in named:
+        algo, env_id, label = split_name(name)
+        runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("train_returns")), key=lambda r: r["seed"])
+        cells = []
+        for s in steps:
+            values = [next((ret for x, ret in zip(r["curve"]["train_steps"], r["curve"]["train_returns"]) if x >= s), None)
+                      for r in runs]
+            got = [v for v in values if v is not None]
+            cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, ',.1f') for v in values)})" if got else "-")
+        rows.append(f"| {algo} | {env_id}{'@' + label if label else ''} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def goal_table(records: list[dict], experiments: list[str]) -> list[str]:
     """For the experiments with a `goal` (a return only an episode that reached the goal exceeds): each seed's env
     steps at its first evaluation above it, in seed order, and their median."""
@@ -363,7 +394,7 @@ def symmetry_table(records: list[dict], experiments: list[str]) -> list[str]:
                     f"({' / '.join(f'{e:.3f}' for e in errors)}) |")
     return rows
 
-LEGEND = ("mean over seeds", "min-max over seeds", "target")  # the line, the band, the dashed line
+LEGEND = ("mean over seeds", "min-max over seeds", "target", "training return (mean per bin, over seeds)")
 
 
 def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path]:
@@ -390,6 +421,11 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
                 y = np.array([r["curve"]["returns"][:n] for r in runs])
                 ax.fill_between(x, y.min(0), y.max(0), alpha=0.25, linewidth=0, label=LEGEND[1])
                 ax.plot(x, y.mean(0), linewidth=1.5, marker="o" if n < 8 else None, markersize=3, label=LEGEND[0])
+            trained = [r for r in runs if r["curve"].get("train_returns")]
+            if axis == "steps" and trained:  # the curve CleanRL plots: training episodes' returns
+                n = min(len(r["curve"]["train_returns"]) for r in trained)
+                ax.plot(trained[0]["curve"]["train_steps"][:n], np.mean([r["curve"]["train_returns"][:n] for r in trained], 0),
+                        linewidth=1.0, color="tab:orange", label=LEGEND[3])
             target = EXPERIMENTS.get(name, {}).get("target")
             if target is not None and math.isfinite(target):
                 ax.axhline(target, color="gray", linestyle="--", linewidth=0.8, label=LEGEND[2])
@@ -519,6 +555,9 @@ def write_report(report: dict, experiments: list[str], seeds: list[int], out: Pa
              f"{report['jobs']} run(s) at a time with {threads} thread(s) each):", "", *table(records, experiments, seeds)]
     if extra := at_steps_table(records, experiments):
         lines += ["", "Eval return at env steps, mean ± std over seeds (each seed's, in seed order):", "", *extra]
+    if extra := train_table(records, experiments):
+        lines += ["", "Training return (charts/episodic_return: the mean of the values logged in each bin of env steps, "
+                  "here the bin ending at the step; the curve CleanRL plots), mean ± std over seeds (each seed's):", "", *extra]
     if extra := goal_table(records, experiments):
         lines += ["", "Env steps until the policy first reached the goal in an evaluation:", "", *extra]
     if extra := symmetry_table(records, experiments):
