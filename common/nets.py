@@ -221,8 +221,8 @@ def vector_size(obs, group: str, script: str) -> int:
 def group_mlp(shape, out_dim: int, hidden: tuple[int, ...], activation: str, encoder: str,
               max_value: float = 255.0, out_gain: float | None = None) -> nn.Module:
     """`mlp` on one observation group: a vector group [D] feeds it as it is; an image group [C, H, W] goes
-    through an ImageEncoder of `encoder` first, a term group (a dict) through a TermsEncoder (one network
-    per group: an actor's and a critic's encoders are not shared)."""
+    through an ImageEncoder of `encoder` first, a term group (a dict) through a TermsEncoder: then
+    nn.Sequential(encoder, mlp), one network per call (ppo's --shared-encoder puts one encoder under two heads)."""
     encoder = group_encoder(shape, encoder, max_value)
     if encoder is None:
         return mlp(shape[0], out_dim, hidden, activation, out_gain=out_gain)
