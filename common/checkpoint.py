@@ -444,6 +444,11 @@ def init_from(run: Run, state: TrainingState) -> None:
     schedules, RNG or env state). Says what it took and what it left at this run's initialisation."""
     ckpt, path = run.init_checkpoint, run.init_path
     own = state.model.state_dict()
+    first = {}  # a tensor shared under several names (ppo's --shared-encoder) loads from its first name only: a checkpoint
+    for k, v in own.items():  # of separate encoders gives the shared one the actor's, not the critic's written over it
+        first.setdefault(v.data_ptr() if v.numel() else k, k)
+    aliases = {k for k, v in own.items() if first[v.data_ptr() if v.numel() else k] != k}
+    own = {k: v for k, v in own.items() if k not in aliases}
     taken = {k: v for k, v in ckpt["model"].items() if k in own and own[k].shape == v.shape}
     if not taken:
         raise SystemExit(f"error: --init-from {path}: none of its {len(ckpt['model'])} model tensors fits this run's "

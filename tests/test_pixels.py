@@ -412,3 +412,23 @@ def test_a_shared_encoder_needs_an_encoded_policy_group_that_the_critic_reads(en
         run_main(load_script("ppo"), env_id=env_id, env_kwargs=env_kwargs, encoder="minatar", num_envs=8, num_steps=4,
                  num_minibatches=2, total_timesteps=32, device="cpu", output_dir=str(tmp_path), eval_interval=0,
                  progress=False, shared_encoder=True)
+
+
+def test_init_from_separate_encoders_gives_a_shared_encoder_the_actors(tmp_path, monkeypatch, capsys):
+    """--init-from a run with an encoder per network into --shared-encoder: the shared encoder takes the actor's
+    weights (the critic's, loaded after them under the other name, would silently replace them), the critic's head
+    its own; the line at start names the critic's encoder as not used. No update runs, so last.pt holds the start."""
+    ppo = load_script("ppo")
+    flags = dict(env_id=CATCH, encoder="minatar", num_envs=8, num_steps=4, num_minibatches=2, total_timesteps=32,
+                 device="cpu", eval_interval=0, progress=False, hidden_sizes=(), output_dir=str(tmp_path))
+    run_main(ppo, **flags, run_name="separate")
+    separate = torch.load(tmp_path / "separate" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert not torch.equal(separate["actor.0.convs.0.weight"], separate["critic.0.convs.0.weight"])
+    monkeypatch.setattr(ppo, "update", lambda *args, **kwargs: None)
+    run_main(ppo, **flags, run_name="shared", shared_encoder=True, init_from=str(tmp_path / "separate"))
+    shared = torch.load(tmp_path / "shared" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    for key in ("actor.0.convs.0.weight", "actor.0.head.0.weight", "actor.1.0.weight", "critic.1.0.weight"):
+        torch.testing.assert_close(shared[key], separate[key])
+    torch.testing.assert_close(shared["critic.0.convs.0.weight"], separate["actor.0.convs.0.weight"])
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("initialised from"))
+    assert "not used: critic.0.convs.0.weight" in line and "kept this run's initialisation" not in line, line
