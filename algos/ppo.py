@@ -212,7 +212,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
     --symmetry (rsl_rl's): the actor also reads the minibatch's mirror images. Augmentation adds them to the surrogate
     and value losses with the originals' old log-probs, values, advantages and returns, as rsl_rl does: (m(s), m(a)) was
     drawn exactly as likely as (s, a), by the mirror image of the acting policy, so pi_old(a|s) is its behaviour
-    probability; a symmetric task gives it the same value and advantage.Entropy and KL are the originals'."""
+    probability; a symmetric task gives it the same value and advantage. Entropy and KL are the originals'."""
     b, obs_n = mb.shape[0], mb["obs_n"]
     if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
         images = mb["mirrored"].transpose(0, 1).reshape(-1)
