@@ -276,6 +276,17 @@ def mean_std(values: list) -> str:
     return f"{statistics.mean(values):,.1f} ± {statistics.pstdev(values):,.1f}"
 
 
+def seeds_cell(values: list, spec: str) -> str:
+    """Mean ± std over the seeds that have a value, then each seed's ("-" for one without), in seed order."""
+    got = [v for v in values if v is not None]
+    return f"{mean_std(got)} ({' / '.join(fmt(v, spec) for v in values)})" if got else "-"
+
+
+def at_or_after(steps: list, values: list, step: int, default=None):
+    """The value at the first of `steps` at or after `step`, else `default`."""
+    return next((value for x, value in zip(steps, values) if x >= step), default)
+
+
 def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list[str]:
     rows = ["| script | env | target | budget (env steps) | seeds at target | env steps to target, median (range) "
             "| training s to target, median (range) | final eval return | best eval return |",
@@ -324,12 +335,11 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
         for s in steps:
             # the first eval at or after s; a run whose budget is s may end an iteration short of it: its final eval
             # (not for a run stopped before its budget, e.g. by SIGTERM: it has no eval at s)
-            values = [next((ret for x, ret in zip(r["curve"]["steps"], r["curve"]["returns"]) if x >= s),
-                           r["curve"]["returns"][-1] if r.get("budget", 0) >= s and ran_its_budget(r) else None)
+            values = [at_or_after(r["curve"]["steps"], r["curve"]["returns"], s,
+                                  r["curve"]["returns"][-1] if r.get("budget", 0) >= s and ran_its_budget(r) else None)
                       for r in runs]
             got = [v for v in values if v is not None]
-            spec = ",.1f" if got and max(abs(v) for v in got) < 100 else ",.0f"  # MinAtar's scores in tenths
-            cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, spec) for v in values)})" if got else "-")
+            cells.append(seeds_cell(values, ",.1f" if got and max(abs(v) for v in got) < 100 else ",.0f"))  # MinAtar's in tenths
         minutes = [r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]]
         reference = EXPERIMENTS[name].get("reference")
         rows.append(f"| {algo} | {env_id} | " + " | ".join(cells) + f" | {fmt(reference, ',.0f' if abs(reference or 0) >= 100 else ',.2f')} | {median_range(minutes, '.1f')} |")
@@ -347,12 +357,8 @@ def train_table(records: list[dict], experiments: list[str]) -> list[str]:
     for name in named:
         algo, env_id, label = split_name(name)
         runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("train_returns")), key=lambda r: r["seed"])
-        cells = []
-        for s in steps:
-            values = [next((ret for x, ret in zip(r["curve"]["train_steps"], r["curve"]["train_returns"]) if x >= s), None)
-                      for r in runs]
-            got = [v for v in values if v is not None]
-            cells.append(f"{mean_std(got)} ({' / '.join(fmt(v, ',.1f') for v in values)})" if got else "-")
+        cells = [seeds_cell([at_or_after(r["curve"]["train_steps"], r["curve"]["train_returns"], s) for r in runs], ",.1f")
+                 for s in steps]
         rows.append(f"| {algo} | {env_id}{'@' + label if label else ''} | " + " | ".join(cells) + " |")
     return rows
 
