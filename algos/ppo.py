@@ -33,7 +33,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import group_mlp, image_max, observation_shape  # noqa: E402
+from common.nets import group_mlp, image_max, observation_shape, sample  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
 from common.run import (begin_training, checkpoints_to_write, closing, finish, make_envs, open_run,  # noqa: E402
                         start_run, what_is_due)
@@ -173,7 +173,7 @@ class Agent(nn.Module):
     def act(self, obs: TensorDict, deterministic: bool = False):
         """One acting step: normalize, sample (or take the mode), return the action and its log-prob."""
         d = self.dist(self.obs_rms(obs["policy"]))
-        action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else d.sample()
+        action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else sample(d)
         logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
         return action, logprob
 

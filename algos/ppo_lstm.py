@@ -40,7 +40,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import group_encoder, image_max, mlp, observation_shape, rnn_step  # noqa: E402
+from common.nets import group_encoder, image_max, mlp, observation_shape, rnn_step, sample  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
@@ -188,7 +188,7 @@ class Agent(nn.Module):
         """One acting step: (sampled action, its log-prob, the value, the next state)."""
         obs_n = self.normalize(obs)
         out, state = self.memory(obs_n["policy"], state)
-        action = (d := self.dist(out)).sample()
+        action = sample(d := self.dist(out))
         logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
         return action, logprob, self.value(out, obs_n), state
 

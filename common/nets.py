@@ -256,3 +256,15 @@ def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tup
             x = (1 - update) * n + update * h
         hs.append(x)
     return x, torch.stack(hs + cs)
+
+
+def sample(d: torch.distributions.Categorical | torch.distributions.Normal) -> torch.Tensor:
+    """`d.sample()`'s numbers from the same draws of the generator, without the host reads inside torch's CUDA
+    kernels: torch.multinomial (Categorical) checks its probabilities and torch.normal (Normal) its std with
+    `.item()`, a sync that a CUDA graph capture refuses (eager capture; compiled code decomposes both). Categorical:
+    multinomial's own one-draw path, argmax(p / E) with E ~ Exp(1); Normal: rsample's loc + scale * N(0, 1)."""
+    with torch.no_grad():
+        if isinstance(d, torch.distributions.Categorical):
+            probs = d.probs
+            return (probs / torch.empty_like(probs, memory_format=torch.contiguous_format).exponential_()).argmax(-1)
+        return d.rsample()

@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,17 +105,27 @@ class Job:
         self.proc.wait()
 
 
+_LOADING = threading.RLock()
+
+
 def load_script(name: str, path: Path | None = None):
-    """Import algos/<name>.py (or the script at `path`) as the module `name` (the scripts are files, not a package)."""
+    """Import algos/<name>.py (or the script at `path`) as the module `name` (the scripts are files, not a package).
+    Under a lock: the module is in sys.modules before it has run (dataclasses look it up there), and another
+    thread must not take it half-made (gpu_check plans its sections on threads side by side)."""
     import importlib.util
 
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path or ROOT / "algos" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    with _LOADING:
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path or ROOT / "algos" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up here
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]  # not a half-made module for the next caller
+            raise
+        return module
 
 
 def run_main(module, **kwargs) -> dict:

@@ -495,6 +495,7 @@ def test_capturable_write_and_sample_replay_in_a_cuda_graph():
     static.update_(marker_transition(N, 2).to(device))
     with torch.cuda.graph(graph):
         out = write_and_sample()
+    graph.replay()  # a capture records without running: this is step 2's call (CudaGraphModule runs it at capture)
     buffer.advance_host()
     for step in range(3, 3 * C):
         static.update_(marker_transition(N, step).to(device))

@@ -27,14 +27,39 @@ def test_the_recorder_catches_each_read_to_the_host_once_and_nothing_else():
              "__bool__": lambda: bool(s), "__int__": lambda: int(s), "__float__": lambda: float(s),
              "__index__": lambda: operator.index(i), "__repr__": lambda: repr(t), "__format__": lambda: f"{s:.2f}",
              "__array__": lambda: np.asarray(t), "to(cpu)": lambda: t.to("cpu"), "nonzero": lambda: t.nonzero(),
-             "index": lambda: t[t > 1], "_local_scalar_dense": lambda: t[i]}  # a 0-d index is read in C++
+             "index": lambda: t[t > 1], "_local_scalar_dense": lambda: t[i],  # a 0-d index is read in C++
+             # CUDA's kernels check the values first (probabilities; std >= 0): Categorical's and Normal's .sample()
+             "multinomial": lambda: torch.multinomial(t + 1, 1, True), "normal": lambda: torch.normal(t, t + 1)}
     for name, read in reads.items():
         with RecordHostSyncs() as recorder:
             read()
         assert recorder.syncs == [name], (name, recorder.syncs)
     with RecordHostSyncs() as recorder:  # on the device, whatever the device: no read
         t + 1, t.to(torch.float64), t.to(torch.device("cpu")), t.sum(), torch.where(t > 1, t, 0.0), t[1:], t.clone()
+        torch.normal(t, 1.0), torch.empty_like(t).normal_(), torch.empty_like(t).exponential_()
     assert recorder.syncs == []
+
+
+@pytest.mark.parametrize("kind", ["categorical", "normal"])
+def test_sample_draws_what_torch_samples_without_a_host_read(kind):
+    """common.nets.sample (the scripts' acting draw) gives torch's .sample() numbers from the same generator state,
+    float32 and float64, and reads nothing back: a CUDA graph captures it eagerly too."""
+    from common.nets import sample
+
+    for dtype in (torch.float32, torch.float64):
+        out = torch.randn(4096, 6, dtype=dtype)
+        if kind == "categorical":
+            d = torch.distributions.Categorical(logits=out * 3, validate_args=False)
+        else:
+            d = torch.distributions.Normal(out, torch.rand(6, dtype=dtype).expand_as(out), validate_args=False)
+        torch.manual_seed(7)
+        expected = d.sample()
+        torch.manual_seed(7)
+        with RecordHostSyncs() as recorder:
+            drawn = sample(d)
+        assert recorder.syncs == []
+        assert torch.equal(drawn, expected) and drawn.dtype == expected.dtype
+        assert not torch.equal(sample(d), drawn)  # the generator moved on
 
 
 COUNTER = 0

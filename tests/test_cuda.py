@@ -74,6 +74,7 @@ def test_gaussian_acting_step_captures_in_a_plain_cuda_graph():
     initialises state on first use (the CUDA generator among them)."""
     ppo = load_script("ppo")
     from common.envs import make_env
+    from common.nets import sample
 
     envs = make_env("Pendulum-v1", 1024, device="cuda", seed=1)
     obs, _ = envs.reset()
@@ -81,10 +82,10 @@ def test_gaussian_acting_step_captures_in_a_plain_cuda_graph():
     agent = ppo.Agent(obs["policy"].shape[-1], None, envs.single_action_space, args).cuda()
     static_obs = obs["policy"].clone()
 
-    def act():
+    def act():  # as the script draws (common.nets.sample: torch.normal's std check would read the host)
         with torch.no_grad():
             d = agent.dist(agent.obs_rms(static_obs))
-            action = d.sample()
+            action = sample(d)
             return agent.to_env(action), d.log_prob(action).sum(-1)
 
     side = torch.cuda.Stream()
@@ -137,3 +138,32 @@ def test_recurrent_step_compiles_on_cuda_to_the_modules_cudnn_step(cell):
             expected, expected_state = rnn(x[None], state)
     torch.testing.assert_close(out, expected[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(next_state, expected_state, rtol=1e-4, atol=1e-5)
+
+
+def test_sample_draws_what_torch_samples_on_cuda_and_captures():
+    """common.nets.sample on CUDA: torch's .sample() numbers from the same generator state (Categorical: multinomial's
+    one-draw path; Normal: rsample's), and both draw inside a plain CUDA graph, new numbers at each replay, where
+    torch's own .sample() reads the host (multinomial's probability checks, normal's std >= 0) and stops the capture."""
+    from common.nets import sample
+
+    out = torch.randn(4096, 6, device="cuda")
+    dists = {"categorical": lambda: torch.distributions.Categorical(logits=out * 3, validate_args=False),
+             "normal": lambda: torch.distributions.Normal(out, out.abs() + 0.1, validate_args=False)}
+    for kind, make in dists.items():
+        torch.manual_seed(7)
+        expected = make().sample()
+        torch.manual_seed(7)
+        assert torch.equal(sample(make()), expected), kind
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            sample(make())
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            drawn = sample(make())
+        replays = []
+        for _ in range(2):
+            graph.replay()
+            replays.append(drawn.clone())
+        assert not torch.equal(*replays), kind

@@ -47,6 +47,18 @@ def test_a_student_loaded_into_ppo_lstm_or_ppo_acts_as_it_does():
                     assert torch.equal(a, s) and torch.equal(a_state, s_state), (cell, space)
 
 
+def test_the_update_batch_is_on_the_rollouts_device():
+    """targets() gives the update a batch on the rollout's device: the update draws its minibatch permutation on
+    batch.device, and a batch without one drew it on the host, whose index copy to the GPU a CUDA capture refuses."""
+    distill = load_script("distill")
+    student = distill.Policy(3, gym.spaces.Discrete(2), "gru", 8, 1, (16,), "tanh", True, 10.0)
+    T, N = 4, 6
+    data = distill.TensorDict({"obs": torch.randn(T, N, 3), "teacher": torch.randn(T, N, 2), "rewards": torch.ones(T, N),
+                               "dones": torch.zeros(T, N, dtype=torch.bool)}, batch_size=[T, N], device="cpu")
+    batch, _ = distill.targets(student, data, torch.zeros(2, N, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), distill.Args())
+    assert batch.device == torch.device("cpu") and batch.batch_size == (T, N)
+
+
 def test_a_teacher_that_does_not_fit_the_task_stops_in_one_line(tmp_path):
     distill = load_script("distill")
     teacher = untrained_teacher(tmp_path / "pendulum.pt", "Pendulum-v1")

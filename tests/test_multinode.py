@@ -89,11 +89,13 @@ def wait_until(predicate, timeout: float, what: str):
 
 
 def alive(pid: int) -> bool:
+    """Running and not a zombie. The process may end between any two reads: each one that fails
+    (ESRCH, ENOENT) says it is gone."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    except OSError:  # ProcessLookupError, FileNotFoundError
         return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
 
 
 def steps_per_iteration(algo: str) -> int:

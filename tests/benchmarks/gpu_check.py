@@ -136,11 +136,13 @@ SECTION_MODES = {"speed-quick": ("compile+cudagraphs",)}  # the modes of a speed
 # run's floor is FLOOR_SHARE of it (run-to-run noise), on that GPU only. A GPU or row without a figure has no floor
 # yet: the report prints the figures it measured, to add here. H200: `python -m tests.benchmarks.bench --device cuda
 # --env-id ENV --num-envs N --algos ALGO --modes MODE`, each run alone, steady state (torch 2.11.0+cu130, tensordict
-# 0.15.3, commit b3e1853). H100: none measured since the current layout (its old 1.22M for ppo is gone with it).
+# 0.15.3, commit b3e1853; ppo_lstm: gpu_check --quick's speed row, commit 5f38111). H100: none measured since the
+# current layout (its old 1.22M for ppo is gone with it).
 FLOORS = {
     "H200": {("ppo", "CartPole-v1", 4096, "compile+cudagraphs"): 9_112_420,
              ("ppo", "CartPole-v1", 4096, "eager"): 554_530,
              ("pqn", "CartPole-v1", 4096, "compile+cudagraphs"): 12_552_176,
+             ("ppo_lstm", "CartPole-v1", 4096, "compile+cudagraphs"): 3_206_883,  # at 5f38111 (--quick)
              ("ppo", "CartPole-v1", 65536, "compile+cudagraphs"): 29_305_583,
              ("td3", "Pendulum-v1", 4096, "compile+cudagraphs"): 375_009,
              ("sac", "Pendulum-v1", 4096, "compile+cudagraphs"): 373_168},
@@ -600,17 +602,10 @@ def acting_step(device: str) -> list[dict]:
     Run in a worker process of its own, on its main thread (as a script captures), so that a CUDA error in a
     capture, which can leave the process's CUDA context unusable, ends that process alone.
 
-    At b3e1853 on an H200 (torch 2.11) this check's capture failed with cudaErrorStreamCaptureInvalidated (an
-    earlier call inside the capture was refused), while the scripts' own captures passed the checks section. It
-    was not reproduced (no GPU since; a CPU cannot capture). What set it apart from a script's capture, each now
-    as a script does it: it captured inside the gpu_check process, on one of the threads its sections run on side
-    by side, where a call of another thread that is not allowed during a capture (CUDA's default, global capture
-    mode refuses it process-wide and invalidates the capture) or a dynamo/inductor compile or generator access on
-    the capture call (torch 2.11 reads the CUDA RNG state when it compiles a frame, refused during a capture)
-    ends it; it acted with the agent itself (parameters that require grad) where a script acts with a grad-free
-    twin; and it wrapped a plain torch.compile in its own CudaGraphModule instead of common.capture's compiled()
-    and captured() with their warm-up. The next GPU check tells whether one of these was the cause: the report
-    names the part and the error if it fails again."""
+    At b3e1853 on an H200 (torch 2.11) this check's capture failed with cudaErrorStreamCaptureInvalidated: with
+    fallback_random, inductor calls aten's normal for the Gaussian draw, whose CUDA kernel checks std >= 0 with a
+    host read, refused inside a capture (torch's Categorical.sample() likewise, through multinomial). The scripts
+    now draw with common.nets.sample (the same numbers, no read); all three parts passed on an H200 since."""
     import types
 
     import torch._inductor.config
