@@ -421,21 +421,44 @@ def test_gpu_check_parts_fit_a_short_reservation(capsys):
 
 def test_gpu_check_parity_compares_the_same_plan_eager_and_compiled(tmp_path):
     """Both sides of gpu_check's parity take one plan (the same --total-timesteps and iterations):
-    pqn, whose epsilon schedule depends on the total steps, run eagerly on both sides ends iteration 5
-    with every tensor of its checkpoint (model, optimizer, normalizers, env and each rank's state)
-    equal. A run planned for fewer total steps (what the eager side once was) differs."""
+    pqn, whose epsilon schedule depends on the total steps, run eagerly on both sides has every tensor of
+    each numbered checkpoint (model, optimizer, normalizers, env and each rank's state) equal, from iteration 1
+    to the last. A run planned for fewer total steps (what the eager side once was) parts from it at iteration 2."""
     from tests.benchmarks import gpu_check
     from tests.helpers import load_script, run_main
 
     pqn = load_script("pqn")
-    args = gpu_check.plan("pqn", "cpu", True, 8, 16, tmp_path)
+    args = gpu_check.parity_plan("pqn", "cpu", 8, 16, tmp_path)
     for name, total in (("eager", None), ("compiled", None), ("shorter", 5 * 16 * pqn.Args().num_steps)):
         run_main(pqn, **{**args, "run_name": name, **({"total_timesteps": total} if total else {})})
     same = gpu_check.parity(tmp_path / "eager", tmp_path / "compiled")
-    assert same["status"] == "ok" and same["max_abs_diff"] == 0.0 and same["iteration"] == 5, same
+    assert same["status"] == "ok" and same["max_abs_diff"] == 0.0 and same["iteration"] == 1, same
+    assert same["parted_at"] is None and same["last"]["iteration"] == 8 and same["last"]["max_abs_diff"] == 0.0, same
     assert same["parts"] == ["model", "optimizers", "ranks", "state"] and same["tensors"] > 20
-    other = gpu_check.parity(tmp_path / "eager", tmp_path / "shorter")
-    assert other["status"] == "differs" and other["max_abs_diff"] > 0, other
+    other = gpu_check.parity(tmp_path / "eager", tmp_path / "shorter")  # the same epsilon at the first rollout only
+    assert other["parted_at"] == 2 and other["last"]["status"] == "differs" and other["last"]["max_abs_diff"] > 0, other
+
+
+def test_gpu_check_parity_judges_the_first_iteration_and_reports_where_the_runs_part(tmp_path):
+    """Two runs of one plan that agree at iteration 1 and part later (a weight of the later checkpoints moved, as a
+    flipped discrete action would move it): ok, parted at the first iteration that differs; one that differs at
+    iteration 1 differs."""
+    from tests.benchmarks import gpu_check
+
+    def write(run: str, moved_from: int | None):
+        (tmp_path / run / "checkpoints").mkdir(parents=True)
+        for it in (1, 2, 3):
+            w = torch.ones(3) + (0.5 if moved_from is not None and it >= moved_from else 0.0)
+            torch.save({"iteration": it, "global_step": 64 * it, "model": {"w": w}, "rng": {"cpu": torch.zeros(2)}},
+                       tmp_path / run / "checkpoints" / f"step_{64 * it}.pt")
+
+    write("eager", None)
+    write("parts", 2)
+    write("first", 1)
+    parted = gpu_check.parity(tmp_path / "eager", tmp_path / "parts")
+    assert parted["status"] == "ok" and parted["iteration"] == 1 and parted["parted_at"] == 2, parted
+    assert parted["last"] == {"iteration": 3, "status": "differs", "max_abs_diff": 0.5, "worst_tensor": "/model/w"}
+    assert gpu_check.parity(tmp_path / "eager", tmp_path / "first")["status"] == "differs"
 
 
 def test_gpu_check_accepts_only_the_graph_breaks_that_an_update_step_brings():
@@ -513,7 +536,7 @@ def test_gpu_check_speed_row_below_its_floor_fails_naming_the_floor(monkeypatch)
     floors = {(r["algo"], row["num_envs"], r["mode"]): r.get("floor", {}).get("measured")
               for row in result["rows"] for r in row["runs"]}
     assert floors == {("ppo", 4096, "eager"): 554_530, ("ppo", 4096, "compile+cudagraphs"): 9_112_420,
-                      ("ppo_lstm", 4096, "eager"): None, ("ppo_lstm", 4096, "compile+cudagraphs"): None,
+                      ("ppo_lstm", 4096, "eager"): None, ("ppo_lstm", 4096, "compile+cudagraphs"): 3_206_883,
                       ("pqn", 4096, "eager"): None, ("pqn", 4096, "compile+cudagraphs"): 12_552_176,
                       ("ppo", 65536, "eager"): None, ("ppo", 65536, "compile+cudagraphs"): 29_305_583}
     pendulum = gpu_check.section_speed("speed-pendulum", "cuda", 60, 3, h200)
