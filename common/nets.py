@@ -259,12 +259,10 @@ def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tup
 
 
 def sample(d: torch.distributions.Categorical | torch.distributions.Normal) -> torch.Tensor:
-    """`d.sample()`'s numbers from the same draws of the generator, without the host reads inside torch's CUDA
-    kernels: torch.multinomial (Categorical) checks its probabilities and torch.normal (Normal) its std with
-    `.item()`, a sync that a CUDA graph capture refuses (eager capture; compiled code decomposes both). Categorical:
-    multinomial's own one-draw path, argmax(p / E) with E ~ Exp(1); Normal: rsample's loc + scale * N(0, 1)."""
+    """`d.sample()`, without a host read on CUDA, so that eager code captures in a CUDA graph too. Normal:
+    torch.normal with a tensor std checks std >= 0 with an `.item()` before its kernel (a capture refuses it);
+    rsample draws the same numbers from the same generator state (loc + scale * N(0, 1)) without the check, so a
+    non-finite mean or std reaches the env and the NaN guard instead of an error here. Categorical: torch's own
+    draw (multinomial checks its probabilities on the device, with _assert_async)."""
     with torch.no_grad():
-        if isinstance(d, torch.distributions.Categorical):
-            probs = d.probs
-            return (probs / torch.empty_like(probs, memory_format=torch.contiguous_format).exponential_()).argmax(-1)
-        return d.rsample()
+        return d.rsample() if isinstance(d, torch.distributions.Normal) else d.sample()

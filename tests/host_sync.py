@@ -28,9 +28,9 @@ class RecordHostSyncs(TorchDispatchMode):
     - the aten ops that read values whoever calls them (a C++ path, torch's own Python):
       `_local_scalar_dense` (what `.item()` ends in), `is_nonzero`, `equal`, and the ops that size
       their output from the data: `nonzero`, `masked_select`, `unique`, and indexing with a boolean
-      mask; and the ops whose CUDA kernels check their arguments' values on the host before they run
-      (on the CPU they read memory, no sync): `multinomial` (Categorical.sample) and `normal` with a
-      tensor std (Normal.sample). These are recorded by a TorchDispatchMode, by the op's name.
+      mask; and `normal` with a tensor std (Normal.sample), which checks std >= 0 with an `.item()`
+      before its kernel runs (multinomial, Categorical.sample's, checks on the device on CUDA: not
+      recorded). These are recorded by a TorchDispatchMode, by the op's name.
 
     It does not catch host reads that bypass both (a tensor's memory read through `data_ptr()` or
     the buffer protocol, `torch.save`), nor a synchronisation without a read
@@ -40,8 +40,7 @@ class RecordHostSyncs(TorchDispatchMode):
     Subclasses decide what to keep by overriding `record(name)`.
     """
 
-    SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique", "_unique2",
-                "multinomial"}
+    SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "unique", "_unique2"}
 
     def __init__(self):
         super().__init__()
@@ -65,7 +64,8 @@ class RecordHostSyncs(TorchDispatchMode):
         name = func.overloadpacket.__name__
         indices = args[1] if name in ("index", "index_put", "index_put_") and len(args) > 1 else ()
         bool_index = any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (indices or ()))
-        std_checked = name == "normal" and len(args) > 1 and isinstance(args[1], torch.Tensor)  # std >= 0, read
+        std = args[1] if len(args) > 1 else (kwargs or {}).get("std")
+        std_checked = name == "normal" and isinstance(std, torch.Tensor)  # std >= 0, read on the host
         if (name in self.SYNC_OPS or bool_index or std_checked) and not self._in_method:
             self.record(name)
         return func(*args, **(kwargs or {}))

@@ -439,26 +439,36 @@ def test_gpu_check_parity_compares_the_same_plan_eager_and_compiled(tmp_path):
     assert other["parted_at"] == 2 and other["last"]["status"] == "differs" and other["last"]["max_abs_diff"] > 0, other
 
 
-def test_gpu_check_parity_judges_the_first_iteration_and_reports_where_the_runs_part(tmp_path):
-    """Two runs of one plan that agree at iteration 1 and part later (a weight of the later checkpoints moved, as a
-    flipped discrete action would move it): ok, parted at the first iteration that differs; one that differs at
-    iteration 1 differs."""
+def test_gpu_check_parity_judges_the_first_update_and_reports_where_the_runs_part(tmp_path):
+    """Checkpoints of two runs of one plan, as td3's would be (no update at iteration 1: an empty optimizer state):
+    judged at the first checkpoint after an update (iteration 2). Runs that agree there and part later (a weight
+    moved, as a flipped discrete action would move it): ok, parted at the first iteration that differs. A difference
+    at the judged iteration: differs. Runs that never update: failed, saying so."""
     from tests.benchmarks import gpu_check
 
-    def write(run: str, moved_from: int | None):
+    def write(run: str, moved_from: int | None, updates_from: int | None = 2):
         (tmp_path / run / "checkpoints").mkdir(parents=True)
-        for it in (1, 2, 3):
+        for it in (1, 2, 3, 4):
             w = torch.ones(3) + (0.5 if moved_from is not None and it >= moved_from else 0.0)
-            torch.save({"iteration": it, "global_step": 64 * it, "model": {"w": w}, "rng": {"cpu": torch.zeros(2)}},
-                       tmp_path / run / "checkpoints" / f"step_{64 * it}.pt")
+            updated = updates_from is not None and it >= updates_from
+            adam = {"state": {0: {"step": torch.tensor(float(it))}} if updated else {}, "param_groups": []}
+            torch.save({"iteration": it, "global_step": 64 * it, "model": {"w": w}, "optimizers": {"adam": adam},
+                        "rng": {"cpu": torch.zeros(2)}}, tmp_path / run / "checkpoints" / f"step_{64 * it}.pt")
 
     write("eager", None)
-    write("parts", 2)
-    write("first", 1)
+    write("parts", 3)
+    write("at_update", 2)
+    write("eager_never", None, updates_from=None)
+    write("never", None, updates_from=None)
     parted = gpu_check.parity(tmp_path / "eager", tmp_path / "parts")
-    assert parted["status"] == "ok" and parted["iteration"] == 1 and parted["parted_at"] == 2, parted
-    assert parted["last"] == {"iteration": 3, "status": "differs", "max_abs_diff": 0.5, "worst_tensor": "/model/w"}
-    assert gpu_check.parity(tmp_path / "eager", tmp_path / "first")["status"] == "differs"
+    assert parted["status"] == "ok" and parted["iteration"] == 2 and parted["parted_at"] == 3, parted
+    assert parted["last"]["iteration"] == 4 and parted["last"]["status"] == "differs", parted
+    assert parted["last"]["max_abs_diff"] == 0.5 and parted["last"]["worst_tensor"] == "/model/w", parted
+    same = gpu_check.parity(tmp_path / "eager", tmp_path / "eager")
+    assert same["status"] == "ok" and same["parted_at"] is None and same["last"]["max_abs_diff"] == 0.0, same
+    assert gpu_check.parity(tmp_path / "eager", tmp_path / "at_update")["status"] == "differs"
+    never = gpu_check.parity(tmp_path / "eager_never", tmp_path / "never")
+    assert never == {"status": "failed", "error": "no update by iteration 4 (the last checkpoint)"}, never
 
 
 def test_gpu_check_accepts_only_the_graph_breaks_that_an_update_step_brings():

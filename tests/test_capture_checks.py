@@ -28,16 +28,18 @@ def test_the_recorder_catches_each_read_to_the_host_once_and_nothing_else():
              "__index__": lambda: operator.index(i), "__repr__": lambda: repr(t), "__format__": lambda: f"{s:.2f}",
              "__array__": lambda: np.asarray(t), "to(cpu)": lambda: t.to("cpu"), "nonzero": lambda: t.nonzero(),
              "index": lambda: t[t > 1], "_local_scalar_dense": lambda: t[i],  # a 0-d index is read in C++
-             # CUDA's kernels check the values first (probabilities; std >= 0): Categorical's and Normal's .sample()
-             "multinomial": lambda: torch.multinomial(t + 1, 1, True), "normal": lambda: torch.normal(t, t + 1)}
+             "normal": lambda: torch.normal(t, t + 1)}  # Normal.sample(): std >= 0 checked with .item() on CUDA too
     for name, read in reads.items():
         with RecordHostSyncs() as recorder:
             read()
         assert recorder.syncs == [name], (name, recorder.syncs)
     with RecordHostSyncs() as recorder:  # on the device, whatever the device: no read
         t + 1, t.to(torch.float64), t.to(torch.device("cpu")), t.sum(), torch.where(t > 1, t, 0.0), t[1:], t.clone()
-        torch.normal(t, 1.0), torch.empty_like(t).normal_(), torch.empty_like(t).exponential_()
+        torch.normal(t, 1.0), torch.empty_like(t).normal_(), torch.multinomial(t + 1, 1, True)  # checked on the device
     assert recorder.syncs == []
+    with RecordHostSyncs() as recorder:
+        torch.normal(mean=t, std=t + 1)
+    assert recorder.syncs == ["normal"]
 
 
 @pytest.mark.parametrize("kind", ["categorical", "normal"])
@@ -58,7 +60,7 @@ def test_sample_draws_what_torch_samples_without_a_host_read(kind):
         with RecordHostSyncs() as recorder:
             drawn = sample(d)
         assert recorder.syncs == []
-        assert torch.equal(drawn, expected) and drawn.dtype == expected.dtype
+        assert torch.equal(drawn, expected) and drawn.dtype == expected.dtype and not drawn.requires_grad
         assert not torch.equal(sample(d), drawn)  # the generator moved on
 
 

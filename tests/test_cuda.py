@@ -141,9 +141,9 @@ def test_recurrent_step_compiles_on_cuda_to_the_modules_cudnn_step(cell):
 
 
 def test_sample_draws_what_torch_samples_on_cuda_and_captures():
-    """common.nets.sample on CUDA: torch's .sample() numbers from the same generator state (Categorical: multinomial's
-    one-draw path; Normal: rsample's), and both draw inside a plain CUDA graph, new numbers at each replay, where
-    torch's own .sample() reads the host (multinomial's probability checks, normal's std >= 0) and stops the capture."""
+    """common.nets.sample on CUDA: torch's .sample() numbers from the same generator state (Normal: rsample's;
+    Categorical: torch's own draw), and both draw inside a plain CUDA graph, new numbers at each replay (torch's
+    Normal.sample() checks std >= 0 with a host read first, which a capture refuses)."""
     from common.nets import sample
 
     out = torch.randn(4096, 6, device="cuda")

@@ -93,8 +93,8 @@ def alive(pid: int) -> bool:
     (ESRCH, ENOENT) says it is gone."""
     try:
         os.kill(pid, 0)
-        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
-    except OSError:  # ProcessLookupError, FileNotFoundError
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+    except (ProcessLookupError, FileNotFoundError):
         return False
 
 

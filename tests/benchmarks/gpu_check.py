@@ -41,10 +41,11 @@ checks    every script in algos/ for 20 iterations at its CUDA defaults, compile
             [min - 3R, max + 3R] of the eager seeds' means (R their range).
 parity    every script: the same plan eager and compiled and captured (the same --total-timesteps,
           iterations and flags), with inductor drawing its random numbers as eager does
-          (fallback_random), a numbered checkpoint every iteration; that of iteration 1 of both
-          judged: model, optimizers, normalizers, counters, each rank's state and env state (not the
-          RNG states); the later ones compared and reported, not judged (the iteration at which the
-          runs part: a rounding difference that flips a discrete action changes what follows).
+          (fallback_random), a numbered checkpoint every iteration; the first after an update
+          (iteration 1; td3, sac: the first past learning_starts) of both judged: model,
+          optimizers, normalizers, counters, each rank's state and env state (not the RNG states);
+          the later ones compared and reported, not judged (the iteration at which the runs part:
+          a rounding difference that flips a discrete action changes what follows).
           And ppo's Gaussian acting step as a script acts, in three parts: compiled against eager,
           compiled and captured against eager (both with fallback_random), and with inductor's own
           random numbers, judged by distribution (the standardised noise of 6 replays of 4 steps:
@@ -120,7 +121,7 @@ QUICK_LEAVES_OUT = ("the CUDA tests (tests)", "torchrun with NCCL and the NaN gu
                     "the Pendulum-v1 speed rows (speed-pendulum)")
 WHAT = {"tests": "the CUDA tests (pytest -m cuda)",
         "checks": "every script compiled and captured: syncs, graph breaks, recompiles, Python state; against eager seeds",
-        "parity": "every script's compiled and eager plans at iteration 1; ppo's captured acting step and its RNG",
+        "parity": "every script's compiled and eager plans after their first update; ppo's captured acting step and its RNG",
         "torchrun": "ppo under torchrun with one NCCL rank; the NaN guard's exit",
         "speed": "CartPole-v1 at 4096 (ppo, ppo_lstm, pqn) and 65536 envs (ppo), eager and captured",
         "speed-pendulum": "Pendulum-v1 at 4096 envs (ppo, td3, sac), eager and captured",
@@ -350,32 +351,39 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
 def parity(eager: Path, compiled: Path) -> dict:
     """The numbered checkpoints of two runs of one plan, every tensor compared (the RNG states left out: inductor's
     draws leave other generator states): floats to rtol 1e-3 and atol 1e-4, the rest exactly. Judged at the first
-    (iteration 1 in the parity plan): the same update of the same rollout, up to float rounding. The later ones are
+    after an update (an optimizer with state: iteration 1 for the on-policy scripts, the first iteration past
+    learning_starts for td3 and sac): the same update of the same data, up to float rounding. The later ones are
     reported, not judged: `parted_at`, the first iteration at which the two runs differ (None: never). A rounding
     difference that flips one discrete action changes that env's episode and what follows, and Adam's normalized
     step carries a rounding difference in a near-zero gradient to a whole step, so two correct runs may part."""
     def numbered(run_dir):
-        return {int(p.stem[5:]): p for p in (run_dir / "checkpoints").glob("step_*.pt")}
+        files = sorted((run_dir / "checkpoints").glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
+        return {int(p.stem[5:]): torch.load(p, weights_only=True) for p in files}
 
-    a_files, b_files = numbered(eager), numbered(compiled)
-    if not a_files or not b_files:
+    a_ckpts, b_ckpts = numbered(eager), numbered(compiled)
+    steps = sorted(set(a_ckpts) & set(b_ckpts))
+    if not steps:
         return {"status": "failed", "error": "no step checkpoint"}
-    first = compare(torch.load(a_files[min(a_files)], weights_only=True), torch.load(b_files[min(b_files)], weights_only=True))
+    updated = [s for s in steps if any(opt.get("state") for opt in a_ckpts[s].get("optimizers", {}).values())]
+    if not updated:
+        return {"status": "failed", "error": f"no update by iteration {a_ckpts[steps[-1]]['iteration']} (the last checkpoint)"}
+    first = compare(a_ckpts[updated[0]], b_ckpts[updated[0]])
     if first["status"] != "ok":
         return first
     parted_at, last = None, first
-    for step in sorted(set(a_files) & set(b_files))[1:]:
-        last = compare(torch.load(a_files[step], weights_only=True), torch.load(b_files[step], weights_only=True))
+    for step in steps[steps.index(updated[0]) + 1:]:
+        last = compare(a_ckpts[step], b_ckpts[step])
         if last["status"] != "ok" and parted_at is None:
-            parted_at = last.get("iteration")
+            parted_at = a_ckpts[step]["iteration"]
     return {**first, "parted_at": parted_at,
-            "last": {k: last.get(k) for k in ("iteration", "status", "max_abs_diff", "worst_tensor")}}
+            "last": {k: last.get(k) for k in ("iteration", "status", "max_abs_diff", "worst_tensor", "differing", "error")}}
 
 
 def compare(a: dict, b: dict) -> dict:
     """Two checkpoints of the same iteration, every tensor but the RNG states (see parity)."""
     if a["iteration"] != b["iteration"] or a["global_step"] != b["global_step"]:
-        return {"status": "failed", "error": f"checkpoints of iterations {a['iteration']} and {b['iteration']}"}
+        return {"status": "failed", "iteration": a["iteration"],
+                "error": f"checkpoints of iterations {a['iteration']} and {b['iteration']}"}
     worst, worst_name, bad, compared, parts = 0.0, None, [], 0, set()
 
     def walk(x, y, path):
@@ -627,9 +635,9 @@ def acting_step(device: str) -> list[dict]:
     capture, which can leave the process's CUDA context unusable, ends that process alone.
 
     At b3e1853 on an H200 (torch 2.11) this check's capture failed with cudaErrorStreamCaptureInvalidated: with
-    fallback_random, inductor calls aten's normal for the Gaussian draw, whose CUDA kernel checks std >= 0 with a
-    host read, refused inside a capture (torch's Categorical.sample() likewise, through multinomial). The scripts
-    now draw with common.nets.sample (the same numbers, no read); all three parts passed on an H200 since."""
+    fallback_random, inductor calls aten's normal for the Gaussian draw, which checks std >= 0 with a host read
+    before its kernel, refused inside a capture. The scripts now draw a Normal with common.nets.sample (rsample: the
+    same numbers, no read); all three parts passed on an H200 since."""
     import types
 
     import torch._inductor.config
@@ -904,8 +912,14 @@ def markdown(report: dict) -> str:
                       "(not judged) | last compared |", "|---|---|---|---|---|---|---|"]
 
             def diff(p):
-                return ("-" if p.get("max_abs_diff") is None else f"{p['max_abs_diff']:.3g} in {p['worst_tensor']}"
-                        if p["worst_tensor"] else "0.0 (every tensor equal)")
+                if p.get("error"):
+                    return p["error"]
+                if p.get("max_abs_diff") is None:
+                    return "-"
+                if p.get("worst_tensor"):
+                    return f"{p['max_abs_diff']:.3g} in {p['worst_tensor']}"
+                return ("0.0 (every tensor equal)" if p.get("status") == "ok" else
+                        f"0.0 in floats; differ: {', '.join(p.get('differing') or [])}")
 
             for r in parity_result["scripts"]:
                 p = r.get("parity", {})
