@@ -185,6 +185,34 @@ def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step()
     assert [c.strip() for c in learning.at_steps_table(records, [name + "@n1"])[2].split("|")[1:-1]][1] == "gym:Hopper-v5@n1"
 
 
+def test_training_seconds_leave_out_the_time_a_stopped_run_waits_for_its_resume(tmp_path):
+    """A run stopped by a signal at 10,000 steps and resumed 3,900 s later writes a second events file: the eval
+    curve's training seconds count each segment from its start (the first from step 0 by its SPS, the resumed one a
+    log interval before its first SPS event), not the wait between them; so does the wall minutes per 1M steps."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tests.benchmarks import learning
+
+    for n, (t0, first, last) in enumerate([(1000.0, 0, 10_000), (5000.0, 10_000, 20_000)]):
+        part = tmp_path / f"part{n}"
+        writer = SummaryWriter(str(part))
+        for step in range(first + 1000, last + 1, 1000):  # 100 steps/s from the segment's start
+            writer.add_scalar("charts/SPS", 100.0, step, walltime=t0 + (step - first) / 100)
+            if step % 5000 == 0:
+                writer.add_scalar("eval/episodic_return", step / 1000, step, walltime=t0 + (step - first) / 100)
+        writer.close()
+        (events,) = part.glob("events.out.tfevents.*")
+        name = events.name.split(".")
+        events.rename(tmp_path / ".".join([*name[:3], str(int(t0)), *name[4:]]))  # its segment's creation time
+    curve = learning.read_curve(tmp_path)
+    assert curve["steps"] == [5000, 10_000, 15_000, 20_000] and curve["returns"] == [5.0, 10.0, 15.0, 20.0]
+    assert curve["seconds"] == pytest.approx([50.0, 100.0, 150.0, 200.0])
+    record = {"name": "ppo:envpool:Pong-v5", "seed": 1, "budget": 10_000_000, "curve": curve,
+              "summary": {"stop_reason": "signal:SIGTERM"}}
+    row = learning.at_steps_table([record], ["ppo:envpool:Pong-v5"])[2]
+    assert row.split("|")[-2].strip().startswith(f"{200 / 20_000 * 1e6 / 60:.1f}")  # 166.7 min per 1M steps
+
+
 def test_the_training_return_is_read_in_bins_of_env_steps_and_tabled_at_the_steps(tmp_path):
     """Pong's training curve (what CleanRL plots): charts/episodic_return read from the events as the mean of each
     100,000 env steps' logged values, at the bin's end; the table gives the bin ending at or after each at-step, "-"

@@ -211,6 +211,37 @@ def run_command(name: str, seed: int, budget: int, flags: list[str], out: Path) 
             *flags, "--no-progress", "--output-dir", str(out), "--run-name", run_name]
 
 
+def training_clock(run_dir: Path):
+    """A function from an event's wall time to the run's training seconds then, or None (no charts/SPS). Each events
+    file is a segment of the run (its start, then each resume), and the time between segments (a stopped run waiting
+    to be resumed) is not training. The first segment starts where its first SPS event dates it (SPS = steps / (now -
+    start), from step 0); a resumed one one log interval (the median time between its SPS events) before its first."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    segments, done = [], 0.0  # (start, training seconds before it), in order
+    for path in sorted(Path(run_dir).glob("events.out.tfevents.*"), key=lambda p: float(p.name.split(".")[3])):
+        acc = EventAccumulator(str(path))
+        acc.Reload()
+        if "charts/SPS" not in acc.Tags()["scalars"]:
+            continue
+        sps = acc.Scalars("charts/SPS")
+        if not segments:
+            if sps[0].value <= 0:
+                return None
+            lead = sps[0].step / sps[0].value
+        else:
+            gaps = [b.wall_time - a.wall_time for a, b in zip(sps, sps[1:])]
+            lead = statistics.median(gaps) if gaps else 0.0
+        start = sps[0].wall_time - lead
+        end = max(e.wall_time for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag))
+        segments.append((start, done))
+        done += end - start
+    if not segments:
+        return None
+    return lambda t: next((before + t - start for start, before in reversed(segments) if t >= start),
+                          t - segments[0][0])
+
+
 def read_curve(run_dir: Path, train_bin: int | None = None) -> dict:
     """The eval curve of a run: env steps, training seconds and returns, from its events. With `train_bin`, also the
     training curve (charts/episodic_return, what CleanRL plots): the mean of the values logged in each `train_bin`
@@ -219,11 +250,9 @@ def read_curve(run_dir: Path, train_bin: int | None = None) -> dict:
 
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
-    sps = acc.Scalars("charts/SPS")
-    # SPS = steps / (now - start of the training loop), so its first event dates the start.
-    start = sps[0].wall_time - sps[0].step / sps[0].value if sps and sps[0].value > 0 else None
+    clock = training_clock(run_dir)
     evals = acc.Scalars("eval/episodic_return") if "eval/episodic_return" in acc.Tags()["scalars"] else []
-    curve = {"steps": [e.step for e in evals], "seconds": [e.wall_time - start for e in evals] if start else [],
+    curve = {"steps": [e.step for e in evals], "seconds": [clock(e.wall_time) for e in evals] if clock else [],
              "returns": [e.value for e in evals]}
     if train_bin and "charts/episodic_return" in acc.Tags()["scalars"]:
         bins = {}
