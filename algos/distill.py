@@ -46,7 +46,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import CheckpointError, TrainingState, algorithm_of, load_checkpoint, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import mlp, rnn_step, sample, vector_size  # noqa: E402
+from common.nets import mlp, rnn_step, vector_size  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
 from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
@@ -356,7 +356,7 @@ def train(run, args: Args) -> dict:
         head, student_next = student_inference.step(obs["policy"], rnn_state)
         teacher_head, teacher_next = teacher.step(obs[teacher_key], teacher_state)
         sampled = discrete and args.student_sample  # validate_args=False: its checks read the host
-        action = sample(torch.distributions.Categorical(logits=head, validate_args=False)) if sampled else student_inference.action(head)
+        action = torch.distributions.Categorical(logits=head, validate_args=False).sample() if sampled else student_inference.action(head)
         teacher_action = teacher.action(teacher_head)
         if args.teacher_action_prob > 0:
             use_teacher = torch.rand(action.shape[0], device=device) < teacher_prob

@@ -64,8 +64,8 @@ class RecordHostSyncs(TorchDispatchMode):
         name = func.overloadpacket.__name__
         indices = args[1] if name in ("index", "index_put", "index_put_") and len(args) > 1 else ()
         bool_index = any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (indices or ()))
-        std = args[1] if len(args) > 1 else (kwargs or {}).get("std")
-        std_checked = name == "normal" and isinstance(std, torch.Tensor)  # std >= 0, read on the host
+        std_checked = name == "normal" and isinstance(args[1] if len(args) > 1 else (kwargs or {}).get("std"),
+                                                      torch.Tensor)  # std >= 0, read on the host
         if (name in self.SYNC_OPS or bool_index or std_checked) and not self._in_method:
             self.record(name)
         return func(*args, **(kwargs or {}))
