@@ -38,7 +38,9 @@ from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
-    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+    sys.exit(
+        f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
+    )
 
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
@@ -48,7 +50,16 @@ from common.checkpoint import CheckpointError, TrainingState, algorithm_of, load
 from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import mlp, rnn_step, vector_size  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
-from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
+from common.run import (
+    begin_training,
+    checkpoints_to_write,
+    closing,
+    finish,
+    make_envs,
+    open_run,
+    start_run,
+    what_is_due,
+)  # noqa: E402
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "distill"
@@ -109,21 +120,41 @@ class Policy(nn.Module):
     --init-from. The hidden state of a batch is [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: h
     rows, then c rows); without a cell it has no rows."""
 
-    def __init__(self, obs_dim: int, action_space: gym.Space, cell: str, rnn_hidden_size: int, rnn_layers: int,
-                 hidden_sizes: tuple[int, ...], activation: str, obs_norm: bool, obs_clip: float):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_space: gym.Space,
+        cell: str,
+        rnn_hidden_size: int,
+        rnn_layers: int,
+        hidden_sizes: tuple[int, ...],
+        activation: str,
+        obs_norm: bool,
+        obs_clip: float,
+    ):
         super().__init__()
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.lstm = cell == "lstm"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        self.rnn = None if cell == "none" else (nn.LSTM if self.lstm else nn.GRU)(obs_dim, rnn_hidden_size, num_layers=rnn_layers)
+        self.rnn = (
+            None
+            if cell == "none"
+            else (nn.LSTM if self.lstm else nn.GRU)(obs_dim, rnn_hidden_size, num_layers=rnn_layers)
+        )
         for name, p in self.rnn.named_parameters() if self.rnn is not None else ():  # orthogonal weights, zero biases
             nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
         rows = 0 if self.rnn is None else (2 if self.lstm else 1) * rnn_layers
         self.state_shape = (rows, rnn_hidden_size if self.rnn is not None else 1)  # per env, batch at dim 1
-        self.actor = mlp(obs_dim if self.rnn is None else rnn_hidden_size, act_dim, hidden_sizes, activation, out_gain=0.01)
+        self.actor = mlp(
+            obs_dim if self.rnn is None else rnn_hidden_size, act_dim, hidden_sizes, activation, out_gain=0.01
+        )
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()  # the mean is clipped to them
-        self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
-        self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
+        self.register_buffer(
+            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
+        )
+        self.register_buffer(
+            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
+        )
         self.obs_rms = observation_normalizer((obs_dim,), obs_norm, obs_clip)
 
     def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
@@ -147,7 +178,11 @@ class Policy(nn.Module):
         return torch.stack(outputs)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low) if self.action_low.numel() else action
+        return (
+            torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+            if self.action_low.numel()
+            else action
+        )
 
     def action(self, head: torch.Tensor) -> torch.Tensor:  # the deterministic action of the head's output
         return head.argmax(-1) if self.discrete else self.to_env(head)
@@ -157,7 +192,9 @@ class Policy(nn.Module):
         out, state = self.memory(self.obs_rms(policy_obs), state)
         return self.actor(out).float(), state
 
-    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:  # evaluated and exported: a policy without a cell
+    def deterministic(
+        self, policy_obs: torch.Tensor
+    ) -> torch.Tensor:  # evaluated and exported: a policy without a cell
         return self.action(self.actor(self.obs_rms(policy_obs)).float())
 
     def _recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):
@@ -192,7 +229,9 @@ class EvalPolicy(nn.Module):
     recurrent_step = property(lambda self: self.policy.recurrent_step)
 
 
-def load_teacher(path: str, obs_dim: int, group: str, action_space: gym.Space, env_id: str, device) -> tuple[Policy, str]:
+def load_teacher(
+    path: str, obs_dim: int, group: str, action_space: gym.Space, env_id: str, device
+) -> tuple[Policy, str]:
     """The teacher of checkpoint `path` as a frozen Policy on `device` and the file's sha256; a checkpoint that is
     not a teacher, or whose actor does not fit the env's `group` observations or its actions, stops in one line."""
     try:
@@ -203,22 +242,41 @@ def load_teacher(path: str, obs_dim: int, group: str, action_space: gym.Space, e
     # "algorithm": "ppo", and its actor is ppo's.
     algorithm = algorithm_of(ckpt)
     if algorithm not in TEACHERS:
-        raise SystemExit(f"error: --teacher {path} was written by {ckpt['algo']}.py (algorithm {algorithm}); a teacher "
-                         f"comes from {', '.join(f'{t}.py' for t in TEACHERS)} or a copy of one")
+        raise SystemExit(
+            f"error: --teacher {path} was written by {ckpt['algo']}.py (algorithm {algorithm}); a teacher "
+            f"comes from {', '.join(f'{t}.py' for t in TEACHERS)} or a copy of one"
+        )
     a, model = ckpt["args"], ckpt["model"]
     cell = a.get("cell", "none")
     first = model["rnn.weight_ih_l0" if cell != "none" else "actor.0.weight"]
-    last = model[max((k for k in model if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))]
+    last = model[
+        max((k for k in model if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))
+    ]
     discrete = isinstance(action_space, gym.spaces.Discrete)
     space = f"Discrete({action_space.n})" if discrete else f"Box{list(action_space.shape)}"
     other_kind = algorithm != "distill" and ("log_std" in model) == discrete  # ppo's Gaussians have a log_std
-    if first.shape[1] != obs_dim or last.shape[0] != (int(action_space.n) if discrete else action_space.shape[0]) or other_kind:
-        raise SystemExit(f"error: --teacher {path} ({ckpt['algo']} on {ckpt['env_id']}) reads {first.shape[1]} observations "
-                         f"and has {last.shape[0]} action outputs{' (Gaussian)' if 'log_std' in model else ''}; {env_id}'s "
-                         f"{group!r} observations have {obs_dim} and its actions are {space}: give a teacher of this task "
-                         f"(--teacher-obs names the group it reads)")
-    teacher = Policy(obs_dim, action_space, cell, a.get("rnn_hidden_size", 1), a.get("rnn_layers", 1), tuple(a["hidden_sizes"]),
-                     a["activation"], a["obs_norm"], a["obs_clip"])
+    if (
+        first.shape[1] != obs_dim
+        or last.shape[0] != (int(action_space.n) if discrete else action_space.shape[0])
+        or other_kind
+    ):
+        raise SystemExit(
+            f"error: --teacher {path} ({ckpt['algo']} on {ckpt['env_id']}) reads {first.shape[1]} observations "
+            f"and has {last.shape[0]} action outputs{' (Gaussian)' if 'log_std' in model else ''}; {env_id}'s "
+            f"{group!r} observations have {obs_dim} and its actions are {space}: give a teacher of this task "
+            f"(--teacher-obs names the group it reads)"
+        )
+    teacher = Policy(
+        obs_dim,
+        action_space,
+        cell,
+        a.get("rnn_hidden_size", 1),
+        a.get("rnn_layers", 1),
+        tuple(a["hidden_sizes"]),
+        a["activation"],
+        a["obs_norm"],
+        a["obs_clip"],
+    )
     teacher.load_state_dict({k: v for k, v in model.items() if k in teacher.state_dict()})  # strict: all of the actor
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return teacher.to(device).eval().requires_grad_(False), digest
@@ -233,7 +291,11 @@ def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Arg
     Returns the loss and what is logged of it, by name (losses/<name>)."""
     head = student.actor(student.replay(mb["obs_n"], state, mb["starts"])).float()
     if student.discrete:
-        loss = F.kl_div(head.log_softmax(-1), mb["teacher"].log_softmax(-1), log_target=True, reduction="none").sum(-1).mean()
+        loss = (
+            F.kl_div(head.log_softmax(-1), mb["teacher"].log_softmax(-1), log_target=True, reduction="none")
+            .sum(-1)
+            .mean()
+        )
         agreement = (head.argmax(-1) == mb["teacher"].argmax(-1)).float().mean()
     else:
         loss = (F.mse_loss if args.loss == "mse" else F.huber_loss)(head, mb["teacher"])
@@ -246,7 +308,9 @@ def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Arg
 # One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
 # run (the hidden states included), so that on CUDA each is compiled and captured whole.
 # ----------------------------------------------------------------------------------------------
-def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor):
+def rollout(
+    run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
+):
     """storage.num_steps steps of every env, written to storage; the student's hidden states they start
     from go to initial_state (the update replays from there). No host sync."""
     initial_state.copy_(rnn_state)
@@ -263,13 +327,23 @@ def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes:
     the observation statistics for the next one. Returns the [T, N] batch of sequences the update reads
     and the rollout's counts of non-finite values, by name."""
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", data["dones"]), sums=episodes)
-    nonfinite = {name: (~torch.isfinite(data[key])).sum() for name, key in
-                 (("observations", "obs"), ("rewards", "rewards"), ("teacher", "teacher"))}
+    episode_sums(
+        ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", data["dones"]), sums=episodes
+    )
+    nonfinite = {
+        name: (~torch.isfinite(data[key])).sum()
+        for name, key in (("observations", "obs"), ("rewards", "rewards"), ("teacher", "teacher"))
+    }
     obs_n = student.obs_rms(data["obs"])  # the statistics the student acted with
-    student.obs_rms.update(data["obs"])  # the next rollout's statistics from this one only (never eval data; off: no-op)
-    starts = torch.cat([torch.zeros_like(data["dones"][:1]), data["dones"][:-1]])  # step 0's state was zeroed in the rollout
-    return TensorDict({"obs_n": obs_n, "starts": starts, "teacher": data["teacher"]}, batch_size=starts.shape, device=starts.device), nonfinite
+    student.obs_rms.update(
+        data["obs"]
+    )  # the next rollout's statistics from this one only (never eval data; off: no-op)
+    starts = torch.cat(
+        [torch.zeros_like(data["dones"][:1]), data["dones"][:-1]]
+    )  # step 0's state was zeroed in the rollout
+    return TensorDict(
+        {"obs_n": obs_n, "starts": starts, "teacher": data["teacher"]}, batch_size=starts.shape, device=starts.device
+    ), nonfinite
 
 
 def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, stats: dict, args: Args):
@@ -300,15 +374,25 @@ def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags, --teacher among them, it takes)
     device = run.device
     if args.num_envs % args.num_minibatches != 0:
-        raise SystemExit(f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
-                         f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}")
+        raise SystemExit(
+            f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
+            f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
+        )
     global_batch = args.num_envs * args.num_steps * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     space, discrete = envs.single_action_space, isinstance(envs.single_action_space, gym.spaces.Discrete)
-    student_args = (args.cell, args.rnn_hidden_size, args.rnn_layers, args.hidden_sizes, args.activation, args.obs_norm, args.obs_clip)
+    student_args = (
+        args.cell,
+        args.rnn_hidden_size,
+        args.rnn_layers,
+        args.hidden_sizes,
+        args.activation,
+        args.obs_norm,
+        args.obs_clip,
+    )
     obs_dim = vector_size(next_obs, "policy", "distill.py")  # the student's input
     student = Policy(obs_dim, space, *student_args).to(device)
     distributed.broadcast_module(student)  # identical initial weights on every rank
@@ -326,22 +410,35 @@ def train(run, args: Args) -> dict:
     teacher_state = torch.zeros(0, args.num_envs, 1, device=device)  # a recurrent teacher's memory (no rows: an MLP's)
     if not args.eval_only:  # --eval-only evaluates the student alone: no teacher needed
         if args.teacher is None:
-            raise SystemExit("error: --teacher PATH is required: a checkpoint of ppo.py or ppo_lstm.py trained on the task "
-                             "(with its full state, e.g. the env's 'critic' observations)")
+            raise SystemExit(
+                "error: --teacher PATH is required: a checkpoint of ppo.py or ppo_lstm.py trained on the task "
+                "(with its full state, e.g. the env's 'critic' observations)"
+            )
         if teacher_key not in next_obs.keys():
-            raise SystemExit(f"error: --teacher-obs {teacher_key}: {args.env_id} has the observation groups "
-                             f"{', '.join(next_obs.keys())}")
-        teacher, digest = load_teacher(args.teacher, next_obs[teacher_key].shape[-1], teacher_key, space, args.env_id, device)
+            raise SystemExit(
+                f"error: --teacher-obs {teacher_key}: {args.env_id} has the observation groups "
+                f"{', '.join(next_obs.keys())}"
+            )
+        teacher, digest = load_teacher(
+            args.teacher, next_obs[teacher_key].shape[-1], teacher_key, space, args.env_id, device
+        )
         teacher_state = teacher.initial_state(args.num_envs)
 
     # what the checkpoints hold besides the counters: saved and restored (in place) from here
-    state = TrainingState(student, {"adam": optimizer}, envs, shared={"learning_rate": lr, "teacher": teacher_info},
-                          per_rank={"ep_stats": ep_stats, "rnn_state": rnn_state, "teacher_state": teacher_state})
+    state = TrainingState(
+        student,
+        {"adam": optimizer},
+        envs,
+        shared={"learning_rate": lr, "teacher": teacher_info},
+        per_rank={"ep_stats": ep_stats, "rnn_state": rnn_state, "teacher_state": teacher_state},
+    )
     next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states
     if args.eval_only:
         return eval_only(run, eval_envs, eval_policy)
     if teacher_info["sha256"] not in (None, digest):
-        run.say(f"notice: --teacher {args.teacher} is not the file the checkpoint's run distilled from (sha256 differs)")
+        run.say(
+            f"notice: --teacher {args.teacher} is not the file the checkpoint's run distilled from (sha256 differs)"
+        )
     teacher_info.update(path=str(Path(args.teacher).resolve()), sha256=digest)
     teacher_prob = torch.tensor(args.teacher_action_prob, device=device)  # annealed in place
 
@@ -356,7 +453,11 @@ def train(run, args: Args) -> dict:
         head, student_next = student_inference.step(obs["policy"], rnn_state)
         teacher_head, teacher_next = teacher.step(obs[teacher_key], teacher_state)
         sampled = discrete and args.student_sample  # validate_args=False: its checks read the host
-        action = torch.distributions.Categorical(logits=head, validate_args=False).sample() if sampled else student_inference.action(head)
+        action = (
+            torch.distributions.Categorical(logits=head, validate_args=False).sample()
+            if sampled
+            else student_inference.action(head)
+        )
         teacher_action = teacher.action(teacher_head)
         if args.teacher_action_prob > 0:
             use_teacher = torch.rand(action.shape[0], device=device) < teacher_prob
@@ -373,7 +474,12 @@ def train(run, args: Args) -> dict:
         action, target, student_next, teacher_next = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(action)
         end_step(student_next, teacher_next, terminated | truncated)
-        transition = {"obs": obs["policy"], "teacher": target, "rewards": reward.float(), "dones": terminated | truncated}
+        transition = {
+            "obs": obs["policy"],
+            "teacher": target,
+            "rewards": reward.float(),
+            "dones": terminated | truncated,
+        }
         if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
             transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
@@ -411,18 +517,26 @@ def train(run, args: Args) -> dict:
         end_step = captured(run, "end of step", compiled(run, end_step))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves it
+    update_fn = captured(
+        run, "update", update_fn
+    )  # the targets and every epoch as one graph: the batch never leaves it
     student_text = "MLP" if args.cell == "none" else f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
-    begin_training(run, f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r}); student "
-                        f"{student_text} reads 'policy'; batch {global_batch} per iteration ({args.num_minibatches} minibatches "
-                        f"of {args.num_envs // args.num_minibatches} envs x {args.num_steps} steps per process)", global_batch)
+    begin_training(
+        run,
+        f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r}); student "
+        f"{student_text} reads 'policy'; batch {global_batch} per iteration ({args.num_minibatches} minibatches "
+        f"of {args.num_envs // args.num_minibatches} envs x {args.num_steps} steps per process)",
+        global_batch,
+    )
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * global_batch > total_steps
         if args.lr_schedule == "linear":
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
-        teacher_prob.fill_(args.teacher_action_prob * max(0.0, 1.0 - run.global_step / (args.teacher_action_fraction * total_steps)))
+        teacher_prob.fill_(
+            args.teacher_action_prob * max(0.0, 1.0 - run.global_step / (args.teacher_action_fraction * total_steps))
+        )
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
@@ -434,11 +548,16 @@ def train(run, args: Args) -> dict:
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
         if due.log:
-            log(run, reduce_iteration(run, episodes=stats["episodes"],
-                means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
-                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                local={"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob},
-            ))
+            log(
+                run,
+                reduce_iteration(
+                    run,
+                    episodes=stats["episodes"],
+                    means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
+                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
+                    local={"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob},
+                ),
+            )
             zero_(stats)
             iterations_in_stats = 0
 

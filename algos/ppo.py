@@ -25,7 +25,9 @@ from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
-    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+    sys.exit(
+        f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
+    )
 
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
@@ -35,8 +37,16 @@ from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import group_mlp, image_max, observation_shape, sample  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
-from common.run import (begin_training, checkpoints_to_write, closing, finish, make_envs, open_run,  # noqa: E402
-                        start_run, what_is_due)
+from common.run import (
+    begin_training,
+    checkpoints_to_write,
+    closing,
+    finish,
+    make_envs,
+    open_run,  # noqa: E402
+    start_run,
+    what_is_due,
+)
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo"
@@ -88,7 +98,8 @@ class Args(RunArgs):
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
     shared_encoder: bool = False
-    """one image encoder under both heads, trained by both losses (CleanRL's Atari agent); needs the critic to read the policy group"""
+    """one image encoder under both heads, trained by both losses (CleanRL's Atari agent); needs the critic to read the
+    policy group"""
     asymmetric_critic: bool = True
     """feed the critic the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
@@ -101,8 +112,9 @@ class Args(RunArgs):
     reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
     symmetry: Literal["none", "log", "augmentation", "mirror-loss", "both"] = "none"
-    """rsl_rl's, by the env's mirror (data_augmentation): each minibatch with its mirror images, a loss between the actor's
-    output on mirror images and its mirrored output, both, or neither but logging mirror_loss and symmetry_error"""
+    """rsl_rl's, by the env's mirror (data_augmentation): each minibatch with its mirror images, a loss between the
+    actor's output on mirror images and its mirrored output, both, or neither but logging mirror_loss and symmetry_error
+    """
     mirror_loss_coef: Annotated[float, Ge(0)] = 1.0
     """weight of the mirror loss (rsl_rl's mirror_loss_coeff)"""
 
@@ -112,7 +124,8 @@ class Agent(nn.Module):
     """Actor and critic MLPs and the observation normalizers, so that one state_dict holds all. Discrete spaces get a
     Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std. The critic reads the
     "critic" group when given. A group's shape is one env's: [D] for vectors; [C, H, W] for uint8 images, through an
-    --encoder (scaled by its group's 1/image_max, never normalized); or a dict term -> shape (common.nets.TermsEncoder)."""
+    --encoder (scaled by its group's 1/image_max, never normalized); or a dict term -> shape (common.nets.TermsEncoder).
+    """
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
         super().__init__()
@@ -122,9 +135,16 @@ class Agent(nn.Module):
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
         self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
-        self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, **net,
-                                max_value=image_max[1] if critic_obs_shape is not None else image_max[0])
-        self.shared = args.shared_encoder  # the critic's head on the actor's encoder: one module, in both state_dict keys
+        self.critic = group_mlp(
+            critic_obs_shape or obs_shape,
+            1,
+            out_gain=1.0,
+            **net,
+            max_value=image_max[1] if critic_obs_shape is not None else image_max[0],
+        )
+        self.shared = (
+            args.shared_encoder
+        )  # the critic's head on the actor's encoder: one module, in both state_dict keys
         if self.shared and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
             raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
         elif self.shared:
@@ -133,8 +153,12 @@ class Agent(nn.Module):
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
         # Gaussian samples are clipped to the env's bounds on their way to it (the stored action keeps the raw sample)
-        self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
-        self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
+        self.register_buffer(
+            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
+        )
+        self.register_buffer(
+            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
+        )
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -150,7 +174,9 @@ class Agent(nn.Module):
     def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
         return self.distribution(self.actor(policy_obs_n).float())  # float32 even under bf16 autocast
 
-    def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the Gaussian's mean
+    def distribution(
+        self, out: torch.Tensor
+    ) -> torch.distributions.Distribution:  # out: logits, or the Gaussian's mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
@@ -163,10 +189,15 @@ class Agent(nn.Module):
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return action if self.action_low.numel() == 0 else torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        return (
+            action
+            if self.action_low.numel() == 0
+            else torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        )
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
-        """The evaluated (and exported) policy on raw observations: the likeliest action, or the clipped Gaussian mean."""
+        """The evaluated (and exported) policy on raw observations: the likeliest action, or the clipped Gaussian
+        mean."""
         out = self.actor(self.obs_rms(policy_obs)).float()
         return out.argmax(-1) if self.discrete else self.to_env(out)
 
@@ -198,10 +229,11 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
-    """rsl_rl's schedule, in place on the device: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, lr * 1.5
-    below half of it, kept in [1e-5, 5e-3]. rsl_rl's cap, 1e-2, is where a solved task's rate sits (its advantages are noise)
-    and the policy drifts off what it solved (CartPole-v1: eval 495 -> 289, final 457.8 +- 84.3, seeds 1-5); at 5e-3 every
-    seed holds 500 and reaches 475 sooner (median 983,040 steps, not 1,966,080); Pendulum-v1 reaches -200 later, ends higher."""
+    """rsl_rl's schedule, in place on the device: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, lr *
+    1.5 below half of it, kept in [1e-5, 5e-3]. rsl_rl's cap, 1e-2, is where a solved task's rate sits (its advantages
+    are noise) and the policy drifts off what it solved (CartPole-v1: eval 495 -> 289, final 457.8 +- 84.3, seeds 1-5);
+    at 5e-3 every seed holds 500 and reaches 475 sooner (median 983,040 steps, not 1,966,080); Pendulum-v1 reaches -200
+    later, ends higher."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
     lr.copy_((lr * factor).clamp(1e-5, 5e-3))
 
@@ -218,7 +250,9 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
         images = mb["mirrored"].transpose(0, 1).reshape(-1)
         obs_n = torch.cat([obs_n, images["obs_n"]])
         if args.symmetry in ("augmentation", "both"):
-            images.update({key: mb[key].repeat(images.shape[0] // b) for key in ("logprobs", "values", "advantages", "returns")})
+            images.update(
+                {key: mb[key].repeat(images.shape[0] // b) for key in ("logprobs", "values", "advantages", "returns")}
+            )
             mb = torch.cat([mb.exclude("mirrored"), images])
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         if agent.shared:  # the encoder once, both heads on its features (the critic's on the rows it reads)
@@ -244,18 +278,29 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     entropy_loss = entropy[:b].mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    logged = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-              "approx_kl": approx_kl, "clipfrac": clipfrac}
+    logged = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
     if args.symmetry != "none":  # rsl_rl's mirror loss: the output on the mirror images against the mirrored output on
         # the originals, detached; logits less their mean (a constant added to every logit is the same policy)
         out = out - out.mean(-1, keepdim=True) if agent.discrete else out
         mirror_loss = nn.functional.mse_loss(out[b:], mirror_output(out[:b].detach())[b:])
         if args.symmetry in ("mirror-loss", "both"):
             loss = loss + args.mirror_loss_coef * mirror_loss
-        with torch.no_grad():  # mean |pi(m(s)) - m(pi(s))| of the deterministic action (the clipped mean), or the logits
+        with (
+            torch.no_grad()
+        ):  # mean |pi(m(s)) - m(pi(s))| of the deterministic action (the clipped mean), or the logits
             act = out if agent.discrete else agent.to_env(out)
-            logged.update({"mirror_loss": mirror_loss.detach(),
-                           "charts/symmetry_error": (act[b:] - mirror_output(act[:b])[b:]).abs().mean()})
+            logged.update(
+                {
+                    "mirror_loss": mirror_loss.detach(),
+                    "charts/symmetry_error": (act[b:] - mirror_output(act[:b])[b:]).abs().mean(),
+                }
+            )
     return loss, logged
 
 
@@ -264,7 +309,9 @@ def output_mirror(data_augmentation, action_space: gym.Space, device: torch.devi
     is mirrored as an action; column j of an image's logits is the logit of the action whose mirror image is j."""
     if not isinstance(action_space, gym.spaces.Discrete):
         return lambda out: data_augmentation(actions=out)[1]
-    columns = data_augmentation(actions=torch.arange(action_space.n, device=device))[1].view(-1, action_space.n).argsort(-1)
+    columns = (
+        data_augmentation(actions=torch.arange(action_space.n, device=device))[1].view(-1, action_space.n).argsort(-1)
+    )
     return lambda out: out[:, columns].transpose(0, 1).flatten(0, 1)
 
 
@@ -282,20 +329,34 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
 
 
 @torch.no_grad()
-def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict, data_augmentation,
-            ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
-    """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation statistics for the
-    next one: the flat batch the update reads (with --symmetry, their mirror images too), logged statistics, non-finite counts."""
+def targets(
+    agent: Agent,
+    reward_normalizer: RewardNormalizer,
+    data: TensorDict,
+    next_obs: TensorDict,
+    data_augmentation,
+    ep_stats: torch.Tensor,
+    episodes: torch.Tensor,
+    args: Args,
+):
+    """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation statistics for
+    the next one: the flat batch the update reads (with --symmetry, their mirror images too), logged statistics,
+    non-finite counts."""
     dones = data["terminated"] | data["truncated"]
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     mirrored = {}
-    if args.symmetry != "none":  # of the raw observations, then normalized (the normalizer's mean need not be symmetric)
-        obs, actions = (x[data.shape[0]:] for x in data_augmentation(obs=data["obs"], actions=data["actions"]))
-        mirrored["mirrored"] = TensorDict({"obs_n": agent.normalize(obs), "actions": actions}, batch_size=obs.shape).reshape(
-            -1, *data.shape).permute(1, 2, 0)  # [T, N, k-1]: data_augmentation's k-1 mirror images of each step
+    if (
+        args.symmetry != "none"
+    ):  # of the raw observations, then normalized (the normalizer's mean need not be symmetric)
+        obs, actions = (x[data.shape[0] :] for x in data_augmentation(obs=data["obs"], actions=data["actions"]))
+        mirrored["mirrored"] = (
+            TensorDict({"obs_n": agent.normalize(obs), "actions": actions}, batch_size=obs.shape)
+            .reshape(-1, *data.shape)
+            .permute(1, 2, 0)
+        )  # [T, N, k-1]: data_augmentation's k-1 mirror images of each step
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
         next_value = agent.value(agent.normalize(next_obs))
@@ -303,8 +364,16 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     if args.reward_norm:
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
-    advantages, returns = compute_advantages(rewards, values, next_value, data["final_values"], data["terminated"],
-                                             data["truncated"], args.gamma, args.gae_lambda)
+    advantages, returns = compute_advantages(
+        rewards,
+        values,
+        next_value,
+        data["final_values"],
+        data["terminated"],
+        data["truncated"],
+        args.gamma,
+        args.gae_lambda,
+    )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
@@ -313,8 +382,19 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
             agent.critic_obs_rms.update(data["obs", "critic"])
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
-    batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values,
-                        "advantages": advantages, "returns": returns, **mirrored}, batch_size=values.shape, device=values.device)
+    batch = TensorDict(
+        {
+            "obs_n": obs_n,
+            "actions": data["actions"],
+            "logprobs": data["logprobs"],
+            "values": values,
+            "advantages": advantages,
+            "returns": returns,
+            **mirrored,
+        },
+        batch_size=values.shape,
+        device=values.device,
+    )
     return batch.reshape(-1), {"explained_variance": explained_variance}, nonfinite_counts
 
 
@@ -332,7 +412,9 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
-        if args.target_kl is not None:  # one host read per epoch, only when asked for (the update is not captured whole)
+        if (
+            args.target_kl is not None
+        ):  # one host read per epoch, only when asked for (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
     means = {name: total / num_updates for name, total in loss_sums.items()}
@@ -353,8 +435,10 @@ def train(run, args: Args) -> dict:
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:
-        raise SystemExit(f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
-                         f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}")
+        raise SystemExit(
+            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
+            f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
+        )
     minibatch_size = batch_size // args.num_minibatches
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
@@ -362,13 +446,19 @@ def train(run, args: Args) -> dict:
     data_augmentation = getattr(envs, "data_augmentation", None)  # the env's mirror (rsl_rl's data_augmentation_func)
     if args.symmetry != "none" and data_augmentation is None:
         raise SystemExit(f"error: --symmetry {args.symmetry}: {args.env_id} has no mirror (data_augmentation) to use")
-    mirror_output = output_mirror(data_augmentation, envs.single_action_space, device) if args.symmetry != "none" else None
+    mirror_output = (
+        output_mirror(data_augmentation, envs.single_action_space, device) if args.symmetry != "none" else None
+    )
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape = observation_shape(next_obs, "policy")
-    critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    critic_shape = (
+        observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    )
     # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
-    image_scale = tuple(image_max(space) for space in (envs.single_observation_space,
-                                                       getattr(envs, "single_critic_observation_space", None)))
+    image_scale = tuple(
+        image_max(space)
+        for space in (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
+    )
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
@@ -381,9 +471,13 @@ def train(run, args: Args) -> dict:
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
     # what the checkpoints hold besides the counters: saved and restored (in place) from here
-    state = TrainingState(agent, {"adam": optimizer}, envs,
-                          shared={"learning_rate": lr, "reward_normalizer": reward_normalizer},
-                          per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns})
+    state = TrainingState(
+        agent,
+        {"adam": optimizer},
+        envs,
+        shared={"learning_rate": lr, "reward_normalizer": reward_normalizer},
+        per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns},
+    )
     next_obs = restore(run, state, next_obs)
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
@@ -395,7 +489,8 @@ def train(run, args: Args) -> dict:
     policy_step = agent_inference.act
 
     def final_value(final_obs: TensorDict) -> torch.Tensor:
-        """V(final_obs), the time-out bootstrap, at the step: stored in place of a second frame (the targets' weights)."""
+        """V(final_obs), the time-out bootstrap, at the step: stored in place of a second frame (the targets'
+        weights)."""
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             return agent_inference.value(agent_inference.normalize(final_obs))
 
@@ -405,8 +500,15 @@ def train(run, args: Args) -> dict:
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             action, logprob = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
-        transition = {"obs": obs, "final_values": final_value(info["final_obs"]), "actions": action, "logprobs": logprob,
-                      "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
+        transition = {
+            "obs": obs,
+            "final_values": final_value(info["final_obs"]),
+            "actions": action,
+            "logprobs": logprob,
+            "rewards": reward.float(),
+            "terminated": terminated,
+            "truncated": truncated,
+        }
         if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
             transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
@@ -425,7 +527,9 @@ def train(run, args: Args) -> dict:
         return rollout(run, env_step, obs, storage)
 
     def targets_fn(obs: TensorDict):
-        return targets(agent, reward_normalizer, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args)
+        return targets(
+            agent, reward_normalizer, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args
+        )
 
     def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
@@ -444,19 +548,31 @@ def train(run, args: Args) -> dict:
         policy_step = captured(run, "acting", compiled(run, policy_step))
         final_value = captured(run, "final value", compiled(run, final_value))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
+    if (
+        args.target_kl is not None
+    ):  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
         targets_fn = captured(run, "targets", targets_fn)
         update_minibatch = captured(run, "minibatch update", update_minibatch)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
         update_fn = captured(run, "update", update_fn)
-    graphs = "off" if not args.cudagraphs else (
-        f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
-        f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}")
-    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process)", global_batch, graphs)
+    graphs = (
+        "off"
+        if not args.cudagraphs
+        else (
+            f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
+            f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}"
+        )
+    )
+    begin_training(
+        run,
+        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)",
+        global_batch,
+        graphs,
+    )
     iterations_in_stats, storage_said = 0, False
-    # Counted in env steps: a run resumed with another world size still ends at --total-timesteps, its schedule continuing
+    # Counted in env steps: a run resumed with another world size still ends at --total-timesteps, its schedule
+    # continuing
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * global_batch > total_steps
@@ -476,13 +592,19 @@ def train(run, args: Args) -> dict:
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
         if due.log:
-            log(run, reduce_iteration(
-                run, episodes=stats["episodes"],
-                means={name if "/" in name else f"losses/{name}": total / iterations_in_stats  # charts/symmetry_error
-                       for name, total in stats["losses"].items()},
-                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                local={"charts/learning_rate": lr},
-            ))
+            log(
+                run,
+                reduce_iteration(
+                    run,
+                    episodes=stats["episodes"],
+                    means={
+                        name if "/" in name else f"losses/{name}": total / iterations_in_stats  # charts/symmetry_error
+                        for name, total in stats["losses"].items()
+                    },
+                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
+                    local={"charts/learning_rate": lr},
+                ),
+            )
             zero_(stats)
             iterations_in_stats = 0
 

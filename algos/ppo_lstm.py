@@ -32,7 +32,9 @@ from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
-    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+    sys.exit(
+        f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
+    )
 
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
@@ -42,7 +44,16 @@ from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import group_encoder, image_max, mlp, observation_shape, rnn_step, sample  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
-from common.run import begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
+from common.run import (
+    begin_training,
+    checkpoints_to_write,
+    closing,
+    finish,
+    make_envs,
+    open_run,
+    start_run,
+    what_is_due,
+)  # noqa: E402
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo_lstm"
@@ -123,10 +134,15 @@ class Agent(nn.Module):
         obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
-        self.encoder, self.critic_encoder = (group_encoder(s, args.encoder, m) or nn.Identity()
-                                             for s, m in zip((obs_shape, critic_obs_shape), image_max))
-        obs_dim = self.encoder.out_dim if hasattr(self.encoder, "out_dim") else obs_shape[0]  # what the cell reads: features or the vector
-        critic_obs_dim = None if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
+        self.encoder, self.critic_encoder = (
+            group_encoder(s, args.encoder, m) or nn.Identity() for s, m in zip((obs_shape, critic_obs_shape), image_max)
+        )
+        obs_dim = (
+            self.encoder.out_dim if hasattr(self.encoder, "out_dim") else obs_shape[0]
+        )  # what the cell reads: features or the vector
+        critic_obs_dim = (
+            None if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
+        )
         self.lstm = args.cell == "lstm"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.rnn = (nn.LSTM if self.lstm else nn.GRU)(obs_dim, args.rnn_hidden_size, num_layers=args.rnn_layers)
@@ -134,12 +150,20 @@ class Agent(nn.Module):
             nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
         self.state_shape = ((2 if self.lstm else 1) * args.rnn_layers, args.rnn_hidden_size)  # per env, batch at dim 1
         self.actor = mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
-        self.critic = mlp(args.rnn_hidden_size + (critic_obs_dim or 0), 1, args.hidden_sizes, args.activation, out_gain=1.0)
+        self.critic = mlp(
+            args.rnn_hidden_size + (critic_obs_dim or 0), 1, args.hidden_sizes, args.activation, out_gain=1.0
+        )
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()  # Gaussian samples are clipped to them for the env
-        self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
-        self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
+        bounded = (
+            isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
+        )  # Gaussian samples are clipped to them for the env
+        self.register_buffer(
+            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
+        )
+        self.register_buffer(
+            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
+        )
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -157,8 +181,9 @@ class Agent(nn.Module):
         return rnn_step(self.rnn, self.encoder(policy_obs_n), state)
 
     def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        """The cell over sequences [T, B, ...] from `state`, zeroed where an episode starts (starts [T, B]) as the rollout
-        zeroed it: the outputs [T, B, H] the rollout acted on (the same step as acting: equal to float rounding)."""
+        """The cell over sequences [T, B, ...] from `state`, zeroed where an episode starts (starts [T, B]) as the
+        rollout zeroed it: the outputs [T, B, H] the rollout acted on (the same step as acting: equal to float
+        rounding)."""
         keep, outputs = (~starts).unsqueeze(-1), []
         features = self.encoder(policy_obs_n)  # an image group's frames: every step's in one batch
         for t in range(features.shape[0]):
@@ -167,7 +192,11 @@ class Agent(nn.Module):
         return torch.stack(outputs)
 
     def value(self, out: torch.Tensor, obs_n: TensorDict) -> torch.Tensor:
-        x = torch.cat([out, self.critic_encoder(obs_n["critic"]).to(out.dtype)], -1) if self.critic_key == "critic" else out
+        x = (
+            torch.cat([out, self.critic_encoder(obs_n["critic"]).to(out.dtype)], -1)
+            if self.critic_key == "critic"
+            else out
+        )
         return self.critic(x).squeeze(-1).float()
 
     def dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
@@ -175,14 +204,20 @@ class Agent(nn.Module):
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=logits_or_mean, validate_args=False)
-        return torch.distributions.Normal(logits_or_mean, self.log_std.exp().expand_as(logits_or_mean), validate_args=False)
+        return torch.distributions.Normal(
+            logits_or_mean, self.log_std.exp().expand_as(logits_or_mean), validate_args=False
+        )
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.dist(out)
         return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low) if self.action_low.numel() else action
+        return (
+            torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+            if self.action_low.numel()
+            else action
+        )
 
     def act(self, obs: TensorDict, state: torch.Tensor):
         """One acting step: (sampled action, its log-prob, the value, the next state)."""
@@ -198,7 +233,8 @@ class Agent(nn.Module):
         return self.value(self.memory(obs_n["policy"], state)[0], obs_n)
 
     def recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):
-        """The evaluated and exported policy on raw observations: (the greedy action or clipped Gaussian mean, next state)."""
+        """The evaluated and exported policy on raw observations: (the greedy action or clipped Gaussian mean, next
+        state)."""
         out, state = self.memory(self.obs_rms(policy_obs), state)
         out = self.actor(out).float()
         return (out.argmax(-1) if self.discrete else self.to_env(out)), state
@@ -211,7 +247,9 @@ class EvalPolicy(nn.Module):
     def __init__(self, agent: Agent, num_envs: int):
         super().__init__()
         self.agent, self.state_shape = agent, agent.state_shape
-        self.register_buffer("state", agent.initial_state(num_envs).to(next(agent.parameters()).device), persistent=False)
+        self.register_buffer(
+            "state", agent.initial_state(num_envs).to(next(agent.parameters()).device), persistent=False
+        )
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
         action, state = self.agent.recurrent_step(policy_obs, self.state)
@@ -250,8 +288,8 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
 
 
 def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
-    """Replay the minibatch's envs [T, B] from their initial hidden states, then the clipped surrogate + (clipped)
-    value loss - entropy bonus over all their steps; returns the loss and what is logged of it, by name (losses/<name>)."""
+    """Replay the minibatch's envs [T, B] from their initial hidden states, then the clipped surrogate + (clipped) value
+    loss - entropy bonus over all their steps; returns the loss and what is logged of it, by name (losses/<name>)."""
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         out = agent.replay(mb["obs_n", "policy"], state, mb["starts"])
         newlogprob, entropy = agent.log_prob_entropy(out, mb["actions"])
@@ -272,15 +310,22 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-                  "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
 # One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
 # run (the hidden states included), so that on CUDA each is compiled and captured whole.
 # ----------------------------------------------------------------------------------------------
-def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor):
+def rollout(
+    run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
+):
     """storage.num_steps steps of every env, written to storage; the hidden states they start
     from go to initial_state (the update replays from there). No host sync."""
     initial_state.copy_(rnn_state)
@@ -292,10 +337,19 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_st
 
 
 @torch.no_grad()
-def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict, next_obs: TensorDict,
-            rnn_state: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
-    """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation statistics for the next one.
-    Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by name."""
+def targets(
+    agent: Agent,
+    reward_normalizer: RewardNormalizer,
+    data: TensorDict,
+    next_obs: TensorDict,
+    rnn_state: torch.Tensor,
+    ep_stats: torch.Tensor,
+    episodes: torch.Tensor,
+    args: Args,
+):
+    """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation statistics for the next
+    one. Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by
+    name."""
     dones = data["terminated"] | data["truncated"]
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
@@ -307,8 +361,16 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     if args.reward_norm:
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
-    advantages, returns = compute_advantages(rewards, values, next_value, data["final_values"], data["terminated"],
-                                             data["truncated"], args.gamma, args.gae_lambda)
+    advantages, returns = compute_advantages(
+        rewards,
+        values,
+        next_value,
+        data["final_values"],
+        data["terminated"],
+        data["truncated"],
+        args.gamma,
+        args.gae_lambda,
+    )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     agent.obs_rms.update(data["obs", "policy"])  # the next rollout's statistics from this one only (never eval data)
@@ -317,8 +379,19 @@ def targets(agent: Agent, reward_normalizer: RewardNormalizer, data: TensorDict,
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
-    batch = TensorDict({"obs_n": obs_n, "starts": starts, "actions": data["actions"], "logprobs": data["logprobs"],
-                        "values": values, "advantages": advantages, "returns": returns}, batch_size=values.shape, device=values.device)
+    batch = TensorDict(
+        {
+            "obs_n": obs_n,
+            "starts": starts,
+            "actions": data["actions"],
+            "logprobs": data["logprobs"],
+            "values": values,
+            "advantages": advantages,
+            "returns": returns,
+        },
+        batch_size=values.shape,
+        device=values.device,
+    )
     return batch, {"explained_variance": explained_variance}, nonfinite_counts
 
 
@@ -352,18 +425,26 @@ def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
     if args.num_envs % args.num_minibatches != 0:
-        raise SystemExit(f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
-                         f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}")
+        raise SystemExit(
+            f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
+            f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
+        )
     global_batch = args.num_envs * args.num_steps * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    obs_shape = observation_shape(next_obs, "policy", "--export of a recurrent policy" if args.export or args.export_best else None)
-    critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    obs_shape = observation_shape(
+        next_obs, "policy", "--export of a recurrent policy" if args.export or args.export_best else None
+    )
+    critic_shape = (
+        observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    )
     # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
-    image_scale = tuple(image_max(space) for space in (envs.single_observation_space,
-                                                       getattr(envs, "single_critic_observation_space", None)))
+    image_scale = tuple(
+        image_max(space)
+        for space in (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
+    )
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
@@ -378,8 +459,13 @@ def train(run, args: Args) -> dict:
     initial_state = torch.zeros_like(rnn_state)  # each env's state at the start of the rollout
 
     # what the checkpoints hold besides the counters: saved and restored (in place) from here
-    state = TrainingState(agent, {"adam": optimizer}, envs, shared={"learning_rate": lr, "reward_normalizer": reward_normalizer},
-                          per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state})
+    state = TrainingState(
+        agent,
+        {"adam": optimizer},
+        envs,
+        shared={"learning_rate": lr, "reward_normalizer": reward_normalizer},
+        per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state},
+    )
     next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states
     if args.eval_only:
         return eval_only(run, eval_envs, eval_policy)
@@ -406,8 +492,16 @@ def train(run, args: Args) -> dict:
         action, logprob, value, state = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value = end_step(info["final_obs"], state, terminated | truncated)
-        transition = {"obs": obs, "actions": action, "logprobs": logprob, "values": value, "final_values": final_value,
-                      "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
+        transition = {
+            "obs": obs,
+            "actions": action,
+            "logprobs": logprob,
+            "values": value,
+            "final_values": final_value,
+            "rewards": reward.float(),
+            "terminated": terminated,
+            "truncated": truncated,
+        }
         if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
             transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
@@ -445,10 +539,16 @@ def train(run, args: Args) -> dict:
         end_step = captured(run, "end of step", compiled(run, end_step))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves it
-    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches}"
-                        f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}",
-                   global_batch)
+    update_fn = captured(
+        run, "update", update_fn
+    )  # the targets and every epoch as one graph: the batch never leaves it
+    begin_training(
+        run,
+        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of "
+        f"{args.num_envs // args.num_minibatches}"
+        f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}",
+        global_batch,
+    )
     iterations_in_stats, storage_said = 0, False
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -469,10 +569,16 @@ def train(run, args: Args) -> dict:
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
         if due.log:
-            log(run, reduce_iteration(run, episodes=stats["episodes"],
-                means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
-                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                local={"charts/learning_rate": lr}))
+            log(
+                run,
+                reduce_iteration(
+                    run,
+                    episodes=stats["episodes"],
+                    means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
+                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
+                    local={"charts/learning_rate": lr},
+                ),
+            )
             zero_(stats)
             iterations_in_stats = 0
 

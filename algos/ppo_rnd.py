@@ -29,7 +29,9 @@ from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
-    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+    sys.exit(
+        f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
+    )
 
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
@@ -40,7 +42,14 @@ from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import group_mlp, image_max, observation_shape, sample  # noqa: E402
 from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
 from common.run import (  # noqa: E402
-    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
+    begin_training,
+    checkpoints_to_write,
+    closing,
+    finish,
+    make_envs,
+    open_run,
+    start_run,
+    what_is_due,
 )
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
@@ -122,7 +131,8 @@ class Args(RunArgs):
 # --- networks -----------------------------------------------------------------------------------
 class Agent(nn.Module):
     """ppo.py's actor and critic (two outputs: the extrinsic and the intrinsic value) with the observation normalizers.
-    A group's shape is one env's: [D], [C, H, W] for uint8 images (an --encoder's, never normalized), or term -> shape."""
+    A group's shape is one env's: [D], [C, H, W] for uint8 images (an --encoder's, never normalized), or term -> shape.
+    """
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
         super().__init__()
@@ -132,14 +142,23 @@ class Agent(nn.Module):
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
         self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
-        self.critic = group_mlp(critic_obs_shape or obs_shape, 2, out_gain=1.0, **net,
-                                max_value=image_max[1] if critic_obs_shape is not None else image_max[0])
+        self.critic = group_mlp(
+            critic_obs_shape or obs_shape,
+            2,
+            out_gain=1.0,
+            **net,
+            max_value=image_max[1] if critic_obs_shape is not None else image_max[0],
+        )
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
         # Gaussian samples are clipped to the env's bounds on their way to it (the stored action keeps the raw sample)
-        self.register_buffer("action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False)
-        self.register_buffer("action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False)
+        self.register_buffer(
+            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
+        )
+        self.register_buffer(
+            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
+        )
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -257,8 +276,13 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean(0).sum()
     entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-                  "approx_kl": approx_kl, "clipfrac": clipfrac}
+    return loss, {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,15 +299,28 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
 
 
 @torch.no_grad()
-def targets(agent: Agent, rnd: RND, reward_normalizers: tuple[RewardNormalizer, RewardNormalizer], rnd_weight: torch.Tensor,
-            data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
-    """Episode statistics, values, (normalized) rewards and GAE of a rollout, extrinsic and intrinsic, then the observation
-    statistics for the next one. Returns the flat batch, the logged statistics (losses/, charts/), non-finite counts."""
+def targets(
+    agent: Agent,
+    rnd: RND,
+    reward_normalizers: tuple[RewardNormalizer, RewardNormalizer],
+    rnd_weight: torch.Tensor,
+    data: TensorDict,
+    next_obs: TensorDict,
+    ep_stats: torch.Tensor,
+    episodes: torch.Tensor,
+    args: Args,
+):
+    """Episode statistics, values, (normalized) rewards and GAE of a rollout, extrinsic and intrinsic, then the
+    observation statistics for the next one. Returns the flat batch, the logged statistics (losses/, charts/),
+    non-finite counts."""
     dones = data["terminated"] | data["truncated"]
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
-    nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"]),
-                        "intrinsic_rewards": nonfinite(data["int_rewards"])}
+    nonfinite_counts = {
+        "observations": nonfinite(data["obs", "policy"]),
+        "rewards": nonfinite(data["rewards"]),
+        "intrinsic_rewards": nonfinite(data["int_rewards"]),
+    }
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
     rewards, int_rewards = data["rewards"], data["int_rewards"]
@@ -294,10 +331,26 @@ def targets(agent: Agent, rnd: RND, reward_normalizers: tuple[RewardNormalizer, 
     if args.rnd_reward_norm:
         reward_normalizers[1].update(int_rewards, never)
         int_rewards = reward_normalizers[1].normalize(int_rewards)
-    adv_ext, ret_ext = compute_advantages(rewards, values[..., 0], next_value[..., 0], data["final_values"],
-                                          data["terminated"], data["truncated"], args.gamma, args.gae_lambda)
-    adv_int, ret_int = compute_advantages(int_rewards, values[..., 1], next_value[..., 1], torch.zeros_like(int_rewards),
-                                          never, never, args.rnd_gamma, args.gae_lambda)
+    adv_ext, ret_ext = compute_advantages(
+        rewards,
+        values[..., 0],
+        next_value[..., 0],
+        data["final_values"],
+        data["terminated"],
+        data["truncated"],
+        args.gamma,
+        args.gae_lambda,
+    )
+    adv_int, ret_int = compute_advantages(
+        int_rewards,
+        values[..., 1],
+        next_value[..., 1],
+        torch.zeros_like(int_rewards),
+        never,
+        never,
+        args.rnd_gamma,
+        args.gae_lambda,
+    )
     advantages, returns = adv_ext + rnd_weight * adv_int, torch.stack((ret_ext, ret_int), -1)
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -309,15 +362,26 @@ def targets(agent: Agent, rnd: RND, reward_normalizers: tuple[RewardNormalizer, 
     rnd.obs_rms.update(data["obs", args.rnd_obs_group])
     var_y = ret_ext.var()
     explained_variance = torch.where(var_y > 0, 1 - (ret_ext - values[..., 0]).var() / var_y, torch.nan)
-    batch = TensorDict({"obs_n": obs_n, "rnd_obs_n": rnd_obs_n, "actions": data["actions"], "logprobs": data["logprobs"],
-                        "values": values, "advantages": advantages, "returns": returns}, batch_size=dones.shape,
-                       device=values.device)
+    batch = TensorDict(
+        {
+            "obs_n": obs_n,
+            "rnd_obs_n": rnd_obs_n,
+            "actions": data["actions"],
+            "logprobs": data["logprobs"],
+            "values": values,
+            "advantages": advantages,
+            "returns": returns,
+        },
+        batch_size=dones.shape,
+        device=values.device,
+    )
     charts = {"intrinsic_reward": (rnd_weight * int_rewards).mean()}  # as the advantage weighs it
     return batch.reshape(-1), {"explained_variance": explained_variance}, charts, nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
-    """Epochs of shuffled minibatches; the adaptive lr after each from the ranks' mean KL; the mean losses into stats."""
+    """Epochs of shuffled minibatches; the adaptive lr after each from the ranks' mean KL; the mean losses into
+    stats."""
     batch_size = batch.shape[0]
     minibatch_size = batch_size // args.num_minibatches
     loss_sums, num_updates = {}, 0
@@ -345,8 +409,10 @@ def train(run, args: Args) -> dict:
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
     if batch_size % args.num_minibatches != 0:
-        raise SystemExit(f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
-                         f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}")
+        raise SystemExit(
+            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
+            f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
+        )
     minibatch_size = batch_size // args.num_minibatches
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
@@ -354,10 +420,14 @@ def train(run, args: Args) -> dict:
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape = observation_shape(next_obs, "policy")
-    critic_shape = observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    critic_shape = (
+        observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    )
     # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
-    image_scale = tuple(image_max(space) for space in (envs.single_observation_space,
-                                                       getattr(envs, "single_critic_observation_space", None)))
+    image_scale = tuple(
+        image_max(space)
+        for space in (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
+    )
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
@@ -369,27 +439,51 @@ def train(run, args: Args) -> dict:
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
     if args.rnd_obs_group not in next_obs.keys():
-        raise SystemExit(f"error: --rnd-obs-group {args.rnd_obs_group}: {args.env_id} has only {', '.join(next_obs.keys())}")
+        raise SystemExit(
+            f"error: --rnd-obs-group {args.rnd_obs_group}: {args.env_id} has only {', '.join(next_obs.keys())}"
+        )
     rnd_shape = observation_shape(next_obs, args.rnd_obs_group)
     rnd, rnd_inference = (RND(rnd_shape, args, image_scale[args.rnd_obs_group == "critic"]).to(device) for _ in "12")
     distributed.broadcast_module(rnd)  # one random target and one predictor on every rank
     from_module(rnd).data.to_module(rnd_inference)  # the grad-free twin the rollout reads, as agent_inference
-    rnd_optimizer = torch.optim.Adam(rnd.predictor.parameters(), lr=torch.tensor(args.rnd_learning_rate, device=device),
-                                     eps=1e-5, capturable=device.type == "cuda")
+    rnd_optimizer = torch.optim.Adam(
+        rnd.predictor.parameters(),
+        lr=torch.tensor(args.rnd_learning_rate, device=device),
+        eps=1e-5,
+        capturable=device.type == "cuda",
+    )
     # not clipped: the raw scale would be lost (the intrinsic advantage is weighed against the extrinsic one)
     int_normalizer = RewardNormalizer(args.num_envs, args.rnd_gamma, clip=None).to(device)
     rnd_weight = torch.tensor(args.rnd_weight, device=device)  # set from the schedule every iteration
 
     # what the checkpoints hold besides the counters: saved and restored (in place) from here
-    state = TrainingState(agent, {"adam": optimizer, "rnd_adam": rnd_optimizer}, envs, shared={
-        "learning_rate": lr, "reward_normalizer": reward_normalizer, "rnd": rnd, "intrinsic_reward_normalizer": int_normalizer},
-        per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "intrinsic_returns": int_normalizer.returns})
+    state = TrainingState(
+        agent,
+        {"adam": optimizer, "rnd_adam": rnd_optimizer},
+        envs,
+        shared={
+            "learning_rate": lr,
+            "reward_normalizer": reward_normalizer,
+            "rnd": rnd,
+            "intrinsic_reward_normalizer": int_normalizer,
+        },
+        per_rank={
+            "ep_stats": ep_stats,
+            "reward_returns": reward_normalizer.returns,
+            "intrinsic_returns": int_normalizer.returns,
+        },
+    )
     next_obs = restore(run, state, next_obs)
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "charts": {}, "nonfinite": {}}
+    stats = {
+        "episodes": torch.zeros(3, device=device, dtype=torch.float64),
+        "losses": {},
+        "charts": {},
+        "nonfinite": {},
+    }
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     policy_step = agent_inference.act
@@ -398,16 +492,27 @@ def train(run, args: Args) -> dict:
         """At the step, with the weights and statistics the targets read: V_ext(final_obs), the time-out bootstrap, and
         the intrinsic reward, the novelty of the state reached (the true last one where an episode ended)."""
         final_value = agent_inference.value(agent_inference.normalize(final_obs))[..., 0]
-        return final_value, torch.where(done, rnd_inference.novelty(final_obs, args.rnd_obs_group),
-                                        rnd_inference.novelty(next_obs, args.rnd_obs_group))
+        return final_value, torch.where(
+            done,
+            rnd_inference.novelty(final_obs, args.rnd_obs_group),
+            rnd_inference.novelty(next_obs, args.rnd_obs_group),
+        )
 
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         action, logprob = policy_step(obs)  # the rollout runs under no_grad
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value, novelty = step_values(next_obs, info["final_obs"], terminated | truncated)
-        transition = {"obs": obs, "final_values": final_value, "int_rewards": novelty, "actions": action, "logprobs": logprob,
-                      "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
+        transition = {
+            "obs": obs,
+            "final_values": final_value,
+            "int_rewards": novelty,
+            "actions": action,
+            "logprobs": logprob,
+            "rewards": reward.float(),
+            "terminated": terminated,
+            "truncated": truncated,
+        }
         if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
             transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
@@ -429,8 +534,17 @@ def train(run, args: Args) -> dict:
         return rollout(run, env_step, obs, storage)
 
     def targets_fn(obs: TensorDict):
-        return targets(agent, rnd, (reward_normalizer, int_normalizer), rnd_weight, storage.data, obs, ep_stats,
-                       stats["episodes"], args)
+        return targets(
+            agent,
+            rnd,
+            (reward_normalizer, int_normalizer),
+            rnd_weight,
+            storage.data,
+            obs,
+            ep_stats,
+            stats["episodes"],
+            args,
+        )
 
     def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
@@ -450,10 +564,17 @@ def train(run, args: Args) -> dict:
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch of the update as one graph
-    graphs = "off" if not args.cudagraphs else (
-        f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update")
-    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process)", global_batch, graphs)
+    graphs = (
+        "off"
+        if not args.cudagraphs
+        else (f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update")
+    )
+    begin_training(
+        run,
+        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)",
+        global_batch,
+        graphs,
+    )
     iterations_in_stats, storage_said = 0, False
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
@@ -476,13 +597,20 @@ def train(run, args: Args) -> dict:
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
         if due.log:
-            log(run, reduce_iteration(
-                run, episodes=stats["episodes"],
-                means={f"{kind}/{name}": total / iterations_in_stats for kind in ("losses", "charts")
-                       for name, total in stats[kind].items()},
-                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                local={"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight},
-            ))
+            log(
+                run,
+                reduce_iteration(
+                    run,
+                    episodes=stats["episodes"],
+                    means={
+                        f"{kind}/{name}": total / iterations_in_stats
+                        for kind in ("losses", "charts")
+                        for name, total in stats[kind].items()
+                    },
+                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
+                    local={"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight},
+                ),
+            )
             zero_(stats)
             iterations_in_stats = 0
 

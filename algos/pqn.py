@@ -32,7 +32,9 @@ from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
-    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+    sys.exit(
+        f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
+    )
 
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
@@ -43,7 +45,14 @@ from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import ACTIVATIONS, group_encoder, image_max, layer_init, observation_shape  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
 from common.run import (  # noqa: E402
-    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
+    begin_training,
+    checkpoints_to_write,
+    closing,
+    finish,
+    make_envs,
+    open_run,
+    start_run,
+    what_is_due,
 )
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
@@ -53,7 +62,8 @@ ALGO = "pqn"
 @dataclass
 class Args(RunArgs):
     env_id: str = "CartPole-v1"
-    """environment id with a Discrete action space: a built-in env (CartPole-v1, Acrobot-v1, MountainCar-v0) or an adapter id"""
+    """environment id with a Discrete action space: a built-in env (CartPole-v1, Acrobot-v1, MountainCar-v0) or an
+    adapter id"""
     num_envs: int = 1024
     eval_only: bool = False
     """load --resume, evaluate the greedy policy, print the returns, and exit"""
@@ -117,7 +127,9 @@ class QNetwork(nn.Module):
     def __init__(self, obs_shape, num_actions: int, args: Args, image_max: float = 255.0):
         super().__init__()
         obs_shape = (obs_shape,) if isinstance(obs_shape, int) else obs_shape
-        encoder = group_encoder(obs_shape, args.encoder, image_max, layer_norm=True)  # frames' (or terms') encoder, if any
+        encoder = group_encoder(
+            obs_shape, args.encoder, image_max, layer_norm=True
+        )  # frames' (or terms') encoder, if any
         layers, last = ([], obs_shape[0]) if encoder is None else ([encoder], encoder.out_dim)
         for h in args.hidden_sizes:
             layers += [layer_init(nn.Linear(last, h)), nn.LayerNorm(h), ACTIVATIONS[args.activation]()]
@@ -189,27 +201,38 @@ def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> Ten
 
 
 @torch.no_grad()
-def targets(qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor,
-            args: Args):
+def targets(
+    qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args
+):
     """Episode statistics; max-Q of the next observations, batched; the Q(lambda) targets;
     then the observation statistics for the next rollout. Returns the flat batch the update reads
     and the counts of non-finite values by name."""
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]),
-                 data.get("game_over", data["terminated"] | data["truncated"]), sums=episodes)
+    episode_sums(
+        ep_stats,
+        data.get("game_rewards", data["rewards"]),
+        data.get("game_over", data["terminated"] | data["truncated"]),
+        sums=episodes,
+    )
     obs_n = qnet.obs_rms(data["obs"])  # the same statistics the policy acted with
     q_max = qnet(obs_n).amax(-1)
     last_q_max = qnet(qnet.obs_rms(next_obs["policy"])).amax(-1)
     next_q_max = torch.cat([q_max[1:], last_q_max.unsqueeze(0)])
     rewards = data["rewards"] * args.reward_scale
-    q_targets = q_lambda_targets(rewards, next_q_max, data["final_q_max"], data["terminated"], data["truncated"], args.gamma,
-                                 args.q_lambda)
-    nonfinite_counts = {name: nonfinite(x) for name, x in
-                        (("observations", data["obs"]), ("rewards", data["rewards"]), ("targets", q_targets))}
+    q_targets = q_lambda_targets(
+        rewards, next_q_max, data["final_q_max"], data["terminated"], data["truncated"], args.gamma, args.q_lambda
+    )
+    nonfinite_counts = {
+        name: nonfinite(x)
+        for name, x in (("observations", data["obs"]), ("rewards", data["rewards"]), ("targets", q_targets))
+    }
     if args.obs_norm:  # statistics for the next rollout come from this rollout's data only
         qnet.obs_rms.update(data["obs"])
-    batch = TensorDict({"obs_n": obs_n, "actions": data["actions"], "targets": q_targets},
-                       batch_size=rewards.shape, device=rewards.device)
+    batch = TensorDict(
+        {"obs_n": obs_n, "actions": data["actions"], "targets": q_targets},
+        batch_size=rewards.shape,
+        device=rewards.device,
+    )
     return batch.reshape(-1), nonfinite_counts
 
 
@@ -246,11 +269,15 @@ def train(run, args: Args) -> dict:
     minibatch_size = batch_size // args.num_minibatches
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
-    envs, eval_envs = make_envs(run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py")
+    envs, eval_envs = make_envs(
+        run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py"
+    )
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape, num_actions = observation_shape(next_obs, "policy"), int(envs.single_action_space.n)
-    image_scale = image_max(envs.single_observation_space)  # the image groups' scale: their space's high (255 for uint8 frames)
+    image_scale = image_max(
+        envs.single_observation_space
+    )  # the image groups' scale: their space's high (255 for uint8 frames)
     qnet = QNetwork(obs_shape, num_actions, args, image_scale).to(device)
     distributed.broadcast_module(qnet)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the network's storage: no copies, no autograd in the rollout.
@@ -267,7 +294,9 @@ def train(run, args: Args) -> dict:
     epsilon = torch.empty(args.num_envs, device=device)  # one fixed buffer, refilled every iteration
 
     # what the checkpoints hold besides the counters: saved and restored (in place) from here
-    state = TrainingState(qnet, {"adam": optimizer}, envs, shared={"learning_rate": lr}, per_rank={"ep_stats": ep_stats})
+    state = TrainingState(
+        qnet, {"adam": optimizer}, envs, shared={"learning_rate": lr}, per_rank={"ep_stats": ep_stats}
+    )
     next_obs = restore(run, state, next_obs)
     if args.eval_only:
         return eval_only(run, eval_envs, qnet_inference)
@@ -281,15 +310,22 @@ def train(run, args: Args) -> dict:
     @torch.no_grad()
     def final_q_max(final_obs: torch.Tensor) -> torch.Tensor:
         """max_a Q(final_obs, a), the time-out bootstrap, at the step: stored in place of a second observation per step
-        (half the storage of frames). The weights and statistics the targets read: nothing changes them within a rollout."""
+        (half the storage of frames). The weights and statistics the targets read: nothing changes them within a
+        rollout."""
         return qnet_inference(qnet_inference.obs_rms(final_obs)).amax(-1)
 
     def env_step(obs: TensorDict):
         """Act epsilon-greedily and step every env once: (next observation, the transition to store, the env's info)."""
         action = policy_step(obs["policy"], epsilon)
         next_obs, reward, terminated, truncated, info = envs.step(action)
-        transition = {"obs": obs["policy"], "final_q_max": final_q_max(info["final_obs"]["policy"]), "actions": action,
-                      "rewards": reward.float(), "terminated": terminated, "truncated": truncated}
+        transition = {
+            "obs": obs["policy"],
+            "final_q_max": final_q_max(info["final_obs"]["policy"]),
+            "actions": action,
+            "rewards": reward.float(),
+            "terminated": terminated,
+            "truncated": truncated,
+        }
         if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
             transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
@@ -330,8 +366,12 @@ def train(run, args: Args) -> dict:
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     update_fn = captured(run, "update", update_fn)  # the targets and every epoch: one graph, the batch never leaves it
     graphs = f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update"
-    begin_training(run, f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} "
-                        f"per process)", global_batch, graphs if args.cudagraphs else None)
+    begin_training(
+        run,
+        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)",
+        global_batch,
+        graphs if args.cudagraphs else None,
+    )
     iterations_in_stats, storage_said = 0, False
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.
@@ -357,13 +397,19 @@ def train(run, args: Args) -> dict:
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
         if due.log:
-            log(run, reduce_iteration(
-                run, episodes=stats["episodes"],
-                means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
-                checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                local={"charts/learning_rate": lr_now if lr_now is not None else lr,
-                       "charts/epsilon": eps_now * eps_mean_scale},  # the mean over all envs
-            ))
+            log(
+                run,
+                reduce_iteration(
+                    run,
+                    episodes=stats["episodes"],
+                    means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
+                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
+                    local={
+                        "charts/learning_rate": lr_now if lr_now is not None else lr,
+                        "charts/epsilon": eps_now * eps_mean_scale,
+                    },  # the mean over all envs
+                ),
+            )
             zero_(stats)
             iterations_in_stats = 0
 

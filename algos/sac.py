@@ -33,7 +33,9 @@ from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
-    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+    sys.exit(
+        f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
+    )
 
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
@@ -44,7 +46,14 @@ from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import EnsembleLinear, mlp, vector_size  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
+    begin_training,
+    checkpoints_to_write,
+    closing,
+    finish,
+    make_envs,
+    open_run,
+    start_run,
+    what_is_due,
 )
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
@@ -56,7 +65,8 @@ class Args(RunArgs):
     env_id: str = "Pendulum-v1"
     """environment id with a continuous (Box) action space: a built-in env or an adapter prefix (gym:..., mjlab:...)"""
     num_envs: int | None = None
-    """envs per process; default 1024 on CUDA, 32 elsewhere (a CPU runs the updates too: fewer envs, more updates per env step)"""
+    """envs per process; default 1024 on CUDA, 32 elsewhere (a CPU runs the updates too: fewer envs, more updates per
+    env step)"""
     total_timesteps: int = 10_000_000
     save_interval: int = 2000
     save_buffer: bool = False
@@ -148,15 +158,21 @@ class Agent(nn.Module):
         self.critic_key = "critic" if critic_obs_dim is not None else "policy"
         self.actor = mlp(obs_dim, 2 * act_dim, args.hidden_sizes)  # mean and log std
         self.log_std_range = (args.log_std_min, args.log_std_max)
-        self.critic = mlp((critic_obs_dim or obs_dim) + act_dim, 1, args.critic_hidden_sizes or args.hidden_sizes,
-                          linear=functools.partial(EnsembleLinear, NUM_CRITICS))
+        self.critic = mlp(
+            (critic_obs_dim or obs_dim) + act_dim,
+            1,
+            args.critic_hidden_sizes or args.hidden_sizes,
+            linear=functools.partial(EnsembleLinear, NUM_CRITICS),
+        )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(args.alpha)), requires_grad=args.autotune)
         clip = args.obs_clip
         self.obs_rms = RunningMeanStd(obs_dim, clip=clip) if args.obs_norm else nn.Identity()
-        self.critic_obs_rms = RunningMeanStd(critic_obs_dim, clip=clip) if args.obs_norm and critic_obs_dim else nn.Identity()
+        self.critic_obs_rms = (
+            RunningMeanStd(critic_obs_dim, clip=clip) if args.obs_norm and critic_obs_dim else nn.Identity()
+        )
 
     def normalize(self, obs: TensorDict) -> TensorDict:
         out = {"policy": self.obs_rms(obs["policy"])}
@@ -166,7 +182,9 @@ class Agent(nn.Module):
 
     def q(self, critic: nn.Module, obs_n: TensorDict, action: torch.Tensor) -> torch.Tensor:
         """[E, B] Q-values of every critic of the ensemble."""
-        return critic(torch.cat([obs_n[self.critic_key], action], -1)).squeeze(-1).float()  # float32 under bf16 autocast
+        return (
+            critic(torch.cat([obs_n[self.critic_key], action], -1)).squeeze(-1).float()
+        )  # float32 under bf16 autocast
 
     def sample(self, policy_obs_n: torch.Tensor, deterministic: bool = False):
         """Reparameterised action in [-1, 1] and its log-prob (tanh of the mean when deterministic)."""
@@ -232,8 +250,14 @@ def critic_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: T
     return {"q_loss": q_loss.detach(), "q_values": q_mean}
 
 
-def actor_step(agent: Agent, actor_optimizer: torch.optim.Optimizer, alpha_optimizer: torch.optim.Optimizer,
-               target_entropy: float, args: Args, b: TensorDict) -> torch.Tensor:
+def actor_step(
+    agent: Agent,
+    actor_optimizer: torch.optim.Optimizer,
+    alpha_optimizer: torch.optim.Optimizer,
+    target_entropy: float,
+    args: Args,
+    b: TensorDict,
+) -> torch.Tensor:
     """One actor step, then one temperature step; returns their statistics by name."""
     loss, logp, alpha = actor_loss(agent, b, args)
     actor_optimizer.zero_grad(set_to_none=False)
@@ -254,10 +278,15 @@ def actor_step(agent: Agent, actor_optimizer: torch.optim.Optimizer, alpha_optim
 def check_args(args: Args, batch_size: int, capacity: int) -> None:
     """Flags that cannot work together: a clear error before anything runs (each flag alone: common.args)."""
     if capacity < args.n_step:
-        raise SystemExit(f"error: --buffer-size {args.buffer_size} gives {capacity} slots per env for {args.num_envs} envs, "
-                         f"fewer than --n-step {args.n_step}; raise --buffer-size to at least {args.n_step * args.num_envs}")
+        raise SystemExit(
+            f"error: --buffer-size {args.buffer_size} gives {capacity} slots per env for {args.num_envs} envs, "
+            f"fewer than --n-step {args.n_step}; raise --buffer-size to at least {args.n_step * args.num_envs}"
+        )
     if args.alpha <= 0 or args.log_std_min >= args.log_std_max:
-        raise SystemExit(f"error: need --alpha > 0 and --log-std-min < --log-std-max, got {args.alpha}, {args.log_std_min}, {args.log_std_max}")
+        raise SystemExit(
+            f"error: need --alpha > 0 and --log-std-min < --log-std-max, got {args.alpha}, {args.log_std_min}, "
+            f"{args.log_std_max}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,7 +308,9 @@ def act_and_step(envs, agent: Agent, policy, bf16: bool, obs: TensorDict):
     return action, *envs.step(agent.to_env(action))
 
 
-def collect(run, step, buffer: ReplayBuffer, ep_stats: torch.Tensor, stats: dict, args: Args, obs: TensorDict) -> TensorDict:
+def collect(
+    run, step, buffer: ReplayBuffer, ep_stats: torch.Tensor, stats: dict, args: Args, obs: TensorDict
+) -> TensorDict:
     """Act and step (`step`), write the transition into the replay buffer (its device half: the caller
     advances the host copy), and add the episode statistics and the non-finite counts to `stats`. No host
     read. Returns the next observation."""
@@ -287,11 +318,24 @@ def collect(run, step, buffer: ReplayBuffer, ep_stats: torch.Tensor, stats: dict
     done = terminated | truncated
     # The true next observation: the final one where the episode ended (next_obs has reset).
     real_next_obs = torch.where(done, info["final_obs"], next_obs)
-    buffer.write(TensorDict({"obs": obs, "actions": action, "rewards": reward.float(), "terminated": terminated,
-                             "truncated": truncated, "next_obs": real_next_obs}, batch_size=[args.num_envs]))
+    buffer.write(
+        TensorDict(
+            {
+                "obs": obs,
+                "actions": action,
+                "rewards": reward.float(),
+                "terminated": terminated,
+                "truncated": truncated,
+                "next_obs": real_next_obs,
+            },
+            batch_size=[args.num_envs],
+        )
+    )
     episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=stats["episodes"])
-    add_to(stats["nonfinite"], {"observations": (~torch.isfinite(real_next_obs["policy"])).sum(),
-                                "rewards": (~torch.isfinite(reward)).sum()})
+    add_to(
+        stats["nonfinite"],
+        {"observations": (~torch.isfinite(real_next_obs["policy"])).sum(), "rewards": (~torch.isfinite(reward)).sum()},
+    )
     record_env_log(run, info)
     return next_obs
 
@@ -323,12 +367,17 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run, gym.spaces.Box, hint="use algos/ppo.py or algos/pqn.py for discrete actions")
     space = envs.single_action_space
     if not space.is_bounded():
-        raise SystemExit(f"error: {ALGO}.py scales a tanh policy to the action bounds, but {args.env_id}'s action space {space} is unbounded")
+        raise SystemExit(
+            f"error: {ALGO}.py scales a tanh policy to the action bounds, but {args.env_id}'s action space {space} is "
+            "unbounded"
+        )
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
 
     # --- agent, optimizers, normalizers, replay buffer ---
     obs_dim, act_dim = vector_size(next_obs, "policy", "sac.py"), space.shape[0]
-    critic_dim = vector_size(next_obs, "critic", "sac.py") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    critic_dim = (
+        vector_size(next_obs, "critic", "sac.py") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    )
     target_entropy = -float(act_dim) if args.target_entropy is None else args.target_entropy
     low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high))
     agent = Agent(obs_dim, critic_dim, low, high, args).to(device)
@@ -341,16 +390,25 @@ def train(run, args: Args) -> dict:
     alpha_optimizer = torch.optim.Adam([agent.log_alpha], lr=args.q_lr, capturable=device.type == "cuda")
     optimizers = {"actor": actor_optimizer, "critic": q_optimizer, "alpha": alpha_optimizer}
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
-    obs_normalizers = {group: m for group, m in (("policy", agent.obs_rms), ("critic", agent.critic_obs_rms))
-                       if isinstance(m, RunningMeanStd)}  # what the replay's statistics feed
+    obs_normalizers = {
+        group: m
+        for group, m in (("policy", agent.obs_rms), ("critic", agent.critic_obs_rms))
+        if isinstance(m, RunningMeanStd)
+    }  # what the replay's statistics feed
     buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
     # --- what the checkpoints hold besides the counters: saved and restored (in place) from here ---
     counters = {"update_count": 0, "last_fold": 0}  # critic updates so far; iteration of the last normalizer update
-    state = TrainingState(agent, optimizers, envs, shared={"reward_normalizer": reward_normalizer, "counters": counters},
-                          per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns},
-                          buffer=buffer, save_buffer=args.save_buffer)
+    state = TrainingState(
+        agent,
+        optimizers,
+        envs,
+        shared={"reward_normalizer": reward_normalizer, "counters": counters},
+        per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns},
+        buffer=buffer,
+        save_buffer=args.save_buffer,
+    )
     next_obs = restore(run, state, next_obs)
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
@@ -365,12 +423,19 @@ def train(run, args: Args) -> dict:
     critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)  # noqa: E731
     actor_fn = lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)  # noqa: E731
     sample = lambda: buffer.sample_targets(  # noqa: E731 (an n-step batch with normalized observations)
-        args.batch_size, args.n_step, args.gamma, agent.normalize, reward_normalizer.normalize if args.reward_norm else None)
+        args.batch_size,
+        args.n_step,
+        args.gamma,
+        agent.normalize,
+        reward_normalizer.normalize if args.reward_norm else None,
+    )
     # The actor steps after every policy_frequency-th critic step of the run: which steps of an iteration
     # those are depends on its phase (critic steps before it, mod policy_frequency). One update function
     # per phase, each captured whole: a single one when num_updates is a multiple of policy_frequency.
-    actor_at = {p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
-                for p in range(args.policy_frequency)}
+    actor_at = {
+        p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
+        for p in range(args.policy_frequency)
+    }
     phases = args.policy_frequency // math.gcd(args.num_updates, args.policy_frequency)
     update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)  # noqa: E731
 
@@ -386,16 +451,29 @@ def train(run, args: Args) -> dict:
     collect_policy = captured(run, "step", collect_with(policy_step), capture=whole_step)
     collect_random = captured(run, "random step", collect_with(random_step), capture=whole_step)
     critic_fn, actor_fn = compiled(run, critic_fn), compiled(run, actor_fn)
-    update_fn = {phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
-                 for phase, at in actor_at.items()}
-    graphs = "off" if not args.cudagraphs else (
-        f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all {args.num_updates} "
-        f"updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of the actor's schedule)")
+    update_fn = {
+        phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
+        for phase, at in actor_at.items()
+    }
+    graphs = (
+        "off"
+        if not args.cudagraphs
+        else (
+            f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all "
+            f"{args.num_updates} "
+            f"updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of the actor's "
+            "schedule)"
+        )
+    )
     critic_updates = actor_updates = 0
     ready = lambda: len(buffer) >= args.n_step and len(buffer) * steps_per_iteration >= args.learning_starts  # noqa: E731
     was_ready = ready()
-    begin_training(run, f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env",
-                   steps_per_iteration, graphs)
+    begin_training(
+        run,
+        f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env",
+        steps_per_iteration,
+        graphs,
+    )
     # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1
@@ -409,8 +487,11 @@ def train(run, args: Args) -> dict:
         # --- normalizer statistics: every log interval and before the first update ---
         is_ready = ready()
         if run.iteration % args.log_interval == 0 or (is_ready and not was_ready):
-            buffer.fold_into(min(run.iteration - counters["last_fold"], len(buffer)), obs_normalizers,
-                             reward_normalizer if args.reward_norm else None)
+            buffer.fold_into(
+                min(run.iteration - counters["last_fold"], len(buffer)),
+                obs_normalizers,
+                reward_normalizer if args.reward_norm else None,
+            )
             counters["last_fold"] = run.iteration
         was_ready = is_ready
 
@@ -427,10 +508,16 @@ def train(run, args: Args) -> dict:
         due = what_is_due(run, final_iteration)
         if not due.log:
             continue
-        means = {f"losses/{name}": total / updates for part, updates in (("critic", critic_updates), ("actor", actor_updates))
-                 if updates for name, total in stats[part].items()}
-        checks = {**{name: count == 0 for name, count in stats["nonfinite"].items()},
-                  **{name: torch.isfinite(total) for part in ("critic", "actor") for name, total in stats[part].items()}}
+        means = {
+            f"losses/{name}": total / updates
+            for part, updates in (("critic", critic_updates), ("actor", actor_updates))
+            if updates
+            for name, total in stats[part].items()
+        }
+        checks = {
+            **{name: count == 0 for name, count in stats["nonfinite"].items()},
+            **{name: torch.isfinite(total) for part in ("critic", "actor") for name, total in stats[part].items()},
+        }
         log(run, reduce_iteration(run, episodes=stats["episodes"], means=means, checks=checks))
         zero_(stats)
         critic_updates = actor_updates = 0

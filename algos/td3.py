@@ -28,7 +28,9 @@ from tensordict import TensorDict, from_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
-    sys.exit(f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e .")
+    sys.exit(
+        f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
+    )
 
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
@@ -39,7 +41,14 @@ from common.evaluation import eval_only, evaluate  # noqa: E402
 from common.nets import EnsembleLinear, mlp, vector_size  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
 from common.run import (  # noqa: E402
-    begin_training, checkpoints_to_write, closing, finish, make_envs, open_run, start_run, what_is_due,
+    begin_training,
+    checkpoints_to_write,
+    closing,
+    finish,
+    make_envs,
+    open_run,
+    start_run,
+    what_is_due,
 )
 from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
 
@@ -51,7 +60,8 @@ class Args(RunArgs):
     env_id: str = "Pendulum-v1"
     """environment id with a continuous (Box) action space: a built-in env or an adapter prefix (gym:..., mjlab:...)"""
     num_envs: int | None = None
-    """envs per process; default 1024 on CUDA, 32 elsewhere (a CPU runs the updates too: fewer envs, more updates per env step)"""
+    """envs per process; default 1024 on CUDA, 32 elsewhere (a CPU runs the updates too: fewer envs, more updates per
+    env step)"""
     total_timesteps: int = 10_000_000
     save_interval: int = 2000
     save_buffer: bool = False
@@ -126,7 +136,9 @@ NUM_CRITICS = 2  # clipped double Q
 # ----------------------------------------------------------------------------------------------
 # Networks (ReLU MLPs; the critics an ensemble of them, common/nets.py)
 # ----------------------------------------------------------------------------------------------
-def categorical_projection(probs: torch.Tensor, rewards: torch.Tensor, bootstrap: torch.Tensor, v_min: float, v_max: float) -> torch.Tensor:
+def categorical_projection(
+    probs: torch.Tensor, rewards: torch.Tensor, bootstrap: torch.Tensor, v_min: float, v_max: float
+) -> torch.Tensor:
     """C51's projection of the distribution of rewards + bootstrap * Z back onto Z's atoms.
 
     probs [..., B, A] on A evenly spaced atoms in [v_min, v_max]; rewards, bootstrap [B]
@@ -160,15 +172,23 @@ class Agent(nn.Module):
         self.critic_key = "critic" if critic_obs_dim is not None else "policy"
         self.actor = nn.Sequential(mlp(obs_dim, act_dim, args.hidden_sizes), nn.Tanh())
         self.num_out = args.num_atoms if args.distributional else 1
-        self.critic = mlp((critic_obs_dim or obs_dim) + act_dim, self.num_out, args.critic_hidden_sizes or args.hidden_sizes,
-                          linear=functools.partial(EnsembleLinear, NUM_CRITICS))
+        self.critic = mlp(
+            (critic_obs_dim or obs_dim) + act_dim,
+            self.num_out,
+            args.critic_hidden_sizes or args.hidden_sizes,
+            linear=functools.partial(EnsembleLinear, NUM_CRITICS),
+        )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
-        self.register_buffer("atoms", torch.linspace(args.v_min, args.v_max, args.num_atoms) if args.distributional else torch.zeros(0))
+        self.register_buffer(
+            "atoms", torch.linspace(args.v_min, args.v_max, args.num_atoms) if args.distributional else torch.zeros(0)
+        )
         clip = args.obs_clip
         self.obs_rms = RunningMeanStd(obs_dim, clip=clip) if args.obs_norm else nn.Identity()
-        self.critic_obs_rms = RunningMeanStd(critic_obs_dim, clip=clip) if args.obs_norm and critic_obs_dim else nn.Identity()
+        self.critic_obs_rms = (
+            RunningMeanStd(critic_obs_dim, clip=clip) if args.obs_norm and critic_obs_dim else nn.Identity()
+        )
 
     def normalize(self, obs: TensorDict) -> TensorDict:
         out = {"policy": self.obs_rms(obs["policy"])}
@@ -211,7 +231,9 @@ def critic_loss(agent: Agent, b: TensorDict, args: Args):
         next_action = (agent.actor(b["next_obs_n", "policy"]).float() + noise).clamp(-1.0, 1.0)
         next_out = agent.q_out(agent.critic_target, b["next_obs_n"], next_action)
         if args.distributional:
-            projected = categorical_projection(next_out.softmax(-1), b["rewards"], b["bootstrap"], args.v_min, args.v_max)
+            projected = categorical_projection(
+                next_out.softmax(-1), b["rewards"], b["bootstrap"], args.v_min, args.v_max
+            )
             # Clipped double Q: every critic learns the projected distribution with the lowest mean.
             lowest = agent.q_value(next_out).argmin(0)  # [B]
             target = projected.gather(0, lowest.view(1, -1, 1).expand(1, *projected.shape[1:])).squeeze(0)
@@ -263,12 +285,17 @@ def actor_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: Te
 def check_args(args: Args, batch_size: int, capacity: int) -> None:
     """Flags that cannot work together: a clear error before anything runs (each flag alone: common.args)."""
     if capacity < args.n_step:
-        raise SystemExit(f"error: --buffer-size {args.buffer_size} gives {capacity} slots per env for {args.num_envs} envs, "
-                         f"fewer than --n-step {args.n_step}; raise --buffer-size to at least {args.n_step * args.num_envs}")
+        raise SystemExit(
+            f"error: --buffer-size {args.buffer_size} gives {capacity} slots per env for {args.num_envs} envs, "
+            f"fewer than --n-step {args.n_step}; raise --buffer-size to at least {args.n_step * args.num_envs}"
+        )
     if not 0 <= args.std_min <= args.std_max:
         raise SystemExit(f"error: need 0 <= --std-min <= --std-max, got {args.std_min} and {args.std_max}")
     if args.distributional and (args.num_atoms < 2 or args.v_min >= args.v_max):
-        raise SystemExit(f"error: --distributional needs --num-atoms >= 2 and --v-min < --v-max, got {args.num_atoms}, {args.v_min}, {args.v_max}")
+        raise SystemExit(
+            f"error: --distributional needs --num-atoms >= 2 and --v-min < --v-max, got {args.num_atoms}, "
+            f"{args.v_min}, {args.v_max}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,8 +317,16 @@ def act_and_step(envs, agent: Agent, policy, bf16: bool, obs: TensorDict):
     return action, *envs.step(agent.to_env(action))
 
 
-def collect(run, step, buffer: ReplayBuffer, noise_std: torch.Tensor, ep_stats: torch.Tensor, stats: dict, args: Args,
-            obs: TensorDict) -> TensorDict:
+def collect(
+    run,
+    step,
+    buffer: ReplayBuffer,
+    noise_std: torch.Tensor,
+    ep_stats: torch.Tensor,
+    stats: dict,
+    args: Args,
+    obs: TensorDict,
+) -> TensorDict:
     """Act and step (`step`), write the transition into the replay buffer (its device half: the caller
     advances the host copy), draw a new noise std for each env that starts an episode, and add the
     episode statistics and the non-finite counts to `stats`. No host read. Returns the next observation."""
@@ -299,13 +334,26 @@ def collect(run, step, buffer: ReplayBuffer, noise_std: torch.Tensor, ep_stats: 
     done = terminated | truncated
     # The true next observation: the final one where the episode ended (next_obs has reset).
     real_next_obs = torch.where(done, info["final_obs"], next_obs)
-    buffer.write(TensorDict({"obs": obs, "actions": action, "rewards": reward.float(), "terminated": terminated,
-                             "truncated": truncated, "next_obs": real_next_obs}, batch_size=[args.num_envs]))
+    buffer.write(
+        TensorDict(
+            {
+                "obs": obs,
+                "actions": action,
+                "rewards": reward.float(),
+                "terminated": terminated,
+                "truncated": truncated,
+                "next_obs": real_next_obs,
+            },
+            batch_size=[args.num_envs],
+        )
+    )
     fresh_std = torch.rand(args.num_envs, 1, device=noise_std.device) * (args.std_max - args.std_min) + args.std_min
     noise_std.copy_(torch.where(done.unsqueeze(-1), fresh_std, noise_std))  # a new noise scale per episode
     episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=stats["episodes"])
-    add_to(stats["nonfinite"], {"observations": (~torch.isfinite(real_next_obs["policy"])).sum(),
-                                "rewards": (~torch.isfinite(reward)).sum()})
+    add_to(
+        stats["nonfinite"],
+        {"observations": (~torch.isfinite(real_next_obs["policy"])).sum(), "rewards": (~torch.isfinite(reward)).sum()},
+    )
     record_env_log(run, info)
     return next_obs
 
@@ -337,12 +385,17 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run, gym.spaces.Box, hint="use algos/ppo.py or algos/pqn.py for discrete actions")
     space = envs.single_action_space
     if not space.is_bounded():
-        raise SystemExit(f"error: {ALGO}.py scales a tanh policy to the action bounds, but {args.env_id}'s action space {space} is unbounded")
+        raise SystemExit(
+            f"error: {ALGO}.py scales a tanh policy to the action bounds, but {args.env_id}'s action space {space} is "
+            "unbounded"
+        )
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
 
     # --- agent, optimizers, normalizers, replay buffer ---
     obs_dim = vector_size(next_obs, "policy", "td3.py")
-    critic_dim = vector_size(next_obs, "critic", "td3.py") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    critic_dim = (
+        vector_size(next_obs, "critic", "td3.py") if args.asymmetric_critic and "critic" in next_obs.keys() else None
+    )
     low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high))
     agent = Agent(obs_dim, critic_dim, low, high, args).to(device)
     distributed.broadcast_module(agent)  # identical initial weights (and targets) on every rank
@@ -353,17 +406,26 @@ def train(run, args: Args) -> dict:
     q_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.q_lr, capturable=device.type == "cuda")
     optimizers = {"actor": actor_optimizer, "critic": q_optimizer}
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
-    obs_normalizers = {group: m for group, m in (("policy", agent.obs_rms), ("critic", agent.critic_obs_rms))
-                       if isinstance(m, RunningMeanStd)}  # what the replay's statistics feed
+    obs_normalizers = {
+        group: m
+        for group, m in (("policy", agent.obs_rms), ("critic", agent.critic_obs_rms))
+        if isinstance(m, RunningMeanStd)
+    }  # what the replay's statistics feed
     buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
     noise_std = torch.rand(args.num_envs, 1, device=device) * (args.std_max - args.std_min) + args.std_min
 
     # --- what the checkpoints hold besides the counters: saved and restored (in place) from here ---
     counters = {"update_count": 0, "last_fold": 0}  # critic updates so far; iteration of the last normalizer update
-    state = TrainingState(agent, optimizers, envs, shared={"reward_normalizer": reward_normalizer, "counters": counters},
-                          per_rank={"ep_stats": ep_stats, "noise_std": noise_std, "reward_returns": reward_normalizer.returns},
-                          buffer=buffer, save_buffer=args.save_buffer)
+    state = TrainingState(
+        agent,
+        optimizers,
+        envs,
+        shared={"reward_normalizer": reward_normalizer, "counters": counters},
+        per_rank={"ep_stats": ep_stats, "noise_std": noise_std, "reward_returns": reward_normalizer.returns},
+        buffer=buffer,
+        save_buffer=args.save_buffer,
+    )
     next_obs = restore(run, state, next_obs)
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
@@ -378,12 +440,19 @@ def train(run, args: Args) -> dict:
     critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)  # noqa: E731
     actor_fn = lambda batch: actor_step(agent, actor_optimizer, args, batch)  # noqa: E731
     sample = lambda: buffer.sample_targets(  # noqa: E731 (an n-step batch with normalized observations)
-        args.batch_size, args.n_step, args.gamma, agent.normalize, reward_normalizer.normalize if args.reward_norm else None)
+        args.batch_size,
+        args.n_step,
+        args.gamma,
+        agent.normalize,
+        reward_normalizer.normalize if args.reward_norm else None,
+    )
     # The actor steps after every policy_frequency-th critic step of the run: which steps of an iteration
     # those are depends on its phase (critic steps before it, mod policy_frequency). One update function
     # per phase, each captured whole: a single one when num_updates is a multiple of policy_frequency.
-    actor_at = {p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
-                for p in range(args.policy_frequency)}
+    actor_at = {
+        p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
+        for p in range(args.policy_frequency)
+    }
     phases = args.policy_frequency // math.gcd(args.num_updates, args.policy_frequency)
     update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)  # noqa: E731
 
@@ -399,16 +468,29 @@ def train(run, args: Args) -> dict:
     collect_policy = captured(run, "step", collect_with(policy_step), capture=whole_step)
     collect_random = captured(run, "random step", collect_with(random_step), capture=whole_step)
     critic_fn, actor_fn = compiled(run, critic_fn), compiled(run, actor_fn)
-    update_fn = {phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
-                 for phase, at in actor_at.items()}
-    graphs = "off" if not args.cudagraphs else (
-        f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all {args.num_updates} "
-        f"updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of the actor's schedule)")
+    update_fn = {
+        phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
+        for phase, at in actor_at.items()
+    }
+    graphs = (
+        "off"
+        if not args.cudagraphs
+        else (
+            f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all "
+            f"{args.num_updates} "
+            f"updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of the actor's "
+            "schedule)"
+        )
+    )
     critic_updates = actor_updates = 0
     ready = lambda: len(buffer) >= args.n_step and len(buffer) * steps_per_iteration >= args.learning_starts  # noqa: E731
     was_ready = ready()
-    begin_training(run, f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env",
-                   steps_per_iteration, graphs)
+    begin_training(
+        run,
+        f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env",
+        steps_per_iteration,
+        graphs,
+    )
     # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1
@@ -422,8 +504,11 @@ def train(run, args: Args) -> dict:
         # --- normalizer statistics: every log interval and before the first update ---
         is_ready = ready()
         if run.iteration % args.log_interval == 0 or (is_ready and not was_ready):
-            buffer.fold_into(min(run.iteration - counters["last_fold"], len(buffer)), obs_normalizers,
-                             reward_normalizer if args.reward_norm else None)
+            buffer.fold_into(
+                min(run.iteration - counters["last_fold"], len(buffer)),
+                obs_normalizers,
+                reward_normalizer if args.reward_norm else None,
+            )
             counters["last_fold"] = run.iteration
         was_ready = is_ready
 
@@ -440,10 +525,16 @@ def train(run, args: Args) -> dict:
         due = what_is_due(run, final_iteration)
         if not due.log:
             continue
-        means = {f"losses/{name}": total / updates for part, updates in (("critic", critic_updates), ("actor", actor_updates))
-                 if updates for name, total in stats[part].items()}
-        checks = {**{name: count == 0 for name, count in stats["nonfinite"].items()},
-                  **{name: torch.isfinite(total) for part in ("critic", "actor") for name, total in stats[part].items()}}
+        means = {
+            f"losses/{name}": total / updates
+            for part, updates in (("critic", critic_updates), ("actor", actor_updates))
+            if updates
+            for name, total in stats[part].items()
+        }
+        checks = {
+            **{name: count == 0 for name, count in stats["nonfinite"].items()},
+            **{name: torch.isfinite(total) for part in ("critic", "actor") for name, total in stats[part].items()},
+        }
         log(run, reduce_iteration(run, episodes=stats["episodes"], means=means, checks=checks))
         zero_(stats)
         critic_updates = actor_updates = 0

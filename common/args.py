@@ -101,7 +101,8 @@ class RunArgs:
     total_timesteps: Annotated[int, Ge(1)] = 5_000_000
     """env steps to train for, summed over all processes"""
     seed: int = 1
-    """seed of the experiment; every env stream and generator of every rank derives from a hash of (seed, rank, stream)"""
+    """seed of the experiment; every env stream and generator of every rank derives from a hash of (seed, rank, stream)
+    """
     device: str = "auto"
     """'auto' (this rank's GPU if any, else CPU), 'cpu', 'cuda'"""
     torch_deterministic: bool | Literal["auto"] = "auto"
@@ -130,7 +131,8 @@ class RunArgs:
     save_interval: Annotated[int, Ge(1)] = 50
     """iterations between writes of checkpoints/last.pt (also written at the end and on SIGTERM/SIGUSR1)"""
     save_interval_seconds: Annotated[float | None, Ge(0)] = None
-    """also write last.pt when this many seconds have passed since the last write (checked when the statistics are logged)"""
+    """also write last.pt when this many seconds have passed since the last write (checked when the statistics are
+    logged)"""
     eval_interval: Annotated[int, Ge(0)] = 10
     """iterations between evaluations (0 disables); best.pt is written when the eval return improves"""
     eval_episodes: Annotated[int, Ge(1)] = 1
@@ -204,8 +206,13 @@ def field_docs(cls) -> dict[str, str]:
         except (OSError, TypeError):  # no source (a class made at run time)
             continue
         for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())  # tyro wraps it
     return docs
 
@@ -231,10 +238,13 @@ def parse_args(args_class, argv: list[str] | None = None):
     run_names = set(RunArgs.__dataclass_fields__)
     module = sys.modules.get(args_class.__module__)
     algo = script_name(args_class, getattr(module, "ALGO", "algorithm"))
-    cli = make_dataclass("CommandLine", [
-        (algo, typing.Annotated[group(f"{algo} flags", lambda n: n not in run_names), tyro.conf.OmitArgPrefixes]),
-        ("run", typing.Annotated[group("run flags", lambda n: n in run_names), tyro.conf.OmitArgPrefixes]),
-    ])
+    cli = make_dataclass(
+        "CommandLine",
+        [
+            (algo, typing.Annotated[group(f"{algo} flags", lambda n: n not in run_names), tyro.conf.OmitArgPrefixes]),
+            ("run", typing.Annotated[group("run flags", lambda n: n in run_names), tyro.conf.OmitArgPrefixes]),
+        ],
+    )
     description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
     argv = sys.argv[1:] if argv is None else argv
     check_flag_names(argv, {f.name for f in fields(args_class)})
@@ -243,7 +253,9 @@ def parse_args(args_class, argv: list[str] | None = None):
     # the flags the command line names, also where a value equals its default (given_flags); an
     # attribute of this instance, not a field, so no class name is compared (a copy may rename Args)
     names = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
-    args._command_line = {n[3:] if n.startswith("no_") and n[3:] in args_class.__dataclass_fields__ else n for n in names}
+    args._command_line = {
+        n[3:] if n.startswith("no_") and n[3:] in args_class.__dataclass_fields__ else n for n in names
+    }
     return args
 
 
@@ -301,21 +313,27 @@ def take_flags_from(run, checkpoint: dict) -> None:
     env id is an error (a network shape that does not fit is restore's)."""
     args, saved = run.args, checkpoint.get("args", {})
     if "env_id" in run.given and saved.get("env_id", args.env_id) != args.env_id:
-        raise SystemExit(f"error: {run.resume_path} was trained on env {saved['env_id']!r}, not {args.env_id!r}: drop "
-                              f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}")
+        raise SystemExit(
+            f"error: {run.resume_path} was trained on env {saved['env_id']!r}, not {args.env_id!r}: drop "
+            f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}"
+        )
     taken = []
     run.foreign_flags = {name: value for name, value in saved.items() if not hasattr(args, name)}
     if run.foreign_flags:  # another script's run (--resume-other-script): its flags stay in its config and checkpoints
         kept = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in run.foreign_flags.items())
-        run.say(f"notice: the run's flags that {run.algo}.py does not have are kept in its config.json and checkpoints, "
-                f"unused: {kept}")
+        run.say(
+            f"notice: the run's flags that {run.algo}.py does not have are kept in its config.json and checkpoints, "
+            f"unused: {kept}"
+        )
     for name, value in saved.items():
         if name in RUN_FLAGS or name in run.given or not hasattr(args, name):
             continue
         value = tuple(value) if isinstance(getattr(args, name), tuple) and isinstance(value, list) else value
         if value != getattr(args, name):
             setattr(args, name, value)
-            taken.append(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, tuple) else value}")
+            taken.append(
+                f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, tuple) else value}"
+            )
     if taken:
         run.say(f"from the checkpoint: {' '.join(taken)}")
 

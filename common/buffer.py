@@ -47,12 +47,18 @@ def describe_storage(td: TensorDictBase, rows: int) -> str:
     """A line saying what ``rows`` transitions laid out like ``td`` take: bytes per transition, total, dtypes of
     the observations."""
     per = bytes_per_transition(td)
-    obs = ", ".join(f"{'.'.join(k) if isinstance(k, tuple) else k} {str(x.dtype).replace('torch.', '')} "
-                    f"{list(x.shape[td.batch_dims:])}" for k, x in td.items(include_nested=True, leaves_only=True)
-                    if x.ndim > td.batch_dims)
+    obs = ", ".join(
+        f"{'.'.join(k) if isinstance(k, tuple) else k} {str(x.dtype).replace('torch.', '')} "
+        f"{list(x.shape[td.batch_dims :])}"
+        for k, x in td.items(include_nested=True, leaves_only=True)
+        if x.ndim > td.batch_dims
+    )
     total = per * rows
-    size = next(f"{total / 2**p:,.1f} {unit}" for p, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B"))
-                if total >= 2**p or not p)
+    size = next(
+        f"{total / 2**p:,.1f} {unit}"
+        for p, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B"))
+        if total >= 2**p or not p
+    )
     return f"{per:,} bytes per transition x {rows:,} = {size} ({obs})"
 
 
@@ -206,7 +212,9 @@ class ReplayBuffer:
             if key not in td.keys():
                 raise KeyError(f"ReplayBuffer.add: missing key {key!r} (needed for sampling), got {sorted(td.keys())}")
             if td[key].shape != (self.num_envs,):
-                raise ValueError(f"ReplayBuffer.add: {key!r} must have shape [{self.num_envs}], got {list(td[key].shape)}")
+                raise ValueError(
+                    f"ReplayBuffer.add: {key!r} must have shape [{self.num_envs}], got {list(td[key].shape)}"
+                )
         for key in ("terminated", "truncated"):
             if td[key].dtype != torch.bool:
                 raise TypeError(f"ReplayBuffer.add: {key!r} must be bool, got {td[key].dtype}")
@@ -252,7 +260,9 @@ class ReplayBuffer:
         # `start` counts from the oldest written slot, which is 0 until the ring wraps and
         # `ptr` afterwards; the modulo maps chronological positions to physical slots.
         if self.capturable:  # bounds from the device: the same kernels whatever the fill level
-            start = torch.randint(1 << 62, (batch_size,), generator=generator, device=device) % (self.device_size - n_step + 1)
+            start = torch.randint(1 << 62, (batch_size,), generator=generator, device=device) % (
+                self.device_size - n_step + 1
+            )
             oldest = (self.device_ptr - self.device_size) % self.capacity
         else:  # Python-int bounds, also free of device reads
             start = torch.randint(num_starts, (batch_size,), generator=generator, device=device)
@@ -279,8 +289,15 @@ class ReplayBuffer:
         out["effective_n"] = effective_n
         return out
 
-    def sample_targets(self, batch_size: int, n_step: int, gamma: float, normalize_obs: Callable,
-                       normalize_rewards: Callable | None = None, generator: torch.Generator | None = None) -> TensorDict:
+    def sample_targets(
+        self,
+        batch_size: int,
+        n_step: int,
+        gamma: float,
+        normalize_obs: Callable,
+        normalize_rewards: Callable | None = None,
+        generator: torch.Generator | None = None,
+    ) -> TensorDict:
         """``sample``, ready for an n-step TD target ``rewards + bootstrap * Q(next_obs_n)``: ``obs_n`` and
         ``next_obs_n`` (``normalize_obs`` of the observations, e.g. a script's ``agent.normalize``),
         ``actions``, ``rewards`` (float32, through ``normalize_rewards`` when given) and
@@ -290,9 +307,15 @@ class ReplayBuffer:
         if normalize_rewards is not None:
             rewards = normalize_rewards(rewards)
         return TensorDict(
-            {"obs_n": normalize_obs(b["obs"]), "next_obs_n": normalize_obs(b["next_obs"]), "actions": b["actions"],
-             "rewards": rewards, "bootstrap": (b["discount"] * ~b["terminated"]).float()},
-            batch_size=[batch_size], device=self.device,
+            {
+                "obs_n": normalize_obs(b["obs"]),
+                "next_obs_n": normalize_obs(b["next_obs"]),
+                "actions": b["actions"],
+                "rewards": rewards,
+                "bootstrap": (b["discount"] * ~b["terminated"]).float(),
+            },
+            batch_size=[batch_size],
+            device=self.device,
         )
 
     def newest(self, k: int) -> TensorDict:

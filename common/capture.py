@@ -77,8 +77,11 @@ def check_torch(version: str | None = None) -> None:
     if major_minor(lo) <= release < major_minor(hi) or os.environ.get("RANK", "0") != "0":
         return
     side = "older" if release < major_minor(lo) else "newer"
-    print(f"notice: torch {version} is {side} than the releases this project supports and tests (torch>={lo},<{hi}); "
-          f'if something fails, pip install "torch>={lo},<{hi}"', flush=True)
+    print(
+        f"notice: torch {version} is {side} than the releases this project supports and tests (torch>={lo},<{hi}); "
+        f'if something fails, pip install "torch>={lo},<{hi}"',
+        flush=True,
+    )
 
 
 def compiled(run: Run, fn: Callable) -> Callable:
@@ -105,7 +108,9 @@ def compiled(run: Run, fn: Callable) -> Callable:
     lost = lost_writes(run.device)
     if not lost:
         return torch.compile(fn)
-    return torch.compile(fn, backend=functools.partial(_inductor_keeping_writes, run, getattr(fn, "__name__", "fn"), lost))
+    return torch.compile(
+        fn, backend=functools.partial(_inductor_keeping_writes, run, getattr(fn, "__name__", "fn"), lost)
+    )
 
 
 # The forms of an in-place write the probe makes, each as its graph shows it (`graph_writes` finds
@@ -149,7 +154,9 @@ def _probe(tensors: list[torch.Tensor], ys: list[torch.Tensor]) -> None:
 @functools.cache
 def _lost_writes(device: str) -> frozenset[tuple[str, torch.dtype, bool]]:
     ys = [torch.full(shape, 3, dtype=dtype, device=device) for dtype, shape in PROBED_KINDS.values()]
-    tensors = [torch.ones(shape, dtype=dtype, device=device) for _ in PROBED_FORMS for dtype, shape in PROBED_KINDS.values()]
+    tensors = [
+        torch.ones(shape, dtype=dtype, device=device) for _ in PROBED_FORMS for dtype, shape in PROBED_KINDS.values()
+    ]
     torch.compile(_probe, backend="inductor", fullgraph=True)(tensors, ys)
     lost = set()
     for i, form in enumerate(PROBED_FORMS):
@@ -176,8 +183,10 @@ def _inductor_keeping_writes(run: Run, name: str, lost, gm: torch.fx.GraphModule
     graph makes one of them, which inductor's path would drop; such a graph runs as dynamo traced it."""
     dropped = sorted({tensor for tensor, form, kind in graph_writes(gm) if (form, *kind) in lost})
     if dropped:
-        run.say(f"notice: {name} writes in place to {', '.join(dropped)}, a write that torch {torch.__version__} "
-                f"drops from a compiled graph on {run.device}: that graph runs uncompiled")
+        run.say(
+            f"notice: {name} writes in place to {', '.join(dropped)}, a write that torch {torch.__version__} "
+            f"drops from a compiled graph on {run.device}: that graph runs uncompiled"
+        )
         return gm.forward
     from torch._inductor.compile_fx import compile_fx
 
@@ -190,9 +199,21 @@ def graph_writes(gm: torch.fx.GraphModule) -> list[tuple[str, str, tuple[torch.d
     of another in-place op (`t.mul_(2).add_(y)`) is a write to the tensor that op wrote."""
     import operator
 
-    inplace_operators = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-                         operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
-                         operator.ilshift, operator.irshift, operator.imatmul}
+    inplace_operators = {
+        operator.iadd,
+        operator.isub,
+        operator.imul,
+        operator.itruediv,
+        operator.ifloordiv,
+        operator.imod,
+        operator.ipow,
+        operator.iand,
+        operator.ior,
+        operator.ixor,
+        operator.ilshift,
+        operator.irshift,
+        operator.imatmul,
+    }
 
     def form_and_target(node):
         if node.op not in ("call_method", "call_function"):

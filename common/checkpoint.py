@@ -39,8 +39,22 @@ if TYPE_CHECKING:
 # 2: per-rank state (RNG, env, ...) under "ranks", optimizers under "optimizers" (1: "rng", "env", "optimizer")
 FORMAT_VERSION = 4
 # The keys of the format itself (v3 and v4): a v3 checkpoint's other keys are the script's own state.
-FORMAT_KEYS = {"format_version", "algo", "algorithm", "totals", "env_id", "args", "world_size", "global_step", "iteration", "best_eval_return",
-               "model", "optimizers", "ranks", "state"}
+FORMAT_KEYS = {
+    "format_version",
+    "algo",
+    "algorithm",
+    "totals",
+    "env_id",
+    "args",
+    "world_size",
+    "global_step",
+    "iteration",
+    "best_eval_return",
+    "model",
+    "optimizers",
+    "ranks",
+    "state",
+}
 RANK_KEYS = {"rng", "env", "next_obs", "buffer", "state"}
 LAST, BEST = "last.pt", "best.pt"
 
@@ -67,7 +81,8 @@ def check_written_by(run: Run, ckpt: dict, path) -> None:
         raise CheckpointError(
             f"{path} is a run of {writer}.py, not of {run.algo}.py: resuming it here would go on with this script's "
             f"code and flags in the other's run. Start a new run from its weights with --init-from {path}, resume it "
-            f"with {writer}.py, or pass --resume-other-script to continue it with {run.algo}.py")
+            f"with {writer}.py, or pass --resume-other-script to continue it with {run.algo}.py"
+        )
 
 
 def run_totals(run: Run) -> dict:
@@ -78,8 +93,12 @@ def run_totals(run: Run) -> dict:
     seconds = dict(before.get("seconds", {}))
     for phase, s in run.seconds.items():
         seconds[phase] = seconds.get(phase, 0.0) + s
-    return {"wall_seconds": before.get("wall_seconds", 0.0) + time.time() - run.start_time, "seconds": seconds,
-            "processes": before.get("processes", 0) + 1, "last_train_return": run.last_train_return}
+    return {
+        "wall_seconds": before.get("wall_seconds", 0.0) + time.time() - run.start_time,
+        "seconds": seconds,
+        "processes": before.get("processes", 0) + 1,
+        "last_train_return": run.last_train_return,
+    }
 
 
 def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
@@ -121,7 +140,9 @@ def load_checkpoint(
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: check the path, or start without --resume")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off one has no directory
-        raise CheckpointError(f"{path} is truncated or corrupt (not a complete archive); resume from another checkpoint, e.g. best.pt")
+        raise CheckpointError(
+            f"{path} is truncated or corrupt (not a complete archive); resume from another checkpoint, e.g. best.pt"
+        )
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -135,10 +156,18 @@ def load_checkpoint(
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no format_version entry)")
     if state["format_version"] == 3:  # the script's own state beside the format's keys: moved into its namespaces
-        state = {**{k: v for k, v in state.items() if k in FORMAT_KEYS}, "format_version": FORMAT_VERSION,
-                 "state": {k: v for k, v in state.items() if k not in FORMAT_KEYS},
-                 "ranks": [{**{k: v for k, v in r.items() if k in RANK_KEYS},
-                            "state": {k: v for k, v in r.items() if k not in RANK_KEYS}} for r in state.get("ranks", [])]}
+        state = {
+            **{k: v for k, v in state.items() if k in FORMAT_KEYS},
+            "format_version": FORMAT_VERSION,
+            "state": {k: v for k, v in state.items() if k not in FORMAT_KEYS},
+            "ranks": [
+                {
+                    **{k: v for k, v in r.items() if k in RANK_KEYS},
+                    "state": {k: v for k, v in r.items() if k not in RANK_KEYS},
+                }
+                for r in state.get("ranks", [])
+            ],
+        }
     if state["format_version"] != FORMAT_VERSION:
         age = "newer" if state["format_version"] > FORMAT_VERSION else "older"
         raise CheckpointError(
@@ -146,7 +175,9 @@ def load_checkpoint(
             f"use the version of the scripts that wrote it"
         )
     if algo is not None and algorithm_of(state) != algo:
-        raise CheckpointError(f"{path} was written by {state.get('algo')!r}, not {algo!r}: it cannot resume this script")
+        raise CheckpointError(
+            f"{path} was written by {state.get('algo')!r}, not {algo!r}: it cannot resume this script"
+        )
     if env_id is not None and state.get("env_id") != env_id:
         raise CheckpointError(
             f"{path} was trained on env {state.get('env_id')!r}, not {env_id!r}: pass --env-id {state.get('env_id')}"
@@ -328,8 +359,13 @@ def _to_device(x, device):
 
 def export_run_policy(run: Run, out_dir, model: torch.nn.Module, source) -> Path:
     """The deterministic policy of `model` exported to `out_dir` (common.export), labelled with the run."""
-    info = {"algo": run.algo, "env_id": run.args.env_id, "global_step": run.global_step, "iteration": run.iteration,
-            "checkpoint": str(source)}
+    info = {
+        "algo": run.algo,
+        "env_id": run.args.env_id,
+        "global_step": run.global_step,
+        "iteration": run.iteration,
+        "checkpoint": str(source),
+    }
     return export_policy(out_dir, model, run.observation_space, run.action_space, info)
 
 
@@ -349,10 +385,17 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
     ranks = distributed.gather_object(_to_cpu(mine))
     if run.is_main:
         checkpoint = {
-            "format_version": FORMAT_VERSION, "algo": run.algo, "algorithm": run.algorithm, "env_id": args.env_id,
-            "args": {**run.foreign_flags, **asdict(args)}, "totals": run_totals(run),
-            "world_size": run.world_size, "global_step": run.global_step, "iteration": run.iteration,
-            "best_eval_return": run.best_eval_return, "model": state.model.state_dict(),
+            "format_version": FORMAT_VERSION,
+            "algo": run.algo,
+            "algorithm": run.algorithm,
+            "env_id": args.env_id,
+            "args": {**run.foreign_flags, **asdict(args)},
+            "totals": run_totals(run),
+            "world_size": run.world_size,
+            "global_step": run.global_step,
+            "iteration": run.iteration,
+            "best_eval_return": run.best_eval_return,
+            "model": state.model.state_dict(),
             "optimizers": {k: opt.state_dict() for k, opt in state.optimizers.items()},
             "state": {k: _to_cpu(_state_of(v)) for k, v in state.shared.items()},
         }
@@ -393,8 +436,10 @@ def restore(run: Run, state: TrainingState, next_obs):
         for name, opt in state.optimizers.items():
             load_optimizer_state(opt, ckpt["optimizers"][name])
     except (RuntimeError, ValueError, KeyError) as e:
-        raise SystemExit(f"error: {run.resume_path} holds networks of another shape than this run builds; it was saved "
-                         f"with {_saved_network_flags(ckpt, args)}: resume with those ({str(e).splitlines()[0][:120]})") from None
+        raise SystemExit(
+            f"error: {run.resume_path} holds networks of another shape than this run builds; it was saved "
+            f"with {_saved_network_flags(ckpt, args)}: resume with those ({str(e).splitlines()[0][:120]})"
+        ) from None
     for name, obj in state.shared.items():
         if name in ckpt["state"]:  # all of them, but for --eval-only of another script's checkpoint
             _load_into(obj, _to_device(ckpt["state"][name], run.device))
@@ -403,9 +448,11 @@ def restore(run: Run, state: TrainingState, next_obs):
     if args.eval_only:  # the eval envs are seeded as the checkpoint's evaluation was: nothing of the ranks is needed
         return next_obs
     if ckpt["world_size"] != run.world_size or ckpt["args"]["num_envs"] != args.num_envs:
-        run.say(f"notice: checkpoint from {ckpt['world_size']} process(es) x {ckpt['args']['num_envs']} envs, this run "
-                f"{run.world_size} x {args.num_envs}; env and RNG streams re-derived from the seed (networks, optimizers, "
-                f"normalizers restored)")
+        run.say(
+            f"notice: checkpoint from {ckpt['world_size']} process(es) x {ckpt['args']['num_envs']} envs, this run "
+            f"{run.world_size} x {args.num_envs}; env and RNG streams re-derived from the seed (networks, optimizers, "
+            f"normalizers restored)"
+        )
     else:
         restore_rng_state(ckpt["ranks"][run.rank]["rng"])  # CPU tensors
         mine = _to_device(ckpt["ranks"][run.rank], run.device)
@@ -417,8 +464,10 @@ def restore(run: Run, state: TrainingState, next_obs):
                 tensor.copy_(mine["state"][name])
     if not continues and state.per_rank:
         why = "the envs start fresh episodes" if mine is not None else "another world size or --num-envs"
-        run.say(f"notice: per-rank state not restored ({why}), starting from its initial values: "
-                f"{', '.join(state.per_rank)}")
+        run.say(
+            f"notice: per-rank state not restored ({why}), starting from its initial values: "
+            f"{', '.join(state.per_rank)}"
+        )
     if state.buffer is not None:
         _restore_buffer(run, state.buffer, mine, continues)
     return next_obs
@@ -426,16 +475,22 @@ def restore(run: Run, state: TrainingState, next_obs):
 
 def _check_own_state(run: Run, state: TrainingState, ckpt: dict) -> None:
     """One line, before anything is loaded, when the checkpoint's own state is not the script's."""
-    parts = {"shared": (set(state.shared), set(ckpt["state"])),
-             "per-rank": (set(state.per_rank), set(ckpt["ranks"][0]["state"]) if ckpt["ranks"] else set(state.per_rank))}
+    parts = {
+        "shared": (set(state.shared), set(ckpt["state"])),
+        "per-rank": (set(state.per_rank), set(ckpt["ranks"][0]["state"]) if ckpt["ranks"] else set(state.per_rank)),
+    }
     lacks = [f"{n} ({kind})" for kind, (declared, saved) in parts.items() for n in sorted(declared - saved)]
     extra = [f"{n} ({kind})" for kind, (declared, saved) in parts.items() for n in sorted(saved - declared)]
     if lacks or extra:
-        what = "; ".join(([f"it lacks {', '.join(lacks)}, which this script declares"] if lacks else []) +
-                         ([f"it holds {', '.join(extra)}, which this script does not declare"] if extra else []))
-        raise SystemExit(f"error: {run.resume_path} was written by a script with other checkpoint state ({ckpt['algo']}): "
-                         f"{what}; resume it with the script that wrote it, or start a new run from its weights with "
-                         f"--init-from {run.resume_path}")
+        what = "; ".join(
+            ([f"it lacks {', '.join(lacks)}, which this script declares"] if lacks else [])
+            + ([f"it holds {', '.join(extra)}, which this script does not declare"] if extra else [])
+        )
+        raise SystemExit(
+            f"error: {run.resume_path} was written by a script with other checkpoint state ({ckpt['algo']}): "
+            f"{what}; resume it with the script that wrote it, or start a new run from its weights with "
+            f"--init-from {run.resume_path}"
+        )
 
 
 def init_from(run: Run, state: TrainingState) -> None:
@@ -444,24 +499,37 @@ def init_from(run: Run, state: TrainingState) -> None:
     schedules, RNG or env state). Says what it took and what it left at this run's initialisation."""
     ckpt, path = run.init_checkpoint, run.init_path
     own = state.model.state_dict()
-    first = {}  # a tensor shared under several names (ppo's --shared-encoder) loads from its first name only: a checkpoint
-    for k, v in own.items():  # of separate encoders gives the shared one the actor's, not the critic's written over it
+    # A tensor shared under several names (ppo's --shared-encoder) loads from its first name only: a checkpoint of
+    # separate encoders gives the shared one the actor's, not the critic's written over it.
+    first = {}
+    for k, v in own.items():
         first.setdefault(v.data_ptr() if v.numel() else k, k)
     aliases = {k for k, v in own.items() if first[v.data_ptr() if v.numel() else k] != k}
     own = {k: v for k, v in own.items() if k not in aliases}
     taken = {k: v for k, v in ckpt["model"].items() if k in own and own[k].shape == v.shape}
     if not taken:
-        raise SystemExit(f"error: --init-from {path}: none of its {len(ckpt['model'])} model tensors fits this run's "
-                         f"networks (names or shapes differ); it was saved with {_saved_network_flags(ckpt, run.args)}")
+        raise SystemExit(
+            f"error: --init-from {path}: none of its {len(ckpt['model'])} model tensors fits this run's "
+            f"networks (names or shapes differ); it was saved with {_saved_network_flags(ckpt, run.args)}"
+        )
     state.model.load_state_dict(taken, strict=False)
     left = [f"{k}{list(own[k].shape)}" for k in own if k not in taken]
-    normalizers = [name for name, obj in state.shared.items() if isinstance(obj, torch.nn.Module) and name in ckpt["state"]]
+    normalizers = [
+        name for name, obj in state.shared.items() if isinstance(obj, torch.nn.Module) and name in ckpt["state"]
+    ]
     for name in normalizers:
         _load_into(state.shared[name], _to_device(ckpt["state"][name], run.device))
-    run.say(f"initialised from {path} ({ckpt['algo']} on {ckpt['env_id']}, global step {ckpt['global_step']:,}): "
-            f"{len(taken)} of {len(own)} model tensors" + (f", normalizers {', '.join(normalizers)}" if normalizers else "")
-            + (f"; kept this run's initialisation for {', '.join(left)}" if left else "")
-            + (f"; not used: {', '.join(k for k in ckpt['model'] if k not in taken)}" if len(taken) < len(ckpt["model"]) else ""))
+    run.say(
+        f"initialised from {path} ({ckpt['algo']} on {ckpt['env_id']}, global step {ckpt['global_step']:,}): "
+        f"{len(taken)} of {len(own)} model tensors"
+        + (f", normalizers {', '.join(normalizers)}" if normalizers else "")
+        + (f"; kept this run's initialisation for {', '.join(left)}" if left else "")
+        + (
+            f"; not used: {', '.join(k for k in ckpt['model'] if k not in taken)}"
+            if len(taken) < len(ckpt["model"])
+            else ""
+        )
+    )
 
 
 def _saved_network_flags(ckpt: dict, args) -> str:
@@ -482,7 +550,12 @@ def _restore_buffer(run: Run, buffer, mine: dict | None, continues: bool) -> Non
     if len(buffer) == 0 and not run.args.eval_only:
         ckpt = run.checkpoint
         if mine is None and "buffer" in ckpt["ranks"][0]:  # each rank's buffer holds its own envs' steps
-            run.say(f"notice: the checkpoint's replay buffers belong to {ckpt['world_size']} process(es) x "
-                    f"{ckpt['args']['num_envs']} envs, not this run's; refilling them before updates resume")
+            run.say(
+                f"notice: the checkpoint's replay buffers belong to {ckpt['world_size']} process(es) x "
+                f"{ckpt['args']['num_envs']} envs, not this run's; refilling them before updates resume"
+            )
         else:
-            run.say("notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before updates resume")
+            run.say(
+                "notice: the checkpoint holds no replay buffer (save it with --save-buffer); refilling it before "
+                "updates resume"
+            )

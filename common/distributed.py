@@ -34,7 +34,7 @@ class DistInfo:
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """"auto" -> this rank's GPU if there is one, else the CPU; "cuda" -> cuda:LOCAL_RANK."""
+    """ "auto" -> this rank's GPU if there is one, else the CPU; "cuda" -> cuda:LOCAL_RANK."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -83,8 +83,11 @@ def _restart_scoped_store(world_size: int, timeout: timedelta):
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     base = dist.TCPStore(
-        host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]), world_size=world_size,
-        is_master=False, timeout=timeout,
+        host_name=os.environ["MASTER_ADDR"],
+        port=int(os.environ["MASTER_PORT"]),
+        world_size=world_size,
+        is_master=False,
+        timeout=timeout,
     )
     return dist.PrefixStore(f"worker-group-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
 
@@ -232,7 +235,9 @@ def params_checksum(module: torch.nn.Module) -> int:
     total = 0
     for i, p in enumerate(module.parameters()):
         bits = p.detach().reshape(-1).contiguous()
-        bits = bits.view(torch.int32 if bits.element_size() == 4 else torch.int16 if bits.element_size() == 2 else torch.int64)
+        bits = bits.view(
+            torch.int32 if bits.element_size() == 4 else torch.int16 if bits.element_size() == 2 else torch.int64
+        )
         weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64) * (i + 1)
         total += int((bits.to(torch.int64) * weights).sum().item())
     return total

@@ -41,7 +41,8 @@ def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> T
         model.reset_state(terminated | truncated)
     running, done_count = acc["running"], acc["done_count"]
     active = done_count < episodes
-    # An episode is the game where the env reports one apart from the learner's (Atari's presets): its score is the return.
+    # An episode is the game where the env reports one apart from the learner's (Atari's presets): its score is the
+    # return.
     reward, ended = info.get("game_reward", reward), info.get("game_over", terminated | truncated)
     running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
     done = ended & active
@@ -62,9 +63,11 @@ def _eval_chunk(run: Run | None, eval_envs, model, episodes: int):
     key = (id(eval_envs), id(model), episodes)
     cache = run.eval_chunks if run is not None else {}
     if key not in cache:
-        acc = {"running": torch.zeros(2, n, device=dev, dtype=torch.float64),  # return, length
-               "done_count": torch.zeros(n, device=dev, dtype=torch.long),
-               "sums": torch.zeros(5, device=dev, dtype=torch.float64)}
+        acc = {
+            "running": torch.zeros(2, n, device=dev, dtype=torch.float64),  # return, length
+            "done_count": torch.zeros(n, device=dev, dtype=torch.long),
+            "sums": torch.zeros(5, device=dev, dtype=torch.float64),
+        }
         step = functools.partial(_eval_step, eval_envs, model, episodes, acc)
         capturable = getattr(eval_envs, "capturable", False)
         if run is not None and capturable:
@@ -80,8 +83,9 @@ def _eval_chunk(run: Run | None, eval_envs, model, episodes: int):
 
 
 @torch.no_grad()
-def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, record: int = 0,
-                 run: Run | None = None) -> dict:
+def run_episodes(
+    eval_envs, model: torch.nn.Module, episodes: int, seed: int, record: int = 0, run: Run | None = None
+) -> dict:
     """The first `episodes` episodes of every eval env with `model.deterministic(obs)`, reduced over
     all ranks (a collective): mean return and length, the success rate where the env reports
     per-env success at episode ends (info["success"]), and the frames of the first `record` envs.
@@ -119,8 +123,12 @@ def run_episodes(eval_envs, model: torch.nn.Module, episodes: int, seed: int, re
             break
     sums = distributed.all_reduce(acc["sums"].clone())
     ret, length, count, succ, rep = sums.tolist()
-    return {"return": ret / count, "length": length / count, "success_rate": succ / rep if rep > 0 else None,
-            "frames": [frame for i in sorted(frames) for frame in frames[i]]}
+    return {
+        "return": ret / count,
+        "length": length / count,
+        "success_rate": succ / rep if rep > 0 else None,
+        "frames": [frame for i in sorted(frames) for frame in frames[i]],
+    }
 
 
 def record_video(run: Run, eval_envs, frames: list, writer=None) -> Path:
@@ -143,7 +151,9 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0  # rank 0's envs are the ones shown
     t0 = time.time()
-    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run)
+    result = run_episodes(
+        eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run
+    )
     run.seconds["evaluation"] = run.seconds.get("evaluation", 0.0) + time.time() - t0  # ends with a host read
     ret = result["return"]
     if run.is_main:
@@ -155,8 +165,10 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
             record_video(run, eval_envs, result["frames"], run.writer)
         run.writer.flush()
     train = "no episode finished yet" if math.isnan(run.last_train_return) else f"{run.last_train_return:.2f}"
-    run.say(f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, train return {train}, "
-            f"SPS {run.sps:,.0f}")
+    run.say(
+        f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, train return {train}, "
+        f"SPS {run.sps:,.0f}"
+    )
     if ret > run.best_eval_return:  # best.pt is due (common.run.checkpoints_to_write)
         run.best_eval_return, run.best_iteration = ret, run.iteration
     if args.target_return is not None and ret >= args.target_return:
@@ -173,9 +185,14 @@ def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
     eval flags, best.pt gives back the return it was saved for (exactly, on CPU)."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0
-    result = run_episodes(eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run)
-    out = {"eval_episodic_return": result["return"], "eval_episodic_length": result["length"],
-           "checkpoint": str(run.resume_path)}
+    result = run_episodes(
+        eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run
+    )
+    out = {
+        "eval_episodic_return": result["return"],
+        "eval_episodic_length": result["length"],
+        "checkpoint": str(run.resume_path),
+    }
     if result["success_rate"] is not None:
         out["eval_success_rate"] = result["success_rate"]
     if run.is_main and result["frames"]:

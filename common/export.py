@@ -57,8 +57,10 @@ class RecurrentPolicy(nn.Module):
         return self.model.recurrent_step(obs, state)
 
 
-STATE_RESET_RULE = ("zeros at the start of every episode (after a reset, and for an env whose last step terminated or "
-                    "was truncated); otherwise the next_state of the previous call")
+STATE_RESET_RULE = (
+    "zeros at the start of every episode (after a reset, and for an env whose last step terminated or "
+    "was truncated); otherwise the next_state of the previous call"
+)
 
 
 def _finite_or_none(values) -> list:
@@ -68,8 +70,13 @@ def _finite_or_none(values) -> list:
 def space_json(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "dtype": "int64"}
-    return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
-            "low": _finite_or_none(space.low.reshape(-1)), "high": _finite_or_none(space.high.reshape(-1))}
+    return {
+        "type": "Box",
+        "shape": list(space.shape),
+        "dtype": str(space.dtype),
+        "low": _finite_or_none(space.low.reshape(-1)),
+        "high": _finite_or_none(space.high.reshape(-1)),
+    }
 
 
 def _example(space: gym.Space) -> torch.Tensor:
@@ -80,8 +87,9 @@ def _example(space: gym.Space) -> torch.Tensor:
 
 
 @torch.no_grad()
-def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.Space, action_space: gym.Space,
-                  info: dict) -> Path:
+def export_policy(
+    out_dir: str | Path, model: nn.Module, observation_space: gym.Space, action_space: gym.Space, info: dict
+) -> Path:
     """Write policy.pt2, policy.onnx and policy.json of `model.deterministic` to `out_dir` (on CPU)."""
     import copy
 
@@ -95,16 +103,26 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
     policy = (RecurrentPolicy(model) if recurrent else DeterministicPolicy(model, terms)).eval()
     spaces = [observation_space[k] for k in terms] if terms else [observation_space]
     example = tuple(_example(space) for space in spaces)
-    inputs = terms or ["obs"]  # a term group: one input per term, named after it in ONNX (positional in the pt2 program)
-    names = {"input_names": inputs, "output_names": ["action"],
-             "dynamic_axes": {**{name: {0: "batch"} for name in inputs}, "action": {0: "batch"}}}
+    inputs = terms or [
+        "obs"
+    ]  # a term group: one input per term, named after it in ONNX (positional in the pt2 program)
+    names = {
+        "input_names": inputs,
+        "output_names": ["action"],
+        "dynamic_axes": {**{name: {0: "batch"} for name in inputs}, "action": {0: "batch"}},
+    }
     if recurrent:
         rows, hidden = model.state_shape
         example += (torch.zeros(rows, 4, hidden),)
-        names = {"input_names": ["obs", "state"], "output_names": ["action", "next_state"],
-                 "dynamic_axes": {**names["dynamic_axes"], "state": {1: "batch"}, "next_state": {1: "batch"}}}
+        names = {
+            "input_names": ["obs", "state"],
+            "output_names": ["action", "next_state"],
+            "dynamic_axes": {**names["dynamic_axes"], "state": {1: "batch"}, "next_state": {1: "batch"}},
+        }
     batch = torch.export.Dim("batch")
-    dynamic = ({0: batch}, {1: batch}) if recurrent else (({0: batch},) * len(example),)  # obs [B, ...]; state [rows, B, hidden]
+    dynamic = (
+        ({0: batch}, {1: batch}) if recurrent else (({0: batch},) * len(example),)
+    )  # obs [B, ...]; state [rows, B, hidden]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # exporters' notices (an RNN's weights re-flattened, the ONNX exporter's)
         program = torch.export.export(policy, example, dynamic_shapes=dynamic)
@@ -114,15 +132,36 @@ def export_policy(out_dir: str | Path, model: nn.Module, observation_space: gym.
     meta = {
         **info,
         "files": {"torch_export": "policy.pt2", "onnx": "policy.onnx"},
-        "input": {"name": "obs", "key": "policy", "batch_dim": 0, "observation_space": space_json(observation_space),
-                  "normalization": "included: pass raw observations"} if not terms else
-                 {"names": terms, "key": "policy", "batch_dim": 0, "normalization": "included: pass raw observations",
-                  "observation_spaces": {k: space_json(observation_space[k]) for k in terms}},
-        "output": {"name": "action", "action_space": space_json(action_space),
-                   "note": "deterministic action in the env's units, within its bounds"},
+        "input": {
+            "name": "obs",
+            "key": "policy",
+            "batch_dim": 0,
+            "observation_space": space_json(observation_space),
+            "normalization": "included: pass raw observations",
+        }
+        if not terms
+        else {
+            "names": terms,
+            "key": "policy",
+            "batch_dim": 0,
+            "normalization": "included: pass raw observations",
+            "observation_spaces": {k: space_json(observation_space[k]) for k in terms},
+        },
+        "output": {
+            "name": "action",
+            "action_space": space_json(action_space),
+            "note": "deterministic action in the env's units, within its bounds",
+        },
     }
     if recurrent:
-        meta["state"] = {"input": "state", "output": "next_state", "shape": [rows, "batch", hidden], "batch_dim": 1,
-                         "dtype": "float32", "initial": "zeros", "reset": STATE_RESET_RULE}
+        meta["state"] = {
+            "input": "state",
+            "output": "next_state",
+            "shape": [rows, "batch", hidden],
+            "batch_dim": 1,
+            "dtype": "float32",
+            "initial": "zeros",
+            "reset": STATE_RESET_RULE,
+        }
     (out / "policy.json").write_text(json.dumps(meta, indent=2))
     return out

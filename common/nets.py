@@ -21,8 +21,14 @@ def layer_init(layer: nn.Linear, gain: float = math.sqrt(2), bias: float = 0.0) 
     return layer
 
 
-def mlp(in_dim: int, out_dim: int, hidden: tuple[int, ...], activation: str = "relu", linear=nn.Linear,
-        out_gain: float | None = None) -> nn.Sequential:
+def mlp(
+    in_dim: int,
+    out_dim: int,
+    hidden: tuple[int, ...],
+    activation: str = "relu",
+    linear=nn.Linear,
+    out_gain: float | None = None,
+) -> nn.Sequential:
     """An MLP with `activation` between its layers; `linear(in, out)` builds each layer (nn.Linear, or an
     ensemble of them). With `out_gain`, every layer gets `layer_init` (gain sqrt(2), the last layer
     `out_gain`: PPO's small policy head); without, the layers keep their own initialisation."""
@@ -72,8 +78,11 @@ def _conv_stack(convs: list[tuple], layer_norm: bool) -> nn.Sequential:
     initialised in turn (the random draws, and so the weights of a seed, of the stack without LayerNorms)."""
     layers = []
     for in_channels, out_channels, kernel, stride in convs:
-        layers += [layer_init(nn.Conv2d(in_channels, out_channels, kernel, stride=stride)),
-                   *([ChannelLayerNorm(out_channels)] if layer_norm else []), nn.ReLU()]
+        layers += [
+            layer_init(nn.Conv2d(in_channels, out_channels, kernel, stride=stride)),
+            *([ChannelLayerNorm(out_channels)] if layer_norm else []),
+            nn.ReLU(),
+        ]
     return nn.Sequential(*layers)
 
 
@@ -100,8 +109,12 @@ def impala_convs(channels: int, layer_norm: bool = False, depths: tuple[int, ...
     (no normalization inside: `layer_norm` leaves it as published, only the Linear after it gets one)."""
     layers = []
     for depth in depths:
-        layers += [layer_init(nn.Conv2d(channels, depth, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1),
-                   ResidualBlock(depth), ResidualBlock(depth)]
+        layers += [
+            layer_init(nn.Conv2d(channels, depth, 3, padding=1)),
+            nn.MaxPool2d(3, stride=2, padding=1),
+            ResidualBlock(depth),
+            ResidualBlock(depth),
+        ]
         channels = depth
     return nn.Sequential(*layers, nn.ReLU())
 
@@ -113,16 +126,20 @@ def minatar_convs(channels: int, layer_norm: bool = False) -> nn.Sequential:
 
 
 # encoder name -> (its conv layers, the width of the Linear after them; 0: flattened frames, no Linear)
-ENCODERS = {"nature": (nature_convs, 512), "impala": (impala_convs, 256), "minatar": (minatar_convs, 128),
-            "mlp": (lambda channels, layer_norm=False: nn.Identity(), 0)}
+ENCODERS = {
+    "nature": (nature_convs, 512),
+    "impala": (impala_convs, 256),
+    "minatar": (minatar_convs, 128),
+    "mlp": (lambda channels, layer_norm=False: nn.Identity(), 0),
+}
 
 
 class ImageEncoder(nn.Module):
-    """An image group's features: uint8 frames [..., C, H, W] scaled to [0, 1] by 1/max_value (here, not
-    by the observation normalizer, which leaves image groups alone), through `kind`'s conv layers,
-    flattened, then one Linear (+ LayerNorm with `layer_norm`, as PQN puts after every hidden Linear, and
-    after each conv of the nature and minatar convs, as PQN's Atari and MinAtar networks) and ReLU. "mlp" passes the scaled frames on flattened (an MLP on pixels, for contrast).
-    Leading dims are batch dims ([N] while acting, [T, N] over a rollout)."""
+    """An image group's features: uint8 frames [..., C, H, W] scaled to [0, 1] by 1/max_value (here, not by the
+    observation normalizer, which leaves image groups alone), through `kind`'s conv layers, flattened, then one Linear
+    (+ LayerNorm with `layer_norm`, as PQN puts after every hidden Linear, and after each conv of the nature and minatar
+    convs, as PQN's Atari and MinAtar networks) and ReLU. "mlp" passes the scaled frames on flattened (an MLP on pixels,
+    for contrast). Leading dims are batch dims ([N] while acting, [T, N] over a rollout)."""
 
     def __init__(self, kind: str, shape: tuple[int, int, int], max_value: float = 255.0, layer_norm: bool = False):
         super().__init__()
@@ -133,8 +150,10 @@ class ImageEncoder(nn.Module):
             with torch.no_grad():
                 flat = self.convs(torch.zeros(1, *shape)).numel()
         except RuntimeError:  # a kernel larger than the frame
-            raise SystemExit(f"error: --encoder {kind} cannot take {shape[1]}x{shape[2]} frames (too small for its "
-                             f"kernels); use --encoder minatar or impala") from None
+            raise SystemExit(
+                f"error: --encoder {kind} cannot take {shape[1]}x{shape[2]} frames (too small for its "
+                f"kernels); use --encoder minatar or impala"
+            ) from None
         norm = [nn.LayerNorm(width)] if layer_norm else []
         self.head = nn.Sequential(layer_init(nn.Linear(flat, width)), *norm, nn.ReLU()) if width else nn.Identity()
         self.out_dim = width or flat
@@ -150,11 +169,14 @@ class TermsEncoder(nn.Module):
     concatenated): each image term [C, H, W] through an ImageEncoder of its own, each vector term [D] as it
     is, concatenated in sorted key order. Takes a TensorDict (or a dict) of terms with any leading dims."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], kind: str, max_value: float = 255.0, layer_norm: bool = False):
+    def __init__(
+        self, shapes: dict[str, tuple[int, ...]], kind: str, max_value: float = 255.0, layer_norm: bool = False
+    ):
         super().__init__()
         self.names = sorted(shapes)
-        self.encoders = nn.ModuleDict({k: ImageEncoder(kind, shapes[k], max_value, layer_norm)
-                                       for k in self.names if len(shapes[k]) == 3})
+        self.encoders = nn.ModuleDict(
+            {k: ImageEncoder(kind, shapes[k], max_value, layer_norm) for k in self.names if len(shapes[k]) == 3}
+        )
         self.out_dim = sum(self.encoders[k].out_dim if k in self.encoders else shapes[k][0] for k in self.names)
 
     def forward(self, terms) -> torch.Tensor:
@@ -177,17 +199,23 @@ def image_max(space) -> float:
     if space is None:
         return 255.0
     if hasattr(space, "spaces"):
-        return max((image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8" and len(s.shape) == 3), default=255.0)
+        return max(
+            (image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8" and len(s.shape) == 3),
+            default=255.0,
+        )
     return float(space.high.max())
 
 
 def _term_shape(x, name: str) -> tuple[int, ...]:
     if x.ndim == 4 and x.dtype != torch.uint8:
-        raise SystemExit(f"error: observation {name} is an image [N, C, H, W] of {x.dtype}; image groups "
-                         "must be uint8 (channel-first), as the env contract says")
+        raise SystemExit(
+            f"error: observation {name} is an image [N, C, H, W] of {x.dtype}; image groups "
+            "must be uint8 (channel-first), as the env contract says"
+        )
     if x.ndim not in (2, 4):
-        raise SystemExit(f"error: observation {name} has shape {list(x.shape)}: expected vectors [N, D] or "
-                         "uint8 images [N, C, H, W]")
+        raise SystemExit(
+            f"error: observation {name} has shape {list(x.shape)}: expected vectors [N, D] or uint8 images [N, C, H, W]"
+        )
     return tuple(x.shape[1:])
 
 
@@ -201,8 +229,10 @@ def observation_shape(obs, group: str, terms_refused_by: str | None = None):
     if isinstance(x, TensorDictBase):
         nested = [term for term in x.keys() if isinstance(x[term], TensorDictBase)]
         if nested:
-            raise SystemExit(f"error: observation group {group!r} has terms that are groups of terms ({nested[0]!r}): "
-                             "a term is vectors [N, D] or uint8 images [N, C, H, W]")
+            raise SystemExit(
+                f"error: observation group {group!r} has terms that are groups of terms ({nested[0]!r}): "
+                "a term is vectors [N, D] or uint8 images [N, C, H, W]"
+            )
         return {term: _term_shape(x[term], f"term {group}.{term}") for term in sorted(x.keys())}
     return _term_shape(x, f"group {group!r}")
 
@@ -213,13 +243,22 @@ def vector_size(obs, group: str, script: str) -> int:
     shape = observation_shape(obs, group)
     if isinstance(shape, dict) or len(shape) != 1:
         kind = "a group of terms" if isinstance(shape, dict) else f"an image group {list(shape)}"
-        raise SystemExit(f"error: {script} takes vector observations [N, D] only, and {group!r} is {kind}; "
-                         "image observations and groups of terms: algos/ppo.py, algos/ppo_lstm.py or algos/pqn.py (--encoder)")
+        raise SystemExit(
+            f"error: {script} takes vector observations [N, D] only, and {group!r} is {kind}; "
+            "image observations and groups of terms: algos/ppo.py, algos/ppo_lstm.py or algos/pqn.py (--encoder)"
+        )
     return shape[0]
 
 
-def group_mlp(shape, out_dim: int, hidden: tuple[int, ...], activation: str, encoder: str,
-              max_value: float = 255.0, out_gain: float | None = None) -> nn.Module:
+def group_mlp(
+    shape,
+    out_dim: int,
+    hidden: tuple[int, ...],
+    activation: str,
+    encoder: str,
+    max_value: float = 255.0,
+    out_gain: float | None = None,
+) -> nn.Module:
     """`mlp` on one observation group: a vector group [D] feeds it as it is; an image group [C, H, W] goes
     through an ImageEncoder of `encoder` first, a term group (a dict) through a TermsEncoder: then
     nn.Sequential(encoder, mlp), one network per call (ppo's --shared-encoder puts one encoder under two heads)."""
@@ -241,7 +280,9 @@ def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tup
     hs, cs = [], []
     for i in range(layers):
         h = state[i]
-        w_ih, w_hh, b_ih, b_hh = (getattr(rnn, f"{w}_l{i}", None) for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        w_ih, w_hh, b_ih, b_hh = (
+            getattr(rnn, f"{w}_l{i}", None) for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        )
         hidden = h.shape[-1]
         if lstm:  # one sigmoid over all the gates, contiguous (faster in eager than three over strided chunks)
             gates = linear(x, w_ih, b_ih) + linear(h, w_hh, b_hh)

@@ -60,7 +60,9 @@ class Run:
     final_step: int = 0  # the global step the run ends at (begin_training)
     totals: dict = field(default_factory=dict)  # wall and phase seconds of the run's earlier processes (its checkpoint)
     foreign_flags: dict = field(default_factory=dict)  # flags of the resumed run that this script lacks: kept, unused
-    algorithm: str | None = None  # the ALGO the script declares (a copy keeps its original's): whose checkpoints it reads
+    algorithm: str | None = (
+        None  # the ALGO the script declares (a copy keeps its original's): whose checkpoints it reads
+    )
 
     def __post_init__(self):
         self.algorithm = self.algorithm or self.algo

@@ -47,8 +47,16 @@ from common import distributed, video
 from common.args import check_numbers, derive_seed, env_seed, eval_seed, given_flags, script_name, take_flags_from
 from common.capture import check_torch, peak_memory_mb, read_timings, release_graphs
 from common.checkpoint import (
-    BEST, LAST, CheckpointError, check_written_by, checkpoint_dir, elastic_restart_count, load_checkpoint, resolve_resume,
-    run_totals, stable_run_name,
+    BEST,
+    LAST,
+    CheckpointError,
+    check_written_by,
+    checkpoint_dir,
+    elastic_restart_count,
+    load_checkpoint,
+    resolve_resume,
+    run_totals,
+    stable_run_name,
 )
 from common.envs import draws_with_pygame, eval_env_kwargs, make_env
 from common.record import Run
@@ -74,7 +82,10 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     for name, (on_cuda, elsewhere) in {"log_interval": (1, 1), **(device_defaults or {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, on_cuda if cuda else elsewhere)
-    for name in ("compile", "cudagraphs"):  # they pay for their start-up within a minute on a GPU; eager is faster on a CPU
+    for name in (
+        "compile",
+        "cudagraphs",
+    ):  # they pay for their start-up within a minute on a GPU; eager is faster on a CPU
         if getattr(args, name) == "auto":
             setattr(args, name, cuda)
     if args.torch_deterministic == "auto":
@@ -83,7 +94,9 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         raise SystemExit("error: --cudagraphs needs a CUDA device; drop it or use --device cuda")
     check_numbers(args)  # one line naming the flag, before anything is written
     if args.export is not None and not args.eval_only:
-        raise SystemExit("error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)")
+        raise SystemExit(
+            "error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)"
+        )
     if args.capture_video:
         video.check_dependencies(pygame=draws_with_pygame(args.env_id))
     if args.track:
@@ -105,8 +118,16 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         torch._dynamo.reset()
         for name in ("torch._dynamo.variables.ctx_manager", "torch._dynamo.variables.torch"):
             logging.getLogger(name).addFilter(_not_a_profiler_notice)
-    return Run(args=args, algo=script_name(type(args), algo), algorithm=algo, rank=info.rank, world_size=info.world_size,
-               device=info.device, is_main=info.is_main, given=given)
+    return Run(
+        args=args,
+        algo=script_name(type(args), algo),
+        algorithm=algo,
+        rank=info.rank,
+        world_size=info.world_size,
+        device=info.device,
+        is_main=info.is_main,
+        given=given,
+    )
 
 
 def _not_a_profiler_notice(record: logging.LogRecord) -> bool:
@@ -127,13 +148,16 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
         envs = make_env(args.env_id, args.num_envs, run.device, seed=env_seed(run), **kwargs)
         space = envs.single_action_space
         if action_space is not None and not isinstance(space, action_space):
-            raise ValueError(f"{run.algo}.py needs {action_space.__name__} actions, but {args.env_id} has {space}; {hint}")
+            raise ValueError(
+                f"{run.algo}.py needs {action_space.__name__} actions, but {args.env_id} has {space}; {hint}"
+            )
         render = "rgb_array" if args.capture_video else None
         eval_kwargs, implied = eval_env_kwargs(kwargs, eval_kwargs)  # a training preset implies its eval preset
         if implied:
             run.say(implied)
-        eval_envs = make_env(args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run, 0), render_mode=render,
-                             **eval_kwargs)
+        eval_envs = make_env(
+            args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run, 0), render_mode=render, **eval_kwargs
+        )
     except (ValueError, TypeError) as e:  # unknown id (the message lists the known ones), bad --env-kwargs (JSON too)
         raise SystemExit(f"error: {e}") from None
     if args.capture_video:  # one frame now: a renderer that cannot work (no GL, no display) stops the run here
@@ -141,9 +165,11 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
             eval_envs.reset()
             eval_envs.render([0])
         except Exception as e:
-            raise SystemExit(f"error: --capture-video: {args.env_id} cannot render frames here ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}); MuJoCo envs on a machine without a display need "
-                             f"MUJOCO_GL=egl or osmesa; or run without --capture-video") from None
+            raise SystemExit(
+                f"error: --capture-video: {args.env_id} cannot render frames here ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); MuJoCo envs on a machine without a display need "
+                f"MUJOCO_GL=egl or osmesa; or run without --capture-video"
+            ) from None
     run.observation_space, run.action_space = envs.single_observation_space, envs.single_action_space
     # After the envs: some simulators (mjlab) seed the global generators. All three, as CleanRL
     # does, so that code added to a script that draws from numpy or random is seeded too.
@@ -157,8 +183,10 @@ def _json_object(flag: str, text: str | None) -> dict:
     try:
         value = json.loads(text) if text else {}
     except json.JSONDecodeError as e:
-        raise ValueError(f"--{flag.replace('_', '-')} is not valid JSON ({e.msg} at column {e.colno}): {text!r}; "
-                         f"""e.g. '{{"max_episode_steps": 100}}' (keys in double quotes)""") from None
+        raise ValueError(
+            f"--{flag.replace('_', '-')} is not valid JSON ({e.msg} at column {e.colno}): {text!r}; "
+            f"""e.g. '{{"max_episode_steps": 100}}' (keys in double quotes)"""
+        ) from None
     if not isinstance(value, dict):
         raise ValueError(f"--{flag.replace('_', '-')} must be a JSON object, got {text!r}")
     return value
@@ -208,9 +236,11 @@ def open_run(run: Run) -> dict | None:
         run.totals = run.checkpoint.get("totals", {})
         run.last_train_return = run.totals.get("last_train_return", math.nan)  # until an episode of this process ends
         if args.total_timesteps < run.global_step and not args.eval_only:
-            raise SystemExit(f"error: {run.resume_path} is at global step {run.global_step:,}, past --total-timesteps "
-                             f"{args.total_timesteps:,}: drop --total-timesteps (the run's is "
-                             f"{run.checkpoint['args']['total_timesteps']:,}) or give a larger one")
+            raise SystemExit(
+                f"error: {run.resume_path} is at global step {run.global_step:,}, past --total-timesteps "
+                f"{args.total_timesteps:,}: drop --total-timesteps (the run's is "
+                f"{run.checkpoint['args']['total_timesteps']:,}) or give a larger one"
+            )
     elif args.init_from is not None:
         try:
             path = resolve_resume(args.init_from, run.run_dir)
@@ -228,8 +258,10 @@ def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
     if args.eval_only or args.resume is not None or later_group or args.overwrite:
         return None
     if run_dir.is_dir() and any(run_dir.iterdir()):
-        return (f"error: the run directory {run_dir} exists; continue it with --resume auto, start another with "
-                f"--run-name NAME, or remove it with --overwrite")
+        return (
+            f"error: the run directory {run_dir} exists; continue it with --resume auto, start another with "
+            f"--run-name NAME, or remove it with --overwrite"
+        )
     return None
 
 
@@ -248,17 +280,25 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
     run.final_step = run.global_step + (total - run.global_step) // steps_per_iteration * steps_per_iteration
     ckpt = run.checkpoint
     same_shape = ckpt is not None and ckpt["args"]["num_envs"] == args.num_envs and ckpt["world_size"] == run.world_size
-    if ckpt is not None and run.final_step == run.global_step and (same_shape or run.global_step >= args.total_timesteps):
+    if (
+        ckpt is not None
+        and run.final_step == run.global_step
+        and (same_shape or run.global_step >= args.total_timesteps)
+    ):
         # the run is at its end: resuming it changes nothing, its summary and logs least of all
-        run.say(f"{run.algo}: the run in {run.run_dir} is finished (global step {run.global_step:,} of --total-timesteps "
-                f"{args.total_timesteps:,}); nothing to do, no file changed. Extend it with a larger --total-timesteps")
+        run.say(
+            f"{run.algo}: the run in {run.run_dir} is finished (global step {run.global_step:,} of --total-timesteps "
+            f"{args.total_timesteps:,}); nothing to do, no file changed. Extend it with a larger --total-timesteps"
+        )
         raise SystemExit(0)
     if ckpt is not None and run.final_step == run.global_step < args.total_timesteps and not same_shape:
         # resumed with bigger iterations than the run's, and not one fits in what is left of it
-        raise SystemExit(f"error: an iteration of {run.world_size} process(es) x {args.num_envs} envs is "
-                         f"{steps_per_iteration:,} env steps, more than the {args.total_timesteps - run.global_step:,} "
-                         f"left from step {run.global_step:,} to --total-timesteps {args.total_timesteps:,}: resume "
-                         f"with the checkpoint's --num-envs {ckpt['args']['num_envs']} or a larger --total-timesteps")
+        raise SystemExit(
+            f"error: an iteration of {run.world_size} process(es) x {args.num_envs} envs is "
+            f"{steps_per_iteration:,} env steps, more than the {args.total_timesteps - run.global_step:,} "
+            f"left from step {run.global_step:,} to --total-timesteps {args.total_timesteps:,}: resume "
+            f"with the checkpoint's --num-envs {ckpt['args']['num_envs']} or a larger --total-timesteps"
+        )
     error = _write_run_dir(run) if run.is_main else None
     error = distributed.broadcast_object(error)
     if error:
@@ -268,16 +308,25 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
     run.steps_at_start = run.reduced_step = run.global_step
     if not run.is_main:
         return
-    compiling = "on" + (" (compiling takes a minute or more on a CPU)" if run.device.type == "cpu" else "") if args.compile else "off"
+    compiling = (
+        "on" + (" (compiling takes a minute or more on a CPU)" if run.device.type == "cpu" else "")
+        if args.compile
+        else "off"
+    )
     copied = f" (a copy of {run.algorithm}.py)" if run.algo != run.algorithm else ""
-    print(f"{run.algo}{copied} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
-          f"{description}; compile {compiling}, CUDA graphs: {graphs or ('on' if args.cudagraphs else 'off')}; "
-          f"{(run.final_step - run.global_step) // steps_per_iteration} iterations to step {run.final_step:,}; "
-          f"run dir {run.run_dir}", flush=True)
+    print(
+        f"{run.algo}{copied} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
+        f"{description}; compile {compiling}, CUDA graphs: {graphs or ('on' if args.cudagraphs else 'off')}; "
+        f"{(run.final_step - run.global_step) // steps_per_iteration} iterations to step {run.final_step:,}; "
+        f"run dir {run.run_dir}",
+        flush=True,
+    )
     if args.progress and not os.environ.get("CI") and sys.stderr.isatty():
         from tqdm import tqdm
 
-        run.progress = tqdm(total=run.final_step, initial=run.global_step, unit="step", unit_scale=True, dynamic_ncols=True)
+        run.progress = tqdm(
+            total=run.final_step, initial=run.global_step, unit="step", unit_scale=True, dynamic_ncols=True
+        )
 
 
 def _write_run_dir(run: Run) -> str | None:
@@ -294,8 +343,14 @@ def _write_run_dir(run: Run) -> str | None:
         import wandb
 
         run.wandb_run = wandb.init(
-            project=args.wandb_project_name, entity=args.wandb_entity, name=run.run_dir.name, id=run.run_dir.name,
-            resume="allow", config=asdict(args), sync_tensorboard=True, dir=str(run.run_dir),
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            name=run.run_dir.name,
+            id=run.run_dir.name,
+            resume="allow",
+            config=asdict(args),
+            sync_tensorboard=True,
+            dir=str(run.run_dir),
         )
     from torch.utils.tensorboard import SummaryWriter
 
@@ -326,7 +381,9 @@ def what_is_due(run: Run, final_iteration: bool) -> Due:
     evaluate = args.eval_interval > 0 and (i % args.eval_interval == 0 or final_iteration)
     last = final_iteration or i % args.save_interval == 0
     numbered = args.checkpoint_interval > 0 and i % args.checkpoint_interval == 0
-    return Due(log=i % args.log_interval == 0 or evaluate or last or numbered, eval=evaluate, last=last, numbered=numbered)
+    return Due(
+        log=i % args.log_interval == 0 or evaluate or last or numbered, eval=evaluate, last=last, numbered=numbered
+    )
 
 
 def checkpoints_to_write(run: Run, due: Due) -> list[str]:
@@ -355,12 +412,14 @@ def close(run: Run) -> None:
     if run.closed:
         return
     run.closed = True
-    steps = [("signal handlers", run.guard.restore if run.guard is not None else None),
-             ("progress bar", run.progress.close if run.progress is not None else None),
-             ("TensorBoard writer", run.writer.close if run.writer is not None else None),
-             ("wandb", run.wandb_run.finish if run.wandb_run is not None else None),
-             ("CUDA graphs", lambda: release_graphs(run)),
-             ("process group", distributed.cleanup)]
+    steps = [
+        ("signal handlers", run.guard.restore if run.guard is not None else None),
+        ("progress bar", run.progress.close if run.progress is not None else None),
+        ("TensorBoard writer", run.writer.close if run.writer is not None else None),
+        ("wandb", run.wandb_run.finish if run.wandb_run is not None else None),
+        ("CUDA graphs", lambda: release_graphs(run)),
+        ("process group", distributed.cleanup),
+    ]
     for what, step in steps:
         if step is None:
             continue
@@ -388,24 +447,41 @@ def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
     Returns the summary."""
     in_sync = distributed.check_in_sync(model)  # averaged gradients keep every rank's weights bit-identical
     if not in_sync and run.is_main:
-        print("warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged them", flush=True)
+        print(
+            "warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged "
+            "them",
+            flush=True,
+        )
     read_timings(run)
     ckpts = checkpoint_dir(run.run_dir)
     totals = run_totals(run)  # the whole run's: this process's seconds on top of its earlier processes'
     summary = {
-        "algo": run.algo, "algorithm": run.algorithm, "env_id": run.args.env_id, "run_dir": str(run.run_dir),
-        "global_step": run.global_step, "iteration": run.iteration, "wall_seconds": totals["wall_seconds"],
-        "processes": totals["processes"], "sps": run.sps,
+        "algo": run.algo,
+        "algorithm": run.algorithm,
+        "env_id": run.args.env_id,
+        "run_dir": str(run.run_dir),
+        "global_step": run.global_step,
+        "iteration": run.iteration,
+        "wall_seconds": totals["wall_seconds"],
+        "processes": totals["processes"],
+        "sps": run.sps,
         "last_train_return": None if math.isnan(run.last_train_return) else run.last_train_return,  # strict JSON
         "best_eval_return": run.best_eval_return if run.best_eval_return > -math.inf else None,
-        "stop_reason": run.stop_reason or "total_timesteps", "world_size": run.world_size, "params_in_sync": in_sync,
-        "rollout_seconds": totals["seconds"].get("rollout"), "update_seconds": totals["seconds"].get("update"),
+        "stop_reason": run.stop_reason or "total_timesteps",
+        "world_size": run.world_size,
+        "params_in_sync": in_sync,
+        "rollout_seconds": totals["seconds"].get("rollout"),
+        "update_seconds": totals["seconds"].get("update"),
         "evaluation_seconds": totals["seconds"].get("evaluation", 0.0),
         # until each hot function ran compiled and captured (its first calls, their work included)
-        "compile_seconds": sum(run.compile_seconds.values()), "compile_seconds_by_function": run.compile_seconds,
-        "compile": bool(run.args.compile), "cudagraphs": bool(run.args.cudagraphs),
+        "compile_seconds": sum(run.compile_seconds.values()),
+        "compile_seconds_by_function": run.compile_seconds,
+        "compile": bool(run.args.compile),
+        "cudagraphs": bool(run.args.cudagraphs),
         "peak_memory_mb": peak_memory_mb(run.device),
-        "checkpoints": {name: str(ckpts / file) for name, file in (("last", LAST), ("best", BEST)) if (ckpts / file).is_file()},
+        "checkpoints": {
+            name: str(ckpts / file) for name, file in (("last", LAST), ("best", BEST)) if (ckpts / file).is_file()
+        },
         **(extra or {}),
     }
     if run.is_main:

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def episode_sums(running: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor,
-                 sums: torch.Tensor | None = None) -> torch.Tensor:
+def episode_sums(
+    running: torch.Tensor, rewards: torch.Tensor, dones: torch.Tensor, sums: torch.Tensor | None = None
+) -> torch.Tensor:
     """Return sum, length sum and count [3] (float64) of the episodes that finished in [T, N] steps,
     added into `sums` when given (a per-step caller keeps one accumulator: nothing allocated per step).
 
@@ -90,8 +91,10 @@ def record_env_log(run: Run, info: dict) -> None:
     """
     log_values = info.get("log", {})
     if log_values and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"the env reports metrics ({', '.join(log_values)}) inside a captured rollout, where their "
-                           f"Python sums would not run again; an env that logs must say capturable = False")
+        raise RuntimeError(
+            f"the env reports metrics ({', '.join(log_values)}) inside a captured rollout, where their "
+            f"Python sums would not run again; an env that logs must say capturable = False"
+        )
     for k, v in log_values.items():
         acc = run.env_log.get(k)
         if acc is None:  # a copy, never the env's tensor: the sum is updated in place
@@ -105,8 +108,13 @@ def record_env_log(run: Run, info: dict) -> None:
         acc[1] += 1
 
 
-def reduce_iteration(run: Run, episodes: torch.Tensor | None = None, means: dict | None = None,
-                     checks: dict | None = None, local: dict | None = None) -> dict[str, float]:
+def reduce_iteration(
+    run: Run,
+    episodes: torch.Tensor | None = None,
+    means: dict | None = None,
+    checks: dict | None = None,
+    local: dict | None = None,
+) -> dict[str, float]:
     """The statistics since the last call over all ranks: one all-reduce and one host read. A collective.
 
     - `episodes`: [3] return sum, length sum and count of finished episodes (from episode_sums),
@@ -128,13 +136,18 @@ def reduce_iteration(run: Run, episodes: torch.Tensor | None = None, means: dict
     local.update({f"env/{k}": torch.as_tensor(s / c, device=dev).double().mean() for k, (s, c) in run.env_log.items()})
     run.env_log = {}
     now = time.time()
-    flags = [run.guard is not None and run.guard.received is not None,
-             args.max_wall_seconds is not None and now - run.start_time >= args.max_wall_seconds,
-             args.save_interval_seconds is not None and now - run.last_save_time >= args.save_interval_seconds]
+    flags = [
+        run.guard is not None and run.guard.received is not None,
+        args.max_wall_seconds is not None and now - run.start_time >= args.max_wall_seconds,
+        args.save_interval_seconds is not None and now - run.last_save_time >= args.save_interval_seconds,
+    ]
     as_row = lambda v: torch.as_tensor(v, device=dev).double().reshape(-1)  # noqa: E731
-    reduced = [as_row(episodes if episodes is not None else [0.0, 0.0, 0.0]),
-               *(as_row(v) for v in means.values()), *(as_row(v.all()) for v in checks.values()),
-               torch.tensor(flags, dtype=torch.float64).to(dev)]
+    reduced = [
+        as_row(episodes if episodes is not None else [0.0, 0.0, 0.0]),
+        *(as_row(v) for v in means.values()),
+        *(as_row(v.all()) for v in checks.values()),
+        torch.tensor(flags, dtype=torch.float64).to(dev),
+    ]
     packed = distributed.all_reduce(torch.cat(reduced))
     host = torch.cat([packed, *(as_row(v) for v in local.values())]).tolist()
 
@@ -178,7 +191,9 @@ def log(run: Run, stats: dict[str, float]) -> None:
     run.writer.flush()
     if run.progress is not None:
         run.progress.update(run.global_step - run.progress.n)
-        ret = "-" if run.last_train_return != run.last_train_return else f"{run.last_train_return:.1f}"  # none finished yet
+        ret = (
+            "-" if run.last_train_return != run.last_train_return else f"{run.last_train_return:.1f}"
+        )  # none finished yet
         run.progress.set_postfix(sps=f"{run.sps:,.0f}", ret=ret, refresh=False)
 
 
@@ -190,14 +205,21 @@ def closing_words(run: Run, summary: dict) -> list[str]:
     """What the run did, in a few lines: steps and speed, why it ended, the returns, where its files
     are, and, when it stopped early, the command that continues it."""
     args, reason = run.args, summary["stop_reason"]
-    ended = {"total_timesteps": f"--total-timesteps {args.total_timesteps:,} reached",
-             "target_return": "--target-return reached", "max_wall_seconds": "--max-wall-seconds reached"}
-    lines = [f"{run.algo} on {args.env_id}: {run.global_step:,} steps ({run.iteration} iterations) in "
-             f"{summary['wall_seconds']:.0f} s, {run.sps:,.0f} steps/s; "
-             f"{ended.get(reason, 'stopped by ' + reason.partition(':')[2])}"]
+    ended = {
+        "total_timesteps": f"--total-timesteps {args.total_timesteps:,} reached",
+        "target_return": "--target-return reached",
+        "max_wall_seconds": "--max-wall-seconds reached",
+    }
+    lines = [
+        f"{run.algo} on {args.env_id}: {run.global_step:,} steps ({run.iteration} iterations) in "
+        f"{summary['wall_seconds']:.0f} s, {run.sps:,.0f} steps/s; "
+        f"{ended.get(reason, 'stopped by ' + reason.partition(':')[2])}"
+    ]
     best, train = summary["best_eval_return"], summary["last_train_return"]
-    lines.append(f"{'best eval return ' + format(best, '.2f') if best is not None else 'no evaluation ran'}; "
-                 f"{'last train return ' + format(train, '.2f') if train is not None else 'no training episode finished'}")
+    lines.append(
+        f"{'best eval return ' + format(best, '.2f') if best is not None else 'no evaluation ran'}; "
+        f"{'last train return ' + format(train, '.2f') if train is not None else 'no training episode finished'}"
+    )
     kept = ", ".join(Path(path).name for path in summary["checkpoints"].values()) or "none written"
     lines.append(f"checkpoints: {checkpoint_dir(run.run_dir)} ({kept}); summary: {run.run_dir / 'summary.json'}")
     if reason.startswith("signal") or reason == "max_wall_seconds":
@@ -216,5 +238,10 @@ def continue_command(run: Run) -> str:
             flags.append(flag if value else f"--no-{flag[2:]}")
         else:
             flags.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
-    return " ".join([f"python {sys.argv[0] if as_program else f'algos/{run.algo}.py'}", *flags,
-                     f"--output-dir {args.output_dir} --run-name {run.run_dir.name} --resume auto"])
+    return " ".join(
+        [
+            f"python {sys.argv[0] if as_program else f'algos/{run.algo}.py'}",
+            *flags,
+            f"--output-dir {args.output_dir} --run-name {run.run_dir.name} --resume auto",
+        ]
+    )

@@ -38,8 +38,9 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     h, w = frames[0].shape[:2]
     pad = ((0, h % 2), (0, w % 2), (0, 0))
-    with imageio.get_writer(path, fps=fps, codec="libx264", quality=7, macro_block_size=1,
-                            ffmpeg_log_level="error") as writer:
+    with imageio.get_writer(
+        path, fps=fps, codec="libx264", quality=7, macro_block_size=1, ffmpeg_log_level="error"
+    ) as writer:
         for frame in frames:
             writer.append_data(np.pad(frame, pad, mode="edge") if h % 2 or w % 2 else frame)
     return path

@@ -130,8 +130,12 @@ class FakeObservationManager:
             actor = self._actor_buffer.copy_(actor)
         self._cache = {
             "actor": actor,
-            "critic": {"derived": derived[:, None], "sensor": env.sim.sensor.clone()[:, None],
-                       "command": command[:, None], "history": hist},
+            "critic": {
+                "derived": derived[:, None],
+                "sensor": env.sim.sensor.clone()[:, None],
+                "command": command[:, None],
+                "history": hist,
+            },
             "camera": torch.zeros(n, 2, 2),
         }
         return self._cache
@@ -187,7 +191,7 @@ class FakeRewardManager:
         self.sums = torch.zeros(2, env.num_envs)
 
     def compute(self) -> torch.Tensor:
-        alive, effort = torch.ones(self.env.num_envs), -self.env.action_manager.action[:, 0] ** 2
+        alive, effort = torch.ones(self.env.num_envs), -(self.env.action_manager.action[:, 0] ** 2)
         self.buf.copy_(alive - self.env.sim.qpos**2 + 0.1 * effort)
         self.sums += torch.stack([alive, effort])
         return self.buf
@@ -248,11 +252,13 @@ class FakeManagerBasedRlEnv:
         self.reward_manager = FakeRewardManager(self)
         self.termination_manager = FakeTerminationManager(self)
         box = lambda *shape: spaces.Box(-math.inf, math.inf, shape=shape)  # noqa: E731
-        self.single_observation_space = spaces.Dict({
-            "actor": box(7),
-            "critic": spaces.Dict({"derived": box(1), "sensor": box(1), "command": box(1), "history": box(3)}),
-            "camera": box(2, 2),
-        })
+        self.single_observation_space = spaces.Dict(
+            {
+                "actor": box(7),
+                "critic": spaces.Dict({"derived": box(1), "sensor": box(1), "command": box(1), "history": box(3)}),
+                "camera": box(2, 2),
+            }
+        )
         self.single_action_space = box(1)
         self.closed = False
 
@@ -275,8 +281,13 @@ class FakeManagerBasedRlEnv:
     def _reset_idx(self, env_ids: torch.Tensor) -> None:
         self.sim.reset(env_ids)
         log = self.extras["log"]
-        for manager in (self.observation_manager, self.action_manager, self.reward_manager, self.command_manager,
-                        self.termination_manager):
+        for manager in (
+            self.observation_manager,
+            self.action_manager,
+            self.reward_manager,
+            self.command_manager,
+            self.termination_manager,
+        ):
             log.update(manager.reset(env_ids))
         self.episode_length_buf[env_ids] = 0
         self._manual_reset_pending[env_ids] = False
@@ -321,8 +332,13 @@ class FakeManagerBasedRlEnv:
             self.obs_buf = self.observation_manager.compute(update_history=True)
         if not self.cfg.auto_reset and resets:
             self._manual_reset_pending[reset_env_ids] = True
-        return (self.obs_buf, self.reward_buf, self.termination_manager.terminated,
-                self.termination_manager.time_outs, self.extras)
+        return (
+            self.obs_buf,
+            self.reward_buf,
+            self.termination_manager.terminated,
+            self.termination_manager.time_outs,
+            self.extras,
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -351,8 +367,9 @@ def mirror_point(env, obs: TensorDict | None = None, actions: torch.Tensor | Non
         if "actor" in obs.keys():
             image["actor"] = obs["actor"] * torch.tensor(ACTOR_SIGNS, dtype=obs["actor"].dtype)
         if "critic" in obs.keys():
-            image["critic"] = TensorDict({t: v * CRITIC_SIGNS[t] for t, v in obs["critic"].items()},
-                                         batch_size=obs.batch_size)
+            image["critic"] = TensorDict(
+                {t: v * CRITIC_SIGNS[t] for t, v in obs["critic"].items()}, batch_size=obs.batch_size
+            )
         obs_aug = torch.cat([obs, image], dim=0)
     if actions is not None:
         assert actions.dim() == 2
@@ -363,13 +380,17 @@ def mirror_point(env, obs: TensorDict | None = None, actions: torch.Tensor | Non
 mirror_point.last_env = None
 
 
-def mirror_point_by_group(env, obs: torch.Tensor | None = None, actions: torch.Tensor | None = None,
-                          obs_type: str = "policy"):
+def mirror_point_by_group(
+    env, obs: torch.Tensor | None = None, actions: torch.Tensor | None = None, obs_type: str = "policy"
+):
     """The same mirror in rsl_rl 2's form (older Isaac Lab): one flat group tensor at a time, named by obs_type
     ("critic": the terms flattened in their order)."""
-    signs = {"policy": torch.tensor(ACTOR_SIGNS),
-             "critic": torch.tensor([CRITIC_SIGNS["derived"], CRITIC_SIGNS["sensor"], CRITIC_SIGNS["command"]]
-                                    + [CRITIC_SIGNS["history"]] * 3)}[obs_type]
+    signs = {
+        "policy": torch.tensor(ACTOR_SIGNS),
+        "critic": torch.tensor(
+            [CRITIC_SIGNS["derived"], CRITIC_SIGNS["sensor"], CRITIC_SIGNS["command"]] + [CRITIC_SIGNS["history"]] * 3
+        ),
+    }[obs_type]
     obs_aug = None if obs is None else torch.cat([obs, obs * signs], dim=0)
     actions_aug = None if actions is None else torch.cat([actions, -actions], dim=0)
     return obs_aug, actions_aug
@@ -398,10 +419,20 @@ class FakeRunnerCfg:
 
 TASKS = {
     "Fake-Point": (FakeEnvCfg(), FakeRunnerCfg()),
-    "Fake-Point-Symmetric": (FakeEnvCfg(), FakeRunnerCfg(algorithm=FakeAlgorithmCfg(
-        FakeSymmetryCfg(use_data_augmentation=True, data_augmentation_func=mirror_point)))),
-    "Fake-Point-Symmetric-By-Group": (FakeEnvCfg(), FakeRunnerCfg(algorithm=FakeAlgorithmCfg(
-        FakeSymmetryCfg(use_data_augmentation=True, data_augmentation_func=f"{__name__}:mirror_point_by_group")))),
+    "Fake-Point-Symmetric": (
+        FakeEnvCfg(),
+        FakeRunnerCfg(
+            algorithm=FakeAlgorithmCfg(FakeSymmetryCfg(use_data_augmentation=True, data_augmentation_func=mirror_point))
+        ),
+    ),
+    "Fake-Point-Symmetric-By-Group": (
+        FakeEnvCfg(),
+        FakeRunnerCfg(
+            algorithm=FakeAlgorithmCfg(
+                FakeSymmetryCfg(use_data_augmentation=True, data_augmentation_func=f"{__name__}:mirror_point_by_group")
+            )
+        ),
+    ),
 }
 
 
@@ -419,12 +450,19 @@ def load_rl_cfg(task: str) -> FakeRunnerCfg:
 
 def install(monkeypatch) -> None:
     """This module as `mjlab` (its `tasks`, `tasks.registry` and `envs`) for the rest of the test."""
-    names = {"mjlab": ModuleType("mjlab"), "mjlab.tasks": ModuleType("mjlab.tasks"),
-             "mjlab.tasks.registry": ModuleType("mjlab.tasks.registry"), "mjlab.envs": ModuleType("mjlab.envs")}
+    names = {
+        "mjlab": ModuleType("mjlab"),
+        "mjlab.tasks": ModuleType("mjlab.tasks"),
+        "mjlab.tasks.registry": ModuleType("mjlab.tasks.registry"),
+        "mjlab.envs": ModuleType("mjlab.envs"),
+    }
     registry = names["mjlab.tasks.registry"]
     registry.list_tasks, registry.load_env_cfg, registry.load_rl_cfg = list_tasks, load_env_cfg, load_rl_cfg
     names["mjlab.envs"].ManagerBasedRlEnv = FakeManagerBasedRlEnv
     names["mjlab"].tasks, names["mjlab"].envs, names["mjlab.tasks"].registry = (
-        names["mjlab.tasks"], names["mjlab.envs"], registry)
+        names["mjlab.tasks"],
+        names["mjlab.envs"],
+        registry,
+    )
     for name, module in names.items():
         monkeypatch.setitem(sys.modules, name, module)

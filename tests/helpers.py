@@ -23,7 +23,12 @@ def torchrun_cmd(nproc: int, script_args: list[str], restarts: int = 0) -> list[
     dead workers' addresses in its store, and the restarted group cannot connect."""
     port = free_port()
     rendezvous = (
-        ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=test-{port}", f"--max-restarts={restarts}"]
+        [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id=test-{port}",
+            f"--max-restarts={restarts}",
+        ]
         if restarts
         else ["--master-addr=127.0.0.1", f"--master-port={port}"]
     )
@@ -41,8 +46,13 @@ def subprocess_env() -> dict:
 def run(cmd: list[str], timeout: float, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run `cmd` in its own process group; kill the whole group on timeout."""
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env or subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        cmd,
+        cwd=cwd,
+        env=env or subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -62,8 +72,14 @@ class Job:
     def __init__(self, cmd, log: Path, env: dict | None = None, cwd: Path = ROOT):
         self.log = log
         self.seen_workers: set[int] = set()
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env or subprocess_env(), stdout=open(log, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env or subprocess_env(),
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_for(self, predicate, timeout=120.0, what="condition"):
         deadline = time.time() + timeout
@@ -156,9 +172,23 @@ def untrained_teacher(path: Path, env_id: str = "Pendulum-v1", **flags) -> Path:
     args = module.Args(env_id=env_id, **flags)
     torch.manual_seed(0)
     agent = module.Agent(env.single_observation_space.shape[0], None, env.single_action_space, args)
-    save_checkpoint({"format_version": FORMAT_VERSION, "algo": "ppo", "env_id": env_id, "args": asdict(args),
-                     "world_size": 1, "global_step": 0, "iteration": 0, "best_eval_return": float("-inf"),
-                     "model": agent.state_dict(), "optimizers": {}, "state": {}, "ranks": []}, path)
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "algo": "ppo",
+            "env_id": env_id,
+            "args": asdict(args),
+            "world_size": 1,
+            "global_step": 0,
+            "iteration": 0,
+            "best_eval_return": float("-inf"),
+            "model": agent.state_dict(),
+            "optimizers": {},
+            "state": {},
+            "ranks": [],
+        },
+        path,
+    )
     return path
 
 
@@ -220,16 +250,26 @@ def load_exported_program(path):
 # directory; algos/ is never edited). name -> [(text of ppo.py, its replacement)].
 MUTATIONS = {
     # a read to the host that dispatches no aten op on a CPU tensor (on CUDA: a sync inside the capture)
-    "tolist": [("        batch, rollout_stats, nonfinite_counts = targets_fn(obs)\n",
-                "        batch, rollout_stats, nonfinite_counts = targets_fn(obs)\n"
-                "        explained = rollout_stats[\"explained_variance\"].tolist()  # noqa: F841\n")],
+    "tolist": [
+        (
+            "        batch, rollout_stats, nonfinite_counts = targets_fn(obs)\n",
+            "        batch, rollout_stats, nonfinite_counts = targets_fn(obs)\n"
+            '        explained = rollout_stats["explained_variance"].tolist()  # noqa: F841\n',
+        )
+    ],
     # a Python counter moved into the captured function (on CUDA it stops after the capture, and the
     # logged means divide by zero)
-    "counter": [("            update_fn(next_obs)  # targets, then the epochs\n        iterations_in_stats += 1\n",
-                 "            update_fn(next_obs)  # targets, then the epochs\n"),
-                ("        \"\"\"The targets of the rollout, then the epochs of the update; their statistics into `stats`.\"\"\"\n",
-                 "        \"\"\"The targets of the rollout, then the epochs of the update; their statistics into `stats`.\"\"\"\n"
-                 "        nonlocal iterations_in_stats\n        iterations_in_stats += 1\n")],
+    "counter": [
+        (
+            "            update_fn(next_obs)  # targets, then the epochs\n        iterations_in_stats += 1\n",
+            "            update_fn(next_obs)  # targets, then the epochs\n",
+        ),
+        (
+            '        """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""\n',
+            '        """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""\n'
+            "        nonlocal iterations_in_stats\n        iterations_in_stats += 1\n",
+        ),
+    ],
 }
 
 

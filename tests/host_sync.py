@@ -10,8 +10,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # Tensor methods that hand a tensor's values to Python. On CUDA each one copies to the host and
 # waits; on CPU some of them dispatch no aten op at all (.cpu() and .to("cpu") of a CPU tensor
 # return it, .tolist(), .numpy() and repr() read its memory directly), so only their call shows.
-TO_HOST = {"cpu", "tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__", "__complex__",
-           "__repr__", "__format__", "__array__"}
+TO_HOST = {
+    "cpu",
+    "tolist",
+    "numpy",
+    "item",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__complex__",
+    "__repr__",
+    "__format__",
+    "__array__",
+}
 
 
 class RecordHostSyncs(TorchDispatchMode):
@@ -64,8 +76,9 @@ class RecordHostSyncs(TorchDispatchMode):
         name = func.overloadpacket.__name__
         indices = args[1] if name in ("index", "index_put", "index_put_") and len(args) > 1 else ()
         bool_index = any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in (indices or ()))
-        std_checked = name == "normal" and isinstance(args[1] if len(args) > 1 else (kwargs or {}).get("std"),
-                                                      torch.Tensor)  # std >= 0, read on the host
+        std_checked = name == "normal" and isinstance(
+            args[1] if len(args) > 1 else (kwargs or {}).get("std"), torch.Tensor
+        )  # std >= 0, read on the host
         if (name in self.SYNC_OPS or bool_index or std_checked) and not self._in_method:
             self.record(name)
         return func(*args, **(kwargs or {}))

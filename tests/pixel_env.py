@@ -33,15 +33,31 @@ class Catch(TorchEnv):
     num_reset_uniforms = 1
     default_max_episode_steps = 100
 
-    def __init__(self, num_envs, device="cpu", seed=0, dtype=torch.float32, max_episode_steps=None, size: int = 6,
-                 proprio: bool = False, terms: bool = False, vector_policy: bool = False):
+    def __init__(
+        self,
+        num_envs,
+        device="cpu",
+        seed=0,
+        dtype=torch.float32,
+        max_episode_steps=None,
+        size: int = 6,
+        proprio: bool = False,
+        terms: bool = False,
+        vector_policy: bool = False,
+    ):
         self.size, self.proprio, self.terms, self.vector_policy = size, proprio, terms, vector_policy
         self.num_reset_uniforms = 2 if terms else 1  # the paddle's first column too
         self.single_observation_space = spaces.Box(0, 255, (2, size, size), dtype=np.uint8)
         if terms:
-            self.single_observation_space = spaces.Dict({"image": spaces.Box(0, 255, (1, size, size), dtype=np.uint8),
-                                                         "proprio": spaces.Box(0, size - 1, (1,), dtype=np.float32)})
-        if vector_policy:  # the columns for the policy (unbounded, as vector spaces often are), the frames for the critic
+            self.single_observation_space = spaces.Dict(
+                {
+                    "image": spaces.Box(0, 255, (1, size, size), dtype=np.uint8),
+                    "proprio": spaces.Box(0, size - 1, (1,), dtype=np.float32),
+                }
+            )
+        if (
+            vector_policy
+        ):  # the columns for the policy (unbounded, as vector spaces often are), the frames for the critic
             self.single_observation_space = spaces.Box(-np.inf, np.inf, (2,), dtype=np.float32)
             self.single_critic_observation_space = spaces.Box(0, 255, (2, size, size), dtype=np.uint8)
         self.single_action_space = spaces.Discrete(3)

@@ -136,8 +136,11 @@ def python_state(fn, run=None, depth: int = 8) -> dict[str, str]:
                 for name in names:
                     if name in vars(x):
                         walk(vars(x)[name], f"{x.__name__}.{name}", level + 1)
-        elif not isinstance(x, type) and hasattr(x, "__dict__") and (
-                isinstance(x, (torch.nn.Module, torch.optim.Optimizer)) or ours(_class_file(type(x)))):
+        elif (
+            not isinstance(x, type)
+            and hasattr(x, "__dict__")
+            and (isinstance(x, (torch.nn.Module, torch.optim.Optimizer)) or ours(_class_file(type(x))))
+        ):
             for k, v in vars(x).items():
                 walk(v, f"{path}.{k}", level + 1)
 
@@ -192,7 +195,11 @@ def _code_names(code: types.CodeType) -> tuple[str, ...]:
 def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     """The paths whose value a call changed, as `path: before -> after`."""
     paths = sorted(set(before) | set(after))
-    return [f"{p}: {before.get(p, '(absent)')} -> {after.get(p, '(absent)')}" for p in paths if before.get(p) != after.get(p)]
+    return [
+        f"{p}: {before.get(p, '(absent)')} -> {after.get(p, '(absent)')}"
+        for p in paths
+        if before.get(p) != after.get(p)
+    ]
 
 
 def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
@@ -218,6 +225,7 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
                 out = fn(*args, **kwargs)
             calls.append((sig.ops, sig.external, syncs.syncs, changes(before, python_state(fn, run))))
             return out
+
         return call
 
     monkeypatch.setattr(script, "captured", recording)
@@ -230,7 +238,9 @@ def assert_replays_alike(name: str, calls: list) -> None:
     assert len(calls) >= 3, (name, len(calls))
     (ops_a, ext_a, *_), (ops_b, ext_b, *_) = calls[1], calls[2]
     first = next((i for i, (a, b) in enumerate(zip(ops_a, ops_b)) if a != b), None)
-    assert ops_a == ops_b, f"{name}: the calls run other ops (from op {first}: {ops_a[first:first + 3]} vs {ops_b[first:first + 3]})"
+    assert ops_a == ops_b, (
+        f"{name}: the calls run other ops (from op {first}: {ops_a[first : first + 3]} vs {ops_b[first : first + 3]})"
+    )
     assert ext_a == ext_b, f"{name}: the calls read other tensors: a captured graph would read stale state"
 
 
@@ -246,5 +256,6 @@ def assert_keeps_python_state(name: str, calls: list) -> None:
     after the capture, calls are replays that run no Python, so such a change would stop happening."""
     assert len(calls) >= 2, (name, len(calls))
     for i, (*_, changed) in enumerate(calls[1:], start=2):
-        assert not changed, (f"{name}: call {i} changes Python state, which a graph replay would not: "
-                             + "; ".join(changed[:5]))
+        assert not changed, f"{name}: call {i} changes Python state, which a graph replay would not: " + "; ".join(
+            changed[:5]
+        )

@@ -38,9 +38,29 @@ def run_bench(capsys):
 def test_bench_smoke_json(tmp_path, run_bench):
     out = tmp_path / "bench.json"
     code, stdout = run_bench(
-        ["--env-id", "Pendulum-v1", "--num-envs", "64", "--algos", "ppo",
-         "--modes", "eager", "--iterations", "2", "--warmup-iterations", "1", "--env-steps", "5", "--repeats", "1",
-         "--threads", "1", "--json", str(out), "--markdown"]
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--num-envs",
+            "64",
+            "--algos",
+            "ppo",
+            "--modes",
+            "eager",
+            "--iterations",
+            "2",
+            "--warmup-iterations",
+            "1",
+            "--env-steps",
+            "5",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+            "--markdown",
+        ]
     )
     assert code == 0, stdout[-3000:]
     report = json.loads(out.read_text())
@@ -49,7 +69,13 @@ def test_bench_smoke_json(tmp_path, run_bench):
     machine = report["machine"]
     assert machine["cpu"] and machine["cpu_cores"] >= 1 and machine["torch"]
     assert "gpu" in machine and len(report["load_average"]["start"]) == 3
-    assert report["config"] == {**report["config"], "env_id": "Pendulum-v1", "num_envs": 64, "modes": ["eager"], "algos": ["ppo"]}
+    assert report["config"] == {
+        **report["config"],
+        "env_id": "Pendulum-v1",
+        "num_envs": 64,
+        "modes": ["eager"],
+        "algos": ["ppo"],
+    }
 
     assert positive(report["env_only"]["sps"])
     inference = report["inference"]["eager"]
@@ -61,9 +87,18 @@ def test_bench_smoke_json(tmp_path, run_bench):
     [ppo] = report["training"]
     assert ppo["algo"] == "ppo" and ppo["mode"] == "eager" and ppo["status"] == "ok", ppo
     assert ppo["measured_iterations"] == 2
-    for key in ("sps", "sps_including_warmup", "rollout_seconds", "update_seconds", "iteration_seconds",
-                "peak_memory_mb", "ratio_to_env_only", "ratio_to_inference", "update_over_rollout_inference",
-                "update_over_bare_fwd_bwd"):
+    for key in (
+        "sps",
+        "sps_including_warmup",
+        "rollout_seconds",
+        "update_seconds",
+        "iteration_seconds",
+        "peak_memory_mb",
+        "ratio_to_env_only",
+        "ratio_to_inference",
+        "update_over_rollout_inference",
+        "update_over_bare_fwd_bwd",
+    ):
         assert positive(ppo[key]), (key, ppo[key])
     assert ppo["speedup_vs_eager"] == 1.0
     assert ppo["command"].startswith("python algos/ppo.py") and ppo["command"] in report["commands"]["training"]
@@ -79,8 +114,23 @@ def test_bench_smoke_json(tmp_path, run_bench):
 def test_bench_reports_absent_scripts_without_failing_the_others(tmp_path, run_bench):
     out = tmp_path / "bench.json"
     code, stdout = run_bench(
-        ["--num-envs", "16", "--algos", "no_such_algo", "--modes", "eager",
-         "--env-steps", "2", "--repeats", "1", "--threads", "1", "--skip-training", "--json", str(out)]
+        [
+            "--num-envs",
+            "16",
+            "--algos",
+            "no_such_algo",
+            "--modes",
+            "eager",
+            "--env-steps",
+            "2",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--skip-training",
+            "--json",
+            str(out),
+        ]
     )
     assert code == 0, stdout[-3000:]
     report = json.loads(out.read_text())
@@ -118,8 +168,10 @@ def test_bench_prints_the_bytes_of_a_pixel_rollout_as_uint8(tmp_path, capsys):
     assert bench.main(["--storage-bytes", "--json", str(tmp_path / "bytes.json")]) == 0
     out = capsys.readouterr().out
     per = 4 * 84 * 84 + 4 + 8 + 4 + 4 + 1 + 1
-    assert f"4096 envs x 128 steps of 4x84x84 frames (obs, and V(final_obs) for the bootstrap) as uint8: {per:,} bytes " \
-           f"per transition, {per * 4096 * 128:,} bytes (13.79 GiB)" in out
+    assert (
+        f"4096 envs x 128 steps of 4x84x84 frames (obs, and V(final_obs) for the bootstrap) as uint8: {per:,} bytes "
+        f"per transition, {per * 4096 * 128:,} bytes (13.79 GiB)" in out
+    )
     figures = json.loads((tmp_path / "bytes.json").read_text())
     assert figures["float32"]["bytes_per_transition"] == 4 * 4 * 84 * 84 + 22
 
@@ -131,15 +183,33 @@ def test_learning_results_command_writes_curves_table_and_figures(tmp_path):
 
     threads = torch.get_num_threads()
     try:
-        code = learning.main(["--experiments", "ppo:CartPole-v1", "--seeds", "1", "2", "--jobs", "2",
-                              "--budget", str(4096 * 24 * 2), "--out", str(tmp_path), "--stop-at-target",
-                              "--extra", "--eval-interval", "1"])
+        code = learning.main(
+            [
+                "--experiments",
+                "ppo:CartPole-v1",
+                "--seeds",
+                "1",
+                "2",
+                "--jobs",
+                "2",
+                "--budget",
+                str(4096 * 24 * 2),
+                "--out",
+                str(tmp_path),
+                "--stop-at-target",
+                "--extra",
+                "--eval-interval",
+                "1",
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     assert code == 0
     report = json.loads((tmp_path / "learning.json").read_text())
     runs = report["runs"]
-    assert sorted(r["seed"] for r in runs) == [1, 2] and report["command"].startswith("python -m tests.benchmarks.learning")
+    assert sorted(r["seed"] for r in runs) == [1, 2] and report["command"].startswith(
+        "python -m tests.benchmarks.learning"
+    )
     for r in runs:
         curve = r["curve"]
         assert curve["steps"] == [4096 * 24, 4096 * 24 * 2]  # an eval every iteration
@@ -152,7 +222,9 @@ def test_learning_results_command_writes_curves_table_and_figures(tmp_path):
     final = [r["curve"]["returns"][-1] for r in runs]
     assert f"{sum(final) / 2:,.1f} ±" in row and "196,608" in row
     if importlib.util.find_spec("matplotlib"):
-        assert (tmp_path / "learning_steps.png").stat().st_size > 0 and (tmp_path / "learning_time.png").stat().st_size > 0
+        assert (tmp_path / "learning_steps.png").stat().st_size > 0 and (
+            tmp_path / "learning_time.png"
+        ).stat().st_size > 0
 
 
 def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step():
@@ -164,9 +236,18 @@ def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step()
     spec = learning.EXPERIMENTS[name]
     assert spec["reference"] == 3134.61 and spec["target"] == 2821.1 and spec["budget"] == 1_000_000
     steps = [50_016 * k for k in range(1, 20)] + [1_000_000]
-    records = [{"name": name, "seed": seed, "curve": {"steps": steps, "seconds": [x / 1000 for x in steps],
-                                                      "returns": [seed * 1000 + i for i in range(len(steps))]}}
-               for seed in (2, 1)]
+    records = [
+        {
+            "name": name,
+            "seed": seed,
+            "curve": {
+                "steps": steps,
+                "seconds": [x / 1000 for x in steps],
+                "returns": [seed * 1000 + i for i in range(len(steps))],
+            },
+        }
+        for seed in (2, 1)
+    ]
     rows = learning.at_steps_table(records, ["ppo:CartPole-v1", name])
     assert len(rows) == 3 and rows[0].count("eval at") == 4  # only the experiment with at_steps gets a row
     cells = [c.strip() for c in rows[2].split("|")[1:-1]]
@@ -176,13 +257,19 @@ def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step()
     assert cells[6] == "3,135" and cells[7].startswith("16.7 ")  # 1,000 s per 1M steps
     for r in records:  # a run that ended an iteration short of its budget of 1M: its final eval is the 1M one
         r.update(budget=1_000_000, curve={k: v[:-1] for k, v in r["curve"].items()})
-    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][5] == "1,518.0 ± 500.0 (1,018 / 2,018)"
+    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][
+        5
+    ] == "1,518.0 ± 500.0 (1,018 / 2,018)"
     records[0]["summary"] = {"stop_reason": "SIGTERM"}  # stopped before its budget: no eval at 1M for that seed
-    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][5] == "1,018.0 ± 0.0 (1,018 / -)"
+    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][
+        5
+    ] == "1,018.0 ± 0.0 (1,018 / -)"
     del records[0]["summary"]
     for r in records:
         r["name"] = name + "@n1"
-    assert [c.strip() for c in learning.at_steps_table(records, [name + "@n1"])[2].split("|")[1:-1]][1] == "gym:Hopper-v5@n1"
+    assert [c.strip() for c in learning.at_steps_table(records, [name + "@n1"])[2].split("|")[1:-1]][
+        1
+    ] == "gym:Hopper-v5@n1"
 
 
 def test_training_seconds_leave_out_the_time_a_stopped_run_waits_for_its_resume(tmp_path):
@@ -207,8 +294,13 @@ def test_training_seconds_leave_out_the_time_a_stopped_run_waits_for_its_resume(
     curve = learning.read_curve(tmp_path)
     assert curve["steps"] == [5000, 10_000, 15_000, 20_000] and curve["returns"] == [5.0, 10.0, 15.0, 20.0]
     assert curve["seconds"] == pytest.approx([50.0, 100.0, 150.0, 200.0])
-    record = {"name": "ppo:envpool:Pong-v5", "seed": 1, "budget": 10_000_000, "curve": curve,
-              "summary": {"stop_reason": "signal:SIGTERM"}}
+    record = {
+        "name": "ppo:envpool:Pong-v5",
+        "seed": 1,
+        "budget": 10_000_000,
+        "curve": curve,
+        "summary": {"stop_reason": "signal:SIGTERM"},
+    }
     row = learning.at_steps_table([record], ["ppo:envpool:Pong-v5"])[2]
     assert row.split("|")[-2].strip().startswith(f"{200 / 20_000 * 1e6 / 60:.1f}")  # 166.7 min per 1M steps
 
@@ -231,16 +323,22 @@ def test_the_training_return_is_read_in_bins_of_env_steps_and_tabled_at_the_step
     curve = learning.read_curve(tmp_path, 100_000)
     assert curve["train_steps"][:2] == [0, 100_000] and curve["train_steps"][-1] == 1_000_000
     assert curve["train_returns"][5] == -21.0  # 425k..500k
-    assert curve["train_returns"][-1] == statistics.mean([s / 50_000 - 31 for s in (925_000, 950_000, 975_000, 1_000_000)])
+    assert curve["train_returns"][-1] == statistics.mean(
+        [s / 50_000 - 31 for s in (925_000, 950_000, 975_000, 1_000_000)]
+    )
     assert "train_returns" not in learning.read_curve(tmp_path)
     short = {k: v[:6] for k, v in curve.items() if k.startswith("train_")}  # up to 500k
-    records = [{"name": name, "seed": 2, "curve": {**curve, "steps": [], "returns": []}},
-               {"name": name, "seed": 1, "curve": {"steps": [], "returns": [], **short}}]
+    records = [
+        {"name": name, "seed": 2, "curve": {**curve, "steps": [], "returns": []}},
+        {"name": name, "seed": 1, "curve": {"steps": [], "returns": [], **short}},
+    ]
     rows = learning.train_table(records, ["ppo:CartPole-v1", name])
     assert len(rows) == 3 and rows[0].count("training return at") == 4
     cells = [c.strip() for c in rows[2].split("|")[1:-1]]
     assert cells[:3] == ["ppo", "envpool:Pong-v5", "-21.0 ± 0.0 (-21.0 / -21.0)"]
-    assert cells[3] == f"{curve['train_returns'][-1]:.1f} ± 0.0 (- / {curve['train_returns'][-1]:.1f})" and cells[4:] == ["-", "-"]
+    assert cells[3] == f"{curve['train_returns'][-1]:.1f} ± 0.0 (- / {curve['train_returns'][-1]:.1f})" and cells[
+        4:
+    ] == ["-", "-"]
 
 
 def test_symmetry_table_gives_each_seeds_steps_and_last_symmetry_error():
@@ -248,15 +346,29 @@ def test_symmetry_table_gives_each_seeds_steps_and_last_symmetry_error():
     that logged no symmetry error (ppo without --symmetry) get no row."""
     from tests.benchmarks import learning
 
-    records = [{"name": "ppo:Pendulum-v1@augmentation", "seed": seed, "steps_to_target": steps,
-                "curve": {"steps": [1], "returns": [0.0], "symmetry_error": error}}
-               for seed, steps, error in ((2, None, 0.05), (1, 983_040, 0.01))]
-    records.append({"name": "ppo:Pendulum-v1", "seed": 1, "steps_to_target": 1, "curve": {"steps": [1], "returns": [0.0]}})
+    records = [
+        {
+            "name": "ppo:Pendulum-v1@augmentation",
+            "seed": seed,
+            "steps_to_target": steps,
+            "curve": {"steps": [1], "returns": [0.0], "symmetry_error": error},
+        }
+        for seed, steps, error in ((2, None, 0.05), (1, 983_040, 0.01))
+    ]
+    records.append(
+        {"name": "ppo:Pendulum-v1", "seed": 1, "steps_to_target": 1, "curve": {"steps": [1], "returns": [0.0]}}
+    )
     rows = learning.symmetry_table(records, ["ppo:Pendulum-v1", "ppo:Pendulum-v1@augmentation"])
     assert len(rows) == 3
     assert [c.strip() for c in rows[2].split("|")[1:-1]] == [
-        "ppo", "Pendulum-v1", "`augmentation`", "983,040 / -", "0.030 ± 0.020 (0.010 / 0.050)"]
+        "ppo",
+        "Pendulum-v1",
+        "`augmentation`",
+        "983,040 / -",
+        "0.030 ± 0.020 (0.010 / 0.050)",
+    ]
     assert learning.symmetry_table(records[2:], ["ppo:Pendulum-v1"]) == []
+
 
 def test_goal_table_gives_each_seeds_first_eval_above_the_goal():
     """MountainCar-v0's rows: the steps of each seed's first eval return above -200 (an episode reached the flag);
@@ -265,13 +377,20 @@ def test_goal_table_gives_each_seeds_first_eval_above_the_goal():
 
     name = "ppo:MountainCar-v0"
     assert learning.EXPERIMENTS[name]["goal"] == -200.0
-    records = [{"name": name, "seed": 2, "curve": {"steps": [10, 20, 30], "returns": [-200.0, -200.0, -150.0]}},
-               {"name": name, "seed": 1, "curve": {"steps": [10, 20, 30], "returns": [-200.0, -199.5, -120.0]}}]
+    records = [
+        {"name": name, "seed": 2, "curve": {"steps": [10, 20, 30], "returns": [-200.0, -200.0, -150.0]}},
+        {"name": name, "seed": 1, "curve": {"steps": [10, 20, 30], "returns": [-200.0, -199.5, -120.0]}},
+    ]
     rows = learning.goal_table(records, ["ppo:CartPole-v1", name])
     assert len(rows) == 3 and [c.strip() for c in rows[2].split("|")[1:-1]] == [
-        "ppo", "MountainCar-v0", "-200", "25 (20 / 30)"]
+        "ppo",
+        "MountainCar-v0",
+        "-200",
+        "25 (20 / 30)",
+    ]
     records[0]["curve"]["returns"][-1] = -200.0
     assert learning.goal_table(records, [name])[2].split("|")[4].strip() == "- (20 / -)"
+
 
 def committed_files() -> dict:
     from tests.benchmarks import learning
@@ -304,14 +423,37 @@ def test_learning_results_command_writes_only_where_named(tmp_path, capsys):
 
 def synthetic_report() -> dict:
     """A learning.json of two seeds of ppo:CartPole-v1, three evaluations each."""
-    runs = [{"name": "ppo:CartPole-v1", "algo": "ppo", "env_id": "CartPole-v1", "seed": seed, "target": 475.0,
-             "budget": 300, "threads": 1, "command": "python algos/ppo.py", "returncode": 0, "summary": {},
-             "curve": {"steps": [100, 200, 300], "seconds": [1.0, 2.0, 3.0], "returns": returns},
-             "steps_to_target": steps, "seconds_to_target": seconds}
-            for seed, returns, steps, seconds in ((1, [100.0, 480.0, 500.0], 200, 2.0), (2, [50.0, 300.0, 400.0], None, None))]
-    return {"date": "2026-01-01", "command": "python -m tests.benchmarks.learning --out somewhere", "jobs": 1,
-            "machine": {"cpu": "a CPU", "cpu_cores": 2, "torch": "2", "gpu": None}, "wall_seconds": 1.0,
-            "experiments": {"ppo:CartPole-v1": {"target": 475.0, "budget": 300, "flags": []}}, "threads": 1, "runs": runs}
+    runs = [
+        {
+            "name": "ppo:CartPole-v1",
+            "algo": "ppo",
+            "env_id": "CartPole-v1",
+            "seed": seed,
+            "target": 475.0,
+            "budget": 300,
+            "threads": 1,
+            "command": "python algos/ppo.py",
+            "returncode": 0,
+            "summary": {},
+            "curve": {"steps": [100, 200, 300], "seconds": [1.0, 2.0, 3.0], "returns": returns},
+            "steps_to_target": steps,
+            "seconds_to_target": seconds,
+        }
+        for seed, returns, steps, seconds in (
+            (1, [100.0, 480.0, 500.0], 200, 2.0),
+            (2, [50.0, 300.0, 400.0], None, None),
+        )
+    ]
+    return {
+        "date": "2026-01-01",
+        "command": "python -m tests.benchmarks.learning --out somewhere",
+        "jobs": 1,
+        "machine": {"cpu": "a CPU", "cpu_cores": 2, "torch": "2", "gpu": None},
+        "wall_seconds": 1.0,
+        "experiments": {"ppo:CartPole-v1": {"target": 475.0, "budget": 300, "flags": []}},
+        "threads": 1,
+        "runs": runs,
+    }
 
 
 def test_learning_report_rewrites_table_and_figures_with_a_legend(tmp_path, monkeypatch):
@@ -335,8 +477,10 @@ def test_learning_report_rewrites_table_and_figures_with_a_legend(tmp_path, monk
     assert table.startswith("`python -m tests.benchmarks.learning --out somewhere` (2026-01-01, a CPU (2 cores)")
     row = next(line for line in table.splitlines() if line.startswith("| ppo | CartPole-v1"))
     assert "| 1/2 | 200 (200-200) | 2.0 (2.0-2.0) | 450.0 ± 50.0 | 450.0 ± 50.0 |" in row
-    assert legends == {"learning_steps.png": ["mean over seeds", "min-max over seeds", "target"],
-                       "learning_time.png": ["mean over seeds", "min-max over seeds", "target"]}
+    assert legends == {
+        "learning_steps.png": ["mean over seeds", "min-max over seeds", "target"],
+        "learning_time.png": ["mean over seeds", "min-max over seeds", "target"],
+    }
     for name in legends:
         assert (tmp_path / name).stat().st_size > 0 and f"]({name})" in table
 
@@ -346,10 +490,14 @@ def test_mjlab_benchmark_stops_with_the_cause_without_mjlab(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mjlab" else real(name, *a))
-    with pytest.raises(SystemExit, match=r"^error: tests.benchmarks.mjlab needs mjlab, .*pip install 'mjlab==1\.6\.\*'"):
+    with pytest.raises(
+        SystemExit, match=r"^error: tests.benchmarks.mjlab needs mjlab, .*pip install 'mjlab==1\.6\.\*'"
+    ):
         mjlab_bench.main(["--device", "cpu"])
     present = {"mjlab": object(), "rsl_rl": None}  # mjlab there, rsl_rl not
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: present[name] if name in present else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: present[name] if name in present else real(name, *a)
+    )
     with pytest.raises(SystemExit, match=r"^error: tests.benchmarks.mjlab needs rsl-rl-lib"):
         mjlab_bench.main(["--device", "cpu"])
 
@@ -363,16 +511,40 @@ def test_mjlab_benchmark_smoke(tmp_path, capsys):
     out = tmp_path / "mjlab.json"
     threads = torch.get_num_threads()
     try:
-        code = mjlab_bench.main(["--device", "cpu", "--task", "Mjlab-Cartpole-Balance", "--num-envs", "8", "--iterations", "2",
-                                 "--warmup-iterations", "1", "--env-steps", "3", "--env-warmup-steps", "1", "--repeats", "1",
-                                 "--threads", "1", "--json", str(out)])
+        code = mjlab_bench.main(
+            [
+                "--device",
+                "cpu",
+                "--task",
+                "Mjlab-Cartpole-Balance",
+                "--num-envs",
+                "8",
+                "--iterations",
+                "2",
+                "--warmup-iterations",
+                "1",
+                "--env-steps",
+                "3",
+                "--env-warmup-steps",
+                "1",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     stdout = capsys.readouterr().out
     assert code == 0, stdout[-3000:]
     report = json.loads(out.read_text())
     assert [r["learner"] for r in report["env_only"]] == [
-        "env only: mjlab (its auto-reset)", "env only: adapter, final_obs=terminal", "env only: adapter, final_obs=pre_step"]
+        "env only: mjlab (its auto-reset)",
+        "env only: adapter, final_obs=terminal",
+        "env only: adapter, final_obs=pre_step",
+    ]
     assert all(positive(r["sps"]) for r in report["env_only"])
     learners = [r["learner"] for r in report["training"]]
     assert learners == ["algos/ppo.py, final_obs=terminal", "algos/ppo.py, final_obs=pre_step", "mjlab PPO (rsl_rl)"]
@@ -382,7 +554,9 @@ def test_mjlab_benchmark_smoke(tmp_path, capsys):
             assert positive(r[key]), (r["learner"], key, r.get(key))
     assert "--hidden-sizes 64 64" in report["training"][0]["command"]  # the task's networks (Cartpole: 64, 64)
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
-    assert rows[0] == "| learner | SPS | rollout/collection s | update s | x mjlab PPO |" and len(rows) == 1 + 6  # the header and six learners
+    assert (
+        rows[0] == "| learner | SPS | rollout/collection s | update s | x mjlab PPO |" and len(rows) == 1 + 6
+    )  # the header and six learners
 
 
 def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
@@ -403,9 +577,27 @@ def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
     out = tmp_path / "report"
     scripts = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))
     copies = [str(mutated_ppo(tmp_path, mutation)) for mutation in ("tolist", "counter")]
-    result = subprocess.run([sys.executable, "-m", "tests.benchmarks.gpu_check", "--out", str(out), "--num-envs", "16",
-                             "--iterations", "12", "--algos", *scripts, *copies], cwd=ROOT, env=subprocess_env(),
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.benchmarks.gpu_check",
+            "--out",
+            str(out),
+            "--num-envs",
+            "16",
+            "--iterations",
+            "12",
+            "--algos",
+            *scripts,
+            *copies,
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["verdict"] == "failed: checks" and (out / "gpu_check.md").read_text().startswith("# GPU check")
@@ -414,19 +606,26 @@ def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
     assert sorted(checks) == sorted([*scripts, "ppo_tolist", "ppo_counter"])
     for algo in scripts:
         r = checks[algo]
-        assert r["status"] == "ok" and r["syncs"] == [] and r["python_state"] == [] and r["summary"]["iteration"] == 12, r
-    assert checks["ppo_tolist"]["syncs"] and all(re.fullmatch(r"tolist in \S+/ppo_tolist\.py:\d+ update_fn", s)
-                                                 for s in checks["ppo_tolist"]["syncs"]), checks["ppo_tolist"]["syncs"]
+        assert (
+            r["status"] == "ok" and r["syncs"] == [] and r["python_state"] == [] and r["summary"]["iteration"] == 12
+        ), r
+    assert checks["ppo_tolist"]["syncs"] and all(
+        re.fullmatch(r"tolist in \S+/ppo_tolist\.py:\d+ update_fn", s) for s in checks["ppo_tolist"]["syncs"]
+    ), checks["ppo_tolist"]["syncs"]
     assert checks["ppo_tolist"]["python_state"] == [] and checks["ppo_counter"]["syncs"] == []
     assert checks["ppo_counter"]["python_state"][0].startswith("update: call 2 changes update_fn.<iterations_in_stats>")
     assert {f.split(":")[0] for f in sections["checks"]["failures"]} == {"ppo_tolist", "ppo_counter"}
     acting = sections["parity"]["result"]["acting"]
-    assert [(a["part"], a["status"]) for a in acting] == [("compiled against eager", "ok"),
-                                                          ("captured against eager", "skipped"),
-                                                          ("own random numbers", "ok")], acting
+    assert [(a["part"], a["status"]) for a in acting] == [
+        ("compiled against eager", "ok"),
+        ("captured against eager", "skipped"),
+        ("own random numbers", "ok"),
+    ], acting
     assert sections["parity"]["status"] == sections["torchrun"]["status"] == "ok"
-    assert {k: r["status"] for k, r in sections["torchrun"]["result"].items()} == {"distributed_paths": "ok",
-                                                                                   "nan_guard_exit": "ok"}
+    assert {k: r["status"] for k, r in sections["torchrun"]["result"].items()} == {
+        "distributed_paths": "ok",
+        "nan_guard_exit": "ok",
+    }
     assert sections["tests"]["status"] == "skipped" and len(sections["tests"]["result"]["tests"]) >= 10
     assert sum("speed" in s for s in report["skipped"]) == 2 and "speed" not in sections
 
@@ -480,8 +679,16 @@ def test_gpu_check_parity_judges_the_first_update_and_reports_where_the_runs_par
             w = torch.ones(3) + (0.5 if moved_from is not None and it >= moved_from else 0.0)
             updated = updates_from is not None and it >= updates_from
             adam = {"state": {0: {"step": torch.tensor(float(it))}} if updated else {}, "param_groups": []}
-            torch.save({"iteration": it, "global_step": 64 * it, "model": {"w": w}, "optimizers": {"adam": adam},
-                        "rng": {"cpu": torch.zeros(2)}}, tmp_path / run / "checkpoints" / f"step_{64 * it}.pt")
+            torch.save(
+                {
+                    "iteration": it,
+                    "global_step": 64 * it,
+                    "model": {"w": w},
+                    "optimizers": {"adam": adam},
+                    "rng": {"cpu": torch.zeros(2)},
+                },
+                tmp_path / run / "checkpoints" / f"step_{64 * it}.pt",
+            )
 
     write("eager", None)
     write("parts", 3)
@@ -528,15 +735,22 @@ def test_gpu_check_accepts_only_the_graph_breaks_that_an_update_step_brings():
         return y + 1
 
     judged = {}
-    for name, fn, x in (("update", update, torch.randn(4, 3)), ("act", act, torch.randn(2, 4, 3)),
-                        ("own_break", own_break, torch.randn(3))):
+    for name, fn, x in (
+        ("update", update, torch.randn(4, 3)),
+        ("act", act, torch.randn(2, 4, 3)),
+        ("own_break", own_break, torch.randn(3)),
+    ):
         torch._dynamo.reset()
         first = len(graph_break_reasons)
         torch.compile(fn, backend="eager")(x)
         judged[name] = [accepted_break(r) for r in graph_break_reasons[first:] if r.graph_break]
     torch._dynamo.reset()
-    assert set(judged["update"]) == {"backward()", "the optimizer's zero_grad", "the optimizer's step",
-                                     "a torch.compiler.disable'd function"}, judged
+    assert set(judged["update"]) == {
+        "backward()",
+        "the optimizer's zero_grad",
+        "the optimizer's step",
+        "a torch.compiler.disable'd function",
+    }, judged
     assert judged["act"] and judged["own_break"] and set(judged["act"] + judged["own_break"]) == {None}, judged
 
 
@@ -561,34 +775,67 @@ def test_gpu_check_speed_row_below_its_floor_fails_naming_the_floor(monkeypatch)
 
     sps = {}
     monkeypatch.setattr(bench, "measure_env_only", lambda *a, **k: {"sps": 5e7})
-    monkeypatch.setattr(bench, "run_training", lambda algo, args_cls, env_id, num_envs, device, mode, *a, **k: {
-        "algo": algo, "mode": mode, "status": "ok", "sps": sps.get((algo, num_envs, mode), 4e7)})
+    monkeypatch.setattr(
+        bench,
+        "run_training",
+        lambda algo, args_cls, env_id, num_envs, device, mode, *a, **k: {
+            "algo": algo,
+            "mode": mode,
+            "status": "ok",
+            "sps": sps.get((algo, num_envs, mode), 4e7),
+        },
+    )
     h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
     sps[("ppo", 4096, "compile+cudagraphs")] = 8.0e6
     result = gpu_check.section_speed("speed", "cuda", 60, 3, h200)
     assert gpu_check.failures("speed", result) == [
         "ppo compile+cudagraphs CartPole-v1 4096: 8,000,000 SPS is below its floor of 8,201,178 SPS "
-        "(90% of 9,112,420, the last measured on an H200)"]
+        "(90% of 9,112,420, the last measured on an H200)"
+    ]
     assert [(r["algo"], n["num_envs"]) for n in result["rows"] for r in n["runs"]][:6:2] == [
-        ("ppo", 4096), ("ppo_lstm", 4096), ("pqn", 4096)]
-    floors = {(r["algo"], row["num_envs"], r["mode"]): r.get("floor", {}).get("measured")
-              for row in result["rows"] for r in row["runs"]}
-    assert floors == {("ppo", 4096, "eager"): 554_530, ("ppo", 4096, "compile+cudagraphs"): 9_112_420,
-                      ("ppo_lstm", 4096, "eager"): None, ("ppo_lstm", 4096, "compile+cudagraphs"): 3_206_883,
-                      ("pqn", 4096, "eager"): None, ("pqn", 4096, "compile+cudagraphs"): 12_552_176,
-                      ("ppo", 65536, "eager"): None, ("ppo", 65536, "compile+cudagraphs"): 29_305_583}
+        ("ppo", 4096),
+        ("ppo_lstm", 4096),
+        ("pqn", 4096),
+    ]
+    floors = {
+        (r["algo"], row["num_envs"], r["mode"]): r.get("floor", {}).get("measured")
+        for row in result["rows"]
+        for r in row["runs"]
+    }
+    assert floors == {
+        ("ppo", 4096, "eager"): 554_530,
+        ("ppo", 4096, "compile+cudagraphs"): 9_112_420,
+        ("ppo_lstm", 4096, "eager"): None,
+        ("ppo_lstm", 4096, "compile+cudagraphs"): 3_206_883,
+        ("pqn", 4096, "eager"): None,
+        ("pqn", 4096, "compile+cudagraphs"): 12_552_176,
+        ("ppo", 65536, "eager"): None,
+        ("ppo", 65536, "compile+cudagraphs"): 29_305_583,
+    }
     pendulum = gpu_check.section_speed("speed-pendulum", "cuda", 60, 3, h200)
     assert {r["algo"]: r["floor"]["measured"] for r in pendulum["rows"][0]["runs"] if r.get("floor")} == {
-        "td3": 375_009, "sac": 373_168}
+        "td3": 375_009,
+        "sac": 373_168,
+    }
     sps[("ppo", 4096, "compile+cudagraphs")] = 8.3e6
     assert gpu_check.failures("speed", gpu_check.section_speed("speed", "cuda", 60, 3, h200)) == []
     for gpu in (h100, "NVIDIA A100"):  # no figures there: nothing fails, every figure is printed to add
         sps[("ppo", 4096, "compile+cudagraphs")] = 1.0e6
         result = gpu_check.section_speed("speed", "cuda", 60, 3, gpu)
-        assert gpu_check.failures("speed", result) == [] and not any(r.get("floor") for n in result["rows"] for r in n["runs"])
-    report = {"date": "now", "machine": {"gpu": h100, "torch": "2"}, "tensordict": "0", "commit": "c", "mode": "gpu",
-              "mode_text": "the GPU plan", "verdict": "all passed", "skipped": [],
-              "sections": {"speed": {"status": "ok", "seconds": 60.0, "failures": [], "result": result}}}
+        assert gpu_check.failures("speed", result) == [] and not any(
+            r.get("floor") for n in result["rows"] for r in n["runs"]
+        )
+    report = {
+        "date": "now",
+        "machine": {"gpu": h100, "torch": "2"},
+        "tensordict": "0",
+        "commit": "c",
+        "mode": "gpu",
+        "mode_text": "the GPU plan",
+        "verdict": "all passed",
+        "skipped": [],
+        "sections": {"speed": {"status": "ok", "seconds": 60.0, "failures": [], "result": result}},
+    }
     text = gpu_check.markdown(report)
     assert '("ppo", "CartPole-v1", 4096, "compile+cudagraphs"): 1e+06' in text
     assert '("ppo_lstm", "CartPole-v1", 4096, "compile+cudagraphs"): 4e+07' in text
@@ -611,11 +858,20 @@ def test_gpu_check_quick_plan_fits_eight_minutes_and_names_what_it_leaves_out(mo
         gpu_check.main(["--help"])
     assert "--quick" in capsys.readouterr().out
     monkeypatch.setattr(bench, "measure_env_only", lambda *a, **k: {"sps": 5e7})
-    monkeypatch.setattr(bench, "run_training", lambda algo, args_cls, env_id, num_envs, device, mode, *a, **k: {
-        "algo": algo, "mode": mode, "status": "ok", "sps": 1e7})
+    monkeypatch.setattr(
+        bench,
+        "run_training",
+        lambda algo, args_cls, env_id, num_envs, device, mode, *a, **k: {
+            "algo": algo,
+            "mode": mode,
+            "status": "ok",
+            "sps": 1e7,
+        },
+    )
     result = gpu_check.section_speed("speed-quick", "cuda", 60, 3, "NVIDIA H200")
     assert [(row["env_id"], row["num_envs"], r["algo"], r["mode"]) for row in result["rows"] for r in row["runs"]] == [
-        ("CartPole-v1", 4096, algo, "compile+cudagraphs") for algo in ("ppo", "ppo_lstm", "pqn")]
+        ("CartPole-v1", 4096, algo, "compile+cudagraphs") for algo in ("ppo", "ppo_lstm", "pqn")
+    ]
 
 
 def test_gpu_check_parity_reports_every_row_when_one_part_fails(monkeypatch):
@@ -638,22 +894,37 @@ def test_gpu_check_parity_reports_every_row_when_one_part_fails(monkeypatch):
 
     monkeypatch.setattr(common.capture, "compiled", compiled)
     parts = gpu_check.acting_step("cpu")
-    assert [(p["part"], p["status"]) for p in parts] == [("compiled against eager", "failed"),
-                                                         ("captured against eager", "skipped"),
-                                                         ("own random numbers", "ok")], parts
+    assert [(p["part"], p["status"]) for p in parts] == [
+        ("compiled against eager", "failed"),
+        ("captured against eager", "skipped"),
+        ("own random numbers", "ok"),
+    ], parts
     assert parts[0]["error"] == "RuntimeError: CUDA error: operation failed due to a previous error during capture"
     assert parts[0]["at"].startswith("tests/test_bench.py:") and len(calls) == 2  # where it was raised
 
-    ok = {"status": "ok", "iteration": 5, "max_abs_diff": 0.0, "worst_tensor": None, "tensors": 30, "parts": ["model"],
-          "differing": []}
+    ok = {
+        "status": "ok",
+        "iteration": 5,
+        "max_abs_diff": 0.0,
+        "worst_tensor": None,
+        "tensors": 30,
+        "parts": ["model"],
+        "differing": [],
+    }
     acting = {"algo": "ppo", "job": "acting", "status": "ok", "parts": parts, "seconds": 1.0}
 
     def run_worker(cfg, timeout):
         if cfg["job"] == "acting":
             return acting
         if cfg["algo"] == "pqn":  # its process died, as a CUDA error ends one
-            return {"algo": "pqn", "job": "parity", "status": "failed", "error": "torch.AcceleratorError: CUDA error",
-                    "returncode": 1, "seconds": 1.0}
+            return {
+                "algo": "pqn",
+                "job": "parity",
+                "status": "failed",
+                "error": "torch.AcceleratorError: CUDA error",
+                "returncode": 1,
+                "seconds": 1.0,
+            }
         return {"algo": cfg["algo"], "job": "parity", "status": "ok", "parity": ok, "seconds": 1.0}
 
     def plan(algo, *args, **kwargs):
@@ -665,17 +936,35 @@ def test_gpu_check_parity_reports_every_row_when_one_part_fails(monkeypatch):
     monkeypatch.setattr(gpu_check, "plan", plan)
     cfg = argparse.Namespace(iterations=5, num_envs=16, timeout=60.0)
     result = gpu_check.section_parity("dry", "cpu", ["ppo", "pqn", "td3", "sac"], cfg)
-    assert [(r["algo"], r["status"]) for r in result["scripts"]] == [("ppo", "ok"), ("pqn", "failed"), ("td3", "failed"),
-                                                                     ("sac", "ok")]
+    assert [(r["algo"], r["status"]) for r in result["scripts"]] == [
+        ("ppo", "ok"),
+        ("pqn", "failed"),
+        ("td3", "failed"),
+        ("sac", "ok"),
+    ]
     bad = gpu_check.failures("parity", result)
     assert bad[:2] == ["pqn: torch.AcceleratorError: CUDA error", "td3: ValueError: td3 cannot be planned"], bad
     assert len(bad) == 3 and bad[2].startswith("acting step, compiled against eager: RuntimeError: CUDA error"), bad
-    report = {"date": "now", "machine": {"cpu": "a CPU", "cpu_cores": 2, "torch": "2"}, "tensordict": "0", "commit": "c", "mode": "dry",
-              "mode_text": "a dry run", "verdict": "failed: parity", "skipped": [],
-              "sections": {"parity": {"status": "failed", "seconds": 6.0, "failures": bad, "result": result}}}
+    report = {
+        "date": "now",
+        "machine": {"cpu": "a CPU", "cpu_cores": 2, "torch": "2"},
+        "tensordict": "0",
+        "commit": "c",
+        "mode": "dry",
+        "mode_text": "a dry run",
+        "verdict": "failed: parity",
+        "skipped": [],
+        "sections": {"parity": {"status": "failed", "seconds": 6.0, "failures": bad, "result": result}},
+    }
     text = gpu_check.markdown(report)
-    for row in ("| ppo | ok |", "| pqn | failed: torch.AcceleratorError: CUDA error", "| td3 | failed: ValueError",
-                "| sac | ok |", "- compiled against eager: failed: RuntimeError", "- own random numbers: ok"):
+    for row in (
+        "| ppo | ok |",
+        "| pqn | failed: torch.AcceleratorError: CUDA error",
+        "| td3 | failed: ValueError",
+        "| sac | ok |",
+        "- compiled against eager: failed: RuntimeError",
+        "- own random numbers: ok",
+    ):
         assert row in text, text
     acting = {"algo": "ppo", "job": "acting", "status": "failed", "error": "Segmentation fault", "seconds": 1.0}
     result = gpu_check.section_parity("dry", "cpu", ["ppo"], cfg)

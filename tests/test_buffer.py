@@ -109,7 +109,9 @@ def marker_transition(num_envs: int, step: int, rewards=None, terminated=None, t
         rewards=torch.zeros(n) if rewards is None else rewards,
         terminated=zeros if terminated is None else terminated,
         truncated=zeros if truncated is None else truncated,
-        next_obs=TensorDict(policy=torch.stack([env, -tag], 1), critic=torch.stack([env, -tag, -tag], 1), batch_size=[n]),
+        next_obs=TensorDict(
+            policy=torch.stack([env, -tag], 1), critic=torch.stack([env, -tag, -tag], 1), batch_size=[n]
+        ),
         batch_size=[n],
     )
 
@@ -162,7 +164,9 @@ def test_replay_newest_and_fold_into_read_each_envs_last_steps_in_order_across_t
     expected = RunningMeanStd(2, clip=None)
     expected.update(window["obs", "policy"])
     assert policy.count == N * k and torch.equal(policy.mean, expected.mean) and torch.equal(policy.m2, expected.m2)
-    assert critic.count == N * k and torch.allclose(critic.mean, window["obs", "critic"].reshape(-1, 3).double().mean(0))
+    assert critic.count == N * k and torch.allclose(
+        critic.mean, window["obs", "critic"].reshape(-1, 3).double().mean(0)
+    )
     reference = RewardNormalizer(N, gamma=0.5)
     reference.update(window["rewards"].T, window["truncated"].T)  # [T, N]: env 1's return restarts after steps 4 and 6
     got, want = rewards.return_rms, reference.return_rms
@@ -183,7 +187,9 @@ def test_replay_sample_targets_is_sample_with_normalized_observations_and_the_bo
     plain = buffer.sample(64, 3, 0.5, generator=torch.Generator().manual_seed(0))
     assert torch.equal(batch["obs_n", "policy"], 2 * plain["obs", "policy"])
     assert torch.equal(batch["next_obs_n", "critic"], 2 * plain["next_obs", "critic"])
-    assert torch.equal(batch["actions"], plain["actions"]) and torch.equal(batch["rewards"], plain["rewards"].float() / 4)
+    assert torch.equal(batch["actions"], plain["actions"]) and torch.equal(
+        batch["rewards"], plain["rewards"].float() / 4
+    )
     assert torch.equal(batch["bootstrap"], (plain["discount"] * ~plain["terminated"]).float())
     assert (batch["bootstrap"][plain["terminated"]] == 0).all() and plain["terminated"].any()
 
@@ -431,9 +437,18 @@ class RecordHostReads(TorchFunctionMode):
     """
 
     READS = {
-        torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
-        torch.Tensor.nonzero, torch.nonzero, torch.masked_select, torch.Tensor.masked_select,
-        torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
+        torch.Tensor.item,
+        torch.Tensor.tolist,
+        torch.Tensor.cpu,
+        torch.Tensor.numpy,
+        torch.Tensor.nonzero,
+        torch.nonzero,
+        torch.masked_select,
+        torch.Tensor.masked_select,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
     }
 
     def __init__(self):

@@ -14,8 +14,14 @@ import torch
 
 from tests.helpers import load_script, mutated_ppo, run_main
 from tests.host_sync import RecordHostSyncs
-from tests.replay import (assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, changes, python_state,
-                          record_captured)
+from tests.replay import (
+    assert_keeps_python_state,
+    assert_no_host_sync,
+    assert_replays_alike,
+    changes,
+    python_state,
+    record_captured,
+)
 from tests.test_scripts import COMMON, TINY, units
 
 
@@ -23,12 +29,24 @@ def test_the_recorder_catches_each_read_to_the_host_once_and_nothing_else():
     """Each read is recorded once, by its name, including those that dispatch no aten op on a CPU
     tensor (.cpu(), .tolist(), .numpy(), .to("cpu"), repr); ops that keep values on the device are not."""
     t, s, i = torch.arange(3.0), torch.tensor(2.0), torch.tensor(1)
-    reads = {"cpu": lambda: t.cpu(), "tolist": lambda: t.tolist(), "numpy": lambda: t.numpy(), "item": lambda: s.item(),
-             "__bool__": lambda: bool(s), "__int__": lambda: int(s), "__float__": lambda: float(s),
-             "__index__": lambda: operator.index(i), "__repr__": lambda: repr(t), "__format__": lambda: f"{s:.2f}",
-             "__array__": lambda: np.asarray(t), "to(cpu)": lambda: t.to("cpu"), "nonzero": lambda: t.nonzero(),
-             "index": lambda: t[t > 1], "_local_scalar_dense": lambda: t[i],  # a 0-d index is read in C++
-             "normal": lambda: torch.normal(t, t + 1)}  # Normal.sample(): std >= 0 checked with .item() on CUDA too
+    reads = {
+        "cpu": lambda: t.cpu(),
+        "tolist": lambda: t.tolist(),
+        "numpy": lambda: t.numpy(),
+        "item": lambda: s.item(),
+        "__bool__": lambda: bool(s),
+        "__int__": lambda: int(s),
+        "__float__": lambda: float(s),
+        "__index__": lambda: operator.index(i),
+        "__repr__": lambda: repr(t),
+        "__format__": lambda: f"{s:.2f}",
+        "__array__": lambda: np.asarray(t),
+        "to(cpu)": lambda: t.to("cpu"),
+        "nonzero": lambda: t.nonzero(),
+        "index": lambda: t[t > 1],
+        "_local_scalar_dense": lambda: t[i],  # a 0-d index is read in C++
+        "normal": lambda: torch.normal(t, t + 1),
+    }  # Normal.sample(): std >= 0 checked with .item() on CUDA too
     for name, read in reads.items():
         with RecordHostSyncs() as recorder:
             read()
@@ -92,8 +110,13 @@ def test_python_state_sees_closure_cells_run_attributes_and_module_attributes():
         else:
             live.add_(1)
 
-    expected = {"cell": "fn.<calls>: 0 -> 1", "run": "fn.<run>.sps: 0.0 -> 1.0",
-                "module": f"{__name__}.COUNTER: 0 -> 1", "key": "fn.<sums>", "rebound": "fn.<live>: tensor@"}
+    expected = {
+        "cell": "fn.<calls>: 0 -> 1",
+        "run": "fn.<run>.sps: 0.0 -> 1.0",
+        "module": f"{__name__}.COUNTER: 0 -> 1",
+        "key": "fn.<sums>",
+        "rebound": "fn.<live>: tensor@",
+    }
     for kind, change in expected.items():
         before = python_state(fn, run)
         fn(kind)
@@ -109,21 +132,31 @@ def test_python_state_sees_closure_cells_run_attributes_and_module_attributes():
     COUNTER = 0
 
 
-@pytest.mark.parametrize("mutation, message", [
-    ("tolist", r"update: call 2 reads tensors on the host \(tolist\)"),
-    ("counter", r"update: call 2 changes Python state, which a graph replay would not: "
-                r"update_fn\.<iterations_in_stats>: 0 -> 1"),
-], ids=["tolist", "counter"])
-def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_python_state(mutation, message, tmp_path,
-                                                                                         monkeypatch):
+@pytest.mark.parametrize(
+    "mutation, message",
+    [
+        ("tolist", r"update: call 2 reads tensors on the host \(tolist\)"),
+        (
+            "counter",
+            r"update: call 2 changes Python state, which a graph replay would not: "
+            r"update_fn\.<iterations_in_stats>: 0 -> 1",
+        ),
+    ],
+    ids=["tolist", "counter"],
+)
+def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_python_state(
+    mutation, message, tmp_path, monkeypatch
+):
     """The capture contract test's checks (tests/test_scripts.py) on a copy of ppo.py with a `.tolist()`
     in its captured update, or its `iterations_in_stats += 1` moved into it: the copy trains as ppo
     does on a CPU, and the check of its update fails, naming it; every other captured function passes."""
     path = mutated_ppo(tmp_path, mutation)
     module = load_script(path.stem, path)
     signatures = record_captured(monkeypatch, module)
-    run_main(module, **{**COMMON, **TINY["ppo"]["kwargs"], "output_dir": str(tmp_path / "out"),
-                        "total_timesteps": units("ppo", 3)})
+    run_main(
+        module,
+        **{**COMMON, **TINY["ppo"]["kwargs"], "output_dir": str(tmp_path / "out"), "total_timesteps": units("ppo", 3)},
+    )
     assert {"rollout", "update"} <= set(signatures)
     for name, calls in signatures.items():
         checks = (assert_replays_alike, assert_no_host_sync, assert_keeps_python_state)

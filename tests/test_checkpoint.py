@@ -87,12 +87,18 @@ def test_missing_truncated_and_foreign_files_give_clear_errors(tmp_path):
 
     for version, word in ((FORMAT_VERSION - 2, "older"), (FORMAT_VERSION + 1, "newer")):
         path = save_checkpoint({**_state(), "format_version": version}, tmp_path / f"v{version}.pt")
-        with pytest.raises(CheckpointError, match=f"format version {version}, {word} than this code's {FORMAT_VERSION}"):
+        with pytest.raises(
+            CheckpointError, match=f"format version {version}, {word} than this code's {FORMAT_VERSION}"
+        ):
             load_checkpoint(path)
 
     # version 3 kept a script's own state beside the format's keys: it is read into the namespaces of 4
-    v3 = {**_state(), "format_version": 3, "learning_rate": torch.tensor(0.5),
-          "ranks": [{"rng": capture_rng_state(), "env": {}, "ep_stats": torch.ones(2)}]}
+    v3 = {
+        **_state(),
+        "format_version": 3,
+        "learning_rate": torch.tensor(0.5),
+        "ranks": [{"rng": capture_rng_state(), "env": {}, "ep_stats": torch.ones(2)}],
+    }
     upgraded = load_checkpoint(save_checkpoint(v3, tmp_path / "v3.pt"))
     assert upgraded["format_version"] == FORMAT_VERSION and upgraded["state"]["learning_rate"] == 0.5
     assert set(upgraded["ranks"][0]) == {"rng", "env", "state"} and upgraded["ranks"][0]["state"]["ep_stats"].sum() == 2

@@ -24,28 +24,57 @@ from tests.test_scripts import assert_runs_alike, next_second, scalars
 # The copy's edits: (anchor in ppo.py, what replaces it)
 EDITS = [
     # (a) two new flags, defaults a name-based check would have refused: no range declared, none checked
-    ("class Args(RunArgs):\n",
-     'class Args(RunArgs):\n    weight_norm: float = 0.0\n    """L2 penalty on the actor\'s weights"""\n'
-     '    warmup_iters: int = 0\n    """iterations before anything new starts (a flag a copy adds)"""\n'),
-    ("    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n",
-     "    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n"
-     "    loss = loss + args.weight_norm * sum((p**2).sum() for p in agent.actor.parameters())\n"),
+    (
+        "class Args(RunArgs):\n",
+        'class Args(RunArgs):\n    weight_norm: float = 0.0\n    """L2 penalty on the actor\'s weights"""\n'
+        '    warmup_iters: int = 0\n    """iterations before anything new starts (a flag a copy adds)"""\n',
+    ),
+    (
+        "    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n",
+        "    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n"
+        "    loss = loss + args.weight_norm * sum((p**2).sum() for p in agent.actor.parameters())\n",
+    ),
     # (b) a new statistic of the targets, logged as losses/adv_abs; (c) a running 0-d float64 tensor
     # written in place in the compiled targets and declared in the checkpoint state
-    ("ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):",
-     "ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args, adv_ema: torch.Tensor):"),
-    ("    var_y = returns.var()\n", "    adv_ema.mul_(0.9).add_(0.1 * advantages.abs().mean())\n    var_y = returns.var()\n"),
-    ('{"explained_variance": explained_variance}', '{"explained_variance": explained_variance, "adv_abs": advantages.abs().mean()}'),
+    (
+        "ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):",
+        "ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args, adv_ema: torch.Tensor):",
+    ),
+    (
+        "    var_y = returns.var()\n",
+        "    adv_ema.mul_(0.9).add_(0.1 * advantages.abs().mean())\n    var_y = returns.var()\n",
+    ),
+    (
+        '{"explained_variance": explained_variance}',
+        '{"explained_variance": explained_variance, "adv_abs": advantages.abs().mean()}',
+    ),
     ('stats["episodes"], args)', 'stats["episodes"], args, adv_ema)'),
-    ("    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length\n",
-     "    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length\n"
-     "    adv_ema = torch.zeros((), device=device, dtype=torch.float64)  # the copy's running statistic\n"),
-    ('shared={"learning_rate": lr, "reward_normalizer": reward_normalizer}',
-     'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer, "adv_ema": adv_ema}'),
+    (
+        "    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length\n",
+        "    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length\n"
+        "    adv_ema = torch.zeros((), device=device, dtype=torch.float64)  # the copy's running statistic\n",
+    ),
+    (
+        'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer}',
+        'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer, "adv_ema": adv_ema}',
+    ),
 ]
-TINY = dict(device="cpu", progress=False, run_name="run", env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2,
-            hidden_sizes=(32, 32), num_eval_envs=4, eval_interval=0, save_interval=10_000,
-            env_kwargs='{"max_episode_steps": 16}', weight_norm=0.0, warmup_iters=0)
+TINY = dict(
+    device="cpu",
+    progress=False,
+    run_name="run",
+    env_id="Pendulum-v1",
+    num_envs=16,
+    num_steps=8,
+    num_minibatches=2,
+    hidden_sizes=(32, 32),
+    num_eval_envs=4,
+    eval_interval=0,
+    save_interval=10_000,
+    env_kwargs='{"max_episode_steps": 16}',
+    weight_norm=0.0,
+    warmup_iters=0,
+)
 ITERATION = 16 * 8
 
 
@@ -110,8 +139,10 @@ def test_compile_parity_fails_when_a_compiled_write_is_dropped(copy, tmp_path, m
 
     lost = [form for form in EMA_WRITES if (form, torch.float64, True) in common.capture.lost_writes("cpu")]
     if not lost:
-        pytest.skip(f"torch {torch.__version__} keeps every in-place write to a 0-d float64 CPU tensor that the "
-                    f"probe tries under torch.compile: no dropped write to catch")
+        pytest.skip(
+            f"torch {torch.__version__} keeps every in-place write to a 0-d float64 CPU tensor that the "
+            f"probe tries under torch.compile: no dropped write to catch"
+        )
     module, out = copy
     text = (out / "ppo_ema.py").read_text()
     assert text.count(EMA_WRITES["method"]) == 1
@@ -121,7 +152,9 @@ def test_compile_parity_fails_when_a_compiled_write_is_dropped(copy, tmp_path, m
     monkeypatch.setattr(common.capture, "lost_writes", lambda device: frozenset())  # the guard off
     try:
         with torch._inductor.config.patch(fallback_random=True):
-            run_main(load_script(name, path), **TINY, output_dir=str(tmp_path), total_timesteps=3 * ITERATION, compile=True)
+            run_main(
+                load_script(name, path), **TINY, output_dir=str(tmp_path), total_timesteps=3 * ITERATION, compile=True
+            )
     finally:
         sys.modules.pop(name, None)
     assert own_state(tmp_path / "run") != own_state(out / "eager" / "run")  # the write was dropped
@@ -142,33 +175,51 @@ def test_a_copy_resumes_its_own_state_exactly_and_starts_from_the_original_with_
     plain = {k: v for k, v in TINY.items() if k not in ("weight_norm", "warmup_iters")}
     run_main(ppo, **plain, output_dir=str(tmp_path / "ppo"), total_timesteps=2 * ITERATION)
     original = tmp_path / "ppo" / "run" / "checkpoints" / "last.pt"
-    with pytest.raises(SystemExit, match=rf"^error: {original} is a run of ppo.py, not of ppo_ema.py: .*--init-from {original}"):
+    with pytest.raises(
+        SystemExit, match=rf"^error: {original} is a run of ppo.py, not of ppo_ema.py: .*--init-from {original}"
+    ):
         run_main(module, **TINY, output_dir=str(tmp_path / "x"), resume=str(original))
     # meant (--resume-other-script): the original's checkpoint lacks the copy's state, one line and the way on
-    with pytest.raises(SystemExit, match=rf"^error: {original} .*lacks adv_ema \(shared\), which this script declares;.*"
-                                         rf"--init-from {original}$"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"^error: {original} .*lacks adv_ema \(shared\), which this script declares;.*"
+        rf"--init-from {original}$",
+    ):
         run_main(module, **TINY, output_dir=str(tmp_path / "x"), resume=str(original), resume_other_script=True)
     with pytest.raises(SystemExit, match=r"is a run of ppo_ema.py, not of ppo.py"):
         run_main(ppo, **plain, output_dir=str(tmp_path / "y"), resume=str(out / "eager" / "run"))
     with pytest.raises(SystemExit, match=r"holds adv_ema \(shared\), which this script does not declare"):
-        run_main(ppo, **plain, output_dir=str(tmp_path / "y"), resume=str(out / "eager" / "run"), resume_other_script=True)
+        run_main(
+            ppo, **plain, output_dir=str(tmp_path / "y"), resume=str(out / "eager" / "run"), resume_other_script=True
+        )
 
     # --init-from: the original's weights and normalizers, nothing else (a new run from step 0)
     capsys.readouterr()
-    started = run_main(module, **TINY, output_dir=str(tmp_path / "init"), total_timesteps=ITERATION, init_from=str(original))
+    started = run_main(
+        module, **TINY, output_dir=str(tmp_path / "init"), total_timesteps=ITERATION, init_from=str(original)
+    )
     assert started["global_step"] == ITERATION
     said = capsys.readouterr().out
     tensors = len(torch.load(original, weights_only=True)["model"])
-    assert f"initialised from {original} (ppo on Pendulum-v1, global step {2 * ITERATION:,}): {tensors} of {tensors} " \
-           f"model tensors, normalizers reward_normalizer" in said
+    assert (
+        f"initialised from {original} (ppo on Pendulum-v1, global step {2 * ITERATION:,}): {tensors} of {tensors} "
+        f"model tensors, normalizers reward_normalizer" in said
+    )
     # it starts from the original's observation statistics (one rollout more folded in)
     count = torch.load(original, weights_only=True)["model"]["obs_rms.count"]
-    assert torch.load(tmp_path / "init" / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]["obs_rms.count"] \
+    assert (
+        torch.load(tmp_path / "init" / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]["obs_rms.count"]
         == count + ITERATION
+    )
     # networks that fit none of its tensors (another env) take nothing and say so
     with pytest.raises(SystemExit, match=r"--init-from .*: none of its \d+ model tensors fits .*--env-id Pendulum-v1"):
-        run_main(module, **{**TINY, "env_id": "CartPole-v1", "hidden_sizes": (8,), "obs_norm": False},
-                 output_dir=str(tmp_path / "z"), total_timesteps=ITERATION, init_from=str(original))
+        run_main(
+            module,
+            **{**TINY, "env_id": "CartPole-v1", "hidden_sizes": (8,), "obs_norm": False},
+            output_dir=str(tmp_path / "z"),
+            total_timesteps=ITERATION,
+            init_from=str(original),
+        )
 
 
 def test_resume_continues_the_run_it_points_to(tmp_path, capsys):
@@ -179,9 +230,12 @@ def test_resume_continues_the_run_it_points_to(tmp_path, capsys):
     first = run_main(ppo, **plain, output_dir=str(tmp_path), total_timesteps=4 * ITERATION, max_wall_seconds=0.0)
     assert first["global_step"] == ITERATION
     unsized = {k: v for k, v in plain.items() if k != "num_envs"}  # Args' default is 4096 envs
-    with pytest.raises(SystemExit, match=r"^error: an iteration of 1 process\(es\) x 2048 envs is 16,384 env steps, more "
-                                         r"than the 384 left from step 128 to --total-timesteps 512: resume with the "
-                                         r"checkpoint's --num-envs 16"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: an iteration of 1 process\(es\) x 2048 envs is 16,384 env steps, more "
+        r"than the 384 left from step 128 to --total-timesteps 512: resume with the "
+        r"checkpoint's --num-envs 16",
+    ):
         run_main(ppo, **unsized, num_envs=2048, output_dir=str(tmp_path), resume="auto")
     with pytest.raises(SystemExit, match=r"is at global step 128, past --total-timesteps 64: drop --total-timesteps"):
         run_main(ppo, **unsized, output_dir=str(tmp_path), resume="auto", total_timesteps=64)
@@ -195,13 +249,20 @@ def test_resume_continues_the_run_it_points_to(tmp_path, capsys):
 def test_per_rank_state_that_cannot_be_restored_is_named(tmp_path, capsys):
     ppo = load_script("ppo")
     plain = {k: v for k, v in TINY.items() if k not in ("weight_norm", "warmup_iters")}
-    gym = dict(plain, env_id="gym:Pendulum-v1", env_kwargs='{"env_kwargs": {"max_episode_steps": 16}}',
-               output_dir=str(tmp_path), total_timesteps=2 * ITERATION)
+    gym = dict(
+        plain,
+        env_id="gym:Pendulum-v1",
+        env_kwargs='{"env_kwargs": {"max_episode_steps": 16}}',
+        output_dir=str(tmp_path),
+        total_timesteps=2 * ITERATION,
+    )
     run_main(ppo, **gym, max_wall_seconds=0.0)
     capsys.readouterr()
     run_main(ppo, **gym, resume="auto")
-    assert ("notice: per-rank state not restored (the envs start fresh episodes), starting from its initial values: "
-            "ep_stats, reward_returns") in capsys.readouterr().out
+    assert (
+        "notice: per-rank state not restored (the envs start fresh episodes), starting from its initial values: "
+        "ep_stats, reward_returns"
+    ) in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,9 +289,12 @@ class Renamed(Base):
 def test_a_flag_is_checked_by_the_range_declared_with_it_and_by_nothing_else():
     check_numbers(Renamed(weight_norm=0.0, warmup_iters=0, num_envs=1))
     check_numbers(Renamed(weight_norm=-3.0, warmup_iters=-1))  # no range declared: any value
-    for bad, line in ((dict(rate=1.5), r"--rate must be in \[0, 1\], got 1.5"), (dict(rate=float("nan")), "--rate must be"),
-                      (dict(sizes=(4, 0)), r"each of --sizes must be >= 1, got \(4, 0\)"),
-                      (dict(num_envs=0), "--num-envs must be >= 1, got 0")):
+    for bad, line in (
+        (dict(rate=1.5), r"--rate must be in \[0, 1\], got 1.5"),
+        (dict(rate=float("nan")), "--rate must be"),
+        (dict(sizes=(4, 0)), r"each of --sizes must be >= 1, got \(4, 0\)"),
+        (dict(num_envs=0), "--num-envs must be >= 1, got 0"),
+    ):
         with pytest.raises(SystemExit, match=rf"^error: {line}"):
             check_numbers(Renamed(**bad))
 
@@ -238,7 +302,9 @@ def test_a_flag_is_checked_by_the_range_declared_with_it_and_by_nothing_else():
 def test_the_given_flags_are_the_command_lines_whatever_the_class_is_called(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["copy.py", "--rate", "0.25", "--no-track", "--seed=3"])
     args = parse_args(Renamed)
-    assert args.rate == 0.25 and {"rate", "track", "seed"} <= given_flags(args)  # 0.25 is the default: named all the same
+    assert args.rate == 0.25 and {"rate", "track", "seed"} <= given_flags(
+        args
+    )  # 0.25 is the default: named all the same
     assert "warmup_iters" not in given_flags(args) and "rate" not in given_flags(Renamed())
 
 
@@ -282,10 +348,15 @@ def test_a_resume_never_crosses_scripts_unasked_and_keeps_every_flag_of_the_run(
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     # the original takes over the copy's run only when told to
-    with pytest.raises(SystemExit, match=rf"^error: {last} is a run of ppo_mine.py, not of ppo.py: .*--init-from {last}, "
-                                         r"resume it with ppo_mine.py, or pass --resume-other-script"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"^error: {last} is a run of ppo_mine.py, not of ppo.py: .*--init-from {last}, "
+        r"resume it with ppo_mine.py, or pass --resume-other-script",
+    ):
         run_main(ppo, **PLAIN, output_dir=str(tmp_path), resume="auto", total_timesteps=2 * ITERATION)
-    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before, "a refused resume writes nothing"
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before, (
+        "a refused resume writes nothing"
+    )
     # and so the copy with the original's run
     run_main(ppo, **PLAIN, output_dir=str(tmp_path / "ppo"), total_timesteps=ITERATION)
     with pytest.raises(SystemExit, match=r"is a run of ppo.py, not of ppo_mine.py"):
@@ -293,11 +364,14 @@ def test_a_resume_never_crosses_scripts_unasked_and_keeps_every_flag_of_the_run(
     # told: it continues, and the copy's flags stay in the run's config and checkpoints, named once
     next_second()
     capsys.readouterr()
-    done = run_main(ppo, **PLAIN, output_dir=str(tmp_path), resume="auto", total_timesteps=2 * ITERATION,
-                    resume_other_script=True)
+    done = run_main(
+        ppo, **PLAIN, output_dir=str(tmp_path), resume="auto", total_timesteps=2 * ITERATION, resume_other_script=True
+    )
     assert done["global_step"] == 2 * ITERATION
-    assert "flags that ppo.py does not have are kept in its config.json and checkpoints, unused: --weight-norm 0.0 " \
-           "--warmup-iters 3" in capsys.readouterr().out
+    assert (
+        "flags that ppo.py does not have are kept in its config.json and checkpoints, unused: --weight-norm 0.0 "
+        "--warmup-iters 3" in capsys.readouterr().out
+    )
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["warmup_iters"] == 3 and config["weight_norm"] == 0.0 and config["resume_other_script"] is True
     assert torch.load(last, weights_only=True)["args"]["warmup_iters"] == 3
@@ -312,8 +386,10 @@ def test_resuming_a_finished_run_changes_no_file_and_extending_it_adds_up_the_wh
     with pytest.raises(SystemExit) as stopped:
         run_main(ppo, **PLAIN, output_dir=str(tmp_path), resume="auto")
     assert stopped.value.code == 0
-    assert f"the run in {tmp_path / 'run'} is finished (global step 256 of --total-timesteps 261); nothing to do, no " \
-           "file changed. Extend it with a larger --total-timesteps" in capsys.readouterr().out
+    assert (
+        f"the run in {tmp_path / 'run'} is finished (global step 256 of --total-timesteps 261); nothing to do, no "
+        "file changed. Extend it with a larger --total-timesteps" in capsys.readouterr().out
+    )
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()} == files
     # a larger --total-timesteps extends it; the summary covers both processes
     extended = run_main(ppo, **PLAIN, output_dir=str(tmp_path), resume="auto", total_timesteps=3 * ITERATION)
@@ -324,8 +400,11 @@ def test_resuming_a_finished_run_changes_no_file_and_extending_it_adds_up_the_wh
 
 def test_a_flag_the_script_lacks_names_the_flags_meant(monkeypatch, capsys):
     ppo = load_script("ppo")
-    for given, meant in (("--lr", "did you mean --learning-rate"), ("--num-env", "did you mean --num-envs"),
-                         ("--lerning-rate=3e-4", "did you mean --learning-rate?")):
+    for given, meant in (
+        ("--lr", "did you mean --learning-rate"),
+        ("--num-env", "did you mean --num-envs"),
+        ("--lerning-rate=3e-4", "did you mean --learning-rate?"),
+    ):
         with pytest.raises(SystemExit, match=rf"^error: unknown flag {given.split('=')[0]}; {meant}"):
             parse_args(ppo.Args, [given, "3e-4"] if "=" not in given else [given])
     assert parse_args(ppo.Args, ["--learning-rate", "3e-4", "--no-track"]).learning_rate == 3e-4
@@ -344,21 +423,48 @@ def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     text = (tmp_path / "algos" / "ppo.py").read_text()
     for anchor, replacement in [
-        ("class Args(RunArgs):\n", 'class Args(RunArgs):\n    adv_clip: Annotated[float, Gt(0)] = 5.0\n'
-                                   '    """advantages clipped to [-adv_clip, adv_clip] after normalization"""\n'),
-        ("    pg_loss = torch.max(-adv * ratio, ", "    adv = adv.clamp(-args.adv_clip, args.adv_clip)\n    pg_loss = torch.max(-adv * ratio, "),
-        ('{"explained_variance": explained_variance}', '{"explained_variance": explained_variance, "adv_abs": advantages.abs().mean()}'),
+        (
+            "class Args(RunArgs):\n",
+            "class Args(RunArgs):\n    adv_clip: Annotated[float, Gt(0)] = 5.0\n"
+            '    """advantages clipped to [-adv_clip, adv_clip] after normalization"""\n',
+        ),
+        (
+            "    pg_loss = torch.max(-adv * ratio, ",
+            "    adv = adv.clamp(-args.adv_clip, args.adv_clip)\n    pg_loss = torch.max(-adv * ratio, ",
+        ),
+        (
+            '{"explained_variance": explained_variance}',
+            '{"explained_variance": explained_variance, "adv_abs": advantages.abs().mean()}',
+        ),
     ]:
         assert text.count(anchor) == 1, f"the README's copy no longer applies to algos/ppo.py: {anchor!r}"
         text = text.replace(anchor, replacement)
     (tmp_path / "algos" / "ppo_myidea.py").write_text(text)
     env = dict(subprocess_env(), PYTHONPATH=str(tmp_path))
     # compiled against eager in the plain layout only: the other layouts compile ppo's code, which ppo's own runs check
-    others = [f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[ppo_myidea-{i}]"
-              for i in range(1, 5)]
-    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests/test_scripts.py",
-                  "-k", "every_script or (ppo_myidea and not sigterm and not sigkill and not video and not two_process)",
-                  *others], timeout=900, env=env, cwd=tmp_path)
+    others = [
+        f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[ppo_myidea-{i}]"
+        for i in range(1, 5)
+    ]
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "tests/test_scripts.py",
+            "-k",
+            "every_script or (ppo_myidea and not sigterm and not sigkill and not video and not two_process)",
+            *others,
+        ],
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
     assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]
 

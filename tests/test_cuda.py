@@ -30,9 +30,17 @@ def model_of(summary: dict) -> dict:
 def test_graph_replays_compute_what_eager_computes(algo, tmp_path):
     """Without torch.compile the captured graphs replay eager's own kernels, and the CUDA RNG hands a
     replay the offsets eager would use: a few iterations end with the same parameters."""
-    settings = dict(env_id="Pendulum-v1" if algo == "ppo" else "CartPole-v1", num_envs=256, num_steps=16,
-                    total_timesteps=256 * 16 * 6, eval_interval=3, num_eval_envs=16, log_interval=2, compile=False,
-                    torch_deterministic=True)  # off by default on CUDA: atomics would reorder the sums
+    settings = dict(
+        env_id="Pendulum-v1" if algo == "ppo" else "CartPole-v1",
+        num_envs=256,
+        num_steps=16,
+        total_timesteps=256 * 16 * 6,
+        eval_interval=3,
+        num_eval_envs=16,
+        log_interval=2,
+        compile=False,
+        torch_deterministic=True,
+    )  # off by default on CUDA: atomics would reorder the sums
     eager = train(algo, tmp_path / "eager", cudagraphs=False, **settings)
     graphs = train(algo, tmp_path / "graphs", cudagraphs=True, **settings)
     assert graphs["compile_seconds_by_function"].keys() >= {"rollout", "update", "evaluation"}
@@ -43,7 +51,9 @@ def test_graph_replays_compute_what_eager_computes(algo, tmp_path):
     assert graphs["rollout_seconds"] > 0 and graphs["update_seconds"] > 0  # the phases' CUDA events were read
 
 
-@pytest.mark.parametrize("env_id, target, steps", [("CartPole-v1", 475.0, 3_000_000), ("Pendulum-v1", -200.0, 8_000_000)])
+@pytest.mark.parametrize(
+    "env_id, target, steps", [("CartPole-v1", 475.0, 3_000_000), ("Pendulum-v1", -200.0, 8_000_000)]
+)
 def test_default_cuda_path_learns(env_id, target, steps, tmp_path):
     """The defaults on CUDA (compile and CUDA graphs on, 4096 envs) reach the targets eager reaches."""
     summary = train("ppo", tmp_path, env_id=env_id, total_timesteps=steps, target_return=target)
@@ -58,10 +68,32 @@ def test_captured_path_under_torchrun_nccl_keeps_ranks_in_sync(algo, tmp_path):
     KL mean for the adaptive learning rate) run inside the replayed update graph; every rank ends
     with the same parameters, and the run exits (graphs released before the process group)."""
     env_id = "Pendulum-v1" if algo == "ppo" else "CartPole-v1"
-    out = run(torchrun_cmd(2, [str(ROOT / "algos" / f"{algo}.py"), "--device", "cuda", "--env-id", env_id,
-                               "--num-envs", "1024", "--num-steps", "16", "--total-timesteps", str(1024 * 16 * 2 * 20),
-                               "--eval-interval", "10",
-                               "--output-dir", str(tmp_path), "--run-name", "run", "--no-progress"]), timeout=900)
+    out = run(
+        torchrun_cmd(
+            2,
+            [
+                str(ROOT / "algos" / f"{algo}.py"),
+                "--device",
+                "cuda",
+                "--env-id",
+                env_id,
+                "--num-envs",
+                "1024",
+                "--num-steps",
+                "16",
+                "--total-timesteps",
+                str(1024 * 16 * 2 * 20),
+                "--eval-interval",
+                "10",
+                "--output-dir",
+                str(tmp_path),
+                "--run-name",
+                "run",
+                "--no-progress",
+            ],
+        ),
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-4000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["compile"] and summary["cudagraphs"], summary
@@ -147,8 +179,10 @@ def test_sample_draws_what_torch_samples_on_cuda_and_captures():
     from common.nets import sample
 
     out = torch.randn(4096, 6, device="cuda")
-    dists = {"categorical": lambda: torch.distributions.Categorical(logits=out * 3, validate_args=False),
-             "normal": lambda: torch.distributions.Normal(out, out.abs() + 0.1, validate_args=False)}
+    dists = {
+        "categorical": lambda: torch.distributions.Categorical(logits=out * 3, validate_args=False),
+        "normal": lambda: torch.distributions.Normal(out, out.abs() + 0.1, validate_args=False),
+    }
     for kind, make in dists.items():
         torch.manual_seed(7)
         expected = make().sample()

@@ -1,17 +1,16 @@
 """The device-kernel guard: no op inside a compiled or captured function that goes to another kernel on each device.
 
-Every function a script gives `compiled()` or `captured()` (and the evaluation step that common/evaluation.py
-compiles and captures) is traced by dynamo here, on the CPU, in the script's built-in and pixel layouts (of
-TINY[algo]["captures"] in tests/test_scripts.py), and no graph dynamo builds for it may hold an op of DEVICE_KERNELS: the fused RNN ops and
-the ops of one vendor's library (cuDNN, oneDNN, MIOpen). Such an op compiles and passes every parity test on a CPU
-and can fail on a GPU, where the same call goes to another kernel: ppo_lstm's acting step through `torch.lstm` did,
-dynamo's fake-tensor trace of it stopped on CUDA (torch 2.11) while the CPU suite passed. That failure itself cannot
-be reproduced on a CPU (a fake CUDA `torch.lstm` under FakeTensorMode on a CPU build of torch gives the right
-shapes: the failure is in the CUDA build's path), so the guard names the ops instead of running them on a GPU.
+Every function a script gives `compiled()` or `captured()` (and the evaluation step that common/evaluation.py compiles
+and captures) is traced by dynamo here, on the CPU, in the script's built-in and pixel layouts (of
+TINY[algo]["captures"] in tests/test_scripts.py), and no graph dynamo builds for it may hold an op of DEVICE_KERNELS:
+the fused RNN ops and the ops of one vendor's library (cuDNN, oneDNN, MIOpen). Such an op compiles and passes every
+parity test on a CPU and can fail on a GPU, where the same call goes to another kernel: ppo_lstm's acting step through
+`torch.lstm` did, dynamo's fake-tensor trace of it stopped on CUDA (torch 2.11) while the CPU suite passed. That failure
+itself cannot be reproduced on a CPU (a fake CUDA `torch.lstm` under FakeTensorMode on a CPU build of torch gives the
+right shapes: the failure is in the CUDA build's path), so the guard names the ops instead of running them on a GPU.
 
 Dynamo only traces here (a backend that records each graph and runs it as traced: no inductor), so a layout costs
-seconds. What runs eagerly in a frame that dynamo gives up on is not seen.
-"""
+seconds. What runs eagerly in a frame that dynamo gives up on is not seen."""
 
 from __future__ import annotations
 
@@ -85,17 +84,23 @@ class TracedGraphs:
         def call(*args, **kwargs):
             self.called.add(name)
             return traced(*args, **kwargs)
+
         return call
 
     def found(self) -> dict[str, list[str]]:
         """{function: the DEVICE_KERNELS ops of its graphs}, for the functions whose graphs hold any."""
-        found = {name: sorted({op for gm in graphs for op in device_kernels(gm)}) for name, graphs in self.graphs.items()}
+        found = {
+            name: sorted({op for gm in graphs for op in device_kernels(gm)}) for name, graphs in self.graphs.items()
+        }
         return {name: ops for name, ops in found.items() if ops}
 
     def untraced(self) -> list[str]:
         """The captured functions called without a graph of theirs holding an op (the guard would have seen nothing)."""
-        return sorted(name for name in self.called
-                      if not any(op_name(gm, n) is not None for gm in self.graphs[name] for n in gm.graph.nodes))
+        return sorted(
+            name
+            for name in self.called
+            if not any(op_name(gm, n) is not None for gm in self.graphs[name] for n in gm.graph.nodes)
+        )
 
 
 def traced_graphs(monkeypatch, module) -> TracedGraphs:
@@ -127,7 +132,9 @@ def guarded_run(algo: str, out, **settings) -> None:
 
     fields = {f.name for f in dataclasses.fields(load_script(algo).Args)}
     short = {k: v for k, v in (("num_steps", 2), ("update_epochs", 1)) if k in fields and k not in settings}
-    train(algo, out, compile=True, total_timesteps=units(algo, 2), eval_interval=TINY[algo]["sync"], **short, **settings)
+    train(
+        algo, out, compile=True, total_timesteps=units(algo, 2), eval_interval=TINY[algo]["sync"], **short, **settings
+    )
 
 
 def guarded_layouts(algo: str) -> list[int]:
@@ -155,15 +162,22 @@ def test_compiled_and_captured_functions_hold_no_device_dispatched_kernel(algo, 
 # Today's ppo_lstm with the fused ops it used to call put back: torch.lstm / torch.gru for acting (compiled with the
 # env step, or captured as the acting step), torch.lstm_cell in the replay of the update.
 FUSED_RNN = [
-    ("        return rnn_step(self.rnn, self.encoder(policy_obs_n), state)\n",
-     "        layers, x = self.rnn.num_layers, self.encoder(policy_obs_n).unsqueeze(0)\n"
-     "        weights = [getattr(self.rnn, f'{w}_l{i}') for i in range(layers) for w in ('weight_ih', 'weight_hh', 'bias_ih', 'bias_hh')]\n"
-     "        out, h, c = torch.lstm(x, (state[:layers], state[layers:]), weights, True, layers, 0.0, False, False, False)\n"
-     "        return out[0], torch.cat([h, c])\n"),
-    ("            out, state = rnn_step(self.rnn, features[t], state * keep[t])\n",
-     "            h, c = torch.lstm_cell(features[t], tuple(state * keep[t]), self.rnn.weight_ih_l0, self.rnn.weight_hh_l0,\n"
-     "                                   self.rnn.bias_ih_l0, self.rnn.bias_hh_l0)\n"
-     "            out, state = h, torch.stack([h, c])\n"),
+    (
+        "        return rnn_step(self.rnn, self.encoder(policy_obs_n), state)\n",
+        "        layers, x = self.rnn.num_layers, self.encoder(policy_obs_n).unsqueeze(0)\n"
+        "        weights = [getattr(self.rnn, f'{w}_l{i}') for i in range(layers) for w in ('weight_ih', 'weight_hh', "
+        "'bias_ih', 'bias_hh')]\n"
+        "        out, h, c = torch.lstm(x, (state[:layers], state[layers:]), weights, True, layers, 0.0, False, False, "
+        "False)\n"
+        "        return out[0], torch.cat([h, c])\n",
+    ),
+    (
+        "            out, state = rnn_step(self.rnn, features[t], state * keep[t])\n",
+        "            h, c = torch.lstm_cell(features[t], tuple(state * keep[t]), self.rnn.weight_ih_l0, "
+        "self.rnn.weight_hh_l0,\n"
+        "                                   self.rnn.bias_ih_l0, self.rnn.bias_hh_l0)\n"
+        "            out, state = h, torch.stack([h, c])\n",
+    ),
 ]
 
 
@@ -184,5 +198,9 @@ def test_the_guard_names_a_fused_rnn_put_back_into_ppo_lstm(tmp_path, monkeypatc
         guarded_run("ppo_lstm_fused", tmp_path / "runs")
     finally:
         sys.modules.pop("ppo_lstm_fused", None)  # load_script keeps the module by name
-    assert traced.found() == {"rollout": ["lstm"], "targets_fn": ["lstm"], "update_minibatch": ["lstm_cell"],
-                              "evaluation": ["lstm"]}, traced.found()
+    assert traced.found() == {
+        "rollout": ["lstm"],
+        "targets_fn": ["lstm"],
+        "update_minibatch": ["lstm_cell"],
+        "evaluation": ["lstm"],
+    }, traced.found()

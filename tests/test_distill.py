@@ -31,7 +31,9 @@ def test_a_student_loaded_into_ppo_lstm_or_ppo_acts_as_it_does():
         for cell, script in (("lstm", ppo_lstm), ("gru", ppo_lstm), ("none", ppo)):
             student = distill.Policy(2, space, cell, 16, 2 if cell != "none" else 1, (32,), "tanh", True, 10.0)
             student.obs_rms.update(torch.randn(64, 2, generator=g) * 3 + 1)  # a normalizer that is not the identity
-            args = script.Args(hidden_sizes=(32,), **({"cell": cell, "rnn_hidden_size": 16, "rnn_layers": 2} if cell != "none" else {}))
+            args = script.Args(
+                hidden_sizes=(32,), **({"cell": cell, "rnn_hidden_size": 16, "rnn_layers": 2} if cell != "none" else {})
+            )
             agent = script.Agent(2, 4, space, args)
             own = agent.state_dict()
             assert all(k in own and own[k].shape == v.shape for k, v in student.state_dict().items()), (cell, space)
@@ -53,9 +55,19 @@ def test_the_update_batch_is_on_the_rollouts_device():
     distill = load_script("distill")
     student = distill.Policy(3, gym.spaces.Discrete(2), "gru", 8, 1, (16,), "tanh", True, 10.0)
     T, N = 4, 6
-    data = distill.TensorDict({"obs": torch.randn(T, N, 3), "teacher": torch.randn(T, N, 2), "rewards": torch.ones(T, N),
-                               "dones": torch.zeros(T, N, dtype=torch.bool)}, batch_size=[T, N], device="cpu")
-    batch, _ = distill.targets(student, data, torch.zeros(2, N, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), distill.Args())
+    data = distill.TensorDict(
+        {
+            "obs": torch.randn(T, N, 3),
+            "teacher": torch.randn(T, N, 2),
+            "rewards": torch.ones(T, N),
+            "dones": torch.zeros(T, N, dtype=torch.bool),
+        },
+        batch_size=[T, N],
+        device="cpu",
+    )
+    batch, _ = distill.targets(
+        student, data, torch.zeros(2, N, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), distill.Args()
+    )
     assert batch.device == torch.device("cpu") and batch.batch_size == (T, N)
 
 
@@ -63,12 +75,17 @@ def test_a_teacher_that_does_not_fit_the_task_stops_in_one_line(tmp_path):
     distill = load_script("distill")
     teacher = untrained_teacher(tmp_path / "pendulum.pt", "Pendulum-v1")
     common = dict(PLAIN, output_dir=str(tmp_path / "out"), num_envs=8, num_steps=4, total_timesteps=64)
-    with pytest.raises(SystemExit, match=r"^error: --teacher .*pendulum.pt \(ppo on Pendulum-v1\) reads 3 observations and "
-                                         r"has 1 action outputs \(Gaussian\); CartPole-v1's 'critic' observations have 4"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: --teacher .*pendulum.pt \(ppo on Pendulum-v1\) reads 3 observations and "
+        r"has 1 action outputs \(Gaussian\); CartPole-v1's 'critic' observations have 4",
+    ):
         run_main(distill, **common, env_id="CartPole-v1", env_kwargs=MASKED, teacher=str(teacher))
     with pytest.raises(SystemExit, match=r"^error: --teacher PATH is required"):
         run_main(distill, **common)
-    with pytest.raises(SystemExit, match=r"^error: --teacher-obs height: Pendulum-v1 has the observation groups policy$"):
+    with pytest.raises(
+        SystemExit, match=r"^error: --teacher-obs height: Pendulum-v1 has the observation groups policy$"
+    ):
         run_main(distill, **common, env_id="Pendulum-v1", teacher=str(teacher), teacher_obs="height")
     with pytest.raises(SystemExit, match=r"^error: --teacher: no checkpoint at"):
         run_main(distill, **common, env_id="Pendulum-v1", teacher=str(tmp_path / "none.pt"))
@@ -87,8 +104,17 @@ def test_a_teacher_is_taken_by_its_algorithm_so_a_copys_checkpoint_teaches(tmp_p
     copy of distill.py's Box student teaches as a student does (its mean, no log_std); a copy of another algorithm
     stops in one line that names both."""
     distill = load_script("distill")
-    tiny = dict(PLAIN, output_dir=str(tmp_path / "out"), env_id="Pendulum-v1", num_envs=8, num_steps=4, num_minibatches=2,
-                num_eval_envs=4, eval_interval=0, total_timesteps=64)
+    tiny = dict(
+        PLAIN,
+        output_dir=str(tmp_path / "out"),
+        env_id="Pendulum-v1",
+        num_envs=8,
+        num_steps=4,
+        num_minibatches=2,
+        num_eval_envs=4,
+        eval_interval=0,
+        total_timesteps=64,
+    )
     ppo_copy = as_copys(untrained_teacher(tmp_path / "ppo.pt"), tmp_path / "ppo_mine.pt", "ppo_mine", "ppo")
     student = run_main(distill, **tiny, run_name="of_ppo_mine", cell="none", teacher=ppo_copy)
     assert student["global_step"] == 64 and student["teacher"]["path"] == ppo_copy
@@ -96,8 +122,11 @@ def test_a_teacher_is_taken_by_its_algorithm_so_a_copys_checkpoint_teaches(tmp_p
     again = run_main(distill, **tiny, run_name="of_distill_mine", teacher=distill_copy)
     assert again["global_step"] == 64 and again["teacher"]["path"] == distill_copy
     other = as_copys(untrained_teacher(tmp_path / "ppo.pt"), tmp_path / "pqn_mine.pt", "pqn_mine", "pqn")
-    with pytest.raises(SystemExit, match=r"^error: --teacher .*pqn_mine.pt was written by pqn_mine.py \(algorithm pqn\); "
-                                         r"a teacher comes from ppo.py, ppo_lstm.py, distill.py or a copy of one$"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: --teacher .*pqn_mine.pt was written by pqn_mine.py \(algorithm pqn\); "
+        r"a teacher comes from ppo.py, ppo_lstm.py, distill.py or a copy of one$",
+    ):
         run_main(distill, **tiny, run_name="of_pqn_mine", teacher=other)
 
 
@@ -149,9 +178,20 @@ def test_a_student_logs_the_games_score_where_the_env_reports_one(tmp_path, monk
 
     monkeypatch.setitem(common.envs.BUILTIN_ENVS, Lives.env_id, Lives)
     teacher = untrained_teacher(tmp_path / "teacher.pt", Lives.env_id)
-    summary = run_main(load_script("distill"), **dict(PLAIN, num_eval_envs=1), output_dir=str(tmp_path / "out"),
-                       env_id=Lives.env_id, teacher=str(teacher), num_envs=4, num_steps=24, num_minibatches=2,
-                       total_timesteps=4 * 24 * 2, eval_interval=2, eval_episodes=1, seed=1)
+    summary = run_main(
+        load_script("distill"),
+        **dict(PLAIN, num_eval_envs=1),
+        output_dir=str(tmp_path / "out"),
+        env_id=Lives.env_id,
+        teacher=str(teacher),
+        num_envs=4,
+        num_steps=24,
+        num_minibatches=2,
+        total_timesteps=4 * 24 * 2,
+        eval_interval=2,
+        eval_episodes=1,
+        seed=1,
+    )
     assert summary["last_train_return"] == Lives.GAME_SCORE == 39
     assert summary["best_eval_return"] == Lives.GAME_SCORE
 
@@ -161,11 +201,31 @@ def distilled(tmp_path_factory):
     """A ppo.py teacher trained on unmasked CartPole-v1 (seconds), then an LSTM student distilled from it on the
     masked task, the teacher reading the env's 'critic' group (the full state)."""
     out = tmp_path_factory.mktemp("distill")
-    teacher = run_main(load_script("ppo"), **PLAIN, output_dir=str(out), run_name="teacher", env_id="CartPole-v1",
-                       num_envs=256, num_steps=32, eval_interval=0, total_timesteps=196_608)
-    student = run_main(load_script("distill"), **PLAIN, output_dir=str(out), run_name="student", env_id="CartPole-v1",
-                       env_kwargs=MASKED, teacher=teacher["checkpoints"]["last"], num_envs=256, num_steps=32,
-                       eval_interval=2, total_timesteps=163_840, target_return=475.0)
+    teacher = run_main(
+        load_script("ppo"),
+        **PLAIN,
+        output_dir=str(out),
+        run_name="teacher",
+        env_id="CartPole-v1",
+        num_envs=256,
+        num_steps=32,
+        eval_interval=0,
+        total_timesteps=196_608,
+    )
+    student = run_main(
+        load_script("distill"),
+        **PLAIN,
+        output_dir=str(out),
+        run_name="student",
+        env_id="CartPole-v1",
+        env_kwargs=MASKED,
+        teacher=teacher["checkpoints"]["last"],
+        num_envs=256,
+        num_steps=32,
+        eval_interval=2,
+        total_timesteps=163_840,
+        target_return=475.0,
+    )
     return out, teacher, student
 
 
@@ -181,18 +241,36 @@ def test_an_lstm_student_balances_masked_cartpole_from_a_full_state_teacher(dist
 def test_a_recurrent_teacher_acts_with_its_own_hidden_state(tmp_path):
     """A ppo_lstm.py checkpoint teaches too: its cell runs beside the student's (an MLP here), with one hidden
     state per env that the checkpoints keep (exact resume); a distilled student teaches in turn."""
-    tiny = dict(PLAIN, output_dir=str(tmp_path), env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2,
-                num_eval_envs=4, eval_interval=0, env_kwargs='{"max_episode_steps": 16}')
+    tiny = dict(
+        PLAIN,
+        output_dir=str(tmp_path),
+        env_id="Pendulum-v1",
+        num_envs=16,
+        num_steps=8,
+        num_minibatches=2,
+        num_eval_envs=4,
+        eval_interval=0,
+        env_kwargs='{"max_episode_steps": 16}',
+    )
     teacher = run_main(load_script("ppo_lstm"), **tiny, run_name="teacher", rnn_hidden_size=8, total_timesteps=128)
-    student = run_main(load_script("distill"), **tiny, run_name="student", cell="none", total_timesteps=384,
-                       teacher=teacher["checkpoints"]["last"])
+    student = run_main(
+        load_script("distill"),
+        **tiny,
+        run_name="student",
+        cell="none",
+        total_timesteps=384,
+        teacher=teacher["checkpoints"]["last"],
+    )
     saved = torch.load(student["checkpoints"]["last"], weights_only=True)
     teacher_state = saved["ranks"][0]["state"]["teacher_state"]
     assert teacher_state.shape == (2, 16, 8) and teacher_state.abs().sum() > 0  # h and c rows of an LSTM of 8
     assert saved["ranks"][0]["state"]["rnn_state"].numel() == 0  # the MLP student has no memory
-    again = run_main(load_script("distill"), **tiny, run_name="again", total_timesteps=128,
-                     teacher=student["checkpoints"]["last"])
-    assert again["global_step"] == 128 and again["teacher"]["path"] == str(Path(student["checkpoints"]["last"]).resolve())
+    again = run_main(
+        load_script("distill"), **tiny, run_name="again", total_timesteps=128, teacher=student["checkpoints"]["last"]
+    )
+    assert again["global_step"] == 128 and again["teacher"]["path"] == str(
+        Path(student["checkpoints"]["last"]).resolve()
+    )
 
 
 def test_results_command_runs_a_student_after_its_teacher_and_reuses_finished_runs(tmp_path, monkeypatch):
@@ -201,14 +279,46 @@ def test_results_command_runs_a_student_after_its_teacher_and_reuses_finished_ru
     --reuse reads finished runs instead of running them again."""
     from tests.benchmarks import learning
 
-    tiny = ["--num-envs", "16", "--num-steps", "8", "--eval-interval", "1", "--num-eval-envs", "4",
-            "--env-kwargs", '{"max_episode_steps": 16}']
-    monkeypatch.setattr(learning, "EXPERIMENTS", {
-        "ppo:Pendulum-v1@teacher": dict(target=-1e9, budget=256, flags=tiny),
-        "distill:Pendulum-v1@student": dict(target=1e9, budget=256, flags=[*tiny, "--cell", "none"],
-                                            after=("ppo:Pendulum-v1@teacher", "--teacher", "last.pt"))})
-    argv = ["--experiments", "distill:Pendulum-v1@student", "--seeds", "3", "--jobs", "1", "--threads", "1",
-            "--stop-at-target", "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]
+    tiny = [
+        "--num-envs",
+        "16",
+        "--num-steps",
+        "8",
+        "--eval-interval",
+        "1",
+        "--num-eval-envs",
+        "4",
+        "--env-kwargs",
+        '{"max_episode_steps": 16}',
+    ]
+    monkeypatch.setattr(
+        learning,
+        "EXPERIMENTS",
+        {
+            "ppo:Pendulum-v1@teacher": dict(target=-1e9, budget=256, flags=tiny),
+            "distill:Pendulum-v1@student": dict(
+                target=1e9,
+                budget=256,
+                flags=[*tiny, "--cell", "none"],
+                after=("ppo:Pendulum-v1@teacher", "--teacher", "last.pt"),
+            ),
+        },
+    )
+    argv = [
+        "--experiments",
+        "distill:Pendulum-v1@student",
+        "--seeds",
+        "3",
+        "--jobs",
+        "1",
+        "--threads",
+        "1",
+        "--stop-at-target",
+        "--out",
+        str(tmp_path / "out"),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    ]
     assert learning.main(argv) == 0
     runs = json.loads((tmp_path / "out" / "learning.json").read_text())["runs"]
     teacher, student = runs
@@ -227,9 +337,19 @@ def test_a_recurrent_students_export_carries_its_state(tmp_path):
     from tests.helpers import load_exported_program
 
     distill = load_script("distill")
-    tiny = dict(PLAIN, output_dir=str(tmp_path), run_name="run", env_id="Pendulum-v1", num_envs=16, num_steps=8,
-                num_minibatches=2, num_eval_envs=4, eval_interval=0, rnn_hidden_size=8,
-                teacher=str(untrained_teacher(tmp_path / "teacher.pt", "Pendulum-v1")))
+    tiny = dict(
+        PLAIN,
+        output_dir=str(tmp_path),
+        run_name="run",
+        env_id="Pendulum-v1",
+        num_envs=16,
+        num_steps=8,
+        num_minibatches=2,
+        num_eval_envs=4,
+        eval_interval=0,
+        rnn_hidden_size=8,
+        teacher=str(untrained_teacher(tmp_path / "teacher.pt", "Pendulum-v1")),
+    )
     run_main(distill, **tiny, total_timesteps=256)
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     run_main(distill, **tiny, eval_only=True, resume=str(last), export=str(tmp_path / "export"))
@@ -241,6 +361,9 @@ def test_a_recurrent_students_export_carries_its_state(tmp_path):
     state = expected_state = student.initial_state(5)
     for obs in torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(0)):
         with torch.no_grad():
-            (action, state), (expected, expected_state) = program(obs, state), student.recurrent_step(obs, expected_state)
+            (action, state), (expected, expected_state) = (
+                program(obs, state),
+                student.recurrent_step(obs, expected_state),
+            )
         torch.testing.assert_close(action, expected, rtol=0, atol=1e-5)
         torch.testing.assert_close(state, expected_state, rtol=0, atol=1e-5)

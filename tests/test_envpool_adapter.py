@@ -29,7 +29,9 @@ def test_matches_envpool_step_by_step_with_same_step_autoreset(task, steps):
     envs = make_env(f"envpool:{task}", n, seed=seed, max_episode_steps=40 if task == "CartPole-v1" else 200)
     refs = one_env_pools(task, n, seed, max_episode_steps=40 if task == "CartPole-v1" else 200)
     obs, _ = envs.reset()
-    np.testing.assert_array_equal(obs["policy"].numpy(), np.concatenate([r.reset()[0] for r in refs]).astype(np.float32))
+    np.testing.assert_array_equal(
+        obs["policy"].numpy(), np.concatenate([r.reset()[0] for r in refs]).astype(np.float32)
+    )
     rng = np.random.default_rng(0)
     space = envs.single_action_space
     ends = 0
@@ -40,12 +42,12 @@ def test_matches_envpool_step_by_step_with_same_step_autoreset(task, steps):
             action = rng.uniform(space.low, space.high, (n, *space.shape)).astype(np.float32)
         obs, reward, terminated, truncated, info = envs.step(torch.as_tensor(action))
         for i, ref in enumerate(refs):
-            r_obs, r_reward, r_term, r_trunc, _ = ref.step(action[i:i + 1].astype(ref.action_space.dtype))
+            r_obs, r_reward, r_term, r_trunc, _ = ref.step(action[i : i + 1].astype(ref.action_space.dtype))
             np.testing.assert_array_equal(info["final_obs"]["policy"][i].numpy(), r_obs[0].astype(np.float32))
             assert reward[i].item() == np.float32(r_reward[0]) and terminated[i].item() == r_term[0]
             assert truncated[i].item() == r_trunc[0]
             if r_term[0] or r_trunc[0]:  # envpool restarts it at the next call, whatever the action
-                r_obs = ref.step(action[i:i + 1].astype(ref.action_space.dtype))[0]
+                r_obs = ref.step(action[i : i + 1].astype(ref.action_space.dtype))[0]
                 ends += 1
             np.testing.assert_array_equal(obs["policy"][i].numpy(), r_obs[0].astype(np.float32))
     assert ends >= 3
@@ -91,11 +93,13 @@ def test_atari_preset_gives_stacked_uint8_frames_clipped_rewards_and_episodic_li
                 steps[preset] = t
                 break
         envs.close()
-    assert 0 < steps["atari"] < steps["atari-eval"] / 3, steps  # the first of five lives lost ends "atari"'s episode, not the game
+    assert 0 < steps["atari"] < steps["atari-eval"] / 3, (
+        steps
+    )  # the first of five lives lost ends "atari"'s episode, not the game
 
 
 def test_atari_preset_plays_the_whole_game_over_its_lives_and_reports_the_games_score():
-    """"atari": each of Breakout's five lives is an episode of the learner, and the game goes on through
+    """ "atari": each of Breakout's five lives is an episode of the learner, and the game goes on through
     them (envpool's reset(env_ids) would start a new game at every lost life); info's game_reward is the
     unclipped reward and game_over marks the game's end: with "atari-eval" they are the reward and the end."""
     for preset, episodes_per_game in (("atari", 5), ("atari-eval", 1)):
@@ -108,7 +112,9 @@ def test_atari_preset_plays_the_whole_game_over_its_lives_and_reports_the_games_
             episodes += terminated | truncated
             score += info["game_reward"]
             if preset == "atari-eval":
-                assert torch.equal(info["game_reward"], reward) and torch.equal(info["game_over"], terminated | truncated)
+                assert torch.equal(info["game_reward"], reward) and torch.equal(
+                    info["game_over"], terminated | truncated
+                )
             for i in torch.nonzero(info["game_over"]).flatten().tolist():
                 games.append((int(episodes[i]), score[i].item()))
                 episodes[i], score[i] = 0, 0.0
@@ -139,9 +145,25 @@ def test_errors_are_clear():
 def test_ppo_runs_on_envpool_cartpole(tmp_path):
     from tests.test_gym_adapter import run_ppo
 
-    summary = run_ppo(tmp_path, "--env-id", "envpool:CartPole-v1", "--num-envs", "4", "--num-steps", "16",
-                      "--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "192",
-                      "--num-eval-envs", "2", "--eval-interval", "0")
+    summary = run_ppo(
+        tmp_path,
+        "--env-id",
+        "envpool:CartPole-v1",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "16",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "2",
+        "--total-timesteps",
+        "192",
+        "--num-eval-envs",
+        "2",
+        "--eval-interval",
+        "0",
+    )
     assert summary["global_step"] == 192 and summary["iteration"] == 3
 
 
@@ -151,10 +173,31 @@ def test_ppo_runs_on_envpool_pong_from_pixels(tmp_path):
 
     if "encoder:" not in (ROOT / "algos" / "ppo.py").read_text():
         pytest.skip("ppo.py has no --encoder for image observations")
-    summary = run_ppo(tmp_path, "--env-id", "envpool:Pong-v5", "--env-kwargs", '{"preset": "atari"}',
-                      "--eval-env-kwargs", '{"preset": "atari-eval"}', "--encoder", "nature", "--num-envs", "4",
-                      "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "192",
-                      "--num-eval-envs", "1", "--eval-interval", "0")
+    summary = run_ppo(
+        tmp_path,
+        "--env-id",
+        "envpool:Pong-v5",
+        "--env-kwargs",
+        '{"preset": "atari"}',
+        "--eval-env-kwargs",
+        '{"preset": "atari-eval"}',
+        "--encoder",
+        "nature",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "16",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        "192",
+        "--num-eval-envs",
+        "1",
+        "--eval-interval",
+        "0",
+    )
     assert summary["global_step"] == 192 and summary["iteration"] == 3
 
 
@@ -197,8 +240,10 @@ def test_a_step_crosses_to_the_device_in_one_copy():
     for task, kwargs in (("Pong-v5", {"preset": "atari"}), ("MuJoCoPlayground/Go1JoystickFlatTerrain-v1", {})):
         envs = make_env(f"envpool:{task}", 2, device="meta", seed=1, **kwargs)
         envs.reset()
-        action = torch.zeros((2, *envs.single_action_space.shape), dtype=torch.int64 if not envs.single_action_space.shape
-                             else torch.float32)
+        action = torch.zeros(
+            (2, *envs.single_action_space.shape),
+            dtype=torch.int64 if not envs.single_action_space.shape else torch.float32,
+        )
         for _ in range(3):
             with CountCopies() as counter:
                 obs, *_, info = envs.step(action)

@@ -29,7 +29,9 @@ from common.envs import BUILTIN_ENVS, list_envs, make_env
 from common.envs.core import hash_uniform, mix64, seed_to_key
 from tests.host_sync import RecordHostSyncs
 
-ENV_IDS = [env_id for env_id, cls in BUILTIN_ENVS.items() if cls.__module__ == "common.envs.classic"]  # MinAtar: test_minatar.py
+ENV_IDS = [
+    env_id for env_id, cls in BUILTIN_ENVS.items() if cls.__module__ == "common.envs.classic"
+]  # MinAtar: test_minatar.py
 TIGHT = 1e-9
 MCC_ATOL = 1e-6
 PI = math.pi
@@ -413,7 +415,7 @@ def test_make_env_errors_are_clear():
         "Acrobot-v1",
         "MountainCar-v0",
     ]
-    assert list_envs()[:len(ENV_IDS)] == ENV_IDS and "MinAtar/Breakout-v1" in list_envs()
+    assert list_envs()[: len(ENV_IDS)] == ENV_IDS and "MinAtar/Breakout-v1" in list_envs()
 
 
 def test_gymnasium_constructor_options_are_supported():
@@ -530,4 +532,6 @@ def test_mask_velocity_observes_the_unmasked_entries_of_the_same_trajectory(env_
         assert torch.equal(term_m, term_f) and torch.equal(trunc_m, trunc_f)
         assert torch.equal(o_m["policy"], o_f["policy"][:, observed])
         assert torch.equal(info_m["final_obs"]["policy"], info_f["final_obs"]["policy"][:, observed])
-        assert torch.equal(o_m["critic"], o_f["policy"]) and torch.equal(info_m["final_obs"]["critic"], info_f["final_obs"]["policy"])
+        assert torch.equal(o_m["critic"], o_f["policy"]) and torch.equal(
+            info_m["final_obs"]["critic"], info_f["final_obs"]["policy"]
+        )

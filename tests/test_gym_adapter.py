@@ -28,15 +28,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def reference_vec_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.VectorEnv:
     return gym.make_vec(
-        env_id, num_envs=num_envs, vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **env_kwargs,
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        **env_kwargs,
     )
 
 
 def flat(single_space: spaces.Space, obs, n: int) -> np.ndarray:
     """Batched gymnasium observations -> [n, D] float32, env by env with gymnasium's own flatten."""
     batched = gym.vector.utils.batch_space(single_space, n)
-    return np.stack([spaces.flatten(single_space, o) for o in gym.vector.utils.iterate(batched, obs)]).astype(np.float32)
+    return np.stack([spaces.flatten(single_space, o) for o in gym.vector.utils.iterate(batched, obs)]).astype(
+        np.float32
+    )
 
 
 def random_actions(space: spaces.Space, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -100,10 +105,12 @@ class DictObsEnv(gym.Env):
     """A toy env with a Dict observation (Box + Discrete) and a Discrete action with start=-1."""
 
     def __init__(self):
-        self.observation_space = spaces.Dict({
-            "pos": spaces.Box(-10.0, 10.0, shape=(2,), dtype=np.float64),
-            "mode": spaces.Discrete(3, start=1),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                "pos": spaces.Box(-10.0, 10.0, shape=(2,), dtype=np.float64),
+                "mode": spaces.Discrete(3, start=1),
+            }
+        )
         self.action_space = spaces.Discrete(3, start=-1)
 
     def _obs(self):
@@ -269,7 +276,11 @@ def run_ppo(tmp_path: Path, *args: str, timeout: int = 300) -> dict:
     env = {"OMP_NUM_THREADS": "1", **os.environ, "CI": "1"}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "algos" / "ppo.py"), "--output-dir", str(tmp_path), *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return printed_summary(proc.stdout)
@@ -278,8 +289,23 @@ def run_ppo(tmp_path: Path, *args: str, timeout: int = 300) -> dict:
 @pytest.mark.slow
 def test_ppo_learns_gym_cartpole(tmp_path):
     summary = run_ppo(
-        tmp_path, "--env-id", "gym:CartPole-v1", "--num-envs", "16", "--num-steps", "64", "--seed", "1",
-        "--total-timesteps", "100000", "--num-eval-envs", "8", "--eval-interval", "5", "--target-return", "475",
+        tmp_path,
+        "--env-id",
+        "gym:CartPole-v1",
+        "--num-envs",
+        "16",
+        "--num-steps",
+        "64",
+        "--seed",
+        "1",
+        "--total-timesteps",
+        "100000",
+        "--num-eval-envs",
+        "8",
+        "--eval-interval",
+        "5",
+        "--target-return",
+        "475",
     )
     assert summary["best_eval_return"] >= 475, summary
 
@@ -287,8 +313,23 @@ def test_ppo_learns_gym_cartpole(tmp_path):
 def test_ppo_runs_gym_halfcheetah(tmp_path):
     pytest.importorskip("mujoco")
     summary = run_ppo(
-        tmp_path, "--env-id", "gym:HalfCheetah-v5", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
-        "--update-epochs", "2", "--total-timesteps", "192", "--num-eval-envs", "2", "--eval-interval", "0",
+        tmp_path,
+        "--env-id",
+        "gym:HalfCheetah-v5",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "16",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "2",
+        "--total-timesteps",
+        "192",
+        "--num-eval-envs",
+        "2",
+        "--eval-interval",
+        "0",
         "--reward-norm",
     )
     assert summary["global_step"] == 192 and summary["iteration"] == 3
@@ -367,7 +408,7 @@ class MirroredPoint(gym.Env):
         self.v += 0.1 * float(np.clip(action[0], -1.0, 1.0))
         self.x += 0.1 * self.v
         self.t += 1
-        return self._obs(), -self.x**2, abs(self.x) > 2.0, False, {}
+        return self._obs(), -(self.x**2), abs(self.x) > 2.0, False, {}
 
     def _obs(self):
         return np.array([self.x, self.v, self.t], dtype=np.float32)
@@ -418,9 +459,22 @@ def test_ppo_symmetry_augmentation_runs_on_a_gym_env_with_a_mirror(tmp_path):
     from tests.helpers import load_script, run_main
     from tests.test_scripts import scalars
 
-    summary = run_main(load_script("ppo"), env_id="gym:TestMirroredPoint-v0", symmetry="augmentation", num_envs=4,
-                       num_steps=8, num_minibatches=2, total_timesteps=96, num_eval_envs=2, eval_interval=0,
-                       hidden_sizes=(16,), device="cpu", progress=False, output_dir=str(tmp_path), run_name="run")
+    summary = run_main(
+        load_script("ppo"),
+        env_id="gym:TestMirroredPoint-v0",
+        symmetry="augmentation",
+        num_envs=4,
+        num_steps=8,
+        num_minibatches=2,
+        total_timesteps=96,
+        num_eval_envs=2,
+        eval_interval=0,
+        hidden_sizes=(16,),
+        device="cpu",
+        progress=False,
+        output_dir=str(tmp_path),
+        run_name="run",
+    )
     assert summary["global_step"] == 96
     assert scalars(tmp_path / "run")["losses/mirror_loss"]
 
@@ -461,7 +515,11 @@ def test_atari_frames_are_gymnasiums_as_uint8_images(preset):
     expected = np.stack([r.reset(seed=seed + i)[0] for i, r in enumerate(refs)])
     layout = (lambda x: x) if preset else (lambda x: x.transpose(0, 3, 1, 2))
     assert obs["policy"].dtype == torch.uint8 and envs.single_observation_space.dtype == np.uint8
-    assert tuple(obs["policy"].shape[1:]) == envs.single_observation_space.shape == ((4, 84, 84) if preset else (3, 210, 160))
+    assert (
+        tuple(obs["policy"].shape[1:])
+        == envs.single_observation_space.shape
+        == ((4, 84, 84) if preset else (3, 210, 160))
+    )
     np.testing.assert_array_equal(obs["policy"].numpy(), layout(expected))
     rng = np.random.default_rng(0)
     for _ in range(30):
@@ -484,7 +542,7 @@ def test_one_channel_frames_get_a_channel_axis():
 
 
 def test_atari_preset_ends_an_episode_at_a_lost_life_and_clips_rewards():
-    """"atari": a lost life ends the episode while the game goes on (the next episode starts with a
+    """ "atari": a lost life ends the episode while the game goes on (the next episode starts with a
     life less, not with a new game); "atari-eval": the episode is the whole game."""
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
@@ -592,6 +650,7 @@ def score_recorder(monkeypatch):
     try:
         import cv2  # noqa: F401
     except ImportError:
+
         def resize(image, size, interpolation=None):  # nearest pixels: the recorder's frames are flat anyway
             rows, cols = (np.linspace(0, n - 1, m).astype(int) for n, m in zip(image.shape, size[::-1]))
             return image[rows][:, cols]
@@ -605,7 +664,7 @@ def score_recorder(monkeypatch):
 
 
 def test_the_presets_report_the_games_reward_and_end_beside_the_learners(score_recorder):
-    """"atari": a lost life ends the learner's episode and its rewards are clipped, while info's game_reward
+    """ "atari": a lost life ends the learner's episode and its rewards are clipped, while info's game_reward
     and game_over add up to the game's score over the whole game (the steps the wrappers take inside a
     reset included); "atari-eval": the episode is the game."""
     for preset, lives_per_game in (("atari", 3), ("atari-eval", 1)):
@@ -626,16 +685,30 @@ def test_the_presets_report_the_games_reward_and_end_beside_the_learners(score_r
 
 
 @pytest.mark.parametrize("algo", ["ppo", "pqn", "ppo_lstm"])
-def test_a_run_with_the_training_preset_alone_logs_game_scores_in_training_and_evaluation(algo, score_recorder,
-                                                                                         tmp_path, capsys):
+def test_a_run_with_the_training_preset_alone_logs_game_scores_in_training_and_evaluation(
+    algo, score_recorder, tmp_path, capsys
+):
     """Only --env-kwargs '{"preset": "atari"}': the eval envs take "atari-eval" (a printed line says so), and
     both charts/episodic_return and eval/episodic_return are the game's score, not a life's clipped sum."""
     from tests.helpers import load_script, run_main
 
-    summary = run_main(load_script(algo), env_id=score_recorder, env_kwargs='{"preset": "atari"}', encoder="nature",
-                       num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, total_timesteps=512,
-                       num_eval_envs=1, eval_episodes=1, eval_interval=4, hidden_sizes=(16,), output_dir=str(tmp_path),
-                       seed=1)
+    summary = run_main(
+        load_script(algo),
+        env_id=score_recorder,
+        env_kwargs='{"preset": "atari"}',
+        encoder="nature",
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=1,
+        total_timesteps=512,
+        num_eval_envs=1,
+        eval_episodes=1,
+        eval_interval=4,
+        hidden_sizes=(16,),
+        output_dir=str(tmp_path),
+        seed=1,
+    )
     assert 'eval envs: preset "atari-eval"' in capsys.readouterr().out
     assert summary["last_train_return"] == ScoreRecorder.GAME_SCORE
     assert summary["best_eval_return"] == ScoreRecorder.GAME_SCORE

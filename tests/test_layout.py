@@ -27,8 +27,10 @@ def common_imports() -> dict[str, set[str]]:
             if isinstance(node, ast.ImportFrom):
                 assert node.level == 0, f"{name}: relative import (the project imports by absolute name)"
                 if node.module and node.module.split(".")[0] == "common":
-                    deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module
-                             for a in node.names}
+                    deps |= {
+                        f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module
+                        for a in node.names
+                    }
             elif isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names if a.name.split(".")[0] == "common"}
         graph[name] = deps - {name}
@@ -43,7 +45,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = "open"
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == "open":
-                return path[path.index(dep):] + [dep] if dep in path else [node, dep, node]
+                return path[path.index(dep) :] + [dep] if dep in path else [node, dep, node]
             if dep not in state and (cycle := visit(dep, path + [dep])):
                 return cycle
         state[node] = "done"
@@ -84,6 +86,7 @@ def test_run_record_is_taken_from_below_run():
         assert "common.run" not in graph[name], name
     import common.record
     import common.run
+
     assert common.run.Run is common.record.Run
 
 

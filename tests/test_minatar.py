@@ -31,13 +31,22 @@ from tests.replay import ReplaySignature, changes, python_state
 minatar = pytest.importorskip("minatar", reason="the minatar package (the `test` extra) is the reference")
 
 GAMES = {cls.env_id: cls for cls in MINATAR_ENVS}
-PACKAGE_NAME = {"MinAtar/Breakout-v1": "breakout", "MinAtar/Asterix-v1": "asterix", "MinAtar/Freeway-v1": "freeway",
-                "MinAtar/SpaceInvaders-v1": "space_invaders", "MinAtar/Seaquest-v1": "seaquest"}
+PACKAGE_NAME = {
+    "MinAtar/Breakout-v1": "breakout",
+    "MinAtar/Asterix-v1": "asterix",
+    "MinAtar/Freeway-v1": "freeway",
+    "MinAtar/SpaceInvaders-v1": "space_invaders",
+    "MinAtar/Seaquest-v1": "seaquest",
+}
 # (envs, steps, time limit) of the side-by-side run: over 10,000 steps in all, limits short enough that
 # some episodes of random play reach them (Freeway's own 2,500-step end instead).
-SIDE_BY_SIDE = {"MinAtar/Breakout-v1": (16, 640, 15), "MinAtar/Asterix-v1": (16, 640, 60),
-                "MinAtar/Freeway-v1": (4, 2600, 10_000), "MinAtar/SpaceInvaders-v1": (16, 640, 100),
-                "MinAtar/Seaquest-v1": (16, 640, 150)}
+SIDE_BY_SIDE = {
+    "MinAtar/Breakout-v1": (16, 640, 15),
+    "MinAtar/Asterix-v1": (16, 640, 60),
+    "MinAtar/Freeway-v1": (4, 2600, 10_000),
+    "MinAtar/SpaceInvaders-v1": (16, 640, 100),
+    "MinAtar/Seaquest-v1": (16, 640, 150),
+}
 # Random actions: uniform, but for Freeway, mostly up (a uniformly random chicken seldom crosses).
 ACTION_PROBS = {"MinAtar/Freeway-v1": [0.1, 0.8, 0.1]}
 
@@ -55,7 +64,7 @@ class BlockRandom:
 
     def _take(self, size):
         k = 1 if size is None else int(np.prod(size))
-        values = self.uniforms[self.block, self.lane:self.lane + k]
+        values = self.uniforms[self.block, self.lane : self.lane + k]
         assert len(values) == k, f"the package drew past the end of block {self.block}"
         self.lane += k
         return values[0] if size is None else values.reshape(size)
@@ -91,8 +100,11 @@ def run_side_by_side(env_id: str, num_envs: int, num_steps: int, seed: int, max_
     uniforms = our_uniforms(env, seed, num_steps + 1)
     games, randoms = [], []
     for i in range(num_envs):
-        game = minatar.Environment(PACKAGE_NAME[env_id], sticky_action_prob=kwargs.get("sticky_action_prob", 0.1),
-                                   difficulty_ramping=kwargs.get("difficulty_ramping", True))
+        game = minatar.Environment(
+            PACKAGE_NAME[env_id],
+            sticky_action_prob=kwargs.get("sticky_action_prob", 0.1),
+            difficulty_ramping=kwargs.get("difficulty_ramping", True),
+        )
         game.random = game.env.random = BlockRandom(uniforms[i])
         game.random.start(0, lanes - reset_lanes)
         game.reset()
@@ -101,7 +113,9 @@ def run_side_by_side(env_id: str, num_envs: int, num_steps: int, seed: int, max_
     obs, _ = env.reset()
     assert np.array_equal(obs["policy"].numpy(), package_frames(games))
     action_set = [FULL_ACTIONS.index(a) for a in env.minimal_actions]
-    actions = np.random.default_rng(seed).choice(len(action_set), size=(num_steps, num_envs), p=ACTION_PROBS.get(env_id))
+    actions = np.random.default_rng(seed).choice(
+        len(action_set), size=(num_steps, num_envs), p=ACTION_PROBS.get(env_id)
+    )
     lengths = np.zeros(num_envs, dtype=int)
     counts = dict(terminated=0, truncated=0, reward=0.0, sticky=0)
     for t in range(num_steps):
@@ -140,8 +154,9 @@ def test_matches_the_minatar_package_step_by_step(env_id):
 
 
 def test_without_sticky_actions_the_agent_acts_as_told():
-    counts = run_side_by_side("MinAtar/Breakout-v1", num_envs=4, num_steps=200, seed=5, max_episode_steps=1000,
-                              sticky_action_prob=0.0)
+    counts = run_side_by_side(
+        "MinAtar/Breakout-v1", num_envs=4, num_steps=200, seed=5, max_episode_steps=1000, sticky_action_prob=0.0
+    )
     assert counts["sticky"] == 0 and counts["terminated"] > 0
 
 
@@ -150,24 +165,65 @@ def test_without_sticky_actions_the_agent_acts_as_told():
 # --------------------------------------------------------------------------------------
 # Our state column -> the package game's attribute (10x10 maps as arrays); Freeway's cars are a list.
 PACKAGE_ATTRIBUTES = {
-    "MinAtar/Breakout-v1": dict(ball_x="ball_x", ball_y="ball_y", ball_dir="ball_dir", pos="pos", strike="strike",
-                                last_x="last_x", last_y="last_y", bricks="brick_map"),
-    "MinAtar/SpaceInvaders-v1": dict(pos="pos", alien_dir="alien_dir", move_interval="enemy_move_interval",
-                                     move_timer="alien_move_timer", shot_timer_aliens="alien_shot_timer",
-                                     ramp_index="ramp_index", shot_timer="shot_timer", f_bullets="f_bullet_map",
-                                     e_bullets="e_bullet_map", aliens="alien_map"),
+    "MinAtar/Breakout-v1": dict(
+        ball_x="ball_x",
+        ball_y="ball_y",
+        ball_dir="ball_dir",
+        pos="pos",
+        strike="strike",
+        last_x="last_x",
+        last_y="last_y",
+        bricks="brick_map",
+    ),
+    "MinAtar/SpaceInvaders-v1": dict(
+        pos="pos",
+        alien_dir="alien_dir",
+        move_interval="enemy_move_interval",
+        move_timer="alien_move_timer",
+        shot_timer_aliens="alien_shot_timer",
+        ramp_index="ramp_index",
+        shot_timer="shot_timer",
+        f_bullets="f_bullet_map",
+        e_bullets="e_bullet_map",
+        aliens="alien_map",
+    ),
     "MinAtar/Freeway-v1": dict(pos="pos", move_timer="move_timer", terminate_timer="terminate_timer"),
-    "MinAtar/Asterix-v1": {name: name for name in ("player_x", "player_y", "spawn_speed", "spawn_timer", "move_speed",
-                                                   "move_timer", "ramp_timer", "ramp_index")},
-    "MinAtar/Seaquest-v1": dict(oxygen="oxygen", diver_count="diver_count", sub_x="sub_x", sub_y="sub_y", sub_or="sub_or",
-                                spawn_speed="e_spawn_speed", spawn_timer="e_spawn_timer", diver_timer="d_spawn_timer",
-                                move_speed="move_speed", ramp_index="ramp_index", shot_timer="shot_timer",
-                                surface="surface"),
+    "MinAtar/Asterix-v1": {
+        name: name
+        for name in (
+            "player_x",
+            "player_y",
+            "spawn_speed",
+            "spawn_timer",
+            "move_speed",
+            "move_timer",
+            "ramp_timer",
+            "ramp_index",
+        )
+    },
+    "MinAtar/Seaquest-v1": dict(
+        oxygen="oxygen",
+        diver_count="diver_count",
+        sub_x="sub_x",
+        sub_y="sub_y",
+        sub_or="sub_or",
+        spawn_speed="e_spawn_speed",
+        spawn_timer="e_spawn_timer",
+        diver_timer="d_spawn_timer",
+        move_speed="move_speed",
+        ramp_index="ramp_index",
+        shot_timer="shot_timer",
+        surface="surface",
+    ),
 }
 # Seaquest's entity lists: our list name -> (the package's attribute, its entries' fields).
-SEAQUEST_LISTS = {"fb": ("f_bullets", ("x", "y", "lr")), "eb": ("e_bullets", ("x", "y", "lr")),
-                  "fish": ("e_fish", ("x", "y", "lr", "mt")), "subs": ("e_subs", ("x", "y", "lr", "mt", "st")),
-                  "divers": ("divers", ("x", "y", "lr", "mt"))}
+SEAQUEST_LISTS = {
+    "fb": ("f_bullets", ("x", "y", "lr")),
+    "eb": ("e_bullets", ("x", "y", "lr")),
+    "fish": ("e_fish", ("x", "y", "lr", "mt")),
+    "subs": ("e_subs", ("x", "y", "lr", "mt", "st")),
+    "divers": ("divers", ("x", "y", "lr", "mt")),
+}
 CAR_COLUMNS = ("car_x", None, "car_timer", "car_speed")  # a package car is [x, lane, timer, speed]
 
 
@@ -176,23 +232,38 @@ def set_package_state(env_id: str, game, fields: dict, i: int) -> None:
         value = fields[column][i]
         setattr(game, attribute, value.reshape(10, 10).astype(float) if value.size == 100 else int(value))
     if env_id == "MinAtar/Freeway-v1":
-        game.cars = [[int(fields["car_x"][i][k]), k + 1, int(fields["car_timer"][i][k]), int(fields["car_speed"][i][k])]
-                     for k in range(8)]
+        game.cars = [
+            [int(fields["car_x"][i][k]), k + 1, int(fields["car_timer"][i][k]), int(fields["car_speed"][i][k])]
+            for k in range(8)
+        ]
     if env_id == "MinAtar/Seaquest-v1":
         for name, (attribute, entry) in SEAQUEST_LISTS.items():
             alive = np.flatnonzero(fields[f"{name}_on"][i])
-            setattr(game, attribute, [[int(fields[f"{name}_{f}"][i][k]) if f != "lr" else bool(fields[f"{name}_lr"][i][k])
-                                       for f in entry] for k in alive])
+            setattr(
+                game,
+                attribute,
+                [
+                    [int(fields[f"{name}_{f}"][i][k]) if f != "lr" else bool(fields[f"{name}_lr"][i][k]) for f in entry]
+                    for k in alive
+                ],
+            )
         game.sub_or, game.surface = bool(game.sub_or), bool(game.surface)
     if env_id == "MinAtar/Asterix-v1":  # an entity is [x, row, from the left, gold], or None
-        game.entities = [[int(fields["x"][i][k]), k + 1, bool(fields["lr"][i][k]), bool(fields["gold"][i][k])]
-                         if fields["on"][i][k] else None for k in range(8)]
+        game.entities = [
+            [int(fields["x"][i][k]), k + 1, bool(fields["lr"][i][k]), bool(fields["gold"][i][k])]
+            if fields["on"][i][k]
+            else None
+            for k in range(8)
+        ]
     game.terminal = False
 
 
 def package_state(env_id: str, game) -> dict[str, np.ndarray]:
     """The package game's state in our columns' layout."""
-    state = {column: np.asarray(getattr(game, attribute)).reshape(-1) for column, attribute in PACKAGE_ATTRIBUTES[env_id].items()}
+    state = {
+        column: np.asarray(getattr(game, attribute)).reshape(-1)
+        for column, attribute in PACKAGE_ATTRIBUTES[env_id].items()
+    }
     if env_id == "MinAtar/Freeway-v1":
         state.update({c: np.array([car[k] for car in game.cars]) for k, c in enumerate(CAR_COLUMNS) if c})
     if env_id == "MinAtar/Seaquest-v1":  # the lists in order, zero-padded; the enemy bullets as a sorted list
@@ -208,8 +279,12 @@ def package_state(env_id: str, game) -> dict[str, np.ndarray]:
                 state[f"{name}_{f}"] = np.array([int(e[k]) for e in entries] + [0] * (capacity - len(entries)))
     if env_id == "MinAtar/Asterix-v1":
         entities = [e or [0, 0, False, False] for e in game.entities]
-        state.update(on=np.array([e is not None for e in game.entities]), x=np.array([e[0] for e in entities]),
-                     lr=np.array([e[2] for e in entities]), gold=np.array([e[3] for e in entities]))
+        state.update(
+            on=np.array([e is not None for e in game.entities]),
+            x=np.array([e[0] for e in entities]),
+            lr=np.array([e[2] for e in entities]),
+            gold=np.array([e[3] for e in entities]),
+        )
     return state
 
 
@@ -224,43 +299,85 @@ def random_states(env_id: str, rng, n: int) -> dict[str, np.ndarray]:
     """Game states drawn wide: edges, timers about to fire, near-empty and crowded maps."""
     if env_id == "MinAtar/Breakout-v1":
         x, y = rng.integers(0, 10, n), rng.integers(0, 9, n)
-        return dict(ball_x=x, ball_y=y, ball_dir=rng.integers(0, 4, n), pos=rng.integers(0, 10, n),
-                    strike=rng.integers(0, 2, n), last_x=x, last_y=y,
-                    bricks=sparse_maps(rng, n, [0.0, 0.01, 0.3, 0.7], rows=slice(0, 9)))
+        return dict(
+            ball_x=x,
+            ball_y=y,
+            ball_dir=rng.integers(0, 4, n),
+            pos=rng.integers(0, 10, n),
+            strike=rng.integers(0, 2, n),
+            last_x=x,
+            last_y=y,
+            bricks=sparse_maps(rng, n, [0.0, 0.01, 0.3, 0.7], rows=slice(0, 9)),
+        )
     if env_id == "MinAtar/SpaceInvaders-v1":
         aliens = sparse_maps(rng, n, [0.0, 0.02, 0.1, 0.4])
         aliens[np.arange(n), rng.integers(0, 100, n)] = 1  # the package shoots from an alien: there is one
-        return dict(pos=rng.integers(0, 10, n), alien_dir=rng.choice([-1, 1], n), move_interval=rng.integers(5, 13, n),
-                    move_timer=rng.integers(0, 3, n), shot_timer_aliens=rng.integers(0, 3, n),
-                    ramp_index=rng.integers(0, 3, n), shot_timer=rng.integers(0, 3, n),
-                    f_bullets=sparse_maps(rng, n, [0.0, 0.05, 0.3]), e_bullets=sparse_maps(rng, n, [0.0, 0.05, 0.3]),
-                    aliens=aliens)
+        return dict(
+            pos=rng.integers(0, 10, n),
+            alien_dir=rng.choice([-1, 1], n),
+            move_interval=rng.integers(5, 13, n),
+            move_timer=rng.integers(0, 3, n),
+            shot_timer_aliens=rng.integers(0, 3, n),
+            ramp_index=rng.integers(0, 3, n),
+            shot_timer=rng.integers(0, 3, n),
+            f_bullets=sparse_maps(rng, n, [0.0, 0.05, 0.3]),
+            e_bullets=sparse_maps(rng, n, [0.0, 0.05, 0.3]),
+            aliens=aliens,
+        )
     if env_id == "MinAtar/Freeway-v1":
         speed = rng.integers(1, 6, (n, 8)) * rng.choice([-1, 1], (n, 8))
-        return dict(pos=rng.integers(0, 10, n), move_timer=rng.integers(0, 4, n), terminate_timer=rng.integers(0, 3, n),
-                    car_x=rng.integers(0, 10, (n, 8)), car_timer=rng.integers(0, 6, (n, 8)) % (speed.__abs__() + 1),
-                    car_speed=speed)
+        return dict(
+            pos=rng.integers(0, 10, n),
+            move_timer=rng.integers(0, 4, n),
+            terminate_timer=rng.integers(0, 3, n),
+            car_x=rng.integers(0, 10, (n, 8)),
+            car_timer=rng.integers(0, 6, (n, 8)) % (speed.__abs__() + 1),
+            car_speed=speed,
+        )
     if env_id == "MinAtar/Asterix-v1":
         on = rng.random((n, 8)) < rng.choice([0.0, 0.3, 0.9, 1.0], size=(n, 1))
-        return dict(player_x=rng.integers(0, 10, n), player_y=rng.integers(1, 9, n), spawn_speed=rng.integers(1, 11, n),
-                    spawn_timer=rng.integers(0, 3, n), move_speed=rng.integers(1, 6, n), move_timer=rng.integers(0, 3, n),
-                    ramp_timer=rng.choice([-1, 0, 1, 50], n), ramp_index=rng.integers(0, 4, n), on=on.astype(np.int64),
-                    x=rng.integers(0, 10, (n, 8)) * on, lr=rng.integers(0, 2, (n, 8)) * on,
-                    gold=rng.integers(0, 2, (n, 8)) * on)
+        return dict(
+            player_x=rng.integers(0, 10, n),
+            player_y=rng.integers(1, 9, n),
+            spawn_speed=rng.integers(1, 11, n),
+            spawn_timer=rng.integers(0, 3, n),
+            move_speed=rng.integers(1, 6, n),
+            move_timer=rng.integers(0, 3, n),
+            ramp_timer=rng.choice([-1, 0, 1, 50], n),
+            ramp_index=rng.integers(0, 4, n),
+            on=on.astype(np.int64),
+            x=rng.integers(0, 10, (n, 8)) * on,
+            lr=rng.integers(0, 2, (n, 8)) * on,
+            gold=rng.integers(0, 2, (n, 8)) * on,
+        )
     if env_id == "MinAtar/Seaquest-v1":
         x = rng.integers(0, 10, n)
-        fields = dict(oxygen=rng.choice([0, 1, 7, 100, 200], n), diver_count=rng.integers(0, 7, n), sub_x=x,
-                      sub_y=rng.choice([0, 0, 1, 4, 8], n), sub_or=np.where(x == 9, 1, np.where(x == 0, 0, rng.integers(0, 2, n))),
-                      spawn_speed=rng.integers(1, 21, n), spawn_timer=rng.integers(0, 3, n), diver_timer=rng.integers(0, 3, n),
-                      move_speed=rng.integers(2, 6, n), ramp_index=rng.integers(0, 4, n), shot_timer=rng.integers(0, 3, n),
-                      surface=rng.integers(0, 2, n))
+        fields = dict(
+            oxygen=rng.choice([0, 1, 7, 100, 200], n),
+            diver_count=rng.integers(0, 7, n),
+            sub_x=x,
+            sub_y=rng.choice([0, 0, 1, 4, 8], n),
+            sub_or=np.where(x == 9, 1, np.where(x == 0, 0, rng.integers(0, 2, n))),
+            spawn_speed=rng.integers(1, 21, n),
+            spawn_timer=rng.integers(0, 3, n),
+            diver_timer=rng.integers(0, 3, n),
+            move_speed=rng.integers(2, 6, n),
+            ramp_index=rng.integers(0, 4, n),
+            shot_timer=rng.integers(0, 3, n),
+            surface=rng.integers(0, 2, n),
+        )
         for name, (count, extra) in Seaquest.lists.items():
             capacity = count
             alive = np.arange(capacity) < rng.integers(0, min(capacity, 12) + 1, (n, 1))  # in list order: the first k
             rows = (0, 9) if name == "fb" else (1, 9)
-            fields.update({f"{name}_on": alive, f"{name}_x": rng.integers(0, 10, (n, capacity)) * alive,
-                           f"{name}_y": rng.integers(*rows, (n, capacity)) * alive,
-                           f"{name}_lr": rng.integers(0, 2, (n, capacity)) * alive})
+            fields.update(
+                {
+                    f"{name}_on": alive,
+                    f"{name}_x": rng.integers(0, 10, (n, capacity)) * alive,
+                    f"{name}_y": rng.integers(*rows, (n, capacity)) * alive,
+                    f"{name}_lr": rng.integers(0, 2, (n, capacity)) * alive,
+                }
+            )
             fields.update({f"{name}_{f}": rng.integers(0, 3, (n, capacity)) * alive for f in extra})
         fields["fb_on"] &= np.arange(4) < 3  # at most three friendly bullets fly at once, three divers swim
         fields["divers_on"] &= np.arange(4) < 3
@@ -268,10 +385,16 @@ def random_states(env_id: str, rng, n: int) -> dict[str, np.ndarray]:
     raise KeyError(env_id)
 
 
-RAMPING_GAMES = ("MinAtar/Asterix-v1", "MinAtar/SpaceInvaders-v1", "MinAtar/Seaquest-v1")  # the others have no difficulty ramp
+RAMPING_GAMES = (
+    "MinAtar/Asterix-v1",
+    "MinAtar/SpaceInvaders-v1",
+    "MinAtar/Seaquest-v1",
+)  # the others have no difficulty ramp
 
 
-@pytest.mark.parametrize("env_id, ramping", [(g, True) for g in PACKAGE_ATTRIBUTES] + [(g, False) for g in RAMPING_GAMES])
+@pytest.mark.parametrize(
+    "env_id, ramping", [(g, True) for g in PACKAGE_ATTRIBUTES] + [(g, False) for g in RAMPING_GAMES]
+)
 def test_from_random_states_one_step_matches_the_package(env_id, ramping):
     """3,000 random states, set in both envs and stepped once with random actions (the package's random
     draws served from our stream, as above): the same frame, reward and termination, and (where the
@@ -293,7 +416,10 @@ def test_from_random_states_one_step_matches_the_package(env_id, ramping):
         game.random.start(1)
         r, done = game.act(action_set[actions[i]])
         expected = game.state().transpose(2, 0, 1).astype(np.uint8) * 255
-        assert np.array_equal(info["final_obs"]["policy"][i].numpy(), expected), (i, {k: v[i] for k, v in fields.items()})
+        assert np.array_equal(info["final_obs"]["policy"][i].numpy(), expected), (
+            i,
+            {k: v[i] for k, v in fields.items()},
+        )
         assert reward[i].item() == r and terminated[i].item() == done, i
         if not done:
             for column, value in package_state(env_id, game.env).items():
@@ -384,7 +510,9 @@ def test_frame_stack_observes_the_last_frames_of_the_episode():
         for i in range(n):
             final = history[i][1:] + [single_info["final_obs"]["policy"][i]]
             assert torch.equal(info["final_obs"]["policy"][i], torch.cat(final))
-            history[i] = [frame["policy"][i]] * k if terminated[i] or truncated[i] else final[:-1] + [frame["policy"][i]]
+            history[i] = (
+                [frame["policy"][i]] * k if terminated[i] or truncated[i] else final[:-1] + [frame["policy"][i]]
+            )
             ends += int(terminated[i] or truncated[i])
             assert torch.equal(obs["policy"][i], torch.cat(history[i]))
     assert ends > n
@@ -444,11 +572,27 @@ def test_seaquest_counts_the_entities_its_slots_cannot_hold():
 
     class Crowded(Seaquest):
         lists = {name: (2, extra) for name, (_, extra) in Seaquest.lists.items()}
-        fields = tuple((name, 1) for name in ("oxygen", "diver_count", "sub_x", "sub_y", "sub_or", "spawn_speed",
-                                              "spawn_timer", "diver_timer", "move_speed", "ramp_index", "shot_timer",
-                                              "surface")) + tuple(
-            (f"{name}_{field}", capacity) for name, (capacity, extra) in lists.items()
-            for field in ("on", "x", "y", "lr") + extra)
+        fields = tuple(
+            (name, 1)
+            for name in (
+                "oxygen",
+                "diver_count",
+                "sub_x",
+                "sub_y",
+                "sub_or",
+                "spawn_speed",
+                "spawn_timer",
+                "diver_timer",
+                "move_speed",
+                "ramp_index",
+                "shot_timer",
+                "surface",
+            )
+        ) + tuple(
+            (f"{name}_{field}", capacity)
+            for name, (capacity, extra) in lists.items()
+            for field in ("on", "x", "y", "lr") + extra
+        )
         init_spawn_speed = diver_spawn_speed = 1
 
     for cls, expect_drops in ((Crowded, True), (Seaquest, False)):

@@ -69,8 +69,16 @@ def explicit_reset_flow(env, actions: torch.Tensor, groups: dict[str, str]) -> l
             log.update(reset_extras["log"])
             fresh = flat_groups(reset_obs, groups, n)
             nxt = {k: torch.where(done[:, None], fresh[k], final[k]) for k in final}
-        out.append({"obs": nxt, "final_obs": final, "reward": reward.clone(), "terminated": terminated.clone(),
-                    "truncated": truncated.clone(), "log": log})
+        out.append(
+            {
+                "obs": nxt,
+                "final_obs": final,
+                "reward": reward.clone(),
+                "terminated": terminated.clone(),
+                "truncated": truncated.clone(),
+                "log": log,
+            }
+        )
     return out
 
 
@@ -78,10 +86,16 @@ def adapter_flow(envs: ManagerBasedEnvAdapter, actions: torch.Tensor) -> list[di
     out = []
     for action in actions:
         obs, reward, terminated, truncated, info = envs.step(action)
-        out.append({"obs": {k: obs[k].clone() for k in obs.keys()},
-                    "final_obs": {k: info["final_obs"][k].clone() for k in obs.keys()},
-                    "reward": reward.clone(), "terminated": terminated.clone(), "truncated": truncated.clone(),
-                    "log": dict(info["log"])})
+        out.append(
+            {
+                "obs": {k: obs[k].clone() for k in obs.keys()},
+                "final_obs": {k: info["final_obs"][k].clone() for k in obs.keys()},
+                "reward": reward.clone(),
+                "terminated": terminated.clone(),
+                "truncated": truncated.clone(),
+                "log": dict(info["log"]),
+            }
+        )
     return out
 
 
@@ -108,7 +122,10 @@ def reset_pattern(steps: list[dict]) -> tuple[int, int, int]:
 
 def owners(simulator_files) -> dict:
     adapter_file = mjlab_adapter.__file__
-    return {"adapter": lambda f: f == adapter_file, "simulator": lambda f: any(f.startswith(p) for p in simulator_files)}
+    return {
+        "adapter": lambda f: f == adapter_file,
+        "simulator": lambda f: any(f.startswith(p) for p in simulator_files),
+    }
 
 
 def keep_and_check(envs, actions: torch.Tensor) -> None:
@@ -116,7 +133,9 @@ def keep_and_check(envs, actions: torch.Tensor) -> None:
     kept = []
     for action in actions:
         obs, reward, terminated, truncated, info = envs.step(action)
-        tensors = [obs[k] for k in obs.keys()] + [info["final_obs"][k] for k in obs.keys()] + [reward, terminated, truncated]
+        tensors = (
+            [obs[k] for k in obs.keys()] + [info["final_obs"][k] for k in obs.keys()] + [reward, terminated, truncated]
+        )
         kept.append([(x, x.clone()) for x in tensors])
     for t, pairs in enumerate(kept):
         for x, copy in pairs:
@@ -284,11 +303,19 @@ def test_episode_statistics_stay_where_they_are_and_average_as_before():
     reported = [log for log in logs if log]
     assert 1 < len(reported) < len(logs)
     for log in reported:
-        assert isinstance(log["Metrics/command/error"], float) and isinstance(log["Episode_Termination/time_out"], float)
+        assert isinstance(log["Metrics/command/error"], float) and isinstance(
+            log["Episode_Termination/time_out"], float
+        )
         assert log["Episode_Reward/alive"].dtype == torch.float32 and log["Episode_Reward/alive"].shape == ()
 
-    run = Run(args=SimpleNamespace(max_wall_seconds=None, save_interval_seconds=None), algo="test", rank=0,
-              world_size=1, device=torch.device("cpu"), is_main=True)
+    run = Run(
+        args=SimpleNamespace(max_wall_seconds=None, save_interval_seconds=None),
+        algo="test",
+        rank=0,
+        world_size=1,
+        device=torch.device("cpu"),
+        is_main=True,
+    )
     extra = [{"log": {"only_once": torch.tensor(3.0), "mixed": 1.0}}, {"log": {"mixed": torch.tensor(2.0)}}]
     kept = {k: v.clone() for k, v in reported[0].items() if isinstance(v, torch.Tensor)}
     for log in logs:
@@ -444,8 +471,9 @@ def test_a_mirror_the_env_or_its_config_carries_is_taken_as_is(fake_tasks):
 
 
 def test_a_task_mirror_that_leaves_out_the_originals_is_refused():
-    envs = ManagerBasedEnvAdapter(fake_env(), "mjlab:Task",
-                                  data_augmentation_func=lambda env, obs=None, actions=None: (obs, -actions[:3]))
+    envs = ManagerBasedEnvAdapter(
+        fake_env(), "mjlab:Task", data_augmentation_func=lambda env, obs=None, actions=None: (obs, -actions[:3])
+    )
     refused = r"^mjlab:Task: the task's data_augmentation_func returned 3 rows of actions for 6"
     with pytest.raises(ValueError, match=refused):
         envs.data_augmentation(actions=torch.zeros(6, 1))
@@ -458,9 +486,19 @@ def test_ppo_symmetry_augmentation_runs_on_a_task_with_a_mirror(fake_tasks, tmp_
     from tests.test_scripts import scalars
 
     ppo = load_script("ppo")
-    flags = dict(symmetry="augmentation", num_envs=4, num_steps=8, num_minibatches=2, total_timesteps=96,
-                 num_eval_envs=2, eval_interval=0, hidden_sizes=(16,), device="cpu", progress=False,
-                 output_dir=str(tmp_path))
+    flags = dict(
+        symmetry="augmentation",
+        num_envs=4,
+        num_steps=8,
+        num_minibatches=2,
+        total_timesteps=96,
+        num_eval_envs=2,
+        eval_interval=0,
+        hidden_sizes=(16,),
+        device="cpu",
+        progress=False,
+        output_dir=str(tmp_path),
+    )
     summary = run_main(ppo, env_id="mjlab:Fake-Point-Symmetric", run_name="mirrored", **flags)
     assert summary["global_step"] == 96 and fake_mjlab.mirror_point.last_env is not None
     assert len(scalars(tmp_path / "mirrored")["losses/mirror_loss"]) == summary["iteration"] == 3
@@ -690,7 +728,9 @@ def test_mjlab_no_host_sync_of_the_adapter_and_tensors_kept(final_obs):
     from common.envs import make_env
 
     n, length = 4, 3
-    envs = make_env(f"mjlab:{TASK}", n, seed=1, configure=with_history_delay_and_term_groups(length), final_obs=final_obs)
+    envs = make_env(
+        f"mjlab:{TASK}", n, seed=1, configure=with_history_delay_and_term_groups(length), final_obs=final_obs
+    )
     try:
         envs.reset(seed=2)
         stagger(envs.env, n, length)
@@ -719,10 +759,30 @@ def test_mjlab_errors_are_clear():
 @requires_mjlab
 def test_ppo_runs_mjlab_with_asymmetric_critic(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--env-id", f"mjlab:{TASK}", "--num-envs", "4", "--num-steps", "8",
-         "--num-minibatches", "2", "--total-timesteps", "64", "--num-eval-envs", "2", "--eval-interval", "0",
-         "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "algos" / "ppo.py"),
+            "--env-id",
+            f"mjlab:{TASK}",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "8",
+            "--num-minibatches",
+            "2",
+            "--total-timesteps",
+            "64",
+            "--num-eval-envs",
+            "2",
+            "--eval-interval",
+            "0",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
         env={"OMP_NUM_THREADS": "1", **os.environ, "CI": "1"},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

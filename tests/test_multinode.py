@@ -41,8 +41,16 @@ def node_env() -> dict:
 class Cluster:
     """Agents of one rendezvous (one torchrun job), started as separate nodes on this machine."""
 
-    def __init__(self, tmp: Path, script_args: list[str], nnodes: str, restarts: int = 0, rdzv_id: str | None = None,
-                 step_seconds: float = 0.0, fault: list[str] | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        script_args: list[str],
+        nnodes: str,
+        restarts: int = 0,
+        rdzv_id: str | None = None,
+        step_seconds: float = 0.0,
+        fault: list[str] | None = None,
+    ):
         self.tmp, self.nnodes, self.restarts = tmp, nnodes, restarts
         self.port = free_port()
         self.rdzv_id = rdzv_id or f"job-{self.port}"
@@ -51,10 +59,20 @@ class Cluster:
 
     def start(self, name: str) -> Job:
         host = not self.nodes  # the first node hosts the rendezvous store
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id={self.rdzv_id}",
-               f"--rdzv-conf=is_host={int(host)},{RDZV_CONF}", "--local-addr=127.0.0.1",
-               f"--max-restarts={self.restarts}", *self.worker_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={self.nnodes}",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{self.port}",
+            f"--rdzv-id={self.rdzv_id}",
+            f"--rdzv-conf=is_host={int(host)},{RDZV_CONF}",
+            "--local-addr=127.0.0.1",
+            f"--max-restarts={self.restarts}",
+            *self.worker_args,
+        ]
         job = Job(cmd, self.tmp / f"{name}.log", env=node_env())
         job.name = name
         self.nodes.append(job)
@@ -150,13 +168,20 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     sync, per_rank = TINY[algo]["sync"], steps_per_iteration(algo)
     save_every = 4 * sync
     total = 2 * per_rank * sync * 40
-    cluster = clusters(tmp_path, cli_args(algo, tmp_path, total_timesteps=total, save_interval=save_every,
-                                          dist_timeout=600.0),
-                       nnodes="1:2", restarts=3, step_seconds=0.01 if algo == "ppo" else 0.04)
+    cluster = clusters(
+        tmp_path,
+        cli_args(algo, tmp_path, total_timesteps=total, save_interval=save_every, dist_timeout=600.0),
+        nnodes="1:2",
+        restarts=3,
+        step_seconds=0.01 if algo == "ppo" else 0.04,
+    )
     a, b = cluster.start("a"), cluster.start("b")
     run_dir, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.pt"
-    a.wait_for(lambda: last.is_file() and last_step(run_dir) > checkpoint(tmp_path)["global_step"], timeout=120,
-               what="steps logged after the first checkpoint")
+    a.wait_for(
+        lambda: last.is_file() and last_step(run_dir) > checkpoint(tmp_path)["global_step"],
+        timeout=120,
+        what="steps logged after the first checkpoint",
+    )
     assert checkpoint(tmp_path)["world_size"] == 2
     survivor = a.workers()[0]
     t_kill = time.time()
@@ -166,7 +191,9 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     saved, reached = checkpoint(tmp_path)["global_step"], last_step(run_dir)
 
     # the survivor's agent re-rendezvous with itself alone and resumes at world size 1
-    a.wait_for(lambda: "notice: checkpoint from 2 process(es)" in a.output(), timeout=60, what="the resume at world size 1")
+    a.wait_for(
+        lambda: "notice: checkpoint from 2 process(es)" in a.output(), timeout=60, what="the resume at world size 1"
+    )
     resumed_after = time.time() - t_kill
     assert f"resumed from {last} at iteration" in a.output() and f"global step {saved}" in a.output()
     if algo == OFF_POLICY:  # each rank's replay buffer holds its own envs' transitions: none fits a world of 1
@@ -179,19 +206,28 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     assert c.finish(timeout=30) == 0, c.output()[-4000:]
     assert "notice: checkpoint from 1 process(es)" in a.output() + c.output()
     summary = summary_of(tmp_path)
-    assert summary["world_size"] == 2 and summary["params_in_sync"] is True and summary["stop_reason"] == "total_timesteps"
+    assert (
+        summary["world_size"] == 2 and summary["params_in_sync"] is True and summary["stop_reason"] == "total_timesteps"
+    )
     # at the end no whole iteration of the world of 2 fits: after steps of a world of 1 that can leave one of 1 undone
     assert total - 2 * per_rank * sync < summary["global_step"] <= total, summary["global_step"]
     assert_one_curve(run_dir, summary["global_step"])
     if algo == OFF_POLICY:  # updates resumed once the refilled buffers held --learning-starts steps again
         losses = [step for step, _ in scalars(run_dir)["losses/q_loss"]]
         assert losses[-1] == summary["global_step"] and max(losses) > saved
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["a.log", "b.log", "c.log", "run"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "a.log",
+        "b.log",
+        "c.log",
+        "run",
+    ]
     # what the dead node cost: the steps since the last save, at most one save interval of the world of 2
     assert 0 <= reached - saved <= save_every * 2 * per_rank, (saved, reached)
     assert left_after < 30, f"the survivor's worker took {left_after:.1f}s to leave the collective"
-    print(f"\nsurvivor's worker exited {left_after:.1f}s after the kill, resumed at world size 1 after "
-          f"{resumed_after:.1f}s; lost {reached - saved} steps")
+    print(
+        f"\nsurvivor's worker exited {left_after:.1f}s after the kill, resumed at world size 1 after "
+        f"{resumed_after:.1f}s; lost {reached - saved} steps"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,8 +281,12 @@ def test_an_error_on_one_rank_ends_every_rank_and_keeps_last_pt(algo, fault, tmp
     env_steps_per_iteration = 8 if algo == "ppo" else 1  # env.step calls of one iteration
     after = env_steps_per_iteration * sync * 5 + 1  # the fault comes in the 6th unit, after the save of the 4th
     total = 2 * per_rank * sync * 1000
-    cluster = clusters(tmp_path, cli_args(algo, tmp_path, total_timesteps=total, save_interval=save_every),
-                       nnodes="2", fault=["--fault", fault, "--fault-rank", "1", "--fault-after", str(after)])
+    cluster = clusters(
+        tmp_path,
+        cli_args(algo, tmp_path, total_timesteps=total, save_interval=save_every),
+        nnodes="2",
+        fault=["--fault", fault, "--fault-rank", "1", "--fault-after", str(after)],
+    )
     a, b = cluster.start("a"), cluster.start("b")
     codes = [a.finish(timeout=120), b.finish(timeout=60)]
     ended = time.time()
@@ -292,7 +332,7 @@ sys.exit(hit)
 def readme_sbatch_script() -> str:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     start = readme.index("#!/bin/bash\n#SBATCH")
-    return readme[start:readme.index("```", start)]
+    return readme[start : readme.index("```", start)]
 
 
 def test_readme_sbatch_script_forwards_usr1_requeues_and_resumes(tmp_path):
@@ -307,25 +347,41 @@ def test_readme_sbatch_script_forwards_usr1_requeues_and_resumes(tmp_path):
     preempt-and-requeue cycle would take minutes. What the script itself does is run here."""
     port = free_port()
     script = readme_sbatch_script()
-    tiny = ("--num-envs 16 --num-steps 8 --num-minibatches 2 --device cpu --no-progress --num-eval-envs 4 "
-            "--eval-interval 0 --hidden-sizes 32 32 --total-timesteps 25600")
-    for old, new in [("--nproc-per-node 8", "--nproc-per-node 1"), ('"$head:29400"', f'"$head:{port}"'),
-                     ("--save-interval-seconds 900", f"--save-interval-seconds 900 {tiny}")]:
+    tiny = (
+        "--num-envs 16 --num-steps 8 --num-minibatches 2 --device cpu --no-progress --num-eval-envs 4 "
+        "--eval-interval 0 --hidden-sizes 32 32 --total-timesteps 25600"
+    )
+    for old, new in [
+        ("--nproc-per-node 8", "--nproc-per-node 1"),
+        ('"$head:29400"', f'"$head:{port}"'),
+        ("--save-interval-seconds 900", f"--save-interval-seconds 900 {tiny}"),
+    ]:
         assert old in script, f"the README's sbatch script changed: {old!r} not found"
         script = script.replace(old, new)
     (tmp_path / "train.sbatch").write_text(script)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    shims = {"scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo 127.0.0.1; else echo "$@" >> "$SBATCH_DIR/scontrol"; fi',
-             "srun": 'exec "$@"', "torchrun": f'exec {sys.executable} -m torch.distributed.run --local-addr 127.0.0.1 "$@"'}
+    shims = {
+        "scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo 127.0.0.1; '
+        'else echo "$@" >> "$SBATCH_DIR/scontrol"; fi',
+        "srun": 'exec "$@"',
+        "torchrun": f'exec {sys.executable} -m torch.distributed.run --local-addr 127.0.0.1 "$@"',
+    }
     for name, body in shims.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
     (bin_dir / "pkill").write_text(PKILL_SHIM.format(python=sys.executable))
     for shim in bin_dir.iterdir():
         shim.chmod(0o755)
     (tmp_path / "algos").symlink_to(Path(__file__).resolve().parents[1] / "algos")
-    env = {**node_env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SBATCH_TEST": str(port),
-           "SBATCH_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "node0", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242"}
+    env = {
+        **node_env(),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SBATCH_TEST": str(port),
+        "SBATCH_DIR": str(tmp_path),
+        "SLURM_JOB_NODELIST": "node0",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_ID": "4242",
+    }
     run_dir = tmp_path / "runs" / "ppo-4242"
 
     def sbatch(log: str) -> Job:

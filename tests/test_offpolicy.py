@@ -30,9 +30,23 @@ def summary_of(result) -> dict:
 def train(algo: str, tmp_path, **overrides) -> dict:
     """Run algos/<algo>.py's main() in this process with tiny settings: 8 envs, a 30-slot ring per env that wraps."""
     module = load_script(algo)
-    kwargs = dict(env_id="Pendulum-v1", device="cpu", output_dir=str(tmp_path), run_name="run", progress=False,
-                  num_envs=8, batch_size=64, hidden_sizes=(32, 32), learning_starts=64, num_eval_envs=4,
-                  buffer_size=240, n_step=2, log_interval=7, eval_interval=0, save_interval=10_000)
+    kwargs = dict(
+        env_id="Pendulum-v1",
+        device="cpu",
+        output_dir=str(tmp_path),
+        run_name="run",
+        progress=False,
+        num_envs=8,
+        batch_size=64,
+        hidden_sizes=(32, 32),
+        learning_starts=64,
+        num_eval_envs=4,
+        buffer_size=240,
+        n_step=2,
+        log_interval=7,
+        eval_interval=0,
+        save_interval=10_000,
+    )
     kwargs.update(overrides)
     return run_main(module, **kwargs)
 
@@ -50,9 +64,13 @@ def test_sac_squashed_log_prob_matches_change_of_variables():
     mean = torch.randn(512, 3, generator=g, dtype=torch.float64)
     log_std = torch.rand(512, 3, generator=g, dtype=torch.float64) * 3 - 2
     u = mean + log_std.exp() * torch.randn(512, 3, generator=g, dtype=torch.float64)
-    reference = torch.distributions.TransformedDistribution(
-        torch.distributions.Normal(mean, log_std.exp()), [torch.distributions.TanhTransform()]
-    ).log_prob(torch.tanh(u)).sum(-1)
+    reference = (
+        torch.distributions.TransformedDistribution(
+            torch.distributions.Normal(mean, log_std.exp()), [torch.distributions.TanhTransform()]
+        )
+        .log_prob(torch.tanh(u))
+        .sum(-1)
+    )
     torch.testing.assert_close(sac.squashed_log_prob(u, mean, log_std), reference, rtol=1e-9, atol=1e-9)
 
     # Far in the tails 1 - tanh(u)^2 rounds to 0 in float32; the script's form stays exact.
@@ -125,18 +143,51 @@ def test_sizes_left_unset_take_the_devices_defaults(algo, tmp_path):
 # learning
 # --------------------------------------------------------------------------------------------
 # CPU settings that solve Pendulum-v1 (eval >= -200) in 200-325 iterations for seeds 1-3.
-PENDULUM_FAST = ["--env-id", "Pendulum-v1", "--num-envs", "64", "--num-updates", "4", "--batch-size", "512",
-                 "--hidden-sizes", "64", "64", "--q-lr", "3e-3", "--policy-lr", "3e-3", "--tau", "0.05",
-                 "--learning-starts", "3200", "--eval-interval", "25", "--log-interval", "25"]
+PENDULUM_FAST = [
+    "--env-id",
+    "Pendulum-v1",
+    "--num-envs",
+    "64",
+    "--num-updates",
+    "4",
+    "--batch-size",
+    "512",
+    "--hidden-sizes",
+    "64",
+    "64",
+    "--q-lr",
+    "3e-3",
+    "--policy-lr",
+    "3e-3",
+    "--tau",
+    "0.05",
+    "--learning-starts",
+    "3200",
+    "--eval-interval",
+    "25",
+    "--log-interval",
+    "25",
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_learns_pendulum(algo, tmp_path):
-    summary = summary_of(script(
-        algo, tmp_path, *PENDULUM_FAST, "--seed", "1", "--total-timesteps", "32000", "--target-return", "-200",
-        "--run-name", "learn",
-    ))
+    summary = summary_of(
+        script(
+            algo,
+            tmp_path,
+            *PENDULUM_FAST,
+            "--seed",
+            "1",
+            "--total-timesteps",
+            "32000",
+            "--target-return",
+            "-200",
+            "--run-name",
+            "learn",
+        )
+    )
     assert summary["best_eval_return"] >= -200 and summary["stop_reason"] == "target_return", summary
     assert (tmp_path / "learn" / "checkpoints" / "best.pt").is_file()
 
@@ -149,7 +200,9 @@ def test_resume_without_saved_buffer_refills_it_with_a_notice(tmp_path, capsys):
     summary = train("td3", tmp_path, total_timesteps=8 * 20, resume="auto")
     out = capsys.readouterr().out
     assert "notice: the checkpoint holds no replay buffer" in out and summary["global_step"] == 160
-    assert last_checkpoint(tmp_path)["state"]["counters"]["update_count"] > 0  # updates resumed once the buffer had refilled
+    assert (
+        last_checkpoint(tmp_path)["state"]["counters"]["update_count"] > 0
+    )  # updates resumed once the buffer had refilled
 
 
 @pytest.mark.parametrize("algo", ["td3", "sac"])
@@ -199,12 +252,18 @@ def live_tensors(obj, path: str = "", depth: int = 0, seen: set | None = None) -
     if isinstance(obj, torch.Tensor):
         return {path: obj.untyped_storage().data_ptr()}
     if isinstance(obj, TensorDictBase):
-        return {f"{path}/{k}": v.untyped_storage().data_ptr() for k, v in obj.items(include_nested=True, leaves_only=True)}
+        return {
+            f"{path}/{k}": v.untyped_storage().data_ptr() for k, v in obj.items(include_nested=True, leaves_only=True)
+        }
     if isinstance(obj, torch.nn.Module):
         return {f"{path}/{k}": v.untyped_storage().data_ptr() for k, v in obj.state_dict(keep_vars=True).items()}
     if isinstance(obj, torch.optim.Optimizer):
-        return {f"{path}/{i}/{k}": v.untyped_storage().data_ptr() for i, state in enumerate(obj.state.values())
-                for k, v in state.items() if isinstance(v, torch.Tensor)}
+        return {
+            f"{path}/{i}/{k}": v.untyped_storage().data_ptr()
+            for i, state in enumerate(obj.state.values())
+            for k, v in state.items()
+            if isinstance(v, torch.Tensor)
+        }
     children = {}
     if isinstance(obj, functools.partial):
         children = {"func": obj.func, **dict(enumerate(obj.args)), **obj.keywords}
@@ -235,11 +294,22 @@ def test_captured_functions_replay_the_same_kernels_on_the_same_tensors(algo, nu
 
     module = load_script(algo)
     pointers = {}
-    signatures = record_captured(monkeypatch, module,
-                                 before_call=lambda name, fn: pointers.setdefault(name, []).append(live_tensors(fn)))
-    monkeypatch.setattr(module, "ReplayBuffer", lambda *a, **k: common.buffer.ReplayBuffer(*a, **{**k, "capturable": True}))
-    train(algo, tmp_path, total_timesteps=8 * 16, learning_starts=32, num_updates=num_updates, eval_interval=8,
-          reward_norm=True, log_interval=4)
+    signatures = record_captured(
+        monkeypatch, module, before_call=lambda name, fn: pointers.setdefault(name, []).append(live_tensors(fn))
+    )
+    monkeypatch.setattr(
+        module, "ReplayBuffer", lambda *a, **k: common.buffer.ReplayBuffer(*a, **{**k, "capturable": True})
+    )
+    train(
+        algo,
+        tmp_path,
+        total_timesteps=8 * 16,
+        learning_starts=32,
+        num_updates=num_updates,
+        eval_interval=8,
+        reward_norm=True,
+        log_interval=4,
+    )
     updates = {"update"} if num_updates == 2 else {"update, phase 0", "update, phase 1"}
     assert {"random step", "step", "evaluation"} | updates == set(signatures), signatures.keys()
     for name, calls in signatures.items():
@@ -261,9 +331,22 @@ def test_cudagraphs_fill_the_buffer_step_by_step_and_train(algo, tmp_path):
     replay (the stored episodes chain obs -> next_obs across slots, through the wrap-around), the
     update graphs train to finite losses, and the returns are those of Pendulum."""
     n, iterations, capacity = 64, 300, 200
-    summary = train(algo, tmp_path, device="cuda", cudagraphs=True, compile=False, num_envs=n, batch_size=256,
-                    buffer_size=n * capacity, total_timesteps=n * iterations, learning_starts=n * 10, save_buffer=True,
-                    env_kwargs='{"max_episode_steps": 50}', eval_interval=100, log_interval=20)
+    summary = train(
+        algo,
+        tmp_path,
+        device="cuda",
+        cudagraphs=True,
+        compile=False,
+        num_envs=n,
+        batch_size=256,
+        buffer_size=n * capacity,
+        total_timesteps=n * iterations,
+        learning_starts=n * 10,
+        save_buffer=True,
+        env_kwargs='{"max_episode_steps": 50}',
+        eval_interval=100,
+        log_interval=20,
+    )
     assert {"random step", "step", "update"} <= set(summary["compile_seconds_by_function"]), summary
     ckpt = last_checkpoint(tmp_path)
     buffer = ckpt["ranks"][0]["buffer"]

@@ -28,9 +28,16 @@ def pixel_env(monkeypatch):
     monkeypatch.setitem(common.envs.BUILTIN_ENVS, CATCH, Catch)
 
 
-@pytest.mark.parametrize("kind, shape, out_dim", [
-    ("nature", (4, 84, 84), 512), ("impala", (4, 84, 84), 256), ("minatar", (4, 10, 10), 128),
-    ("impala", (4, 10, 10), 256), ("mlp", (4, 10, 10), 400)])
+@pytest.mark.parametrize(
+    "kind, shape, out_dim",
+    [
+        ("nature", (4, 84, 84), 512),
+        ("impala", (4, 84, 84), 256),
+        ("minatar", (4, 10, 10), 128),
+        ("impala", (4, 10, 10), 256),
+        ("mlp", (4, 10, 10), 400),
+    ],
+)
 def test_encoders_take_uint8_frames_with_any_leading_dims(kind, shape, out_dim):
     """[N] while acting and [T, N] over a rollout give the same features per frame; the frames are scaled by
     1/max_value inside (a uint8 frame gives what its float copy in [0, 1] gives an encoder with max_value 1)."""
@@ -54,20 +61,37 @@ def test_a_frame_too_small_for_the_nature_cnn_is_a_clear_error():
 def test_vector_only_scripts_refuse_images_and_terms_in_one_line():
     """td3.py, sac.py and distill.py build their networks on [N, D]: an image group or a group of terms stops
     with an error that names the scripts that take them (not a network built on the frame's width)."""
-    obs = TensorDict({"policy": torch.zeros(5, 7), "image": torch.zeros(5, 3, 8, 8, dtype=torch.uint8),
-                      "terms": TensorDict({"image": torch.zeros(5, 1, 6, 6, dtype=torch.uint8), "proprio": torch.zeros(5, 2)},
-                                          batch_size=[5])}, batch_size=[5])
+    obs = TensorDict(
+        {
+            "policy": torch.zeros(5, 7),
+            "image": torch.zeros(5, 3, 8, 8, dtype=torch.uint8),
+            "terms": TensorDict(
+                {"image": torch.zeros(5, 1, 6, 6, dtype=torch.uint8), "proprio": torch.zeros(5, 2)}, batch_size=[5]
+            ),
+        },
+        batch_size=[5],
+    )
     assert vector_size(obs, "policy", "td3.py") == 7
-    with pytest.raises(SystemExit, match=r"^error: td3.py takes vector observations \[N, D\] only, and 'image' is an image "
-                                         r"group \[3, 8, 8\]; .*algos/ppo.py"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: td3.py takes vector observations \[N, D\] only, and 'image' is an image "
+        r"group \[3, 8, 8\]; .*algos/ppo.py",
+    ):
         vector_size(obs, "image", "td3.py")
     with pytest.raises(SystemExit, match=r"^error: sac.py takes .* 'terms' is a group of terms"):
         vector_size(obs, "terms", "sac.py")
 
 
 def test_observation_groups_are_vectors_or_uint8_images():
-    obs = TensorDict({"policy": torch.zeros(5, 3, 8, 8, dtype=torch.uint8), "critic": torch.zeros(5, 7),
-                      "float_image": torch.zeros(5, 3, 8, 8), "odd": torch.zeros(5, 8, 8)}, batch_size=[5])
+    obs = TensorDict(
+        {
+            "policy": torch.zeros(5, 3, 8, 8, dtype=torch.uint8),
+            "critic": torch.zeros(5, 7),
+            "float_image": torch.zeros(5, 3, 8, 8),
+            "odd": torch.zeros(5, 8, 8),
+        },
+        batch_size=[5],
+    )
     assert observation_shape(obs, "policy") == (3, 8, 8) and observation_shape(obs, "critic") == (7,)
     with pytest.raises(SystemExit, match=r"^error: observation group 'float_image' is an image .* must be uint8"):
         observation_shape(obs, "float_image")
@@ -96,15 +120,25 @@ def test_storage_keeps_frames_uint8_and_says_its_bytes():
     n, frame = 8, (4, 84, 84)
 
     def transition(dtype):
-        return TensorDict({"obs": {"policy": torch.zeros(n, *frame, dtype=dtype)},
-                           "final_obs": {"policy": torch.zeros(n, *frame, dtype=dtype)}, "actions": torch.zeros(n, dtype=torch.long),
-                           "rewards": torch.zeros(n), "terminated": torch.zeros(n, dtype=torch.bool),
-                           "truncated": torch.zeros(n, dtype=torch.bool)}, batch_size=[n])
+        return TensorDict(
+            {
+                "obs": {"policy": torch.zeros(n, *frame, dtype=dtype)},
+                "final_obs": {"policy": torch.zeros(n, *frame, dtype=dtype)},
+                "actions": torch.zeros(n, dtype=torch.long),
+                "rewards": torch.zeros(n),
+                "terminated": torch.zeros(n, dtype=torch.bool),
+                "truncated": torch.zeros(n, dtype=torch.bool),
+            },
+            batch_size=[n],
+        )
 
     storage = RolloutStorage(2, n, "cpu")
     storage.write(0, transition(torch.uint8))
     assert storage.data["obs", "policy"].dtype == torch.uint8
-    uint8_bytes, float_bytes = bytes_per_transition(transition(torch.uint8)), bytes_per_transition(transition(torch.float32))
+    uint8_bytes, float_bytes = (
+        bytes_per_transition(transition(torch.uint8)),
+        bytes_per_transition(transition(torch.float32)),
+    )
     assert uint8_bytes == 2 * 4 * 84 * 84 + 8 + 4 + 2 and float_bytes - 14 == 4 * (uint8_bytes - 14)
     assert storage.describe().startswith(f"rollout storage: {uint8_bytes:,} bytes per transition x 16 = ")
     assert "obs.policy uint8 [4, 84, 84]" in storage.describe()
@@ -123,9 +157,22 @@ def test_a_pixel_run_stores_uint8_frames_and_normalizes_only_vector_groups(algo,
     """Catch's frames go through the encoder (ppo_lstm's: before its cell), are stored as uint8 (the line printed
     at start says so), once per step (the time-out bootstrap is stored as a value, not as a second frame), and get
     no normalizer; ppo's and ppo_lstm's vector "critic" group beside them does."""
-    run_main(load_script(algo), env_id=CATCH, env_kwargs='{"proprio": true}', encoder="impala", num_envs=8, num_steps=4,
-             num_minibatches=2, total_timesteps=64, device="cpu", output_dir=str(tmp_path), run_name="run",
-             eval_interval=0, progress=False, hidden_sizes=(16,))
+    run_main(
+        load_script(algo),
+        env_id=CATCH,
+        env_kwargs='{"proprio": true}',
+        encoder="impala",
+        num_envs=8,
+        num_steps=4,
+        num_minibatches=2,
+        total_timesteps=64,
+        device="cpu",
+        output_dir=str(tmp_path),
+        run_name="run",
+        eval_interval=0,
+        progress=False,
+        hidden_sizes=(16,),
+    )
     line = next(line for line in capsys.readouterr().out.splitlines() if "rollout storage: " in line)
     assert re.search(r"rollout storage: .* \(obs(\.policy)? uint8 \[2, 6, 6\]", line) and line.count("uint8") == 1, line
     model = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
@@ -140,9 +187,22 @@ def test_learns_catch_from_pixels(algo, steps, num_steps, tmp_path):
     """The MinAtar-sized encoder learns to catch from the frames alone: eval return 1.0 is every ball caught;
     a policy that ignores the frame (random, or staying put) gets -0.67 (10,000 episodes of each). ppo_lstm's
     encoder feeds its LSTM, replayed over 16-step sequences."""
-    result = run_main(load_script(algo), env_id=CATCH, encoder="minatar", num_envs=32, num_steps=num_steps, num_minibatches=4,
-                      total_timesteps=steps, seed=1, device="cpu", output_dir=str(tmp_path), run_name="run",
-                      eval_interval=steps // 256, progress=False, hidden_sizes=(64,))
+    result = run_main(
+        load_script(algo),
+        env_id=CATCH,
+        encoder="minatar",
+        num_envs=32,
+        num_steps=num_steps,
+        num_minibatches=4,
+        total_timesteps=steps,
+        seed=1,
+        device="cpu",
+        output_dir=str(tmp_path),
+        run_name="run",
+        eval_interval=steps // 256,
+        progress=False,
+        hidden_sizes=(64,),
+    )
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
 
 
@@ -151,8 +211,20 @@ def test_an_exported_pixel_policy_takes_uint8_frames(tmp_path):
     greedy policy does."""
     onnxruntime = pytest.importorskip("onnxruntime")
     module = load_script("pqn")
-    flags = dict(env_id=CATCH, encoder="minatar", num_envs=8, num_steps=4, num_minibatches=2, total_timesteps=64,
-                 device="cpu", output_dir=str(tmp_path), run_name="run", eval_interval=0, progress=False, hidden_sizes=(16,))
+    flags = dict(
+        env_id=CATCH,
+        encoder="minatar",
+        num_envs=8,
+        num_steps=4,
+        num_minibatches=2,
+        total_timesteps=64,
+        device="cpu",
+        output_dir=str(tmp_path),
+        run_name="run",
+        eval_interval=0,
+        progress=False,
+        hidden_sizes=(16,),
+    )
     run_main(module, **flags)
     checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
     run_main(module, **flags, eval_only=True, export=str(tmp_path / "export"), resume=str(checkpoint))
@@ -172,9 +244,21 @@ def test_an_exported_recurrent_pixel_policy_takes_uint8_frames_and_its_state(tmp
     return the action and next state of the script's recurrent step, through steps fed their own state."""
     onnxruntime = pytest.importorskip("onnxruntime")
     module = load_script("ppo_lstm")
-    flags = dict(env_id=CATCH, encoder="minatar", num_envs=8, num_steps=4, num_minibatches=2, total_timesteps=64,
-                 device="cpu", output_dir=str(tmp_path), run_name="run", eval_interval=0, progress=False, hidden_sizes=(16,),
-                 rnn_hidden_size=16)
+    flags = dict(
+        env_id=CATCH,
+        encoder="minatar",
+        num_envs=8,
+        num_steps=4,
+        num_minibatches=2,
+        total_timesteps=64,
+        device="cpu",
+        output_dir=str(tmp_path),
+        run_name="run",
+        eval_interval=0,
+        progress=False,
+        hidden_sizes=(16,),
+        rnn_hidden_size=16,
+    )
     run_main(module, **flags)
     checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
     run_main(module, **flags, eval_only=True, export=str(tmp_path / "export"), resume=str(checkpoint))
@@ -188,7 +272,9 @@ def test_an_exported_recurrent_pixel_policy_takes_uint8_frames_and_its_state(tmp
         with torch.no_grad():
             action, next_state = agent.recurrent_step(frames, state)
         got_action, got_state = program(frames, state)
-        onnx_action, onnx_state = (torch.as_tensor(x) for x in onnx.run(None, {"obs": frames.numpy(), "state": state.numpy()}))
+        onnx_action, onnx_state = (
+            torch.as_tensor(x) for x in onnx.run(None, {"obs": frames.numpy(), "state": state.numpy()})
+        )
         assert torch.equal(got_action, action) and torch.equal(onnx_action, action)
         torch.testing.assert_close(got_state, next_state)
         torch.testing.assert_close(onnx_state, next_state)
@@ -200,23 +286,39 @@ def test_an_exported_recurrent_pixel_policy_takes_uint8_frames_and_its_state(tmp
 # Groups of terms: obs["policy"] a TensorDict of an image term and a vector term (tests/pixel_env.py's
 # Catch with terms=True: "image" uint8 [N, 1, 6, 6], the ball; "proprio" [N, 1], the paddle's column)
 # ----------------------------------------------------------------------------------------------
-TERMS = dict(env_id=CATCH, env_kwargs='{"terms": true}', num_envs=8, num_steps=4, num_minibatches=2, device="cpu",
-             eval_interval=0, progress=False, hidden_sizes=(16,), run_name="run")
+TERMS = dict(
+    env_id=CATCH,
+    env_kwargs='{"terms": true}',
+    num_envs=8,
+    num_steps=4,
+    num_minibatches=2,
+    device="cpu",
+    eval_interval=0,
+    progress=False,
+    hidden_sizes=(16,),
+    run_name="run",
+)
 
 
 def terms_obs(n: int = 5, lead=()) -> TensorDict:
     g = torch.Generator().manual_seed(0)
-    return TensorDict({"proprio": torch.randn(*lead, n, 3, generator=g),
-                       "image": torch.randint(0, 256, (*lead, n, 1, 6, 6), dtype=torch.uint8, generator=g)},
-                      batch_size=[*lead, n])
+    return TensorDict(
+        {
+            "proprio": torch.randn(*lead, n, 3, generator=g),
+            "image": torch.randint(0, 256, (*lead, n, 1, 6, 6), dtype=torch.uint8, generator=g),
+        },
+        batch_size=[*lead, n],
+    )
 
 
 def test_a_group_of_terms_has_a_shape_per_term_and_is_encoded_in_key_order():
     """observation_shape gives a dict term -> shape (each term checked as a group is); group_mlp reads the
     image terms through an encoder of their own and the vector terms as they are, concatenated in sorted key
     order, with any leading dims."""
-    obs = TensorDict({"policy": terms_obs(), "bad": {"image": torch.zeros(5, 1, 6, 6)}, "deep": {"a": {"b": torch.zeros(5, 2)}}},
-                     batch_size=[5])
+    obs = TensorDict(
+        {"policy": terms_obs(), "bad": {"image": torch.zeros(5, 1, 6, 6)}, "deep": {"a": {"b": torch.zeros(5, 2)}}},
+        batch_size=[5],
+    )
     assert observation_shape(obs, "policy") == {"image": (1, 6, 6), "proprio": (3,)}
     with pytest.raises(SystemExit, match=r"^error: observation term bad.image is an image .* must be uint8"):
         observation_shape(obs, "bad")
@@ -239,8 +341,11 @@ def test_a_group_of_terms_normalizes_its_vector_terms_only():
     x = terms_obs(64, lead=(2,))
     x["proprio"] = x["proprio"] * 3 + 1
     norm.update(x)
-    assert isinstance(norm, TermsNormalizer) and set(norm.state_dict()) == {"terms.proprio.count", "terms.proprio.mean",
-                                                                           "terms.proprio.m2"}
+    assert isinstance(norm, TermsNormalizer) and set(norm.state_dict()) == {
+        "terms.proprio.count",
+        "terms.proprio.mean",
+        "terms.proprio.m2",
+    }
     out = norm(x)
     assert out["image"] is x["image"] and norm.terms["proprio"].count == 128
     torch.testing.assert_close(out["proprio"].mean((0, 1)), torch.zeros(3), atol=1e-5, rtol=0)
@@ -251,7 +356,9 @@ def test_nonfinite_counts_the_float_entries_of_a_tensor_or_of_every_term():
     x = terms_obs()
     assert nonfinite(x) == 0 and nonfinite(x["image"]) == 0
     x["proprio"][0, 0], x["proprio"][1, 2] = torch.nan, torch.inf
-    assert nonfinite(x) == 2 and nonfinite(TensorDict({"policy": x}, batch_size=[5])) == 2 and nonfinite(x["proprio"]) == 2
+    assert (
+        nonfinite(x) == 2 and nonfinite(TensorDict({"policy": x}, batch_size=[5])) == 2 and nonfinite(x["proprio"]) == 2
+    )
 
 
 @pytest.mark.parametrize("algo", ["ppo", "ppo_lstm", "pqn"])
@@ -261,16 +368,22 @@ def test_a_run_on_a_group_of_terms_normalizes_its_vector_term_resumes_and_evalua
     module = load_script(algo)
     run_main(module, **TERMS, encoder="impala", total_timesteps=64, output_dir=str(tmp_path))
     prefix = "obs." if algo == "pqn" else "obs.policy."
-    assert re.search(rf"rollout storage: .* \({prefix}image uint8 \[1, 6, 6\], {prefix}proprio float32 \[1\]",
-                     capsys.readouterr().out)
+    assert re.search(
+        rf"rollout storage: .* \({prefix}image uint8 \[1, 6, 6\], {prefix}proprio float32 \[1\]",
+        capsys.readouterr().out,
+    )
     checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
     model = torch.load(checkpoint, weights_only=True)["model"]
     assert model["obs_rms.terms.proprio.count"] == 64 and model["obs_rms.terms.proprio.mean"].item() > 0
     assert any(".encoders.image.convs." in k for k in model)
-    resumed = run_main(module, **TERMS, encoder="impala", total_timesteps=128, output_dir=str(tmp_path), resume=str(checkpoint))
+    resumed = run_main(
+        module, **TERMS, encoder="impala", total_timesteps=128, output_dir=str(tmp_path), resume=str(checkpoint)
+    )
     assert resumed["global_step"] == 128
     assert torch.load(checkpoint, weights_only=True)["model"]["obs_rms.terms.proprio.count"] == 128
-    result = run_main(module, **TERMS, encoder="impala", eval_only=True, resume=str(checkpoint), output_dir=str(tmp_path))
+    result = run_main(
+        module, **TERMS, encoder="impala", eval_only=True, resume=str(checkpoint), output_dir=str(tmp_path)
+    )
     assert -1.0 <= result["eval_return"] <= 1.0
 
 
@@ -282,8 +395,15 @@ def test_an_exported_policy_on_a_group_of_terms_takes_one_input_per_term(algo, t
     module = load_script(algo)
     run_main(module, **TERMS, encoder="minatar", total_timesteps=64, output_dir=str(tmp_path))
     checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
-    run_main(module, **TERMS, encoder="minatar", eval_only=True, export=str(tmp_path / "export"), resume=str(checkpoint),
-             output_dir=str(tmp_path))
+    run_main(
+        module,
+        **TERMS,
+        encoder="minatar",
+        eval_only=True,
+        export=str(tmp_path / "export"),
+        resume=str(checkpoint),
+        output_dir=str(tmp_path),
+    )
     env = Catch(64, seed=5, terms=True)
     args, space = module.Args(**TERMS, encoder="minatar"), env.single_action_space
     shape = {"image": (1, 6, 6), "proprio": (1,)}
@@ -307,11 +427,19 @@ def test_a_recurrent_policy_on_a_group_of_terms_does_not_export_yet(tmp_path):
     run_main(module, **TERMS, encoder="minatar", total_timesteps=64, output_dir=str(tmp_path))
     refused = r"^error: --export of a recurrent policy on a group of terms \('policy'\) is not supported yet"
     with pytest.raises(SystemExit, match=refused):
-        run_main(module, **TERMS, encoder="minatar", eval_only=True, export=str(tmp_path / "export"),
-                 resume=str(tmp_path / "run" / "checkpoints" / "last.pt"), output_dir=str(tmp_path))
+        run_main(
+            module,
+            **TERMS,
+            encoder="minatar",
+            eval_only=True,
+            export=str(tmp_path / "export"),
+            resume=str(tmp_path / "run" / "checkpoints" / "last.pt"),
+            output_dir=str(tmp_path),
+        )
     with pytest.raises(SystemExit, match=refused):
-        run_main(module, **TERMS, encoder="minatar", total_timesteps=64, export_best=True,
-                 output_dir=str(tmp_path / "best"))
+        run_main(
+            module, **TERMS, encoder="minatar", total_timesteps=64, export_best=True, output_dir=str(tmp_path / "best")
+        )
     assert not list((tmp_path / "best").rglob("*.pt"))  # nothing trained
 
 
@@ -321,7 +449,9 @@ def test_learns_catch_from_a_group_of_terms(tmp_path):
     sequence of moves catches it from at most max(6 - c, c + 1) of the 6 starting columns), on the paddle alone
     -0.67; PQN on both terms (the frame flattened beside the normalized column) catches every ball."""
     flags = {**TERMS, "num_envs": 32, "num_steps": 8, "num_minibatches": 4, "eval_interval": 240, "hidden_sizes": (64,)}
-    result = run_main(load_script("pqn"), **flags, encoder="mlp", total_timesteps=61440, seed=1, output_dir=str(tmp_path))
+    result = run_main(
+        load_script("pqn"), **flags, encoder="mlp", total_timesteps=61440, seed=1, output_dir=str(tmp_path)
+    )
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
 
 
@@ -337,9 +467,21 @@ def test_each_group_scales_its_images_by_its_own_spaces_high(algo, tmp_path, mon
             built.append(self)
 
     monkeypatch.setattr(module, "Agent", Recorded)
-    run_main(module, env_id=CATCH, env_kwargs='{"vector_policy": true}', encoder="minatar", num_envs=8, num_steps=4,
-             num_minibatches=2, total_timesteps=32, device="cpu", output_dir=str(tmp_path), eval_interval=0,
-             progress=False, hidden_sizes=(16,))
+    run_main(
+        module,
+        env_id=CATCH,
+        env_kwargs='{"vector_policy": true}',
+        encoder="minatar",
+        num_envs=8,
+        num_steps=4,
+        num_minibatches=2,
+        total_timesteps=32,
+        device="cpu",
+        output_dir=str(tmp_path),
+        eval_interval=0,
+        progress=False,
+        hidden_sizes=(16,),
+    )
     encoders = [m for agent in built for m in agent.modules() if isinstance(m, ImageEncoder)]
     assert encoders and all(e.scale == 1 / 255 for e in encoders), [e.scale for e in encoders]
     assert image_max(None) == 255.0 and image_max(gym.spaces.Box(0, 1, (2, 6, 6), np.uint8)) == 1.0
@@ -359,7 +501,9 @@ def test_pqns_encoders_normalize_each_pixels_channels_after_every_conv(kind, fra
         norm.register_forward_hook(lambda module, inputs, out: normed.append(out))
     qnet(torch.randint(0, 256, (5, *frame), dtype=torch.uint8))
     assert len(normed) == len(outputs) == (1 if kind == "minatar" else 3)
-    for out in normed:  # [B, C, H, W]: zero mean and unit variance over C at every pixel (the norm's weights start at 1, 0)
+    for (
+        out
+    ) in normed:  # [B, C, H, W]: zero mean and unit variance over C at every pixel (the norm's weights start at 1, 0)
         torch.testing.assert_close(out.mean(1), torch.zeros_like(out[:, 0]), atol=1e-5, rtol=0)
         torch.testing.assert_close(out.var(1, unbiased=False), torch.ones_like(out[:, 0]), atol=1e-3, rtol=0)
     ppo = load_script("ppo")
@@ -380,9 +524,18 @@ def test_a_shared_encoder_is_one_module_under_both_heads_and_learns_catch(tmp_pa
     encoder_size = sum(p.numel() for p in agent.actor[0].parameters())
     assert sum(p.numel() for p in agent.parameters()) == sum(p.numel() for p in separate.parameters()) - encoder_size
     obs = torch.randint(0, 256, (16, 2, 6, 6), dtype=torch.uint8)
-    mb = TensorDict({"obs_n": {"policy": obs}, "actions": torch.randint(0, 3, (16,)), "logprobs": torch.full((16,), -1.1),
-                     "values": torch.randn(16), "advantages": torch.randn(16), "returns": torch.randn(16)}, batch_size=[16],
-                    device="cpu")
+    mb = TensorDict(
+        {
+            "obs_n": {"policy": obs},
+            "actions": torch.randint(0, 3, (16,)),
+            "logprobs": torch.full((16,), -1.1),
+            "values": torch.randn(16),
+            "advantages": torch.randn(16),
+            "returns": torch.randn(16),
+        },
+        batch_size=[16],
+        device="cpu",
+    )
     loss, logged = ppo.ppo_loss(agent, mb, args)
     agent.shared = False  # the same module called twice, as the separate networks are
     loss_apart, logged_apart = ppo.ppo_loss(agent, mb, args)
@@ -394,9 +547,23 @@ def test_a_shared_encoder_is_one_module_under_both_heads_and_learns_catch(tmp_pa
     value_only.value(TensorDict({"policy": obs}, batch_size=[16])).sum().backward()
     assert value_only.actor[0].convs[0].weight.grad.abs().sum() > 0, "the value loss trains the actor's encoder"
 
-    result = run_main(ppo, env_id=CATCH, encoder="minatar", num_envs=32, num_steps=8, num_minibatches=4, total_timesteps=15360,
-                      seed=1, device="cpu", output_dir=str(tmp_path), run_name="run", eval_interval=60, progress=False,
-                      hidden_sizes=(), shared_encoder=True)
+    result = run_main(
+        ppo,
+        env_id=CATCH,
+        encoder="minatar",
+        num_envs=32,
+        num_steps=8,
+        num_minibatches=4,
+        total_timesteps=15360,
+        seed=1,
+        device="cpu",
+        output_dir=str(tmp_path),
+        run_name="run",
+        eval_interval=60,
+        progress=False,
+        hidden_sizes=(),
+        shared_encoder=True,
+    )
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
     model = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
     torch.testing.assert_close(model["actor.0.convs.0.weight"], model["critic.0.convs.0.weight"])
@@ -407,11 +574,24 @@ def test_a_shared_encoder_is_one_module_under_both_heads_and_learns_catch(tmp_pa
 
 @pytest.mark.parametrize("env_id, env_kwargs", [("CartPole-v1", None), (CATCH, '{"proprio": true}')])
 def test_a_shared_encoder_needs_an_encoded_policy_group_that_the_critic_reads(env_id, env_kwargs, tmp_path):
-    """Vector observations have no encoder to share; a critic group of its own reads other observations: both refused."""
+    """Vector observations have no encoder to share; a critic group of its own reads other observations: both
+    refused."""
     with pytest.raises(SystemExit, match="--shared-encoder needs an image"):
-        run_main(load_script("ppo"), env_id=env_id, env_kwargs=env_kwargs, encoder="minatar", num_envs=8, num_steps=4,
-                 num_minibatches=2, total_timesteps=32, device="cpu", output_dir=str(tmp_path), eval_interval=0,
-                 progress=False, shared_encoder=True)
+        run_main(
+            load_script("ppo"),
+            env_id=env_id,
+            env_kwargs=env_kwargs,
+            encoder="minatar",
+            num_envs=8,
+            num_steps=4,
+            num_minibatches=2,
+            total_timesteps=32,
+            device="cpu",
+            output_dir=str(tmp_path),
+            eval_interval=0,
+            progress=False,
+            shared_encoder=True,
+        )
 
 
 def test_init_from_separate_encoders_gives_a_shared_encoder_the_actors(tmp_path, monkeypatch, capsys):
@@ -419,8 +599,19 @@ def test_init_from_separate_encoders_gives_a_shared_encoder_the_actors(tmp_path,
     weights (the critic's, loaded after them under the other name, would silently replace them), the critic's head
     its own; the line at start names the critic's encoder as not used. No update runs, so last.pt holds the start."""
     ppo = load_script("ppo")
-    flags = dict(env_id=CATCH, encoder="minatar", num_envs=8, num_steps=4, num_minibatches=2, total_timesteps=32,
-                 device="cpu", eval_interval=0, progress=False, hidden_sizes=(), output_dir=str(tmp_path))
+    flags = dict(
+        env_id=CATCH,
+        encoder="minatar",
+        num_envs=8,
+        num_steps=4,
+        num_minibatches=2,
+        total_timesteps=32,
+        device="cpu",
+        eval_interval=0,
+        progress=False,
+        hidden_sizes=(),
+        output_dir=str(tmp_path),
+    )
     run_main(ppo, **flags, run_name="separate")
     separate = torch.load(tmp_path / "separate" / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert not torch.equal(separate["actor.0.convs.0.weight"], separate["critic.0.convs.0.weight"])

@@ -17,8 +17,16 @@ ppo = load_script("ppo")
 
 def train(tmp_path, **overrides) -> dict:
     """Run ppo.main in this process (no interpreter start-up: most of a small run's cost)."""
-    kwargs = dict(output_dir=str(tmp_path), run_name="run", progress=False, num_envs=64, num_steps=16,
-                  total_timesteps=64 * 16 * 4, eval_interval=0, num_eval_envs=8)
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        run_name="run",
+        progress=False,
+        num_envs=64,
+        num_steps=16,
+        total_timesteps=64 * 16 * 4,
+        eval_interval=0,
+        num_eval_envs=8,
+    )
     kwargs.update(overrides)
     return ppo.main(ppo.Args(**kwargs))
 
@@ -34,8 +42,16 @@ def script(*args, env=None, timeout=300):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_cartpole_learns_with_default_settings(tmp_path, seed):
     """Default hyperparameters, 4096 envs: eval return >= 475 within 3M env steps."""
-    summary = train(tmp_path, seed=seed, num_envs=4096, num_steps=24, total_timesteps=3_000_000,
-                    eval_interval=2, num_eval_envs=64, target_return=475.0)
+    summary = train(
+        tmp_path,
+        seed=seed,
+        num_envs=4096,
+        num_steps=24,
+        total_timesteps=3_000_000,
+        eval_interval=2,
+        num_eval_envs=64,
+        target_return=475.0,
+    )
     assert summary["best_eval_return"] >= 475.0, summary
     assert summary["global_step"] <= 3_000_000
 
@@ -93,15 +109,21 @@ def test_pendulum_truncation_is_bootstrapped_not_terminal():
     value = lambda o: o[..., 0].double() * 3.0 + 1.0  # any critic that is not zero at the final obs
     final_values = value(torch.stack(rows["final"]))
     values = torch.zeros(25, 8, dtype=torch.float64)
-    _, returns = ppo.compute_advantages(rewards, values, torch.zeros(8, dtype=torch.float64), final_values, term, trunc, 0.99, 1.0)
-    _, returns_as_terminal = ppo.compute_advantages(rewards, values, torch.zeros(8, dtype=torch.float64), final_values, trunc, trunc, 0.99, 1.0)
+    _, returns = ppo.compute_advantages(
+        rewards, values, torch.zeros(8, dtype=torch.float64), final_values, term, trunc, 0.99, 1.0
+    )
+    _, returns_as_terminal = ppo.compute_advantages(
+        rewards, values, torch.zeros(8, dtype=torch.float64), final_values, trunc, trunc, 0.99, 1.0
+    )
     # at the truncation step the two differ by exactly gamma * V(final_obs) ...
     torch.testing.assert_close(returns[9] - returns_as_terminal[9], 0.99 * final_values[9])
     # ... and that future value flows back through the whole episode with gamma^k
     torch.testing.assert_close(returns[0] - returns_as_terminal[0], 0.99**10 * final_values[9])
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", "MountainCarContinuous-v0"])
+@pytest.mark.parametrize(
+    "env_id", ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", "MountainCarContinuous-v0"]
+)
 def test_smoke_every_builtin_env(tmp_path, env_id):
     summary = train(tmp_path, env_id=env_id, total_timesteps=64 * 16 * 2, eval_interval=2, hidden_sizes=(32, 32))
     assert summary["global_step"] == 64 * 16 * 2 and summary["iteration"] == 2
@@ -151,8 +173,22 @@ def test_track_mirrors_to_wandb_offline(tmp_path):
     pytest.importorskip("wandb")
     env = subprocess_env()
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path))
-    out = script("--track", "--num-envs", "16", "--num-steps", "8", "--total-timesteps", "256", "--eval-interval", "0",
-                 "--output-dir", str(tmp_path), "--run-name", "tracked", env=env)
+    out = script(
+        "--track",
+        "--num-envs",
+        "16",
+        "--num-steps",
+        "8",
+        "--total-timesteps",
+        "256",
+        "--eval-interval",
+        "0",
+        "--output-dir",
+        str(tmp_path),
+        "--run-name",
+        "tracked",
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-3000:]
     assert list((tmp_path / "tracked").rglob("offline-run-*")), "no offline wandb run was written"
 
@@ -167,8 +203,17 @@ def test_bf16_autocast_runs_and_keeps_float32_storage(tmp_path):
 @pytest.mark.slow
 def test_compiled_run_learns_cartpole_like_eager(tmp_path):
     """--compile changes how the steps run, not what they compute: the CartPole target is met too."""
-    summary = train(tmp_path, seed=1, num_envs=4096, num_steps=24, total_timesteps=3_000_000, compile=True,
-                    eval_interval=2, num_eval_envs=64, target_return=475.0)
+    summary = train(
+        tmp_path,
+        seed=1,
+        num_envs=4096,
+        num_steps=24,
+        total_timesteps=3_000_000,
+        compile=True,
+        eval_interval=2,
+        num_eval_envs=64,
+        target_return=475.0,
+    )
     assert summary["best_eval_return"] >= 475.0, summary
 
 
@@ -198,34 +243,57 @@ def test_compiled_targets_compute_what_eager_computes(symmetry):
     env = make_env("Pendulum-v1", N, seed=1)
     args = ppo.Args(reward_norm=True, obs_norm=True, symmetry=symmetry)
     rows = {"policy": torch.randn(T, N, 3)}
-    data = ppo.TensorDict({
-        "obs": rows, "final_values": torch.randn(T, N), "actions": torch.randn(T, N, 1),
-        "logprobs": torch.randn(T, N), "rewards": torch.randn(T, N), "terminated": torch.rand(T, N) < 0.1,
-        "truncated": torch.rand(T, N) < 0.1}, batch_size=[T, N])
+    data = ppo.TensorDict(
+        {
+            "obs": rows,
+            "final_values": torch.randn(T, N),
+            "actions": torch.randn(T, N, 1),
+            "logprobs": torch.randn(T, N),
+            "rewards": torch.randn(T, N),
+            "terminated": torch.rand(T, N) < 0.1,
+            "truncated": torch.rand(T, N) < 0.1,
+        },
+        batch_size=[T, N],
+    )
     next_obs = ppo.TensorDict({"policy": torch.randn(N, 3)}, batch_size=[N])
 
     def fresh():
         torch.manual_seed(1)
         agent = ppo.Agent(3, None, env.single_action_space, args)
         agent.obs_rms.update(torch.randn(100, 3))
-        state = dict(agent=agent, reward_normalizer=ppo.RewardNormalizer(N, args.gamma), ep_stats=torch.rand(2, N).double(),
-                     episodes=torch.zeros(3, dtype=torch.float64))
+        state = dict(
+            agent=agent,
+            reward_normalizer=ppo.RewardNormalizer(N, args.gamma),
+            ep_stats=torch.rand(2, N).double(),
+            episodes=torch.zeros(3, dtype=torch.float64),
+        )
         return state
 
     results = []
     for fn in (ppo.targets, torch.compile(ppo.targets)):
         s = fresh()
         with torch.no_grad():
-            batch, logged, nonfinite = fn(s["agent"], s["reward_normalizer"], data, next_obs, env.data_augmentation,
-                                          s["ep_stats"], s["episodes"], args)
+            batch, logged, nonfinite = fn(
+                s["agent"],
+                s["reward_normalizer"],
+                data,
+                next_obs,
+                env.data_augmentation,
+                s["ep_stats"],
+                s["episodes"],
+                args,
+            )
         s["stats"] = {"episodes": s["episodes"], **logged, **nonfinite}
         results.append((batch, s))
     (batch_e, e), (batch_c, c) = results
-    for key in ("advantages", "returns", "values") + ((("mirrored", "obs_n", "policy"), ("mirrored", "actions"))
-                                                      if symmetry != "none" else ()):
+    for key in ("advantages", "returns", "values") + (
+        (("mirrored", "obs_n", "policy"), ("mirrored", "actions")) if symmetry != "none" else ()
+    ):
         torch.testing.assert_close(batch_c[key], batch_e[key], rtol=1e-4, atol=1e-5)
-    for a, b in ((e["agent"].state_dict(), c["agent"].state_dict()),
-                 (e["reward_normalizer"].state_dict(), c["reward_normalizer"].state_dict())):
+    for a, b in (
+        (e["agent"].state_dict(), c["agent"].state_dict()),
+        (e["reward_normalizer"].state_dict(), c["reward_normalizer"].state_dict()),
+    ):
         for k in a:
             torch.testing.assert_close(b[k], a[k], rtol=1e-6, atol=1e-6, msg=k)
     torch.testing.assert_close(c["ep_stats"], e["ep_stats"])
@@ -252,23 +320,40 @@ def test_a_logged_scalar_added_in_the_middle_of_the_loss_changes_nothing_else(tm
     monkeypatch.setitem(sys.modules, "my_ppo", module)
     spec.loader.exec_module(module)
 
-    settings = dict(device="cpu", progress=False, run_name="run", env_id="Pendulum-v1", num_envs=16, num_steps=8,
-                    num_minibatches=2, update_epochs=1, lr_schedule="adaptive", desired_kl=1e-5, total_timesteps=16 * 8 * 4,
-                    eval_interval=0, hidden_sizes=(16, 16))
+    settings = dict(
+        device="cpu",
+        progress=False,
+        run_name="run",
+        env_id="Pendulum-v1",
+        num_envs=16,
+        num_steps=8,
+        num_minibatches=2,
+        update_epochs=1,
+        lr_schedule="adaptive",
+        desired_kl=1e-5,
+        total_timesteps=16 * 8 * 4,
+        eval_interval=0,
+        hidden_sizes=(16, 16),
+    )
     curves = {}
     for name, script in (("original", load_script("ppo")), ("copy", module)):
         run_main(script, output_dir=str(tmp_path / name), **settings)
         events = EventAccumulator(str(tmp_path / name / "run"))
         events.Reload()
-        curves[name] = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
-                        if not tag.endswith("_seconds") and tag != "charts/SPS"}
+        curves[name] = {
+            tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]
+            if not tag.endswith("_seconds") and tag != "charts/SPS"
+        }
     original, copied = curves["original"], curves["copy"]
     assert set(copied) == set(original) | {"losses/ratio_max"}
     assert len({v for _, v in original["charts/learning_rate"]}) > 1, "the adaptive schedule moved the rate"
     for tag, values in original.items():
         assert copied[tag] == values, tag
-    weights = [torch.load(tmp_path / name / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
-               for name in ("original", "copy")]
+    weights = [
+        torch.load(tmp_path / name / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
+        for name in ("original", "copy")
+    ]
     for key in weights[0]:
         assert torch.equal(weights[0][key], weights[1][key]), key
 
@@ -281,5 +366,7 @@ def test_a_copy_outside_algos_without_the_package_says_how_to_get_it(tmp_path, m
     copy.write_text((ROOT / "algos" / "ppo.py").read_text())
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "common" else find_spec(name, *a))
-    with pytest.raises(SystemExit, match=r"^error: my_ppo\.py needs the project's common/ package: .*pip install -e \."):
+    with pytest.raises(
+        SystemExit, match=r"^error: my_ppo\.py needs the project's common/ package: .*pip install -e \."
+    ):
         runpy.run_path(str(copy), run_name="copied")

@@ -20,8 +20,17 @@ MASKED = '{"mask_velocity": true}'
 
 def train(tmp_path, **overrides) -> dict:
     """ppo_lstm.main in this process, on one thread (tiny networks gain nothing from more)."""
-    kwargs = dict(output_dir=str(tmp_path), run_name="run", progress=False, num_envs=32, num_steps=16,
-                  total_timesteps=32 * 16 * 3, eval_interval=0, num_eval_envs=8, device="cpu")
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        run_name="run",
+        progress=False,
+        num_envs=32,
+        num_steps=16,
+        total_timesteps=32 * 16 * 3,
+        eval_interval=0,
+        num_eval_envs=8,
+        device="cpu",
+    )
     return run_main(ppo_lstm, **{**kwargs, **overrides})
 
 
@@ -54,8 +63,18 @@ def test_masked_cartpole_is_solved_with_memory(tmp_path):
     """CartPole observing only the cart position and the pole angle: a feed-forward policy cannot
     tell which way the pole moves; ppo_lstm's memory can. Eval return >= 475 within 300k env steps
     with 64 envs x 16 steps (CI-sized; the defaults' figures come from tests/benchmarks/learning.py)."""
-    summary = train(tmp_path, env_id="CartPole-v1", env_kwargs=MASKED, seed=1, num_envs=64, num_steps=16,
-                    total_timesteps=300_000, eval_interval=5, num_eval_envs=32, target_return=475.0)
+    summary = train(
+        tmp_path,
+        env_id="CartPole-v1",
+        env_kwargs=MASKED,
+        seed=1,
+        num_envs=64,
+        num_steps=16,
+        total_timesteps=300_000,
+        eval_interval=5,
+        num_eval_envs=32,
+        target_return=475.0,
+    )
     assert summary["best_eval_return"] >= 475.0, summary
 
 
@@ -87,8 +106,14 @@ def test_update_replays_the_rollout_exactly(tmp_path, monkeypatch, cell):
     the episode starts, gives back the rollout's log-probs and values, over iterations whose
     sequences start mid-episode and hold episode ends (8-step episodes in 12-step rollouts, both
     terminations and truncations). Without the zeroing at episode starts it does not."""
-    kwargs = dict(env_id="CartPole-v1", env_kwargs='{"max_episode_steps": 8, "mask_velocity": true}', cell=cell,
-                  rnn_layers=2, num_steps=12, total_timesteps=32 * 12 * 4)
+    kwargs = dict(
+        env_id="CartPole-v1",
+        env_kwargs='{"max_episode_steps": 8, "mask_velocity": true}',
+        cell=cell,
+        rnn_layers=2,
+        num_steps=12,
+        total_timesteps=32 * 12 * 4,
+    )
     errors = replay_errors(monkeypatch, tmp_path / "exact", **kwargs)
     assert len(errors) == 4 and max(max(e) for e in errors) < 1e-5, errors
     leaky = replay_errors(monkeypatch, tmp_path / "leaky", ignore_starts=True, **kwargs)
@@ -98,8 +123,15 @@ def test_update_replays_the_rollout_exactly(tmp_path, monkeypatch, cell):
 def test_hidden_state_is_checkpointed_per_env(tmp_path):
     """last.pt holds each env's hidden state [k * layers, num_envs, hidden] (exact resume is tested in
     test_scripts.py), and the envs whose episode just ended carry zeros there."""
-    train(tmp_path, env_id="CartPole-v1", env_kwargs='{"max_episode_steps": 9}', rnn_layers=2, rnn_hidden_size=16,
-          num_steps=9, total_timesteps=32 * 9)
+    train(
+        tmp_path,
+        env_id="CartPole-v1",
+        env_kwargs='{"max_episode_steps": 9}',
+        rnn_layers=2,
+        rnn_hidden_size=16,
+        num_steps=9,
+        total_timesteps=32 * 9,
+    )
     rank = checkpoint(tmp_path)["ranks"][0]
     assert rank["state"]["rnn_state"].shape == (4, 32, 16)
     ended = rank["env"]["episode_steps"] == 0  # 9-step episodes, 9-step rollouts: every env just restarted
@@ -138,16 +170,24 @@ def test_acting_and_replay_are_the_modules_steps_to_float_rounding(cell):
     in another order, or a GRU's reset gate applied before W_hn h, is off by far more."""
     args = ppo_lstm.Args(cell=cell, rnn_layers=2, rnn_hidden_size=16)
     agent = ppo_lstm.Agent(3, None, make_env("Pendulum-v1", 1).single_action_space, args)
-    for name, p in agent.rnn.named_parameters():  # nonzero biases: the init zeroes them, which would hide a misplaced one
+    for (
+        name,
+        p,
+    ) in agent.rnn.named_parameters():  # nonzero biases: the init zeroes them, which would hide a misplaced one
         torch.nn.init.normal_(p, std=0.5)
     g = torch.Generator().manual_seed(0)
-    x, state = torch.randn(12, 64, 3, generator=g), torch.randn(agent.state_shape[0], 64, agent.state_shape[1], generator=g)
+    x, state = (
+        torch.randn(12, 64, 3, generator=g),
+        torch.randn(agent.state_shape[0], 64, agent.state_shape[1], generator=g),
+    )
     starts = torch.rand(12, 64, generator=g) < 0.2
     with torch.no_grad():
         out, next_state = agent.memory(x[0], state)
         expected, expected_state = module_steps(agent.rnn, x[:1], state, torch.zeros_like(starts[:1]))
         assert torch.allclose(out, expected[0], rtol=1e-5, atol=1e-6), (out - expected[0]).abs().max()
-        assert torch.allclose(next_state, expected_state, rtol=1e-5, atol=1e-6), (next_state - expected_state).abs().max()
+        assert torch.allclose(next_state, expected_state, rtol=1e-5, atol=1e-6), (
+            (next_state - expected_state).abs().max()
+        )
         replayed = agent.replay(x, state, starts)
         expected, _ = module_steps(agent.rnn, x, state, starts)
         assert torch.allclose(replayed, expected, rtol=1e-5, atol=1e-6), (replayed - expected).abs().max()
@@ -169,7 +209,10 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
 
     def counting(compiled):
         def compiled_and_counted(run, fn):
-            fn_compiled, name = compiled(run, fn), getattr(fn, "__name__", getattr(getattr(fn, "func", None), "__name__", "?"))
+            fn_compiled, name = (
+                compiled(run, fn),
+                getattr(fn, "__name__", getattr(getattr(fn, "func", None), "__name__", "?")),
+            )
 
             def call(*args, **kwargs):
                 before = counters["graph_break"].total()
@@ -177,18 +220,32 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
                     return fn_compiled(*args, **kwargs)
                 finally:
                     per_function[name] += counters["graph_break"].total() - before
+
             return call
+
         return compiled_and_counted
 
     monkeypatch.setattr(ppo_lstm, "compiled", counting(ppo_lstm.compiled))
     monkeypatch.setattr(common.evaluation, "compiled", counting(common.evaluation.compiled))
     before = collections.Counter(counters["graph_break"])
-    train(tmp_path, env_id="CartPole-v1", env_kwargs=MASKED, num_envs=16, num_steps=8, rnn_hidden_size=16,
-          total_timesteps=16 * 8 * 2, eval_interval=1, num_eval_envs=4, compile=True)
+    train(
+        tmp_path,
+        env_id="CartPole-v1",
+        env_kwargs=MASKED,
+        num_envs=16,
+        num_steps=8,
+        rnn_hidden_size=16,
+        total_timesteps=16 * 8 * 2,
+        eval_interval=1,
+        num_eval_envs=4,
+        compile=True,
+    )
     breaks = collections.Counter(counters["graph_break"]) - before
     print("graph breaks by compiled function:", dict(per_function))
-    print("graph breaks by reason:", dict(sum((collections.Counter({r.splitlines()[0]: n}) for r, n in breaks.items()),
-                                               collections.Counter())))
+    print(
+        "graph breaks by reason:",
+        dict(sum((collections.Counter({r.splitlines()[0]: n}) for r, n in breaks.items()), collections.Counter())),
+    )
     assert {"env_step", "_eval_step", "update_minibatch", "targets_fn"} <= per_function.keys(), per_function
     assert per_function["env_step"] == 0 and per_function["_eval_step"] == 0, per_function
     assert not [reason for reason in breaks if "RNN, GRU, or LSTM" in reason], breaks
@@ -226,11 +283,21 @@ def test_exported_policy_runs_episodes_as_the_script_evaluates(tmp_path):
     env_kwargs = '{"mask_velocity": true, "max_episode_steps": 60}'
     train(tmp_path, env_id="CartPole-v1", env_kwargs=env_kwargs, total_timesteps=32 * 16 * 6)
     out = tmp_path / "export"
-    train(tmp_path, env_id="CartPole-v1", env_kwargs=env_kwargs, eval_only=True, export=str(out),
-          resume=str(tmp_path / "run" / "checkpoints" / "last.pt"))
+    train(
+        tmp_path,
+        env_id="CartPole-v1",
+        env_kwargs=env_kwargs,
+        eval_only=True,
+        export=str(out),
+        resume=str(tmp_path / "run" / "checkpoints" / "last.pt"),
+    )
     meta = json.loads((out / "policy.json").read_text())
     rows, _, hidden = meta["state"]["shape"]
-    assert meta["state"]["batch_dim"] == 1 and meta["state"]["initial"] == "zeros" and "truncated" in meta["state"]["reset"]
+    assert (
+        meta["state"]["batch_dim"] == 1
+        and meta["state"]["initial"] == "zeros"
+        and "truncated" in meta["state"]["reset"]
+    )
     assert (rows, hidden) == (2, 64) and meta["input"]["observation_space"]["shape"] == [2]
 
     env = make_env("CartPole-v1", 16, mask_velocity=True, max_episode_steps=60)
@@ -257,15 +324,26 @@ def test_exported_policy_runs_episodes_as_the_script_evaluates(tmp_path):
     assert evaluated["return"] == pytest.approx(script_returns.mean(), abs=1e-6)
     # memoryless: the state zeroed before every step
     with torch.no_grad():
-        forgetful, _ = exported_episodes(lambda o, s: agent.recurrent_step(o, torch.zeros_like(s)), env, 7, 2, (rows, hidden))
+        forgetful, _ = exported_episodes(
+            lambda o, s: agent.recurrent_step(o, torch.zeros_like(s)), env, 7, 2, (rows, hidden)
+        )
     assert any(not torch.equal(a, b) for a, b in zip(expected, forgetful))
 
 
 def test_gru_and_stacked_layers_train_evaluate_and_export_the_best(tmp_path):
     """--cell gru --rnn-layers 2 (state rows: one per layer) with bf16 autocast; --export-best writes the
     recurrent policy with its state's shape when best.pt is written."""
-    summary = train(tmp_path, env_id="Pendulum-v1", env_kwargs=MASKED, cell="gru", rnn_layers=2, rnn_hidden_size=16,
-                    eval_interval=3, bf16=True, export_best=True)
+    summary = train(
+        tmp_path,
+        env_id="Pendulum-v1",
+        env_kwargs=MASKED,
+        cell="gru",
+        rnn_layers=2,
+        rnn_hidden_size=16,
+        eval_interval=3,
+        bf16=True,
+        export_best=True,
+    )
     assert summary["global_step"] == 32 * 16 * 3 and summary["best_eval_return"] is not None
     assert checkpoint(tmp_path)["ranks"][0]["state"]["rnn_state"].shape == (2, 32, 16)
     meta = json.loads((tmp_path / "run" / "export" / "policy.json").read_text())

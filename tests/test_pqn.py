@@ -30,8 +30,17 @@ def script(*args, timeout=300) -> subprocess.CompletedProcess:
 
 def train(tmp_path, **overrides) -> dict:
     """Run pqn.main in this process, for the tests that need to reach inside (tiny runs only)."""
-    kwargs = dict(output_dir=str(tmp_path), run_name="run", progress=False, num_envs=16, num_steps=8,
-                  total_timesteps=16 * 8 * 4, eval_interval=0, num_eval_envs=4, hidden_sizes=(32, 32))
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        run_name="run",
+        progress=False,
+        num_envs=16,
+        num_steps=8,
+        total_timesteps=16 * 8 * 4,
+        eval_interval=0,
+        num_eval_envs=4,
+        hidden_sizes=(32, 32),
+    )
     kwargs.update(overrides)
     return pqn.main(pqn.Args(**kwargs))
 
@@ -41,9 +50,31 @@ def train(tmp_path, **overrides) -> dict:
 # --------------------------------------------------------------------------------------------
 # Tuned for a 2-core CPU: few envs, a small network, rewards scaled by 0.1 (Q-values near 10, not 100).
 # Seeds 1-8 reach eval return >= 475 within 20k-120k env steps.
-CARTPOLE_FAST = ["--num-envs", 64, "--num-steps", 16, "--num-minibatches", 4, "--update-epochs", 2,
-                 "--hidden-sizes", 64, 64, "--learning-rate", 2.5e-3, "--reward-scale", 0.1, "--total-timesteps", 300_000,
-                 "--num-eval-envs", 8, "--eval-interval", 5, "--target-return", 475]
+CARTPOLE_FAST = [
+    "--num-envs",
+    64,
+    "--num-steps",
+    16,
+    "--num-minibatches",
+    4,
+    "--update-epochs",
+    2,
+    "--hidden-sizes",
+    64,
+    64,
+    "--learning-rate",
+    2.5e-3,
+    "--reward-scale",
+    0.1,
+    "--total-timesteps",
+    300_000,
+    "--num-eval-envs",
+    8,
+    "--eval-interval",
+    5,
+    "--target-return",
+    475,
+]
 
 
 @pytest.mark.slow
@@ -80,7 +111,9 @@ def q_lambda_reference(rewards, next_q_max, final_q_max, terminated, truncated, 
                     break
                 returns.append(discounted + gamma**k * float(next_q_max[i, n]))
             K = len(returns)
-            out[t, n] = sum((1 - lam) * lam ** (k - 1) * returns[k - 1] for k in range(1, K)) + lam ** (K - 1) * returns[-1]
+            out[t, n] = (
+                sum((1 - lam) * lam ** (k - 1) * returns[k - 1] for k in range(1, K)) + lam ** (K - 1) * returns[-1]
+            )
     return out
 
 
@@ -96,7 +129,9 @@ def test_q_lambda_targets_match_brute_force_reference(lam):
     assert terminated.any() and (truncated & ~terminated).any()
 
     targets = pqn.q_lambda_targets(rewards, next_q_max, final_q_max, terminated, truncated, gamma, lam)
-    torch.testing.assert_close(targets, q_lambda_reference(rewards, next_q_max, final_q_max, terminated, truncated, gamma, lam))
+    torch.testing.assert_close(
+        targets, q_lambda_reference(rewards, next_q_max, final_q_max, terminated, truncated, gamma, lam)
+    )
     # the cut at episode ends, read directly
     torch.testing.assert_close(targets[terminated], rewards[terminated])
     only_trunc = truncated & ~terminated

@@ -26,8 +26,17 @@ import pytest
 import torch
 
 from common.checkpoint import FORMAT_VERSION, save_checkpoint
-from tests.helpers import (ROOT, Job, inject_nan_rewards, load_exported_program, load_script, run, run_main, torchrun_cmd,
-                           untrained_teacher)
+from tests.helpers import (
+    ROOT,
+    Job,
+    inject_nan_rewards,
+    load_exported_program,
+    load_script,
+    run,
+    run_main,
+    torchrun_cmd,
+    untrained_teacher,
+)
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.pixel_env import CATCH, Catch
 from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, record_captured
@@ -48,12 +57,22 @@ from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_
 # - optional: `summary`, the script's own summary.json fields; `bounded`, a flag with a range, a value
 #   outside it and the range's words (default: --gamma 1.5, in [0, 1]).
 GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
-# tests/pixel_env.py's Catch: uint8 frames through an image encoder (and, for ppo and ppo_lstm, a vector "critic" group beside them)
+# tests/pixel_env.py's Catch: uint8 frames through an image encoder (and, for ppo and ppo_lstm, a vector "critic" group
+# beside them)
 PIXELS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true}', encoder="minatar")
 # Catch with a "policy" group of terms (an image term and a vector term) beside the "critic" vector group
 TERMS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true, "terms": true}', encoder="minatar")
-PPO_TAGS = {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
-            "losses/explained_variance", "charts/learning_rate", "charts/rollout_seconds", "charts/update_seconds"}
+PPO_TAGS = {
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "charts/learning_rate",
+    "charts/rollout_seconds",
+    "charts/update_seconds",
+}
 
 
 def box_bounds(space):
@@ -61,58 +80,190 @@ def box_bounds(space):
 
 
 TINY = {
-    "ppo": dict(steps=16 * 8, sync=1, kwargs=dict(
-        env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True),
-        captures=[{}, dict(target_kl=1.0, symmetry="both"), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
-        tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None,
-        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args)),
-    "pqn": dict(steps=16 * 8, sync=1, kwargs=dict(
-        env_id="CartPole-v1", num_envs=16, num_steps=8, num_minibatches=2, obs_norm=True, epsilon_spread=0.5,
-        exploration_fraction=0.5, loss="huber"),
+    "ppo": dict(
+        steps=16 * 8,
+        sync=1,
+        kwargs=dict(
+            env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True
+        ),
+        captures=[
+            {},
+            dict(target_kl=1.0, symmetry="both"),
+            dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16),
+            PIXELS,
+            TERMS,
+        ],
+        tags=PPO_TAGS,
+        per_read="num_steps",
+        log_interval_only_logs=True,
+        wrong_actions=None,
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args),
+    ),
+    "pqn": dict(
+        steps=16 * 8,
+        sync=1,
+        kwargs=dict(
+            env_id="CartPole-v1",
+            num_envs=16,
+            num_steps=8,
+            num_minibatches=2,
+            obs_norm=True,
+            epsilon_spread=0.5,
+            exploration_fraction=0.5,
+            loss="huber",
+        ),
         captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16), PIXELS, TERMS],
-        tags={"losses/td_loss", "losses/q_values", "charts/epsilon", "charts/learning_rate", "charts/rollout_seconds",
-              "charts/update_seconds"},
-        per_read="num_steps", log_interval_only_logs=True, wrong_actions=("Pendulum-v1", "ppo.py"),
-        policy=lambda module, args, obs_dim, space: module.QNetwork(obs_dim, int(space.n), args)),
-    "td3": dict(steps=8, sync=4, kwargs=dict(
-        env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
-        reward_norm=True, save_buffer=True, distributional=True, v_min=-100.0, v_max=0.0),
-        captures=[dict(learning_starts=32), dict(learning_starts=32, num_updates=1), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
-        tags={"losses/q_loss", "losses/q_values", "losses/actor_loss", "charts/rollout_seconds", "charts/update_seconds"},
-        per_read="log_interval", log_interval_only_logs=False, wrong_actions=("CartPole-v1", "pqn.py"),
-        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args)),
-    "sac": dict(steps=8, sync=4, kwargs=dict(
-        env_id="Pendulum-v1", num_envs=8, batch_size=32, learning_starts=16, buffer_size=240, n_step=2, log_interval=4,
-        reward_norm=True, save_buffer=True),
+        tags={
+            "losses/td_loss",
+            "losses/q_values",
+            "charts/epsilon",
+            "charts/learning_rate",
+            "charts/rollout_seconds",
+            "charts/update_seconds",
+        },
+        per_read="num_steps",
+        log_interval_only_logs=True,
+        wrong_actions=("Pendulum-v1", "ppo.py"),
+        policy=lambda module, args, obs_dim, space: module.QNetwork(obs_dim, int(space.n), args),
+    ),
+    "td3": dict(
+        steps=8,
+        sync=4,
+        kwargs=dict(
+            env_id="Pendulum-v1",
+            num_envs=8,
+            batch_size=32,
+            learning_starts=16,
+            buffer_size=240,
+            n_step=2,
+            log_interval=4,
+            reward_norm=True,
+            save_buffer=True,
+            distributional=True,
+            v_min=-100.0,
+            v_max=0.0,
+        ),
+        captures=[
+            dict(learning_starts=32),
+            dict(learning_starts=32, num_updates=1),
+            dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16),
+        ],
+        tags={
+            "losses/q_loss",
+            "losses/q_values",
+            "losses/actor_loss",
+            "charts/rollout_seconds",
+            "charts/update_seconds",
+        },
+        per_read="log_interval",
+        log_interval_only_logs=False,
+        wrong_actions=("CartPole-v1", "pqn.py"),
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args),
+    ),
+    "sac": dict(
+        steps=8,
+        sync=4,
+        kwargs=dict(
+            env_id="Pendulum-v1",
+            num_envs=8,
+            batch_size=32,
+            learning_starts=16,
+            buffer_size=240,
+            n_step=2,
+            log_interval=4,
+            reward_norm=True,
+            save_buffer=True,
+        ),
         captures=[dict(learning_starts=32), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
-        tags={"losses/q_loss", "losses/q_values", "losses/actor_loss", "losses/alpha", "losses/entropy",
-              "charts/rollout_seconds", "charts/update_seconds"},
-        per_read="log_interval", log_interval_only_logs=False, wrong_actions=("Acrobot-v1", "pqn.py"),
-        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args)),
-    "ppo_lstm": dict(steps=16 * 8, sync=1, kwargs=dict(
-        env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True,
-        rnn_hidden_size=16),
+        tags={
+            "losses/q_loss",
+            "losses/q_values",
+            "losses/actor_loss",
+            "losses/alpha",
+            "losses/entropy",
+            "charts/rollout_seconds",
+            "charts/update_seconds",
+        },
+        per_read="log_interval",
+        log_interval_only_logs=False,
+        wrong_actions=("Acrobot-v1", "pqn.py"),
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args),
+    ),
+    "ppo_lstm": dict(
+        steps=16 * 8,
+        sync=1,
+        kwargs=dict(
+            env_id="Pendulum-v1",
+            num_envs=16,
+            num_steps=8,
+            num_minibatches=2,
+            lr_schedule="linear",
+            reward_norm=True,
+            rnn_hidden_size=16,
+        ),
         captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
-        tags=PPO_TAGS, per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None),
+        tags=PPO_TAGS,
+        per_read="num_steps",
+        log_interval_only_logs=True,
+        wrong_actions=None,
+        policy=None,
+    ),
     # a linear weight schedule that ends within the tiny runs, so resume and compile parity cover its steps
-    "ppo_rnd": dict(steps=16 * 8, sync=1, kwargs=dict(
-        env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True,
-        rnd_hidden_sizes=(16,), rnd_target_hidden_sizes=(16,), rnd_num_outputs=4, rnd_weight_final=0.0, rnd_weight_steps=(8, 40)),
+    "ppo_rnd": dict(
+        steps=16 * 8,
+        sync=1,
+        kwargs=dict(
+            env_id="Pendulum-v1",
+            num_envs=16,
+            num_steps=8,
+            num_minibatches=2,
+            lr_schedule="linear",
+            reward_norm=True,
+            rnd_hidden_sizes=(16,),
+            rnd_target_hidden_sizes=(16,),
+            rnd_num_outputs=4,
+            rnd_weight_final=0.0,
+            rnd_weight_steps=(8, 40),
+        ),
         captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
-        tags=PPO_TAGS | {"losses/rnd_loss", "charts/intrinsic_reward", "charts/rnd_weight"}, per_read="num_steps",
-        log_interval_only_logs=True, wrong_actions=None,
-        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args)),
+        tags=PPO_TAGS | {"losses/rnd_loss", "charts/intrinsic_reward", "charts/rnd_weight"},
+        per_read="num_steps",
+        log_interval_only_logs=True,
+        wrong_actions=None,
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args),
+    ),
 }
 _TEACHERS = Path(tempfile.mkdtemp(prefix="distill-teacher-"))  # distill.py's teacher: a file for every run
 atexit.register(shutil.rmtree, _TEACHERS, True)
-TINY["distill"] = dict(steps=16 * 8, sync=1, kwargs=dict(
-    env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", rnn_hidden_size=16,
-    teacher_action_prob=0.5, teacher=str(untrained_teacher(_TEACHERS / "teacher.pt", hidden_sizes=(32, 32)))),
+TINY["distill"] = dict(
+    steps=16 * 8,
+    sync=1,
+    kwargs=dict(
+        env_id="Pendulum-v1",
+        num_envs=16,
+        num_steps=8,
+        num_minibatches=2,
+        lr_schedule="linear",
+        rnn_hidden_size=16,
+        teacher_action_prob=0.5,
+        teacher=str(untrained_teacher(_TEACHERS / "teacher.pt", hidden_sizes=(32, 32))),
+    ),
     captures=[{}, dict(cell="none"), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
-    tags={"losses/distill_loss", "losses/agreement", "charts/learning_rate", "charts/teacher_action_prob",
-          "charts/rollout_seconds", "charts/update_seconds"},
-    per_read="num_steps", log_interval_only_logs=True, wrong_actions=None, policy=None, summary={"teacher"},
-    bounded=("teacher_action_prob", 1.5, r"in \[0, 1\]"))
+    tags={
+        "losses/distill_loss",
+        "losses/agreement",
+        "charts/learning_rate",
+        "charts/teacher_action_prob",
+        "charts/rollout_seconds",
+        "charts/update_seconds",
+    },
+    per_read="num_steps",
+    log_interval_only_logs=True,
+    wrong_actions=None,
+    policy=None,
+    summary={"teacher"},
+    bounded=("teacher_action_prob", 1.5, r"in \[0, 1\]"),
+)
 SCRIPTS = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))  # every script, found, not listed
 
 
@@ -124,14 +275,56 @@ def algo_of(script: str) -> str:
 
 # A copy in algos/ without an entry of its own joins every test with the entry of the script it was copied from.
 TINY.update({script: TINY[algo_of(script)] for script in SCRIPTS if script not in TINY and algo_of(script) in TINY})
-COMMON = dict(device="cpu", progress=False, run_name="run", num_eval_envs=4, eval_interval=0, save_interval=10_000,
-              hidden_sizes=(32, 32), env_kwargs='{"max_episode_steps": 16}')
-SUMMARY_FIELDS = {"algo", "algorithm", "processes", "env_id", "run_dir", "global_step", "iteration", "wall_seconds", "sps", "last_train_return",
-                  "best_eval_return", "stop_reason", "world_size", "params_in_sync", "rollout_seconds", "update_seconds",
-                  "peak_memory_mb", "checkpoints", "compile_seconds", "compile_seconds_by_function", "compile", "cudagraphs",
-                  "evaluation_seconds"}
-CHECKPOINT_FIELDS = {"format_version", "algo", "algorithm", "totals", "env_id", "args", "world_size", "global_step", "iteration",
-                     "best_eval_return", "model", "optimizers", "ranks"}
+COMMON = dict(
+    device="cpu",
+    progress=False,
+    run_name="run",
+    num_eval_envs=4,
+    eval_interval=0,
+    save_interval=10_000,
+    hidden_sizes=(32, 32),
+    env_kwargs='{"max_episode_steps": 16}',
+)
+SUMMARY_FIELDS = {
+    "algo",
+    "algorithm",
+    "processes",
+    "env_id",
+    "run_dir",
+    "global_step",
+    "iteration",
+    "wall_seconds",
+    "sps",
+    "last_train_return",
+    "best_eval_return",
+    "stop_reason",
+    "world_size",
+    "params_in_sync",
+    "rollout_seconds",
+    "update_seconds",
+    "peak_memory_mb",
+    "checkpoints",
+    "compile_seconds",
+    "compile_seconds_by_function",
+    "compile",
+    "cudagraphs",
+    "evaluation_seconds",
+}
+CHECKPOINT_FIELDS = {
+    "format_version",
+    "algo",
+    "algorithm",
+    "totals",
+    "env_id",
+    "args",
+    "world_size",
+    "global_step",
+    "iteration",
+    "best_eval_return",
+    "model",
+    "optimizers",
+    "ranks",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -203,8 +396,11 @@ def scalars(run_dir: Path, clocks: bool = False) -> dict[str, list[tuple[int, fl
 
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
-            if clocks or (tag != "charts/SPS" and not tag.endswith("_seconds"))}
+    return {
+        tag: [(e.step, e.value) for e in acc.Scalars(tag)]
+        for tag in acc.Tags()["scalars"]
+        if clocks or (tag != "charts/SPS" and not tag.endswith("_seconds"))
+    }
 
 
 def logged_steps(run_dir: Path, tag: str = "charts/SPS") -> list[int]:
@@ -296,8 +492,14 @@ def test_seeds_ranks_and_eval_envs_share_no_random_stream():
     from common.envs import make_env
 
     def run_of(seed: int, rank: int):
-        return common.run.Run(args=load_script("ppo").Args(seed=seed), algo="ppo", rank=rank, world_size=2,
-                              device=torch.device("cpu"), is_main=rank == 0)
+        return common.run.Run(
+            args=load_script("ppo").Args(seed=seed),
+            algo="ppo",
+            rank=rank,
+            world_size=2,
+            device=torch.device("cpu"),
+            is_main=rank == 0,
+        )
 
     def initial_states(seed: int, resets: int = 5) -> set:
         envs = make_env("CartPole-v1", 512, seed=seed)
@@ -330,8 +532,13 @@ def test_tensorboard_tags_on_the_global_step(algo, tmp_path):
     train(algo, tmp_path, total_timesteps=units(algo, 6), eval_interval=2 * sync)
     acc = EventAccumulator(str(tmp_path / "run"))
     acc.Reload()
-    expected = {"charts/SPS", "charts/episodic_return", "charts/episodic_length", "eval/episodic_return",
-                "eval/episodic_length"} | TINY[algo]["tags"]
+    expected = {
+        "charts/SPS",
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "eval/episodic_return",
+        "eval/episodic_length",
+    } | TINY[algo]["tags"]
     assert expected <= set(acc.Tags()["scalars"]), expected - set(acc.Tags()["scalars"])
     assert logged_steps(tmp_path / "run") == [sync * steps * i for i in range(1, 7)]  # x-axis: global env steps
     assert logged_steps(tmp_path / "run", "eval/episodic_return") == [sync * steps * i for i in (2, 4, 6)]
@@ -365,7 +572,12 @@ def test_no_host_sync_per_env_step(algo, tmp_path):
     for value in (2, 6):  # three units of 2 and of 6 env steps per env
         recorder = SyncsOutsideTheOptimizer()
         with recorder:
-            train(algo, tmp_path / str(value), **{knob: value}, total_timesteps=3 * value * TINY[algo]["kwargs"]["num_envs"])
+            train(
+                algo,
+                tmp_path / str(value),
+                **{knob: value},
+                total_timesteps=3 * value * TINY[algo]["kwargs"]["num_envs"],
+            )
         counts[value] = len(recorder.syncs)
     assert counts[2] == counts[6], counts
 
@@ -383,7 +595,9 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
     loss = min(tag for tag in TINY[algo]["tags"] if tag.startswith("losses/"))
     assert [s for s, _ in curves_k[loss]] == [4 * steps, 8 * steps]
     per_iteration = [v for _, v in curves_every[loss]]
-    assert [v for _, v in curves_k[loss]] == pytest.approx([np.mean(per_iteration[:4]), np.mean(per_iteration[4:])], rel=1e-5)
+    assert [v for _, v in curves_k[loss]] == pytest.approx(
+        [np.mean(per_iteration[:4]), np.mean(per_iteration[4:])], rel=1e-5
+    )
     for phase in ("rollout", "update"):  # the logged phase times are per-iteration means of every iteration
         means = scalars(k / "run", clocks=True)[f"charts/{phase}_seconds"]
         assert [s for s, _ in means] == [4 * steps, 8 * steps]
@@ -462,8 +676,9 @@ def test_a_second_run_in_one_process_compiles_its_own_functions(tmp_path):
 
 
 @pytest.mark.parametrize("algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(TINY[algo]["captures"]))])
-def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync(algo, variant, tmp_path,
-                                                                                           monkeypatch):
+def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync(
+    algo, variant, tmp_path, monkeypatch
+):
     """Every function a script captures in a CUDA graph (with --cudagraphs on CUDA), in each of the
     script's capture layouts (TINY[algo]["captures"]: a built-in env's whole rollout or step, an
     adapter's acting step, other update layouts), records on CPU the same ops on the same live
@@ -472,8 +687,9 @@ def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_
     import common.buffer
 
     real_init = common.buffer.ReplayBuffer.__init__
-    monkeypatch.setattr(common.buffer.ReplayBuffer, "__init__",
-                        lambda self, *a, **k: real_init(self, *a, **{**k, "capturable": True}))
+    monkeypatch.setattr(
+        common.buffer.ReplayBuffer, "__init__", lambda self, *a, **k: real_init(self, *a, **{**k, "capturable": True})
+    )
     signatures = record_captured(monkeypatch, load_script(algo))
     settings = TINY[algo]["captures"][variant]
     train(algo, tmp_path, **{"total_timesteps": units(algo, 5), "eval_interval": TINY[algo]["sync"], **settings})
@@ -531,7 +747,9 @@ def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_command_line_error_is_one_line_without_traceback(algo, tmp_path):
-    result = run([sys.executable, f"algos/{algo}.py", "--env-id", "Nope-v0", "--output-dir", str(tmp_path)], timeout=120)
+    result = run(
+        [sys.executable, f"algos/{algo}.py", "--env-id", "Nope-v0", "--output-dir", str(tmp_path)], timeout=120
+    )
     assert result.returncode != 0 and "Traceback" not in result.stdout, result.stdout[-3000:]
     assert result.stdout.strip().splitlines()[-1].startswith("error: unknown env id 'Nope-v0'")
 
@@ -558,8 +776,10 @@ def test_sigterm_under_torchrun_saves_and_resumes_on_another_world_size(algo, tm
     iteration, save last.pt with both ranks' state and exit 0 with their parameters bit-identical.
     The checkpoint then resumes in one process, which re-derives the env streams and says so."""
     total = 2 * units(algo, 2000)  # far more than runs before the signal
-    job = jobs(torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, eval_interval=4 * TINY[algo]["sync"])),
-               tmp_path / "log")
+    job = jobs(
+        torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, eval_interval=4 * TINY[algo]["sync"])),
+        tmp_path / "log",
+    )
     job.wait_for(lambda: logged_steps(tmp_path / "run") and len(job.workers()) == 2, what="training to start")
     for pid in job.workers():
         os.kill(pid, signal.SIGTERM)
@@ -588,13 +808,17 @@ def test_sigkill_of_a_worker_is_survived_by_an_elastic_restart(algo, tmp_path, j
     last.pt in the same run directory, finishes, and each TensorBoard step is logged once."""
     sync, per_unit = TINY[algo]["sync"], 2 * units(algo, 1)
     total = 200 * per_unit
-    job = jobs(torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, save_interval=4 * sync), restarts=1),
-               tmp_path / "log")
+    job = jobs(
+        torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, save_interval=4 * sync), restarts=1),
+        tmp_path / "log",
+    )
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     job.wait_for(last.is_file, what="the first checkpoint")
     saved_step = checkpoint(tmp_path)["global_step"]
     # let rank 0 log past the checkpoint: work that the fault makes it redo
-    job.wait_for(lambda: max(logged_steps(tmp_path / "run") or [0]) > saved_step, what="steps logged after the checkpoint")
+    job.wait_for(
+        lambda: max(logged_steps(tmp_path / "run") or [0]) > saved_step, what="steps logged after the checkpoint"
+    )
     os.kill(job.workers()[-1], signal.SIGKILL)
     assert job.finish() == 0, job.output()[-4000:]
     assert "resumed from" in job.output(), "the restarted workers did not resume"
@@ -612,11 +836,16 @@ def test_two_process_resume_is_bit_identical(algo, tmp_path):
     total = 2 * units(algo, 4)
     full = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="full", total_timesteps=total)), timeout=240)
     assert full.returncode == 0, full.stdout[-4000:]
-    cut = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, max_wall_seconds=0.0)),
-              timeout=240)
-    assert cut.returncode == 0 and checkpoint(tmp_path, run_name="cut")["iteration"] == TINY[algo]["sync"], cut.stdout[-4000:]
-    resumed = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, resume="auto")),
-                  timeout=240)
+    cut = run(
+        torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, max_wall_seconds=0.0)),
+        timeout=240,
+    )
+    assert cut.returncode == 0 and checkpoint(tmp_path, run_name="cut")["iteration"] == TINY[algo]["sync"], cut.stdout[
+        -4000:
+    ]
+    resumed = run(
+        torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, resume="auto")), timeout=240
+    )
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     a, b = checkpoint(tmp_path, run_name="full"), checkpoint(tmp_path, run_name="cut")
     a, b = without_flags_and_clocks(a), without_flags_and_clocks(b)
@@ -632,8 +861,14 @@ def test_nan_guard_under_torchrun_ends_every_rank_at_once(algo, tmp_path, jobs):
     teardown; the last good last.pt stays."""
     sync = TINY[algo]["sync"]
     after = 2 * sync * TINY[algo]["kwargs"].get("num_steps", 1) + 1  # in unit 3
-    cmd = torchrun_cmd(2, [str(ROOT / "tests" / "nan_launch.py"), str(after),
-                           *cli_args(algo, tmp_path, total_timesteps=2 * units(algo, 6), save_interval=sync)])
+    cmd = torchrun_cmd(
+        2,
+        [
+            str(ROOT / "tests" / "nan_launch.py"),
+            str(after),
+            *cli_args(algo, tmp_path, total_timesteps=2 * units(algo, 6), save_interval=sync),
+        ],
+    )
     job = jobs(cmd, tmp_path / "log")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     job.wait_for(last.is_file, what="the last good checkpoint")
@@ -642,8 +877,9 @@ def test_nan_guard_under_torchrun_ends_every_rank_at_once(algo, tmp_path, jobs):
     assert code != 0 and time.time() - t0 < 30, (code, time.time() - t0)
     output = job.output()
     for rank in (0, 1):  # torchrun prefixes each worker's traceback with its rank
-        assert re.search(rf"\[rank{rank}\]: FloatingPointError: non-finite .*rewards.* at iteration {3 * sync}\b", output), \
-            output[-4000:]
+        assert re.search(
+            rf"\[rank{rank}\]: FloatingPointError: non-finite .*rewards.* at iteration {3 * sync}\b", output
+        ), output[-4000:]
     assert "warning: closing the run" not in output, output[-4000:]
     state = checkpoint(tmp_path)
     assert state["iteration"] == 2 * sync and len(state["ranks"]) == 2
@@ -679,9 +915,10 @@ def test_capture_video_writes_the_episode_to_mp4_and_tensorboard(algo, tmp_path)
     pytest.importorskip("pygame")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    sync, steps = TINY[algo]["sync"], TINY[algo]["steps"]
-    summary = train(algo, tmp_path, total_timesteps=units(algo, 2), eval_interval=2 * sync, capture_video=True,
-                    num_eval_envs=1)
+    sync = TINY[algo]["sync"]
+    summary = train(
+        algo, tmp_path, total_timesteps=units(algo, 2), eval_interval=2 * sync, capture_video=True, num_eval_envs=1
+    )
     step = summary["global_step"]
     path = tmp_path / "run" / "videos" / f"step_{step}.mp4"
     frames = mp4_frames(path)
@@ -693,8 +930,14 @@ def test_capture_video_writes_the_episode_to_mp4_and_tensorboard(algo, tmp_path)
     assert [e.step for e in acc.Images("videos/eval")] == [step]
     # --eval-only --capture-video records a checkpoint's policy into its run directory
     path.unlink()
-    result = train(algo, tmp_path, eval_only=True, capture_video=True, num_eval_envs=1,
-                   resume=str(tmp_path / "run" / "checkpoints" / "last.pt"))
+    result = train(
+        algo,
+        tmp_path,
+        eval_only=True,
+        capture_video=True,
+        num_eval_envs=1,
+        resume=str(tmp_path / "run" / "checkpoints" / "last.pt"),
+    )
     assert Path(result["video"]) == path and len(mp4_frames(path)) == length
 
 
@@ -721,8 +964,11 @@ def test_capture_video_of_an_env_that_cannot_render_stops_before_training(tmp_pa
 
     real_make_env = common.run.make_env
     monkeypatch.setattr(common.run, "make_env", lambda *a, **k: CannotRender(real_make_env(*a, **k)))
-    with pytest.raises(SystemExit, match=r"^error: --capture-video: Pendulum-v1 cannot render frames here "
-                                         r"\(RuntimeError: no OpenGL context\); MuJoCo envs"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: --capture-video: Pendulum-v1 cannot render frames here "
+        r"\(RuntimeError: no OpenGL context\); MuJoCo envs",
+    ):
         train("ppo", tmp_path, capture_video=True)
     assert not list((tmp_path / "run").glob("events.out.tfevents.*")), "nothing trained"
 
@@ -742,8 +988,13 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     from common.envs import make_env
 
     train(algo, tmp_path, total_timesteps=units(algo, 4))
-    result = train(algo, tmp_path, eval_only=True, export=str(tmp_path / "export"),
-                   resume=str(tmp_path / "run" / "checkpoints" / "last.pt"))
+    result = train(
+        algo,
+        tmp_path,
+        eval_only=True,
+        export=str(tmp_path / "export"),
+        resume=str(tmp_path / "run" / "checkpoints" / "last.pt"),
+    )
     assert Path(result["export"]) == tmp_path / "export"
     state = checkpoint(tmp_path)
     env = make_env(TINY[algo]["kwargs"]["env_id"], 64, seed=5)
@@ -772,7 +1023,8 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
 
     graph = onnx.load(str(tmp_path / "export" / "policy.onnx")).graph
     constants = [numpy_helper.to_array(t) for t in graph.initializer] + [
-        numpy_helper.to_array(a.t) for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+        numpy_helper.to_array(a.t) for n in graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR
+    ]
     for statistic in (model.obs_rms._mean32, model.obs_rms._inv_std32):
         assert any(c.shape == tuple(statistic.shape) and np.allclose(c, statistic.numpy()) for c in constants)
     # ...and continuous actions of the same weights without it differ on these observations
@@ -822,8 +1074,14 @@ def test_eval_env_kwargs_and_success_rate(algo, tmp_path, monkeypatch):
     real_make_env = common.run.make_env
     monkeypatch.setattr(common.run, "make_env", lambda *a, **k: ReportsSuccess(real_make_env(*a, **k)))
     sync = TINY[algo]["sync"]
-    train(algo, tmp_path, total_timesteps=units(algo, 6), eval_interval=6 * sync, num_eval_envs=4,
-          eval_env_kwargs='{"max_episode_steps": 5}')
+    train(
+        algo,
+        tmp_path,
+        total_timesteps=units(algo, 6),
+        eval_interval=6 * sync,
+        num_eval_envs=4,
+        eval_env_kwargs='{"max_episode_steps": 5}',
+    )
     curves = scalars(tmp_path / "run")
     [(_, length)] = curves["eval/episodic_length"]
     assert length <= 5 and max(v for _, v in curves["charts/episodic_length"]) > 5  # training envs: 16 steps
@@ -838,8 +1096,11 @@ def test_a_run_never_writes_over_another(tmp_path):
     first = train("ppo", tmp_path, total_timesteps=units("ppo", 2), checkpoint_interval=1)
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     before = last.read_bytes()
-    with pytest.raises(SystemExit, match=rf"^error: the run directory {tmp_path / 'run'} exists; continue it with "
-                                         r"--resume auto, start another with --run-name NAME, or remove it with --overwrite"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"^error: the run directory {tmp_path / 'run'} exists; continue it with "
+        r"--resume auto, start another with --run-name NAME, or remove it with --overwrite",
+    ):
         train("ppo", tmp_path, total_timesteps=units("ppo", 1))
     assert last.read_bytes() == before and summary_of(tmp_path)["global_step"] == first["global_step"]
     resumed = train("ppo", tmp_path, total_timesteps=units("ppo", 3), resume="auto")  # continues it

@@ -23,7 +23,11 @@ SYMMETRIC = [
     ("CartPole-v1", MASKED, [(-2.4, 2.4), (-3.0, 3.0), (-0.21, 0.21), (-3.0, 3.0)]),
     ("Pendulum-v1", {}, [(-3 * math.pi, 3 * math.pi), (-8.0, 8.0)]),
     ("Pendulum-v1", MASKED, [(-3 * math.pi, 3 * math.pi), (-8.0, 8.0)]),
-    ("Acrobot-v1", {}, [(-math.pi, math.pi), (-math.pi, math.pi), (-4 * math.pi, 4 * math.pi), (-9 * math.pi, 9 * math.pi)]),
+    (
+        "Acrobot-v1",
+        {},
+        [(-math.pi, math.pi), (-math.pi, math.pi), (-4 * math.pi, 4 * math.pi), (-9 * math.pi, 9 * math.pi)],
+    ),
 ]
 IDS = [f"{env_id}{'-masked' if kwargs else ''}" for env_id, kwargs, _ in SYMMETRIC]
 N = 4096
@@ -138,7 +142,8 @@ def test_mountain_cars_declare_no_mirror(env_id):
     assert getattr(make_env(env_id, 1), "data_augmentation", None) is None
 
 
-# --- ppo.py --symmetry -------------------------------------------------------------------------------------------------
+# --- ppo.py --symmetry
+# -------------------------------------------------------------------------------------------------
 ppo = load_script("ppo")
 T, B = 4, 8  # a rollout of T steps of B envs
 
@@ -156,13 +161,29 @@ def symmetric_batch(env_id: str, args, offset: float = 0.0, seed: int = 0):
     else:
         actions = torch.randn(T, B, 1, generator=g)
     agent.obs_rms.update(obs["policy"])
-    data = TensorDict({"obs": obs, "actions": actions, "logprobs": torch.randn(T, B, generator=g) - 1,
-                       "rewards": torch.randn(T, B, generator=g), "final_values": torch.zeros(T, B),
-                       "terminated": torch.zeros(T, B, dtype=torch.bool), "truncated": torch.zeros(T, B, dtype=torch.bool)},
-                      batch_size=[T, B])
+    data = TensorDict(
+        {
+            "obs": obs,
+            "actions": actions,
+            "logprobs": torch.randn(T, B, generator=g) - 1,
+            "rewards": torch.randn(T, B, generator=g),
+            "final_values": torch.zeros(T, B),
+            "terminated": torch.zeros(T, B, dtype=torch.bool),
+            "truncated": torch.zeros(T, B, dtype=torch.bool),
+        },
+        batch_size=[T, B],
+    )
     before = agent.obs_rms(env.mirror_obs(obs)["policy"]), agent.obs_rms(obs["policy"])  # targets() updates obs_rms
-    batch, _, _ = ppo.targets(agent, RewardNormalizer(B, 0.99), data, obs[-1], env.data_augmentation,
-                              torch.zeros(2, B, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), args)
+    batch, _, _ = ppo.targets(
+        agent,
+        RewardNormalizer(B, 0.99),
+        data,
+        obs[-1],
+        env.data_augmentation,
+        torch.zeros(2, B, dtype=torch.float64),
+        torch.zeros(3, dtype=torch.float64),
+        args,
+    )
     return agent, env, batch, before
 
 
@@ -181,7 +202,9 @@ def test_augmentation_adds_the_mirrored_minibatch_with_the_originals_old_values(
     mb = batch[torch.randperm(T * B, generator=torch.Generator().manual_seed(0))[:B]]
     seen = {}
     log_prob_entropy, value = agent.log_prob_entropy, agent.value
-    agent.log_prob_entropy = lambda out, actions: seen.update(out=out, actions=actions) or log_prob_entropy(out, actions)
+    agent.log_prob_entropy = lambda out, actions: (
+        seen.update(out=out, actions=actions) or log_prob_entropy(out, actions)
+    )
     agent.value = lambda obs_n: seen.update(critic=obs_n["policy"]) or value(obs_n)
     _, logged = ppo.ppo_loss(agent, mb, args, ppo.output_mirror(env.data_augmentation, env.single_action_space, "cpu"))
     obs_n = torch.cat([mb["obs_n", "policy"], mb["mirrored", "obs_n", "policy"][:, 0]])
@@ -196,7 +219,11 @@ def test_augmentation_adds_the_mirrored_minibatch_with_the_originals_old_values(
         ratio, adv = logratio.exp(), mb["advantages"].repeat(2)
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         pg = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean()
-        new_v, old_v, ret = value(TensorDict({"policy": obs_n}, [2 * B])), mb["values"].repeat(2), mb["returns"].repeat(2)
+        new_v, old_v, ret = (
+            value(TensorDict({"policy": obs_n}, [2 * B])),
+            mb["values"].repeat(2),
+            mb["returns"].repeat(2),
+        )
         v_loss = 0.5 * torch.max((new_v - ret) ** 2, (old_v + (new_v - old_v).clamp(-0.2, 0.2) - ret) ** 2).mean()
         kl = ((ratio[:B] - 1) - logratio[:B]).mean()  # of the originals only, as rsl_rl's schedule reads it
     torch.testing.assert_close(logged["policy_loss"], pg)
@@ -213,8 +240,11 @@ class Symmetrized(torch.nn.Module):
         super().__init__()
         self.f, self.signs = f, env.mirror_obs(TensorDict({"policy": torch.ones(1, dim)}, batch_size=[1]))["policy"]
         space = env.single_action_space
-        self.out = ((lambda o: o[:, env.mirror_action(torch.arange(int(space.n)))]) if hasattr(space, "n")
-                    else (lambda o: o * env.mirror_action(torch.ones(1, 1))))
+        self.out = (
+            (lambda o: o[:, env.mirror_action(torch.arange(int(space.n)))])
+            if hasattr(space, "n")
+            else (lambda o: o * env.mirror_action(torch.ones(1, 1)))
+        )
 
     def forward(self, x):
         return (self.f(x) + self.out(self.f(x * self.signs))) / 2
@@ -257,9 +287,21 @@ class Shift(torch.nn.Module):
 
 
 def test_a_mirror_the_env_lacks_is_a_one_line_error(tmp_path):
-    with pytest.raises(SystemExit, match=r"^error: --symmetry augmentation: MountainCar-v0 has no mirror \(data_augmentation\)"):
-        ppo.main(ppo.Args(env_id="MountainCar-v0", symmetry="augmentation", num_envs=4, num_steps=4, total_timesteps=16,
-                          output_dir=str(tmp_path), run_name="run", progress=False))
+    with pytest.raises(
+        SystemExit, match=r"^error: --symmetry augmentation: MountainCar-v0 has no mirror \(data_augmentation\)"
+    ):
+        ppo.main(
+            ppo.Args(
+                env_id="MountainCar-v0",
+                symmetry="augmentation",
+                num_envs=4,
+                num_steps=4,
+                total_timesteps=16,
+                output_dir=str(tmp_path),
+                run_name="run",
+                progress=False,
+            )
+        )
     assert not (tmp_path / "run").exists()  # stopped before anything was written
 
 
@@ -276,7 +318,19 @@ def test_augmentation_trains_a_symmetric_policy(env_id, tmp_path):
     the one trained without (measured: Pendulum-v1 0.037 against 0.44, CartPole-v1 0.066 against 1.0)."""
     errors = {}
     for mode in ("log", "augmentation"):
-        run_main(ppo, env_id=env_id, symmetry=mode, num_envs=64, num_steps=16, total_timesteps=64 * 16 * 24,
-                 log_interval=4, eval_interval=0, device="cpu", progress=False, output_dir=str(tmp_path), run_name=mode)
+        run_main(
+            ppo,
+            env_id=env_id,
+            symmetry=mode,
+            num_envs=64,
+            num_steps=16,
+            total_timesteps=64 * 16 * 24,
+            log_interval=4,
+            eval_interval=0,
+            device="cpu",
+            progress=False,
+            output_dir=str(tmp_path),
+            run_name=mode,
+        )
         errors[mode] = last_errors(tmp_path / mode)
     assert errors["augmentation"] < 0.25 * errors["log"] and errors["augmentation"] < 0.15, errors

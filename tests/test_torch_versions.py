@@ -28,6 +28,7 @@ def cpu_run():
 
 def write(form: str):
     """A function that makes one write of `form` to its 0-d float64 argument `ema`, as a copy's statistic would."""
+
     def ema_write(ema, x):
         m = x.abs().mean()
         if form == "method":
@@ -40,6 +41,7 @@ def write(form: str):
         elif form == "setitem":
             ema[...] = ema * 0.9 + 0.1 * m
         return m
+
     return ema_write
 
 
@@ -48,8 +50,9 @@ def test_the_guard_is_on_only_for_a_write_the_probe_finds_lost_and_the_result_is
     lost = (form, torch.float64, True) in lost_writes("cpu")
     compiled_graphs = []
     real_compile_fx = torch._inductor.compile_fx.compile_fx
-    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx",
-                        lambda *a, **k: compiled_graphs.append(1) or real_compile_fx(*a, **k))
+    monkeypatch.setattr(
+        torch._inductor.compile_fx, "compile_fx", lambda *a, **k: compiled_graphs.append(1) or real_compile_fx(*a, **k)
+    )
     torch._dynamo.reset()
     run, said = cpu_run()
     x = torch.randn(64, dtype=torch.float64)  # float64 throughout: inductor's reduction order moves the last bit only
@@ -59,9 +62,12 @@ def test_the_guard_is_on_only_for_a_write_the_probe_finds_lost_and_the_result_is
     assert ema.item() == pytest.approx(eager.item(), rel=1e-9) and ema.item() != 1.0  # whether guarded or kept
     if lost:  # torch drops it: the graph runs as dynamo traced it, and the run names the tensor
         assert not compiled_graphs
-        assert len(said) == 1 and re.fullmatch(rf"notice: ema_write writes in place to .*ema.*, a write that torch "
-                                               rf"{re.escape(torch.__version__)} drops from a compiled graph on cpu: "
-                                               r"that graph runs uncompiled", said[0]), said
+        assert len(said) == 1 and re.fullmatch(
+            rf"notice: ema_write writes in place to .*ema.*, a write that torch "
+            rf"{re.escape(torch.__version__)} drops from a compiled graph on cpu: "
+            r"that graph runs uncompiled",
+            said[0],
+        ), said
     else:  # torch keeps it: inductor compiles the graph, and nothing is said
         assert compiled_graphs and not said
 
@@ -102,9 +108,11 @@ def test_a_torch_outside_the_supported_range_is_named_in_one_line(capsys, monkey
     older = f"{lo.split('.')[0]}.{int(lo.split('.')[1]) - 1}.0+cu130"
     for version, side in ((older, "older"), (f"{hi}.0", "newer")):
         check_torch(version)
-        assert capsys.readouterr().out == (f"notice: torch {version} is {side} than the releases this project supports "
-                                           f'and tests (torch>={lo},<{hi}); if something fails, pip install '
-                                           f'"torch>={lo},<{hi}"\n')
+        assert capsys.readouterr().out == (
+            f"notice: torch {version} is {side} than the releases this project supports "
+            f"and tests (torch>={lo},<{hi}); if something fails, pip install "
+            f'"torch>={lo},<{hi}"\n'
+        )
     monkeypatch.setenv("RANK", "1")  # said once, by rank 0
     check_torch(older)
     assert capsys.readouterr().out == ""
@@ -114,8 +122,10 @@ def test_a_script_says_so_at_start_on_a_torch_outside_the_range():
     """The check runs at the start of every script, before anything else is said."""
     lo, _ = TORCH_RANGE
     older = f"{lo.split('.')[0]}.{int(lo.split('.')[1]) - 1}.0"
-    code = (f"import sys, torch; torch.__version__ = {older!r}; sys.argv = ['ppo.py', '--num-envs', '0']; "
-            f"import runpy; runpy.run_path('algos/ppo.py', run_name='__main__')")
+    code = (
+        f"import sys, torch; torch.__version__ = {older!r}; sys.argv = ['ppo.py', '--num-envs', '0']; "
+        f"import runpy; runpy.run_path('algos/ppo.py', run_name='__main__')"
+    )
     result = run([sys.executable, "-c", code], timeout=120)
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith(f"notice: torch {older} is older than the releases this project supports"), lines
@@ -129,4 +139,7 @@ def test_pyproject_and_ci_state_the_range_the_code_checks():
     # the second CI lane installs the oldest release of the range
     assert re.search(rf"^OLDEST_TORCH={re.escape(lo)}\.0 ", (ROOT / ".ci" / "run").read_text(), re.M)
     # the README's CPU install takes a torch of the range, which the project's install then keeps
-    assert f'pip install "torch>={lo},<{hi}" --index-url https://download.pytorch.org/whl/cpu' in (ROOT / "README.md").read_text()
+    assert (
+        f'pip install "torch>={lo},<{hi}" --index-url https://download.pytorch.org/whl/cpu'
+        in (ROOT / "README.md").read_text()
+    )

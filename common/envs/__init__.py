@@ -34,7 +34,16 @@ BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
 }
 ADAPTER_PREFIXES = ("gym", "envpool", "mjlab")
 
-__all__ = ["ADAPTER_PREFIXES", "BUILTIN_ENVS", "EVAL_PRESETS", "TorchEnv", "eval_env_kwargs", "draws_with_pygame", "list_envs", "make_env"]
+__all__ = [
+    "ADAPTER_PREFIXES",
+    "BUILTIN_ENVS",
+    "EVAL_PRESETS",
+    "TorchEnv",
+    "eval_env_kwargs",
+    "draws_with_pygame",
+    "list_envs",
+    "make_env",
+]
 
 # A training preset -> the evaluation preset it implies: Atari's training preset ends an episode at a lost
 # life and clips rewards; evaluated so, best.pt would be chosen on per-life clipped sums, not game scores.
@@ -50,8 +59,10 @@ def eval_env_kwargs(kwargs: dict, eval_kwargs: dict) -> tuple[dict, str | None]:
     if "preset" in eval_kwargs or preset not in EVAL_PRESETS:
         return merged, None
     merged["preset"] = EVAL_PRESETS[preset]
-    return merged, (f'eval envs: preset "{merged["preset"]}" (implied by the training preset "{preset}": whole games, '
-                    f'unclipped scores); --eval-env-kwargs \'{{"preset": ...}}\' sets another')
+    return merged, (
+        f'eval envs: preset "{merged["preset"]}" (implied by the training preset "{preset}": whole games, '
+        f"unclipped scores); --eval-env-kwargs '{{\"preset\": ...}}' sets another"
+    )
 
 
 def draws_with_pygame(env_id: str) -> bool:
@@ -112,8 +123,10 @@ def make_env(
             return make_envpool_env(name, num_envs, device=device, seed=seed, render_mode=render_mode, **kwargs)
         if prefix == "mjlab":
             if render_mode is not None:
-                raise ValueError(f"{env_id}: this adapter cannot render frames (mjlab's offscreen renderer is not "
-                                 f"wired in); run without --capture-video")
+                raise ValueError(
+                    f"{env_id}: this adapter cannot render frames (mjlab's offscreen renderer is not "
+                    f"wired in); run without --capture-video"
+                )
             from common.envs.mjlab_adapter import make_mjlab_env
 
             return make_mjlab_env(name, num_envs, device=device, seed=seed, **kwargs)

@@ -54,7 +54,9 @@ def _uniform(u: torch.Tensor, low: float, high: float) -> torch.Tensor:
 def _masked_groups(env: TorchEnv, full: torch.Tensor, observed: slice) -> TensorDict:
     """mask_velocity's observation groups: the `observed` entries of the full observation as "policy", the
     full observation as "critic" (copies: a caller editing one in place cannot edit the other)."""
-    return TensorDict({"policy": full[:, observed].clone(), "critic": full}, batch_size=[env.num_envs], device=env.device)
+    return TensorDict(
+        {"policy": full[:, observed].clone(), "critic": full}, batch_size=[env.num_envs], device=env.device
+    )
 
 
 class MirrorSymmetric:
@@ -94,7 +96,9 @@ class MirrorSymmetric:
     def mirror_obs(self, obs: TensorDict) -> TensorDict:
         signs = self._obs_signs
         out = obs.clone(recurse=False)  # the same groups and batch shape, each replaced below
-        out["policy"] = obs["policy"] * signs[self.masked_obs if self.mask_velocity else slice(None)].to(obs["policy"].dtype)
+        out["policy"] = obs["policy"] * signs[self.masked_obs if self.mask_velocity else slice(None)].to(
+            obs["policy"].dtype
+        )
         if "critic" in obs.keys():
             out["critic"] = obs["critic"] * signs.to(obs["critic"].dtype)
         return out
@@ -234,9 +238,7 @@ class Pendulum(MirrorSymmetric, TorchEnv):
             self.single_critic_observation_space = spaces.Box(low=-high, high=high, dtype=np.float32)
         high = high[:2] if mask_velocity else high
         self.single_observation_space = spaces.Box(low=-high, high=high, dtype=np.float32)
-        self.single_action_space = spaces.Box(
-            low=-self.max_torque, high=self.max_torque, shape=(1,), dtype=np.float32
-        )
+        self.single_action_space = spaces.Box(low=-self.max_torque, high=self.max_torque, shape=(1,), dtype=np.float32)
         self.g = g
         super().__init__(num_envs, device, seed, dtype, max_episode_steps)
 
@@ -295,9 +297,7 @@ class MountainCarContinuous(TorchEnv):
         low = np.array([self.min_position, -self.max_speed], dtype=np.float32)
         high = np.array([self.max_position, self.max_speed], dtype=np.float32)
         self.single_observation_space = spaces.Box(low=low, high=high, dtype=np.float32)
-        self.single_action_space = spaces.Box(
-            low=self.min_action, high=self.max_action, shape=(1,), dtype=np.float32
-        )
+        self.single_action_space = spaces.Box(low=self.min_action, high=self.max_action, shape=(1,), dtype=np.float32)
         self.goal_velocity = goal_velocity
         super().__init__(num_envs, device, seed, dtype, max_episode_steps)
 
@@ -354,9 +354,7 @@ class Acrobot(MirrorSymmetric, TorchEnv):
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int | None = None,
     ):
-        high = np.array(
-            [1.0, 1.0, 1.0, 1.0, self.MAX_VEL_1, self.MAX_VEL_2], dtype=np.float32
-        )
+        high = np.array([1.0, 1.0, 1.0, 1.0, self.MAX_VEL_1, self.MAX_VEL_2], dtype=np.float32)
         self.single_observation_space = spaces.Box(low=-high, high=high, dtype=np.float32)
         self.single_action_space = spaces.Discrete(3)
         super().__init__(num_envs, device, seed, dtype, max_episode_steps)
@@ -386,9 +384,7 @@ class Acrobot(MirrorSymmetric, TorchEnv):
             + (m1 * lc1 + m2 * l1) * g * torch.cos(theta1 - math.pi / 2)
             + phi2
         )
-        ddtheta2 = (a + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * sin2 - phi2) / (
-            m2 * lc2**2 + I2 - d2**2 / d1
-        )
+        ddtheta2 = (a + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * sin2 - phi2) / (m2 * lc2**2 + I2 - d2**2 / d1)
         ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
         return torch.stack((dtheta1, dtheta2, ddtheta1, ddtheta2), dim=1)
 

@@ -148,9 +148,7 @@ class TorchEnv:
         if max_episode_steps is None:
             max_episode_steps = self.default_max_episode_steps
         if not isinstance(max_episode_steps, numbers.Integral) or max_episode_steps < 1:
-            raise ValueError(
-                f"{self.env_id}: max_episode_steps must be a positive int, got {max_episode_steps!r}"
-            )
+            raise ValueError(f"{self.env_id}: max_episode_steps must be a positive int, got {max_episode_steps!r}")
         self.num_envs = int(num_envs)
         self.device = torch.device(device)
         self._batch_size = torch.Size([self.num_envs])
@@ -176,9 +174,7 @@ class TorchEnv:
     def _initial_state(self, u: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _dynamics(
-        self, state: torch.Tensor, action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _dynamics(self, state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
@@ -252,8 +248,7 @@ class TorchEnv:
             action = action.reshape(n, 1)
         if action.shape != (n, act_dim):
             raise ValueError(
-                f"{self.env_id}: expected a Box action batch of shape [{n}, {act_dim}], "
-                f"got {list(action.shape)}"
+                f"{self.env_id}: expected a Box action batch of shape [{n}, {act_dim}], got {list(action.shape)}"
             )
         return action.to(self.dtype)
 

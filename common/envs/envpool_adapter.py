@@ -48,12 +48,21 @@ from common.envs.staging import StepStaging
 
 EXTRA = 'pip install -e ".[envpool]"'
 PLAYGROUND_GROUPS = {"policy": "state", "critic": "privileged_state"}  # MuJoCo Playground's observation keys
-ATARI_PRESETS = {"atari": dict(episodic_life=True, reward_clip=True),
-                 "atari-eval": dict(episodic_life=False, reward_clip=False)}
+ATARI_PRESETS = {
+    "atari": dict(episodic_life=True, reward_clip=True),
+    "atari-eval": dict(episodic_life=False, reward_clip=False),
+}
 
 
-def make_envpool_env(task: str, num_envs: int, device: str | torch.device = "cpu", seed: int = 0,
-                     render_mode: str | None = None, preset: str | None = None, **envpool_kwargs) -> EnvpoolVecEnv:
+def make_envpool_env(
+    task: str,
+    num_envs: int,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    render_mode: str | None = None,
+    preset: str | None = None,
+    **envpool_kwargs,
+) -> EnvpoolVecEnv:
     """`num_envs` envs of envpool's `task`, stepped in envpool's C++ threads, with tensors on `device`."""
     try:
         import envpool
@@ -95,8 +104,16 @@ def _in_env_order(obs, reward, terminated, truncated, info):
 class EnvpoolVecEnv:
     """An envpool pool (same-step autoreset added) with the torch env contract's interface."""
 
-    def __init__(self, task: str, make_pool, num_envs: int, device: str | torch.device, seed: int,
-                 render_mode: str | None = None, game: bool = False):
+    def __init__(
+        self,
+        task: str,
+        make_pool,
+        num_envs: int,
+        device: str | torch.device,
+        seed: int,
+        render_mode: str | None = None,
+        game: bool = False,
+    ):
         self.env_id = f"envpool:{task}"
         self.num_envs = num_envs
         self.device = torch.device(device)
@@ -123,22 +140,31 @@ class EnvpoolVecEnv:
             self.single_observation_space = spaces.Box(0, 255, chw, dtype=np.uint8)
         else:
             self.single_observation_space = _flat_box(self._groups["policy"][1])
-        self.single_critic_observation_space = _flat_box(self._groups["critic"][1]) if "critic" in self._groups else None
+        self.single_critic_observation_space = (
+            _flat_box(self._groups["critic"][1]) if "critic" in self._groups else None
+        )
         if render_mode is not None and self._image is None:
-            raise ValueError(f"{self.env_id}: this adapter draws frames from image observations only; this task has "
-                             f"vectors; run without --capture-video")
+            raise ValueError(
+                f"{self.env_id}: this adapter draws frames from image observations only; this task has "
+                f"vectors; run without --capture-video"
+            )
 
         act_space = self.envs.action_space
         if isinstance(act_space, spaces.Discrete):
             self.single_action_space = spaces.Discrete(int(act_space.n))
             self._action_dtype = np.int32
         elif isinstance(act_space, spaces.Box) and len(act_space.shape) == 1:
-            self.single_action_space = spaces.Box(act_space.low.astype(np.float32), act_space.high.astype(np.float32),
-                                                  dtype=np.float32)
+            self.single_action_space = spaces.Box(
+                act_space.low.astype(np.float32), act_space.high.astype(np.float32), dtype=np.float32
+            )
             self._action_dtype = act_space.dtype
         else:
-            raise ValueError(f"{self.env_id}: action space {act_space} is not supported; the scripts handle Box and Discrete")
-        self._noop = np.zeros((num_envs, *self.single_action_space.shape), dtype=self._action_dtype)  # restarts' actions
+            raise ValueError(
+                f"{self.env_id}: action space {act_space} is not supported; the scripts handle Box and Discrete"
+            )
+        self._noop = np.zeros(
+            (num_envs, *self.single_action_space.shape), dtype=self._action_dtype
+        )  # restarts' actions
 
         # One staging buffer for a step's results: one copy to the device per step.
         n, fields = num_envs, {}
@@ -177,14 +203,17 @@ class EnvpoolVecEnv:
         if isinstance(self.single_action_space, spaces.Discrete):
             action = action.reshape(n) if action.shape == (n, 1) else action
             if action.shape != (n,):
-                raise ValueError(f"{self.env_id}: expected a Discrete action batch of shape [{n}] or [{n}, 1], "
-                                 f"got {list(action.shape)}")
+                raise ValueError(
+                    f"{self.env_id}: expected a Discrete action batch of shape [{n}] or [{n}, 1], "
+                    f"got {list(action.shape)}"
+                )
         else:
             act_dim = int(self.single_action_space.shape[0])
             action = action.reshape(n, 1) if act_dim == 1 and action.shape == (n,) else action
             if action.shape != (n, act_dim):
-                raise ValueError(f"{self.env_id}: expected a Box action batch of shape [{n}, {act_dim}], "
-                                 f"got {list(action.shape)}")
+                raise ValueError(
+                    f"{self.env_id}: expected a Box action batch of shape [{n}, {act_dim}], got {list(action.shape)}"
+                )
         return action.astype(self._action_dtype, copy=False)
 
     # -- the contract -------------------------------------------------------------------------
@@ -252,5 +281,7 @@ class EnvpoolVecEnv:
         self.envs.close()
 
     def __repr__(self) -> str:
-        return (f"EnvpoolVecEnv({self.env_id}, num_envs={self.num_envs}, device={self.device}, "
-                f"max_episode_steps={self.max_episode_steps})")
+        return (
+            f"EnvpoolVecEnv({self.env_id}, num_envs={self.num_envs}, device={self.device}, "
+            f"max_episode_steps={self.max_episode_steps})"
+        )

@@ -39,7 +39,9 @@ def frames_from_image(image, kind: str = "stack", min_side: int = 160) -> list[n
         on = image > 127
         rarity = np.where(on, on.sum((2, 3))[:, :, None, None], h * w + 1)
         top = np.where(on.any(1), np.argmin(rarity, axis=1), -1)  # per pixel: the rarest kind of object set there
-        rgb = np.where(top[:, None] >= 0, (palette[top] * 255).astype(np.uint8).transpose(0, 3, 1, 2), 0).astype(np.uint8)
+        rgb = np.where(top[:, None] >= 0, (palette[top] * 255).astype(np.uint8).transpose(0, 3, 1, 2), 0).astype(
+            np.uint8
+        )
     scale = max(1, -(-min_side // min(h, w)))
     rgb = rgb.transpose(0, 2, 3, 1).repeat(scale, axis=1).repeat(scale, axis=2)
     return [np.ascontiguousarray(frame) for frame in rgb]

@@ -155,8 +155,10 @@ def _to_chw(layout: str, batch: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # Atari preset
 # ---------------------------------------------------------------------------------------
-ATARI_PRESETS = {"atari": dict(episodic_life=True, clip_rewards=True),
-                 "atari-eval": dict(episodic_life=False, clip_rewards=False)}
+ATARI_PRESETS = {
+    "atari": dict(episodic_life=True, clip_rewards=True),
+    "atari-eval": dict(episodic_life=False, clip_rewards=False),
+}
 ATARI_EXTRA = 'pip install -e ".[atari]"'
 
 
@@ -263,8 +265,9 @@ def _atari_setup(env_id: str, preset: str, env_kwargs: dict) -> list:
     options = ATARI_PRESETS[preset]
 
     def preprocess(env: gym.Env) -> gym.Env:
-        env = score = GameScore(gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
-                                                                grayscale_obs=True))
+        env = score = GameScore(
+            gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        )
         if options["episodic_life"]:
             env = EpisodicLife(env)
         meanings = env.unwrapped.get_action_meanings()
@@ -320,7 +323,9 @@ class GymVecEnv:
         vector_kwargs["autoreset_mode"] = gym.vector.AutoresetMode.SAME_STEP
         vector_kwargs.setdefault("copy", False)  # observations are copied into our own buffer at once
         wrappers = _atari_setup(env_id, preset, env_kwargs) if preset is not None else None
-        if env_id.startswith("ALE/") and env_id not in gym.registry:  # ale-py registers its ids with gymnasium when asked
+        if (
+            env_id.startswith("ALE/") and env_id not in gym.registry
+        ):  # ale-py registers its ids with gymnasium when asked
             try:
                 import ale_py
 
@@ -329,8 +334,12 @@ class GymVecEnv:
                 raise ValueError(f"gym:{env_id}: Atari needs ale-py: {ATARI_EXTRA}") from None
         try:
             self.envs = gym.make_vec(
-                env_id, num_envs=num_envs, vectorization_mode=vectorization, vector_kwargs=vector_kwargs,
-                wrappers=wrappers, **env_kwargs
+                env_id,
+                num_envs=num_envs,
+                vectorization_mode=vectorization,
+                vector_kwargs=vector_kwargs,
+                wrappers=wrappers,
+                **env_kwargs,
             )
         except gym.error.Error as e:  # unknown id, missing simulator (with gymnasium's install hint), ...
             raise ValueError(f"gym:{env_id}: {e}") from None
@@ -378,9 +387,14 @@ class GymVecEnv:
 
         # One staging buffer for a step's results (common.envs.staging): one copy to the device per step.
         n, obs_dtype = num_envs, torch.uint8 if self._image is not None else torch.float32
-        fields = {"obs": ((n, *self._obs_shape), obs_dtype), "final_obs": ((n, *self._obs_shape), obs_dtype),
-                  "reward": ((n,), torch.float32), "terminated": ((n,), torch.bool), "truncated": ((n,), torch.bool),
-                  "success": ((n,), torch.bool)}
+        fields = {
+            "obs": ((n, *self._obs_shape), obs_dtype),
+            "final_obs": ((n, *self._obs_shape), obs_dtype),
+            "reward": ((n,), torch.float32),
+            "terminated": ((n,), torch.bool),
+            "truncated": ((n,), torch.bool),
+            "success": ((n,), torch.bool),
+        }
         if self._game:
             fields.update(game_reward=((n,), torch.float32), game_over=((n,), torch.bool))
         self._staging = StepStaging(fields, self.device)
@@ -404,7 +418,8 @@ class GymVecEnv:
     # -- numpy <-> torch, in one place -------------------------------------------------------
 
     def _flatten(self, obs) -> np.ndarray:
-        """Batched observations from gymnasium -> [N, obs_dim], or images [N, C, H, W] (any dtype; cast on assignment)."""
+        """Batched observations from gymnasium -> [N, obs_dim], or images [N, C, H, W] (any dtype; cast on
+        assignment)."""
         if self._image is not None:
             return _to_chw(self._image, np.asarray(obs))
         if self._batch_flatten:
@@ -422,7 +437,8 @@ class GymVecEnv:
                 action = action.reshape(n)
             if action.shape != (n,):
                 raise ValueError(
-                    f"{self.env_id}: expected a Discrete action batch of shape [{n}] or [{n}, 1], got {list(action.shape)}"
+                    f"{self.env_id}: expected a Discrete action batch of shape [{n}] or [{n}, 1], got "
+                    f"{list(action.shape)}"
                 )
             action = action.astype(np.int64, copy=False)
             return action + self._action_start if self._action_start else action
@@ -430,7 +446,9 @@ class GymVecEnv:
         if act_dim == 1 and action.shape == (n,):
             action = action.reshape(n, 1)
         if action.shape != (n, act_dim):
-            raise ValueError(f"{self.env_id}: expected a Box action batch of shape [{n}, {act_dim}], got {list(action.shape)}")
+            raise ValueError(
+                f"{self.env_id}: expected a Box action batch of shape [{n}, {act_dim}], got {list(action.shape)}"
+            )
         return action.astype(self._action_dtype, copy=False).reshape(n, *self._action_shape)
 
     def _wrap(self, x: torch.Tensor) -> TensorDict:
@@ -465,7 +483,9 @@ class GymVecEnv:
         if done_mask is not None and done_mask.any():
             for i in np.flatnonzero(done_mask):
                 last = info["final_obs"][i]
-                h_final[i] = _to_chw(self._image, last[None])[0] if self._image else spaces.flatten(self._obs_space, last)
+                h_final[i] = (
+                    _to_chw(self._image, last[None])[0] if self._image else spaces.flatten(self._obs_space, last)
+                )
         host["reward"][:] = reward
         host["terminated"][:] = terminated
         host["truncated"][:] = truncated

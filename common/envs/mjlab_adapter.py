@@ -3,10 +3,9 @@
     envs = make_env("mjlab:Mjlab-Velocity-Flat-Unitree-G1", num_envs=4096, device="cuda", seed=1)
     envs = make_env("mjlab:Mjlab-Cartpole-Balance", 64, configure=lambda cfg: setattr(cfg, "episode_length_s", 10.0))
 
-mjlab (https://github.com/mujocolab/mjlab) is Isaac Lab's manager-based API on MuJoCo Warp:
-all envs of a task live in one batched simulator on the device, like the built-in envs here.
-Its `ManagerBasedRlEnv` has Isaac Lab's shape, which is all `ManagerBasedEnvAdapter` below
-relies on in "pre_step" mode:
+mjlab (https://github.com/mujocolab/mjlab) is Isaac Lab's manager-based API on MuJoCo Warp: all envs of a task live in
+one batched simulator on the device, like the built-in envs here. Its `ManagerBasedRlEnv` has Isaac Lab's shape, which
+is all `ManagerBasedEnvAdapter` below relies on in "pre_step" mode:
 
     obs_dict, extras = env.reset(seed=...)
     obs_dict, reward, terminated, truncated, extras = env.step(action)   # torch tensors
@@ -14,13 +13,13 @@ relies on in "pre_step" mode:
     extras["log"]   -> episode statistics of the envs reset in this step (tensors or numbers)
     env.num_envs, env.max_episode_length, env.single_action_space.shape, env.cfg.is_finite_horizon
 
-so an Isaac Lab env (ManagerBasedRLEnv, DirectRLEnv) can be wrapped by the same class, with
-`final_obs="pre_step"` (Isaac Lab always resets inside `step`).
+so an Isaac Lab env (ManagerBasedRLEnv, DirectRLEnv) can be wrapped by the same class, with `final_obs="pre_step"`
+(Isaac Lab always resets inside `step`).
 
-Observation groups map to the contract's keys: "policy" <- the task's "policy" group (Isaac
-Lab's name) or "actor" (mjlab's); "critic" <- "critic" when the task has privileged critic
-inputs. Groups whose terms are not concatenated are flattened and concatenated in term order.
-Other groups (cameras, ...) are not passed on; `obs_groups` picks them explicitly.
+Observation groups map to the contract's keys: "policy" <- the task's "policy" group (Isaac Lab's name) or "actor"
+(mjlab's); "critic" <- "critic" when the task has privileged critic inputs. Groups whose terms are not concatenated are
+flattened and concatenated in term order. Other groups (cameras, ...) are not passed on; `obs_groups` picks them
+explicitly.
 
 Final observations (`final_obs`)
 --------------------------------
@@ -30,27 +29,26 @@ Final observations (`final_obs`)
   the approximation rsl_rl makes when it bootstraps time-outs with V(s_{T-1}) in place of V(s_T).
   Works with any Isaac Lab-shaped env; slightly biased on truncation.
 
-How "terminal" gets the last observation. mjlab 1.6's `ManagerBasedRlEnv.step`
-(src/mjlab/envs/manager_based_rl_env.py) runs, after the physics and the rewards:
+How "terminal" gets the last observation. mjlab 1.6's `ManagerBasedRlEnv.step` (src/mjlab/envs/manager_based_rl_env.py)
+runs, after the physics and the rewards:
 
     reset_env_ids = reset_buf.nonzero()                        # the simulator's own host sync
     if auto_reset and any: self._reset_idx(reset_env_ids)      # resets the finished envs' state
     sim.forward(); command_manager.compute(dt=...); sim.sense()
     obs_buf = observation_manager.compute(update_history=True)
 
-so with its auto-reset on, the observation of a finished env's last state is never computed:
-the single forward/observation pass sees the new episode. With `cfg.auto_reset = False`, step
-computes every env's observation at the state the step ended in and the caller resets the
-finished envs with `reset(env_ids)`, whose second half is the same pass scoped to those envs:
-`sim.forward(); command_manager.compute(dt=0.0, env_ids); sim.sense();
-observation_manager.compute(update_history=True, env_ids)` (the `env_ids` forms backfill only the
-reset envs' observation history and delay buffers and advance only their commands, so the other
-envs' observation timelines, command timers and history stay as the step left them).
+so with its auto-reset on, the observation of a finished env's last state is never computed: the single
+forward/observation pass sees the new episode. With `cfg.auto_reset = False`, step computes every env's observation at
+the state the step ended in and the caller resets the finished envs with `reset(env_ids)`, whose second half is the same
+pass scoped to those envs: `sim.forward(); command_manager.compute(dt=0.0, env_ids); sim.sense();
+observation_manager.compute(update_history=True, env_ids)` (the `env_ids` forms backfill only the reset envs'
+observation history and delay buffers and advance only their commands, so the other envs' observation timelines, command
+timers and history stay as the step left them).
 
-The adapter runs that explicit sequence *inside* mjlab's step, with mjlab's auto-reset on, so it
-needs neither the caller's list of finished envs (a host sync) nor a second call into mjlab:
-a hook on the env instance replaces `env._reset_idx`, which step calls only when episodes ended,
-with the ids it has already read back. When called from the adapter's step, the hook
+The adapter runs that explicit sequence *inside* mjlab's step, with mjlab's auto-reset on, so it needs neither the
+caller's list of finished envs (a host sync) nor a second call into mjlab: a hook on the env instance replaces
+`env._reset_idx`, which step calls only when episodes ended, with the ids it has already read back. When called from the
+adapter's step, the hook
 
 1. computes the terminal observations as the auto_reset=False step would: `sim.forward()`,
    `command_manager.compute(dt=step_dt)`, `sim.sense()`,
@@ -63,44 +61,38 @@ with the ids it has already read back. When called from the adapter's step, the 
    `command_manager.compute(dt=0.0, env_ids)` and
    `observation_manager.compute(update_history=True, env_ids)`.
 
-The result is, call for call and random draw for random draw, the auto_reset=False step
-followed by `reset(env_ids)` (tests/test_mjlab_adapter.py checks them equal, bit for bit; only
-mjlab's recorders also get the pre-reset call of its auto-reset path): the
-returned obs of a finished env is its new episode's first observation, `final_obs` its terminal
-one, and the other envs' rows are the step's observations. On steps where no episode ends,
-mjlab does not call `_reset_idx` and the hook costs nothing. Why a hook and not a copy of
-mjlab's step: the step (physics, rewards, events, recorders, metrics) stays mjlab's own, and the
-hook touches only the three calls whose arguments the reset path changes.
+The result is, call for call and random draw for random draw, the auto_reset=False step followed by `reset(env_ids)`
+(tests/test_mjlab_adapter.py checks them equal, bit for bit; only mjlab's recorders also get the pre-reset call of its
+auto-reset path): the returned obs of a finished env is its new episode's first observation, `final_obs` its terminal
+one, and the other envs' rows are the step's observations. On steps where no episode ends, mjlab does not call
+`_reset_idx` and the hook costs nothing. Why a hook and not a copy of mjlab's step: the step (physics, rewards, events,
+recorders, metrics) stays mjlab's own, and the hook touches only the three calls whose arguments the reset path changes.
 
-Cost against mjlab's own auto-reset, on steps where some episode ends: one more forward,
-sensing, command and observation pass over all envs (mjlab's auto-reset saves it by never
-computing the terminal observation; any true final observation needs the forward kinematics of
-the terminal state). No host sync of the adapter's own: the ids are the ones mjlab's step read
-back; mjlab's managers keep their own (the resampling check of command timers, the `.item()` of
-some reset statistics), one of them in the extra command pass. On those steps mjlab's command
-metrics (`Metrics/<command>/...`, logging only) of the continuing envs are refreshed twice, as
-in mjlab's own `reset(env_ids)` path. The plain alternative, auto_reset=False and the adapter
-calling `env.reset(env_ids)` after each step, runs the same passes plus two host syncs per step
-(the adapter's `done.nonzero()` to list the finished envs, and mjlab's check for pending manual
-resets at the start of its step) and a second round of Python through mjlab's reset.
+Cost against mjlab's own auto-reset, on steps where some episode ends: one more forward, sensing, command and
+observation pass over all envs (mjlab's auto-reset saves it by never computing the terminal observation; any true final
+observation needs the forward kinematics of the terminal state). No host sync of the adapter's own: the ids are the ones
+mjlab's step read back; mjlab's managers keep their own (the resampling check of command timers, the `.item()` of some
+reset statistics), one of them in the extra command pass. On those steps mjlab's command metrics
+(`Metrics/<command>/...`, logging only) of the continuing envs are refreshed twice, as in mjlab's own `reset(env_ids)`
+path. The plain alternative, auto_reset=False and the adapter calling `env.reset(env_ids)` after each step, runs the
+same passes plus two host syncs per step (the adapter's `done.nonzero()` to list the finished envs, and mjlab's check
+for pending manual resets at the start of its step) and a second round of Python through mjlab's reset.
 
-What "terminal" relies on is checked when the adapter is built (`terminal_hook_problems`):
-`_reset_idx`, `sim.forward`/`sim.sense`, the `env_ids` forms of the two `compute` methods, and
-the order of those calls in `step`; after every step the adapter checks that both redirects
-were consumed. Another mjlab version that fails a check is refused with the cause and the way
-out (mjlab 1.6.x, or `final_obs="pre_step"`); `CHECKED_MJLAB` is the version it was checked on.
+What "terminal" relies on is checked when the adapter is built (`terminal_hook_problems`): `_reset_idx`,
+`sim.forward`/`sim.sense`, the `env_ids` forms of the two `compute` methods, and the order of those calls in `step`;
+after every step the adapter checks that both redirects were consumed. Another mjlab version that fails a check is
+refused with the cause and the way out (mjlab 1.6.x, or `final_obs="pre_step"`); `CHECKED_MJLAB` is the version it was
+checked on.
 
-Per-step work of the adapter: no host reads, no per-step tensors from host values. mjlab 1.6
-builds new observation tensors at every `compute` (a `torch.cat` per concatenated group, a
-clone per term), so they are passed on without copies (`copy_obs=False`); reward and done flags
-live in buffers mjlab rewrites in place, so they are copied. `extras["log"]` values that are
-tensors stay on the device (0-d float32), numbers stay Python floats: no host-to-device copy
-per value and step. Returned tensors belong to the caller: neither mjlab nor the adapter writes
-them again.
+Per-step work of the adapter: no host reads, no per-step tensors from host values. mjlab 1.6 builds new observation
+tensors at every `compute` (a `torch.cat` per concatenated group, a clone per term), so they are passed on without
+copies (`copy_obs=False`); reward and done flags live in buffers mjlab rewrites in place, so they are copied.
+`extras["log"]` values that are tensors stay on the device (0-d float32), numbers stay Python floats: no host-to-device
+copy per value and step. Returned tensors belong to the caller: neither mjlab nor the adapter writes them again.
 
-Episodes that hit the time limit are `truncated` (bootstrapped) unless the task declares a
-finite horizon (`cfg.is_finite_horizon`), in which case the time limit is terminal and the
-adapter reports them as `terminated`, as mjlab's rsl_rl wrapper does.
+Episodes that hit the time limit are `truncated` (bootstrapped) unless the task declares a finite horizon
+(`cfg.is_finite_horizon`), in which case the time limit is terminal and the adapter reports them as `terminated`, as
+mjlab's rsl_rl wrapper does.
 
 Mirror symmetry (`data_augmentation`, for `ppo.py --symmetry`)
 ---------------------------------------------------------------
@@ -112,21 +104,20 @@ task declares it in a subclass, and rsl_rl (5.4.2, which mjlab 1.6 pins) reads i
 mjlab's train script makes of the config. rsl_rl calls it `func(env=..., obs=..., actions=...)`,
 `obs` a TensorDict of the task's groups (rsl_rl >= 3), or once per group with
 `obs_type="policy"|"critic"` and that group's tensor (rsl_rl 2, older Isaac Lab); a "module:name"
-string (what Isaac Lab's config-to-dict makes of a function) is imported. The adapter's `data_augmentation(obs=None, actions=None)` calls it with the
-wrapped env (whose `unwrapped` is itself, as the functions expect of rsl_rl's wrapper) and the
-observations under the task's group names, a group of separate terms split back into its terms,
+string (what Isaac Lab's config-to-dict makes of a function) is imported. The adapter's
+`data_augmentation(obs=None, actions=None)` calls it with the wrapped env (whose `unwrapped` is
+itself, as the functions expect of rsl_rl's wrapper) and the observations under the task's group
+names, a group of separate terms split back into its terms,
 and maps the result back: each batch followed by its mirror images along dim 0, any leading batch
 shape ([B] or [T, N]). A `data_augmentation` attribute of the unwrapped env, or else of its config,
 is taken as is, before the task's function (a mirror written for the adapter's own observations).
 Without either the adapter has no `data_augmentation` attribute (`--symmetry` then stops the run).
 
-Seeding and checkpoints: mjlab draws its randomness (resets, domain randomisation, noise)
-from the process-wide torch/numpy/warp generators, so `seed` (at construction and in
-`reset(seed=...)`) re-seeds those global generators, exactly as mjlab does; numpy and warp
-take 32-bit seeds, so a seed is folded to `seed % 2**31` first (the scripts derive 62-bit ones).
-The simulator and manager state cannot be snapshotted through mjlab's API, so `state_dict()` is
-empty and a resumed run starts from freshly reset envs (resume is exact only for the built-in envs).
-"""
+Seeding and checkpoints: mjlab draws its randomness (resets, domain randomisation, noise) from the process-wide
+torch/numpy/warp generators, so `seed` (at construction and in `reset(seed=...)`) re-seeds those global generators,
+exactly as mjlab does; numpy and warp take 32-bit seeds, so a seed is folded to `seed % 2**31` first (the scripts derive
+62-bit ones). The simulator and manager state cannot be snapshotted through mjlab's API, so `state_dict()` is empty and
+a resumed run starts from freshly reset envs (resume is exact only for the built-in envs)."""
 
 from __future__ import annotations
 
@@ -195,9 +186,11 @@ def make_mjlab_env(
 
     installed = mjlab_version()
     if final_obs == "terminal" and installed is not None and not installed.startswith(CHECKED_MJLAB + "."):
-        print(f"notice: mjlab {installed}: the true final observations were checked with mjlab {CHECKED_MJLAB}.x "
-              f"(they take the observation inside its step, before its auto-reset); run tests/test_mjlab_adapter.py",
-              flush=True)
+        print(
+            f"notice: mjlab {installed}: the true final observations were checked with mjlab {CHECKED_MJLAB}.x "
+            f"(they take the observation inside its step, before its auto-reset); run tests/test_mjlab_adapter.py",
+            flush=True,
+        )
     tasks = list_tasks()
     if task not in tasks:
         close = difflib.get_close_matches(task, tasks, n=1)
@@ -218,9 +211,15 @@ def make_mjlab_env(
     env = ManagerBasedRlEnv(cfg, device=str(torch.device(device)))
     try:
         # copy_obs=False: mjlab builds new observation tensors at every compute (see the module doc).
-        return ManagerBasedEnvAdapter(env, f"mjlab:{task}", final_obs=final_obs, obs_groups=obs_groups,
-                                      clip_actions=clip_actions, copy_obs=False,
-                                      data_augmentation_func=data_augmentation_func)
+        return ManagerBasedEnvAdapter(
+            env,
+            f"mjlab:{task}",
+            final_obs=final_obs,
+            obs_groups=obs_groups,
+            clip_actions=clip_actions,
+            copy_obs=False,
+            data_augmentation_func=data_augmentation_func,
+        )
     except Exception:
         env.close()
         raise
@@ -308,7 +307,10 @@ def terminal_hook_problems(env) -> list[str]:
     sim = getattr(env, "sim", None)
     if not (callable(getattr(sim, "forward", None)) and callable(getattr(sim, "sense", None))):
         problems.append("the env has no sim.forward() and sim.sense()")
-    for manager, needed in (("observation_manager", {"update_history", "env_ids"}), ("command_manager", {"dt", "env_ids"})):
+    for manager, needed in (
+        ("observation_manager", {"update_history", "env_ids"}),
+        ("command_manager", {"dt", "env_ids"}),
+    ):
         method = getattr(getattr(env, manager, None), "compute", None)
         missing = needed - _parameters(method)
         if missing:
@@ -377,7 +379,7 @@ class ManagerBasedEnvAdapter:
                 raise ValueError(
                     f"{env_id}: final_obs='terminal' cannot take the true final observations from {found}: "
                     f"{problems[0]}; install mjlab {CHECKED_MJLAB}.x (pip install 'mjlab=={CHECKED_MJLAB}.*') "
-                    f"or pass --env-kwargs '{{\"final_obs\": \"pre_step\"}}'"
+                    f'or pass --env-kwargs \'{{"final_obs": "pre_step"}}\''
                 )
         self.env = env
         self.env_id = env_id
@@ -431,8 +433,11 @@ class ManagerBasedEnvAdapter:
         # Terms of the groups that are not concatenated, in the order `_group_tensor` flattens them:
         # the space's order until reset() reads theirs from the first observations (not in step: nothing
         # for the mirror's sake runs per env step).
-        self._term_layout = {g: [(t, tuple(ts.shape)) for t, ts in s.spaces.items()]
-                             for g, s in group_spaces.items() if hasattr(s, "spaces")}
+        self._term_layout = {
+            g: [(t, tuple(ts.shape)) for t, ts in s.spaces.items()]
+            for g, s in group_spaces.items()
+            if hasattr(s, "spaces")
+        }
         own = own_data_augmentation(env)
         if own is not None:
             self.data_augmentation = own
@@ -480,7 +485,9 @@ class ManagerBasedEnvAdapter:
 
     def _group_tensor(self, value) -> torch.Tensor:
         n = self.num_envs
-        if isinstance(value, dict):  # a group whose terms are not concatenated: flatten each, in term order (new tensor)
+        if isinstance(
+            value, dict
+        ):  # a group whose terms are not concatenated: flatten each, in term order (new tensor)
             return torch.cat([v.reshape(n, -1) for v in value.values()], dim=-1).to(torch.float32)
         value = value.reshape(n, -1).to(torch.float32)
         return value.clone() if self._copy_obs else value
@@ -488,7 +495,8 @@ class ManagerBasedEnvAdapter:
     def _convert_obs(self, obs: dict) -> TensorDict:
         return TensorDict(
             {key: self._group_tensor(obs[group]) for key, group in self.obs_groups.items()},
-            batch_size=self._batch_size, device=self.device,
+            batch_size=self._batch_size,
+            device=self.device,
         )
 
     # -- the mirror (data_augmentation) by the task's function ------------------------------------
@@ -503,17 +511,25 @@ class ManagerBasedEnvAdapter:
         else:
             task_obs = None
             if flat_obs is not None:
-                task_obs = TensorDict({self.obs_groups[k]: self._task_group(self.obs_groups[k], flat_obs[k])
-                                       for k in flat_obs.keys()}, batch_size=flat_obs.batch_size)
+                task_obs = TensorDict(
+                    {self.obs_groups[k]: self._task_group(self.obs_groups[k], flat_obs[k]) for k in flat_obs.keys()},
+                    batch_size=flat_obs.batch_size,
+                )
             obs_aug, actions_aug = self._task_mirror(env=self.env, obs=task_obs, actions=flat_actions)
-            mirrored = None if obs is None else {k: self._flat_rows(self.obs_groups[k], obs_aug[self.obs_groups[k]])
-                                                 for k in flat_obs.keys()}
+            mirrored = (
+                None
+                if obs is None
+                else {k: self._flat_rows(self.obs_groups[k], obs_aug[self.obs_groups[k]]) for k in flat_obs.keys()}
+            )
         obs_out = actions_out = None
         if obs is not None:
             rows = next(iter(mirrored.values())).shape[0]
             lead = self._stacked(rows, obs.batch_size, "observations")
-            obs_out = TensorDict({k: v.reshape(*lead, *obs[k].shape[obs.batch_dims:]) for k, v in mirrored.items()},
-                                 batch_size=lead, device=obs.device)
+            obs_out = TensorDict(
+                {k: v.reshape(*lead, *obs[k].shape[obs.batch_dims :]) for k, v in mirrored.items()},
+                batch_size=lead,
+                device=obs.device,
+            )
         if actions is not None:
             lead = self._stacked(actions_aug.shape[0], actions.shape[:-1], "actions")
             actions_out = actions_aug.reshape(*lead, actions.shape[-1])
@@ -552,8 +568,10 @@ class ManagerBasedEnvAdapter:
         """The leading shape of `rows` mirrored rows of a batch of `batch_shape`: its first dim times the copies."""
         n = math.prod(batch_shape)
         if rows < n or rows % n:
-            raise ValueError(f"{self.env_id}: the task's data_augmentation_func returned {rows} rows of {what} for "
-                             f"{n}; it must return the {n} given, then their mirror images")
+            raise ValueError(
+                f"{self.env_id}: the task's data_augmentation_func returned {rows} rows of {what} for "
+                f"{n}; it must return the {n} given, then their mirror images"
+            )
         return (rows // n * batch_shape[0], *batch_shape[1:])
 
     def _log(self, extras: dict) -> dict[str, torch.Tensor | float]:
@@ -574,7 +592,9 @@ class ManagerBasedEnvAdapter:
         if act_dim == 1 and action.shape == (n,):
             action = action.reshape(n, 1)
         if action.shape != (n, act_dim):
-            raise ValueError(f"{self.env_id}: expected an action batch of shape [{n}, {act_dim}], got {list(action.shape)}")
+            raise ValueError(
+                f"{self.env_id}: expected an action batch of shape [{n}, {act_dim}], got {list(action.shape)}"
+            )
         return action
 
     # -- the contract -----------------------------------------------------------------------
@@ -583,8 +603,13 @@ class ManagerBasedEnvAdapter:
         """Reset every env; `seed` re-seeds the simulator's (process-wide) generators first."""
         obs, _ = self.env.reset(seed=sim_seed(seed)) if seed is not None else self.env.reset()
         # the order the mirror splits a term group's flat rows by: the env's, as _group_tensor flattens it
-        self._term_layout.update({g: [(t, tuple(v.shape[1:])) for t, v in value.items()]
-                                  for g, value in obs.items() if isinstance(value, dict)})
+        self._term_layout.update(
+            {
+                g: [(t, tuple(v.shape[1:])) for t, v in value.items()]
+                for g, value in obs.items()
+                if isinstance(value, dict)
+            }
+        )
         self._last_obs = self._convert_obs(obs)
         self._needs_reset = False
         return self._last_obs, {}
@@ -626,14 +651,16 @@ class ManagerBasedEnvAdapter:
                 done = (terminated | truncated).unsqueeze(-1)
                 next_obs = TensorDict(
                     {k: torch.where(done, step_obs[k], final_obs[k]) for k in self.obs_groups},
-                    batch_size=self._batch_size, device=self.device,
+                    batch_size=self._batch_size,
+                    device=self.device,
                 )
         else:  # mjlab already reset the finished envs; fall back on their pre-step observations
             done = (terminated | truncated).unsqueeze(-1)
             next_obs = step_obs
             final_obs = TensorDict(
                 {k: torch.where(done, self._last_obs[k], step_obs[k]) for k in self.obs_groups},
-                batch_size=self._batch_size, device=self.device,
+                batch_size=self._batch_size,
+                device=self.device,
             )
             self._last_obs = next_obs
         return next_obs, reward, terminated, truncated, {"final_obs": final_obs, "log": log}

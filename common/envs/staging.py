@@ -81,7 +81,11 @@ class StepStaging:
         their step, before the next call overwrites the buffer."""
         action = action.detach()
         if action.device.type != "cpu":
-            if self._action_host is None or self._action_host.shape != action.shape or self._action_host.dtype != action.dtype:
+            if (
+                self._action_host is None
+                or self._action_host.shape != action.shape
+                or self._action_host.dtype != action.dtype
+            ):
                 self._action_host = torch.empty(action.shape, dtype=action.dtype, pin_memory=self._cuda)
             action = self._action_host.copy_(action)
         return action.numpy()

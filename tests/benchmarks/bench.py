@@ -76,7 +76,17 @@ from tests.helpers import load_script, untrained_teacher  # noqa: E402
 
 ALL_MODES = ("eager", "compile", "compile+cudagraphs")
 # Flags a script must take to be benchmarked (the design's common flags that the runner sets).
-REQUIRED_FIELDS = ("env_id", "num_envs", "total_timesteps", "seed", "device", "output_dir", "run_name", "compile", "cudagraphs")
+REQUIRED_FIELDS = (
+    "env_id",
+    "num_envs",
+    "total_timesteps",
+    "seed",
+    "device",
+    "output_dir",
+    "run_name",
+    "compile",
+    "cudagraphs",
+)
 SAVE_NEVER = 10**9  # --save-interval: only the final checkpoint, which lies outside the timed window
 
 
@@ -129,8 +139,10 @@ def overload_notes() -> list[str]:
     load, cores = load_average(), os.cpu_count() or 1
     if load is None or load[0] <= 0.75 * cores:
         return []
-    return [f"load average {load[0]} with {cores} cores before the benchmark: other work competes for the CPU, "
-            f"so figures are low and noisy (--threads 1 suffers least from it)"]
+    return [
+        f"load average {load[0]} with {cores} cores before the benchmark: other work competes for the CPU, "
+        f"so figures are low and noisy (--threads 1 suffers least from it)"
+    ]
 
 
 def sync(device: torch.device) -> None:
@@ -259,11 +271,18 @@ def prepare_network(env_id, num_envs, device, mode, hidden_sizes):
     for _ in range(3):  # warm-up, compilation included
         rollout_inference()
         fwd(x, xc).backward()
-    info = {"num_steps": args.num_steps, "passes": passes, "minibatch_size": minibatch, "hidden_sizes": list(args.hidden_sizes)}
+    info = {
+        "num_steps": args.num_steps,
+        "passes": passes,
+        "minibatch_size": minibatch,
+        "hidden_sizes": list(args.hidden_sizes),
+    }
     if "cudagraphs" in mode:
         info["note"] = "bare fwd/bwd compiled without CUDA graphs"
-    timers = {"rollout_inference_seconds": lambda: timed(device, rollout_inference),
-              "bare_fwd_bwd_seconds": lambda: timed(device, bare_update)}
+    timers = {
+        "rollout_inference_seconds": lambda: timed(device, rollout_inference),
+        "bare_fwd_bwd_seconds": lambda: timed(device, bare_update),
+    }
     return timers, info
 
 
@@ -274,7 +293,9 @@ def micro_benchmarks(env_id, num_envs, device, modes, steps, repeats, hidden_siz
     network = {}
     for mode in modes:
         log(f"preparing env + ppo inference and ppo network timers, {mode}")
-        timers[("inference", mode, "seconds")] = prepare_inference(env_id, num_envs, device, mode, steps, warmup, hidden_sizes)
+        timers[("inference", mode, "seconds")] = prepare_inference(
+            env_id, num_envs, device, mode, steps, warmup, hidden_sizes
+        )
         net_timers, network[mode] = prepare_network(env_id, num_envs, device, mode, hidden_sizes)
         for key, fn in net_timers.items():
             timers[("network", mode, key)] = fn
@@ -285,13 +306,22 @@ def micro_benchmarks(env_id, num_envs, device, modes, steps, repeats, hidden_siz
             samples[key].append(fn())
     med = {key: statistics.median(v) for key, v in samples.items()}
     env_seconds = med[("env_only", None, "seconds")]
-    env_only = {"sps": steps * num_envs / env_seconds, "ms_per_step": 1e3 * env_seconds / steps, "steps": steps,
-                "repeats": repeats, "sps_all_rounds": [steps * num_envs / t for t in samples[("env_only", None, "seconds")]]}
+    env_only = {
+        "sps": steps * num_envs / env_seconds,
+        "ms_per_step": 1e3 * env_seconds / steps,
+        "steps": steps,
+        "repeats": repeats,
+        "sps_all_rounds": [steps * num_envs / t for t in samples[("env_only", None, "seconds")]],
+    }
     inference = {}
     for mode in modes:
         sec = samples[("inference", mode, "seconds")]
-        inference[mode] = {"sps": steps * num_envs / med[("inference", mode, "seconds")], "steps": steps, "repeats": repeats,
-                           "sps_all_rounds": [steps * num_envs / t for t in sec]}
+        inference[mode] = {
+            "sps": steps * num_envs / med[("inference", mode, "seconds")],
+            "steps": steps,
+            "repeats": repeats,
+            "sps_all_rounds": [steps * num_envs / t for t in sec],
+        }
         for key in ("rollout_inference_seconds", "bare_fwd_bwd_seconds"):
             network[mode][key] = med[("network", mode, key)]
         network[mode]["repeats"] = repeats
@@ -337,8 +367,9 @@ def flag_value(flags: list[str], name: str) -> str | None:
     return None
 
 
-def script_plan(args_cls, num_envs: int, iterations: int, warmup: int, extra_args: list[str],
-                device: str = "cpu") -> tuple[int, list[str], int]:
+def script_plan(
+    args_cls, num_envs: int, iterations: int, warmup: int, extra_args: list[str], device: str = "cpu"
+) -> tuple[int, list[str], int]:
     """(--total-timesteps for warmup + iterations logged iterations, flags this script takes for a quiet
     timed run, iterations per logged event: its log interval).
 
@@ -346,7 +377,11 @@ def script_plan(args_cls, num_envs: int, iterations: int, warmup: int, extra_arg
     default there (10 on CUDA, 1 elsewhere): a logged iteration is then the same on every run."""
     defaults = {f.name: f.default for f in dataclasses.fields(args_cls)}
     flags = []
-    if "log_interval" in defaults and defaults["log_interval"] is None and flag_value(extra_args, "--log-interval") is None:
+    if (
+        "log_interval" in defaults
+        and defaults["log_interval"] is None
+        and flag_value(extra_args, "--log-interval") is None
+    ):
         defaults["log_interval"] = 10 if device.startswith("cuda") else 1
         flags += ["--log-interval", str(defaults["log_interval"])]
 
@@ -389,8 +424,9 @@ def steady_state(scalars: dict, warmup: int, iterations_per_event: int = 1) -> d
     steps = window[-1][1] - window[0][1]
     if seconds <= 0 or steps <= 0:
         return None
-    per_iter = [((b[0] - a[0]) / iterations_per_event, (b[1] - a[1]) / iterations_per_event)
-                for a, b in zip(window, window[1:])]
+    per_iter = [
+        ((b[0] - a[0]) / iterations_per_event, (b[1] - a[1]) / iterations_per_event) for a, b in zip(window, window[1:])
+    ]
     median_iter = statistics.median(dt for dt, _ in per_iter)
     out = {
         "sps": steps / seconds,
@@ -424,8 +460,9 @@ def subprocess_env(threads: int | None) -> dict:
 
 def run_command(cmd: list[str], timeout: float, env: dict) -> tuple[int, str]:
     """Run in its own process group; on timeout kill the whole group. Returns (rc, output)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -457,23 +494,53 @@ def run_worker(module: str, cfg: dict, marker: str, record: dict, timeout: float
     if rc != 0 or not lines:
         record.update(status="failed", error=failure_reason(output), returncode=rc)
         return record
-    record.update(json.loads(lines[-1][len(marker):]))
+    record.update(json.loads(lines[-1][len(marker) :]))
     return record
 
 
-def run_training(algo: str, args_cls, env_id: str, num_envs: int, device: str, mode: str, iterations: int,
-                 warmup: int, hidden_sizes=None, extra_args: list[str] | None = None, threads: int | None = None,
-                 timeout: float = 3600.0, workdir: Path | None = None, seed: int = 1) -> dict:
+def run_training(
+    algo: str,
+    args_cls,
+    env_id: str,
+    num_envs: int,
+    device: str,
+    mode: str,
+    iterations: int,
+    warmup: int,
+    hidden_sizes=None,
+    extra_args: list[str] | None = None,
+    threads: int | None = None,
+    timeout: float = 3600.0,
+    workdir: Path | None = None,
+    seed: int = 1,
+) -> dict:
     """Train `algo` for warmup + iterations logged iterations in a subprocess; its steady-state figures."""
     total, flags, iterations_per_event = script_plan(args_cls, num_envs, iterations, warmup, extra_args or [], device)
     run_name = f"{algo}-{mode.replace('+', '-')}-{env_id.replace(':', '-').replace('/', '-')}-{num_envs}"
     with tempfile.TemporaryDirectory(prefix="bench-", dir=workdir) as out_dir:
         script_args = [
-            "--env-id", env_id, "--num-envs", str(num_envs), "--device", device, "--seed", str(seed),
-            "--total-timesteps", str(total), "--output-dir", out_dir, "--run-name", run_name, *flags,
+            "--env-id",
+            env_id,
+            "--num-envs",
+            str(num_envs),
+            "--device",
+            device,
+            "--seed",
+            str(seed),
+            "--total-timesteps",
+            str(total),
+            "--output-dir",
+            out_dir,
+            "--run-name",
+            run_name,
+            *flags,
         ]
-        if "teacher" in {f.name for f in dataclasses.fields(args_cls)} and flag_value(extra_args or [], "--teacher") is None:
-            # distill.py: an untrained ppo.py teacher of the env's full observation (its cost is its size's, not its skill's)
+        if (
+            "teacher" in {f.name for f in dataclasses.fields(args_cls)}
+            and flag_value(extra_args or [], "--teacher") is None
+        ):
+            # distill.py: an untrained ppo.py teacher of the env's full observation (its cost is its size's, not its
+            # skill's)
             script_args += ["--teacher", str(untrained_teacher(Path(out_dir) / "teacher.pt", env_id.split(":")[-1]))]
         if hidden_sizes is not None and "hidden_sizes" in {f.name for f in dataclasses.fields(args_cls)}:
             script_args += ["--hidden-sizes", *map(str, hidden_sizes)]
@@ -538,7 +605,9 @@ def add_ratios(report: dict) -> None:
         if r["algo"] == "ppo" and net and r.get("update_seconds") is not None:
             r["update_over_rollout_inference"] = ratio(r["update_seconds"], net["rollout_inference_seconds"])
             r["update_over_bare_fwd_bwd"] = ratio(r["update_seconds"], net["bare_fwd_bwd_seconds"])
-            r["bare_fwd_bwd_over_rollout_inference"] = ratio(net["bare_fwd_bwd_seconds"], net["rollout_inference_seconds"])
+            r["bare_fwd_bwd_over_rollout_inference"] = ratio(
+                net["bare_fwd_bwd_seconds"], net["rollout_inference_seconds"]
+            )
 
 
 def fmt(x, spec: str = ",.0f", none: str = "-") -> str:
@@ -553,32 +622,47 @@ def fmt_ratio(x) -> str:
 def print_table(report: dict, file=sys.stdout) -> None:
     cfg, m = report["config"], report["machine"]
     p = lambda *a: print(*a, file=file)  # noqa: E731
-    p(f"{cfg['env_id']} x {cfg['num_envs']} envs on {cfg['device']}: {machine_label(m)}, torch {m['torch']}, "
-      f"{m['torch_threads']} threads; load average {report['load_average']['start']} -> {report['load_average']['end']}")
-    p(f"{'measure':<28}{'mode':<20}{'SPS':>13}{'x env':>8}{'x eager':>9}{'rollout s':>11}{'update s':>10}"
-      f"{'other s':>9}{'peak MB':>9}")
+    p(
+        f"{cfg['env_id']} x {cfg['num_envs']} envs on {cfg['device']}: {machine_label(m)}, torch {m['torch']}, "
+        f"{m['torch_threads']} threads; load average {report['load_average']['start']} -> "
+        f"{report['load_average']['end']}"
+    )
+    p(
+        f"{'measure':<28}{'mode':<20}{'SPS':>13}{'x env':>8}{'x eager':>9}{'rollout s':>11}{'update s':>10}"
+        f"{'other s':>9}{'peak MB':>9}"
+    )
     p(f"{'env only (random actions)':<28}{'eager':<20}{fmt(report['env_only']['sps']):>13}{'1.00':>8}")
     for mode, r in report["inference"].items():
-        p(f"{'env + ppo inference':<28}{mode:<20}{fmt(r['sps']):>13}{fmt_ratio(r['ratio_to_env_only']):>8}"
-          f"{fmt(r['speedup_vs_eager'], '.2f'):>9}")
+        p(
+            f"{'env + ppo inference':<28}{mode:<20}{fmt(r['sps']):>13}{fmt_ratio(r['ratio_to_env_only']):>8}"
+            f"{fmt(r['speedup_vs_eager'], '.2f'):>9}"
+        )
     for r in report["training"]:
         name = f"{r['algo']} training"
         if r["status"] != "ok":
             p(f"{name:<28}{r['mode']:<20}{'failed':>13}  {r['error']}")
             continue
-        p(f"{name:<28}{r['mode']:<20}{fmt(r.get('sps')):>13}{fmt_ratio(r.get('ratio_to_env_only')):>8}"
-          f"{fmt(r.get('speedup_vs_eager'), '.2f'):>9}{fmt(r.get('rollout_seconds'), '.3f'):>11}"
-          f"{fmt(r.get('update_seconds'), '.3f'):>10}{fmt(r.get('other_seconds'), '.3f'):>9}"
-          f"{fmt(r.get('peak_memory_mb'), ',.0f'):>9}" + (f"  ({r['note']})" if r.get("note") else ""))
+        p(
+            f"{name:<28}{r['mode']:<20}{fmt(r.get('sps')):>13}{fmt_ratio(r.get('ratio_to_env_only')):>8}"
+            f"{fmt(r.get('speedup_vs_eager'), '.2f'):>9}{fmt(r.get('rollout_seconds'), '.3f'):>11}"
+            f"{fmt(r.get('update_seconds'), '.3f'):>10}{fmt(r.get('other_seconds'), '.3f'):>9}"
+            f"{fmt(r.get('peak_memory_mb'), ',.0f'):>9}" + (f"  ({r['note']})" if r.get("note") else "")
+        )
     for mode, n in report["network"].items():
-        ppo_run = next((r for r in report["training"] if r["algo"] == "ppo" and r["mode"] == mode and r["status"] == "ok"), None)
-        line = (f"ppo network, {mode}: rollout inference {n['rollout_inference_seconds'] * 1e3:,.1f} ms "
-                f"({n['num_steps']} acting steps); bare fwd+bwd {n['bare_fwd_bwd_seconds'] * 1e3:,.1f} ms "
-                f"({n['passes']} passes of {n['minibatch_size']})")
+        ppo_run = next(
+            (r for r in report["training"] if r["algo"] == "ppo" and r["mode"] == mode and r["status"] == "ok"), None
+        )
+        line = (
+            f"ppo network, {mode}: rollout inference {n['rollout_inference_seconds'] * 1e3:,.1f} ms "
+            f"({n['num_steps']} acting steps); bare fwd+bwd {n['bare_fwd_bwd_seconds'] * 1e3:,.1f} ms "
+            f"({n['passes']} passes of {n['minibatch_size']})"
+        )
         if ppo_run and ppo_run.get("update_seconds") is not None:
-            line += (f"; update {ppo_run['update_seconds'] * 1e3:,.1f} ms = "
-                     f"{fmt(ppo_run.get('update_over_rollout_inference'), '.1f')} x rollout inference, "
-                     f"{fmt(ppo_run.get('update_over_bare_fwd_bwd'), '.2f')} x bare fwd+bwd")
+            line += (
+                f"; update {ppo_run['update_seconds'] * 1e3:,.1f} ms = "
+                f"{fmt(ppo_run.get('update_over_rollout_inference'), '.1f')} x rollout inference, "
+                f"{fmt(ppo_run.get('update_over_bare_fwd_bwd'), '.2f')} x bare fwd+bwd"
+            )
         p(line)
     for r in report["training"]:
         if r["algo"] != "ppo" and r.get("ratio_to_ppo") is not None:
@@ -592,13 +676,19 @@ def markdown_rows(report: dict) -> list[str]:
     cfg = report["config"]
     label = f"{machine_label(report['machine'])}, torch {report['machine']['torch']}"
     head = f"| {label} | {cfg['env_id']} | {cfg['num_envs']} |"
-    rows = ["| machine | env | num_envs | mode | SPS | x env only |", "|---|---|---|---|---|---|",
-            f"{head} env only | {fmt(report['env_only']['sps'])} | 1.00 |"]
+    rows = [
+        "| machine | env | num_envs | mode | SPS | x env only |",
+        "|---|---|---|---|---|---|",
+        f"{head} env only | {fmt(report['env_only']['sps'])} | 1.00 |",
+    ]
     for mode, r in report["inference"].items():
         rows.append(f"{head} env + ppo inference, {mode} | {fmt(r['sps'])} | {fmt_ratio(r['ratio_to_env_only'])} |")
     for r in report["training"]:
         if r["status"] == "ok":
-            rows.append(f"{head} {r['algo']} training, {r['mode']} | {fmt(r.get('sps'))} | {fmt_ratio(r.get('ratio_to_env_only'))} |")
+            rows.append(
+                f"{head} {r['algo']} training, {r['mode']} | {fmt(r.get('sps'))} | "
+                f"{fmt_ratio(r.get('ratio_to_env_only'))} |"
+            )
     return rows
 
 
@@ -626,10 +716,21 @@ def rollout_storage_bytes(num_envs: int, num_steps: int, frame: tuple[int, ...])
     out = {"num_envs": num_envs, "num_steps": num_steps, "frame": list(frame)}
     for dtype in (torch.uint8, torch.float32):
         storage = RolloutStorage(1, 2, "cpu")
-        storage.write(0, TensorDict({"obs": {"policy": torch.zeros(2, *frame, dtype=dtype)},
-                                     "final_values": torch.zeros(2), "actions": torch.zeros(2, dtype=torch.long), "logprobs": torch.zeros(2),
-                                     "rewards": torch.zeros(2), "terminated": torch.zeros(2, dtype=torch.bool),
-                                     "truncated": torch.zeros(2, dtype=torch.bool)}, batch_size=[2]))
+        storage.write(
+            0,
+            TensorDict(
+                {
+                    "obs": {"policy": torch.zeros(2, *frame, dtype=dtype)},
+                    "final_values": torch.zeros(2),
+                    "actions": torch.zeros(2, dtype=torch.long),
+                    "logprobs": torch.zeros(2),
+                    "rewards": torch.zeros(2),
+                    "terminated": torch.zeros(2, dtype=torch.bool),
+                    "truncated": torch.zeros(2, dtype=torch.bool),
+                },
+                batch_size=[2],
+            ),
+        )
         name = str(storage.data["obs", "policy"].dtype).replace("torch.", "")
         per = bytes_per_transition(storage.data)
         out[name] = {"bytes_per_transition": per, "bytes": per * num_envs * num_steps}
@@ -640,9 +741,12 @@ def print_storage_bytes(figures: dict) -> None:
     n, t, frame = figures["num_envs"], figures["num_steps"], "x".join(map(str, figures["frame"]))
     for name in ("uint8", "float32"):
         f = figures[name]
-        print(f"rollout storage, {n} envs x {t} steps of {frame} frames (obs, and V(final_obs) for the bootstrap) as {name}: "
-              f"{f['bytes_per_transition']:,} bytes "
-              f"per transition, {f['bytes']:,} bytes ({f['bytes'] / 2**30:.2f} GiB)")
+        print(
+            f"rollout storage, {n} envs x {t} steps of {frame} frames (obs, and V(final_obs) for the bootstrap) as "
+            f"{name}: "
+            f"{f['bytes_per_transition']:,} bytes "
+            f"per transition, {f['bytes']:,} bytes ({f['bytes'] / 2**30:.2f} GiB)"
+        )
     print(f"uint8 / float32: {figures['uint8']['bytes'] / figures['float32']['bytes']:.3f}")
 
 
@@ -651,29 +755,78 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--env-id", default="Pendulum-v1")
     parser.add_argument("--num-envs", type=int, default=4096)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:K")
-    parser.add_argument("--algos", nargs="+", default=None, help="scripts in algos/ to train (default: every one that takes the common flags)")
-    parser.add_argument("--modes", nargs="+", default=None, choices=ALL_MODES,
-                        help="default: eager compile, plus compile+cudagraphs on CUDA")
-    parser.add_argument("--iterations", type=int, default=10,
-                        help="timed training iterations after the warm-up (log intervals for scripts with --log-interval)")
-    parser.add_argument("--warmup-iterations", type=int, default=2, help="logged intervals (iterations for scripts that log each one) left out of the SPS (compilation)")
-    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=None, help="hidden layers of every network (default: each script's own)")
-    parser.add_argument("--env-steps", type=int, default=200, help="timed steps of the env-only and inference measurements")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of each in-process measurement (median reported)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads, here and in the training runs (default: torch's)")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a training run may take before it is killed")
-    parser.add_argument("--script-args", default="", metavar="'FLAGS'",
-                        help="extra flags for every training run, e.g. --script-args='--no-torch-deterministic'")
+    parser.add_argument(
+        "--algos",
+        nargs="+",
+        default=None,
+        help="scripts in algos/ to train (default: every one that takes the common flags)",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=None,
+        choices=ALL_MODES,
+        help="default: eager compile, plus compile+cudagraphs on CUDA",
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=10,
+        help="timed training iterations after the warm-up (log intervals for scripts with --log-interval)",
+    )
+    parser.add_argument(
+        "--warmup-iterations",
+        type=int,
+        default=2,
+        help="logged intervals (iterations for scripts that log each one) left out of the SPS (compilation)",
+    )
+    parser.add_argument(
+        "--hidden-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="hidden layers of every network (default: each script's own)",
+    )
+    parser.add_argument(
+        "--env-steps", type=int, default=200, help="timed steps of the env-only and inference measurements"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="repeats of each in-process measurement (median reported)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads, here and in the training runs (default: torch's)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds a training run may take before it is killed"
+    )
+    parser.add_argument(
+        "--script-args",
+        default="",
+        metavar="'FLAGS'",
+        help="extra flags for every training run, e.g. --script-args='--no-torch-deterministic'",
+    )
     parser.add_argument("--skip-training", action="store_true", help="only the in-process measurements (1-3)")
-    parser.add_argument("--json", metavar="PATH", default=None, help="write the figures as JSON to PATH ('-': stdout, instead of the table)")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        default=None,
+        help="write the figures as JSON to PATH ('-': stdout, instead of the table)",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print README table rows")
-    parser.add_argument("--storage-bytes", action="store_true",
-                        help="only print the bytes of a --num-envs x --num-steps rollout of --frame observations, uint8 and float32")
+    parser.add_argument(
+        "--storage-bytes",
+        action="store_true",
+        help="only print the bytes of a --num-envs x --num-steps rollout of --frame observations, uint8 and float32",
+    )
     parser.add_argument("--num-steps", type=int, default=128, help="rollout steps of --storage-bytes")
-    parser.add_argument("--frame", type=int, nargs="+", default=[4, 84, 84], help="one observation's shape for --storage-bytes")
+    parser.add_argument(
+        "--frame", type=int, nargs="+", default=[4, 84, 84], help="one observation's shape for --storage-bytes"
+    )
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup_iterations < 1:
-        parser.error("--iterations and --warmup-iterations must be >= 1 (the window opens at the end of a warm-up iteration)")
+        parser.error(
+            "--iterations and --warmup-iterations must be >= 1 (the window opens at the end of a warm-up iteration)"
+        )
     return args
 
 
@@ -701,25 +854,49 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         "machine": machine_info(device),
         "load_average": {"start": load_average(), "end": None},
         "config": {
-            "env_id": args.env_id, "num_envs": args.num_envs, "device": str(device), "modes": modes,
-            "algos": list(algos), "iterations": args.iterations, "warmup_iterations": args.warmup_iterations,
-            "hidden_sizes": args.hidden_sizes, "env_steps": args.env_steps, "repeats": args.repeats,
-            "threads": args.threads, "script_args": args.script_args,
+            "env_id": args.env_id,
+            "num_envs": args.num_envs,
+            "device": str(device),
+            "modes": modes,
+            "algos": list(algos),
+            "iterations": args.iterations,
+            "warmup_iterations": args.warmup_iterations,
+            "hidden_sizes": args.hidden_sizes,
+            "env_steps": args.env_steps,
+            "repeats": args.repeats,
+            "threads": args.threads,
+            "script_args": args.script_args,
         },
         "commands": {"benchmark": shlex.join(["python", "-m", "tests.benchmarks.bench", *argv]), "training": []},
-        "env_only": {}, "inference": {}, "network": {}, "training": [], "notes": notes,
+        "env_only": {},
+        "inference": {},
+        "network": {},
+        "training": [],
+        "notes": notes,
     }
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
     report["env_only"], report["inference"], report["network"] = micro_benchmarks(
-        args.env_id, args.num_envs, device, modes, args.env_steps, args.repeats, args.hidden_sizes, log)
+        args.env_id, args.num_envs, device, modes, args.env_steps, args.repeats, args.hidden_sizes, log
+    )
     torch.compiler.reset()
     if not args.skip_training:
         for algo, args_cls in algos.items():
             for mode in modes:
                 log(f"{algo} training, {mode}: {args.warmup_iterations} + {args.iterations} iterations")
-                record = run_training(algo, args_cls, args.env_id, args.num_envs, str(device), mode, args.iterations,
-                                      args.warmup_iterations, args.hidden_sizes, extra_args=shlex.split(args.script_args),
-                                      threads=args.threads, timeout=args.timeout)
+                record = run_training(
+                    algo,
+                    args_cls,
+                    args.env_id,
+                    args.num_envs,
+                    str(device),
+                    mode,
+                    args.iterations,
+                    args.warmup_iterations,
+                    args.hidden_sizes,
+                    extra_args=shlex.split(args.script_args),
+                    threads=args.threads,
+                    timeout=args.timeout,
+                )
                 report["training"].append(record)
                 report["commands"]["training"].append(record["command"])
                 if record["status"] != "ok":

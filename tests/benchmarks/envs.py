@@ -43,9 +43,7 @@ def random_action_pool(env, pool_size: int, generator: torch.Generator) -> list[
     return pool
 
 
-def bench_one(
-    env_id: str, num_envs: int, device: torch.device, steps: int, warmup: int, use_compile: bool
-) -> dict:
+def bench_one(env_id: str, num_envs: int, device: torch.device, steps: int, warmup: int, use_compile: bool) -> dict:
     env = make_env(env_id, num_envs, device=device, seed=0)
     env.reset()
     if use_compile:
@@ -105,7 +103,9 @@ def main() -> None:
         print(json.dumps({"machine": machine, "results": results}, indent=2))
         return
     mode = "torch.compile" if args.compile else "eager"
-    print(f"torch {machine['torch']} {mode} on {device} ({machine['device_name']}, {machine['cpu_threads']} CPU threads)")
+    print(
+        f"torch {machine['torch']} {mode} on {device} ({machine['device_name']}, {machine['cpu_threads']} CPU threads)"
+    )
     print(f"{'env':<26}{'num_envs':>10}{'env steps/s':>16}{'ms/step':>10}")
     for r in results:
         print(f"{r['env_id']:<26}{r['num_envs']:>10}{r['env_steps_per_second']:>16,.0f}{r['ms_per_step']:>10.3f}")

@@ -116,23 +116,34 @@ PARTS = (("tests", "torchrun"), ("checks", "parity"), ("speed",), ("speed-pendul
 QUICK = ("checks", "parity", "speed-quick")
 QUICK_MINUTES = {"checks": 3.0, "parity": 3.5, "speed-quick": 3.5}
 QUICK_ITERATIONS = 10  # two log intervals and one evaluation
-QUICK_LEAVES_OUT = ("the CUDA tests (tests)", "torchrun with NCCL and the NaN guard's exit (torchrun)",
-                    "the checks' comparison with six eager seeds", "the eager speed rows", "ppo at 65536 envs",
-                    "the Pendulum-v1 speed rows (speed-pendulum)")
-WHAT = {"tests": "the CUDA tests (pytest -m cuda)",
-        "checks": "every script compiled and captured: syncs, graph breaks, recompiles, Python state; against eager seeds",
-        "parity": "every script's compiled and eager plans after their first update; ppo's captured acting step and its RNG",
-        "torchrun": "ppo under torchrun with one NCCL rank; the NaN guard's exit",
-        "speed": "CartPole-v1 at 4096 (ppo, ppo_lstm, pqn) and 65536 envs (ppo), eager and captured",
-        "speed-pendulum": "Pendulum-v1 at 4096 envs (ppo, td3, sac), eager and captured",
-        "speed-quick": "CartPole-v1 at 4096 envs (ppo, ppo_lstm, pqn), captured only (--quick)"}
+QUICK_LEAVES_OUT = (
+    "the CUDA tests (tests)",
+    "torchrun with NCCL and the NaN guard's exit (torchrun)",
+    "the checks' comparison with six eager seeds",
+    "the eager speed rows",
+    "ppo at 65536 envs",
+    "the Pendulum-v1 speed rows (speed-pendulum)",
+)
+WHAT = {
+    "tests": "the CUDA tests (pytest -m cuda)",
+    "checks": "every script compiled and captured: syncs, graph breaks, recompiles, Python state; against eager seeds",
+    "parity": "every script's compiled and eager plans after their first update; ppo's captured acting step and its "
+    "RNG",
+    "torchrun": "ppo under torchrun with one NCCL rank; the NaN guard's exit",
+    "speed": "CartPole-v1 at 4096 (ppo, ppo_lstm, pqn) and 65536 envs (ppo), eager and captured",
+    "speed-pendulum": "Pendulum-v1 at 4096 envs (ppo, td3, sac), eager and captured",
+    "speed-quick": "CartPole-v1 at 4096 envs (ppo, ppo_lstm, pqn), captured only (--quick)",
+}
 ALL_SECTIONS = (*SECTIONS, "speed-quick")
 SPEED_SECTIONS = ("speed", "speed-pendulum", "speed-quick")
 MARKER = "GPU_CHECK_RESULT "
 HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_to_write", "save", "finish", "eval_only")
-SPEED_ROWS = [("speed", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")), ("speed", "CartPole-v1", 65536, ("ppo",)),
-              ("speed-pendulum", "Pendulum-v1", 4096, ("ppo", "td3", "sac")),
-              ("speed-quick", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn"))]
+SPEED_ROWS = [
+    ("speed", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")),
+    ("speed", "CartPole-v1", 65536, ("ppo",)),
+    ("speed-pendulum", "Pendulum-v1", 4096, ("ppo", "td3", "sac")),
+    ("speed-quick", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")),
+]
 SPEED_MODES = ("eager", "compile+cudagraphs")
 SECTION_MODES = {"speed-quick": ("compile+cudagraphs",)}  # the modes of a speed section, when not SPEED_MODES
 # The training SPS last measured for a row on a GPU, by the GPU's name (matched in torch.cuda's device name): a
@@ -142,13 +153,15 @@ SECTION_MODES = {"speed-quick": ("compile+cudagraphs",)}  # the modes of a speed
 # 0.15.3, commit b3e1853; ppo_lstm: gpu_check --quick's speed row, commit 5f38111). H100: none measured since the
 # current layout (its old 1.22M for ppo is gone with it).
 FLOORS = {
-    "H200": {("ppo", "CartPole-v1", 4096, "compile+cudagraphs"): 9_112_420,
-             ("ppo", "CartPole-v1", 4096, "eager"): 554_530,
-             ("pqn", "CartPole-v1", 4096, "compile+cudagraphs"): 12_552_176,
-             ("ppo_lstm", "CartPole-v1", 4096, "compile+cudagraphs"): 3_206_883,  # at 5f38111 (--quick)
-             ("ppo", "CartPole-v1", 65536, "compile+cudagraphs"): 29_305_583,
-             ("td3", "Pendulum-v1", 4096, "compile+cudagraphs"): 375_009,
-             ("sac", "Pendulum-v1", 4096, "compile+cudagraphs"): 373_168},
+    "H200": {
+        ("ppo", "CartPole-v1", 4096, "compile+cudagraphs"): 9_112_420,
+        ("ppo", "CartPole-v1", 4096, "eager"): 554_530,
+        ("pqn", "CartPole-v1", 4096, "compile+cudagraphs"): 12_552_176,
+        ("ppo_lstm", "CartPole-v1", 4096, "compile+cudagraphs"): 3_206_883,  # at 5f38111 (--quick)
+        ("ppo", "CartPole-v1", 65536, "compile+cudagraphs"): 29_305_583,
+        ("td3", "Pendulum-v1", 4096, "compile+cudagraphs"): 375_009,
+        ("sac", "Pendulum-v1", 4096, "compile+cudagraphs"): 373_168,
+    },
     "H100": {},
 }
 FLOOR_SHARE = 0.9
@@ -239,7 +252,9 @@ def break_text(reason) -> str:
 
 def statistics(run_dir: Path) -> dict[str, list[float]]:
     """The logged episodic returns and losses of a run, {tag: [value at each log point]}."""
-    return {tag: [v for _, _, v in events] for tag, events in bench.read_scalars(run_dir).items() if STATISTICS.match(tag)}
+    return {
+        tag: [v for _, _, v in events] for tag, events in bench.read_scalars(run_dir).items() if STATISTICS.match(tag)
+    }
 
 
 def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
@@ -269,6 +284,7 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
                 state_changes.append(f"{name}: call {calls[0]} changes {'; '.join(changed[:3])}")
                 calls[0] = 4
             return out
+
         return call
 
     def captured(run, name, fn, capture=True):  # capture=False: run step by step, Python state allowed
@@ -300,12 +316,14 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
             if dynamo_counts()[0] > frames:
                 after_warmup[name] = after_warmup.get(name, 0) + dynamo_counts()[0] - frames
             return out
+
         return call
 
     def closing_window(fn):
         def call(*a, **k):
             window.set(False)
             return fn(*a, **k)
+
         return call
 
     real_timed = module.timed
@@ -331,20 +349,41 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
         else:
             with window.recorder:
                 summary = module.main(module.Args(**args))
-        result["summary"] = {k: summary.get(k) for k in ("global_step", "iteration", "compile", "cudagraphs",
-                                                         "compile_seconds", "wall_seconds", "params_in_sync")}
+        result["summary"] = {
+            k: summary.get(k)
+            for k in (
+                "global_step",
+                "iteration",
+                "compile",
+                "cudagraphs",
+                "compile_seconds",
+                "wall_seconds",
+                "params_in_sync",
+            )
+        }
         result["statistics"] = statistics(Path(args["output_dir"]) / args["run_name"])
     except BaseException as e:  # noqa: BLE001 -- reported, with where it happened
         window.set(False)
-        result.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                      at=where(files, e.__traceback__))
+        result.update(
+            status="failed",
+            error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            at=where(files, e.__traceback__),
+        )
     end = dynamo_counts()
-    elsewhere = {"frames": end[0] - start[0] - sum(c["frames"] for c in warmup.values()) - sum(after_warmup.values()),
-                 "graph_breaks": end[1] - start[1] - sum(c["graph_breaks"] for c in warmup.values())}
+    elsewhere = {
+        "frames": end[0] - start[0] - sum(c["frames"] for c in warmup.values()) - sum(after_warmup.values()),
+        "graph_breaks": end[1] - start[1] - sum(c["graph_breaks"] for c in warmup.values()),
+    }
     if any(elsewhere.values()):  # compiled code called outside the captured functions
         warmup[OUTSIDE] = elsewhere
-    result.update(syncs=window.syncs, warmup=warmup, graph_breaks=sorted(set(breaks), key=breaks.index),
-                  accepted_breaks=sorted(accepted), frames_after_warmup=after_warmup, python_state=state_changes)
+    result.update(
+        syncs=window.syncs,
+        warmup=warmup,
+        graph_breaks=sorted(set(breaks), key=breaks.index),
+        accepted_breaks=sorted(accepted),
+        frames_after_warmup=after_warmup,
+        python_state=state_changes,
+    )
     return result
 
 
@@ -356,6 +395,7 @@ def parity(eager: Path, compiled: Path) -> dict:
     reported, not judged: `parted_at`, the first iteration at which the two runs differ (None: never). A rounding
     difference that flips one discrete action changes that env's episode and what follows, and Adam's normalized
     step carries a rounding difference in a near-zero gradient to a whole step, so two correct runs may part."""
+
     def numbered(run_dir):
         files = sorted((run_dir / "checkpoints").glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
         return {int(p.stem[5:]): torch.load(p, weights_only=True) for p in files}
@@ -366,24 +406,33 @@ def parity(eager: Path, compiled: Path) -> dict:
         return {"status": "failed", "error": "no step checkpoint"}
     updated = [s for s in steps if any(opt.get("state") for opt in a_ckpts[s].get("optimizers", {}).values())]
     if not updated:
-        return {"status": "failed", "error": f"no update by iteration {a_ckpts[steps[-1]]['iteration']} (the last checkpoint)"}
+        return {
+            "status": "failed",
+            "error": f"no update by iteration {a_ckpts[steps[-1]]['iteration']} (the last checkpoint)",
+        }
     first = compare(a_ckpts[updated[0]], b_ckpts[updated[0]])
     if first["status"] != "ok":
         return first
     parted_at, last = None, first
-    for step in steps[steps.index(updated[0]) + 1:]:
+    for step in steps[steps.index(updated[0]) + 1 :]:
         last = compare(a_ckpts[step], b_ckpts[step])
         if last["status"] != "ok" and parted_at is None:
             parted_at = a_ckpts[step]["iteration"]
-    return {**first, "parted_at": parted_at,
-            "last": {k: last.get(k) for k in ("iteration", "status", "max_abs_diff", "worst_tensor", "differing", "error")}}
+    return {
+        **first,
+        "parted_at": parted_at,
+        "last": {k: last.get(k) for k in ("iteration", "status", "max_abs_diff", "worst_tensor", "differing", "error")},
+    }
 
 
 def compare(a: dict, b: dict) -> dict:
     """Two checkpoints of the same iteration, every tensor but the RNG states (see parity)."""
     if a["iteration"] != b["iteration"] or a["global_step"] != b["global_step"]:
-        return {"status": "failed", "iteration": a["iteration"],
-                "error": f"checkpoints of iterations {a['iteration']} and {b['iteration']}"}
+        return {
+            "status": "failed",
+            "iteration": a["iteration"],
+            "error": f"checkpoints of iterations {a['iteration']} and {b['iteration']}",
+        }
     worst, worst_name, bad, compared, parts = 0.0, None, [], 0, set()
 
     def walk(x, y, path):
@@ -410,10 +459,20 @@ def compare(a: dict, b: dict) -> dict:
             elif not torch.equal(x, y):
                 bad.append(path)
 
-    walk({k: a[k] for k in ("model", "optimizers", "state", "ranks") if k in a},
-         {k: b[k] for k in ("model", "optimizers", "state", "ranks") if k in b}, "")
-    return {"status": "ok" if not bad else "differs", "iteration": a["iteration"], "max_abs_diff": worst,
-            "worst_tensor": worst_name, "tensors": compared, "parts": sorted(parts), "differing": bad[:5]}
+    walk(
+        {k: a[k] for k in ("model", "optimizers", "state", "ranks") if k in a},
+        {k: b[k] for k in ("model", "optimizers", "state", "ranks") if k in b},
+        "",
+    )
+    return {
+        "status": "ok" if not bad else "differs",
+        "iteration": a["iteration"],
+        "max_abs_diff": worst,
+        "worst_tensor": worst_name,
+        "tensors": compared,
+        "parts": sorted(parts),
+        "differing": bad[:5],
+    }
 
 
 def parity_plan(algo: str, device: str, iterations: int, num_envs: int | None, out: Path) -> dict:
@@ -448,13 +507,24 @@ def worker(cfg: dict) -> dict:
             out = Path(args["output_dir"])
             module.main(module.Args(**{**args, "run_name": "eager", "compile": False, "cudagraphs": False}))
             with torch._inductor.config.patch(fallback_random=True):
-                module.main(module.Args(**{**args, "run_name": "compiled", "compile": cfg["compile"],
-                                           "cudagraphs": cfg["compile"] and cuda}))
+                module.main(
+                    module.Args(
+                        **{
+                            **args,
+                            "run_name": "compiled",
+                            "compile": cfg["compile"],
+                            "cudagraphs": cfg["compile"] and cuda,
+                        }
+                    )
+                )
             result["parity"] = parity(out / "eager", out / "compiled")
         result["status"] = "ok"
     except BaseException as e:  # noqa: BLE001 -- reported, with where it happened
-        result.update(status="failed", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                      at=where(files, e.__traceback__))
+        result.update(
+            status="failed",
+            error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            at=where(files, e.__traceback__),
+        )
     return result
 
 
@@ -468,10 +538,16 @@ def run_worker(cfg: dict, timeout: float) -> dict:
     rc, output = bench.run_command(cmd, timeout, subprocess_env())
     lines = [line for line in output.splitlines() if line.startswith(MARKER)]
     if lines:
-        result = {**json.loads(lines[-1][len(MARKER):]), "seconds": time.time() - t0}
+        result = {**json.loads(lines[-1][len(MARKER) :]), "seconds": time.time() - t0}
     else:
-        result = {"algo": cfg["algo"], "job": cfg["job"], "status": "failed", "error": bench.failure_reason(output),
-                  "returncode": rc, "seconds": time.time() - t0}
+        result = {
+            "algo": cfg["algo"],
+            "job": cfg["job"],
+            "status": "failed",
+            "error": bench.failure_reason(output),
+            "returncode": rc,
+            "seconds": time.time() - t0,
+        }
     say(f"{cfg['job']} of {cfg['algo']}: {result['status']} in {result['seconds']:.0f} s")
     return result
 
@@ -499,9 +575,19 @@ def plan(algo: str, device: str, gpu_sizes: bool, iterations: int, num_envs: int
         if num_envs is None:  # a device default of the script's (td3/sac: DEVICE_DEFAULTS)
             num_envs = module.DEVICE_DEFAULTS["num_envs"][0 if gpu_sizes else 1]
     steps = num_envs * fields.get("num_steps", 1)
-    args = dict(device=device, num_envs=num_envs, total_timesteps=iterations * steps, output_dir=str(out),
-                run_name="run", progress=False, log_interval=5, eval_interval=10, checkpoint_interval=5,
-                save_interval=10**9, num_eval_envs=min(fields["num_eval_envs"], num_envs))
+    args = dict(
+        device=device,
+        num_envs=num_envs,
+        total_timesteps=iterations * steps,
+        output_dir=str(out),
+        run_name="run",
+        progress=False,
+        log_interval=5,
+        eval_interval=10,
+        checkpoint_interval=5,
+        save_interval=10**9,
+        num_eval_envs=min(fields["num_eval_envs"], num_envs),
+    )
     if "learning_starts" in fields:  # off-policy: updates from the third iteration on
         args["learning_starts"] = 2 * steps
     if "teacher" in fields:  # distill.py: an untrained ppo.py teacher of the task (what it acts does not matter here)
@@ -527,8 +613,13 @@ def distribution(checked: dict, eager: dict) -> dict:
         rows.append({"tag": tag, "value": value, "band": [lo - 3 * r, hi + 3 * r], "eager": [min(means), max(means)]})
         if not inside:
             bad.append(f"{tag} {value:.4g} outside [{lo - 3 * r:.4g}, {hi + 3 * r:.4g}]")
-    return {"status": "ok" if rows and not bad else "differs" if bad else "failed", "statistics": rows, "outside": bad,
-            "seeds": sorted(eager), **({} if rows else {"error": "no statistic logged by every run"})}
+    return {
+        "status": "ok" if rows and not bad else "differs" if bad else "failed",
+        "statistics": rows,
+        "outside": bad,
+        "seeds": sorted(eager),
+        **({} if rows else {"error": "no statistic logged by every run"}),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -536,18 +627,38 @@ def distribution(checked: dict, eager: dict) -> dict:
 # ----------------------------------------------------------------------------------------------
 def section_tests(gpu: bool, timeout: float) -> dict:
     if not gpu:
-        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider"],
-                             cwd=ROOT, capture_output=True, text=True, env=subprocess_env())
-        return {"status": "skipped", "error": "needs CUDA", "tests": [ln for ln in out.stdout.splitlines() if "::" in ln]}
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+        )
+        return {
+            "status": "skipped",
+            "error": "needs CUDA",
+            "tests": [ln for ln in out.stdout.splitlines() if "::" in ln],
+        }
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        rc, output = bench.run_command([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-                                        f"--junitxml={xml}"], timeout, subprocess_env())
-        counts = {k: int(v) for k, v in re.findall(r'(tests|failures|errors|skipped)="(\d+)"', xml.read_text())[:4]} \
-            if xml.exists() else {}
+        rc, output = bench.run_command(
+            [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", f"--junitxml={xml}"],
+            timeout,
+            subprocess_env(),
+        )
+        counts = (
+            {k: int(v) for k, v in re.findall(r'(tests|failures|errors|skipped)="(\d+)"', xml.read_text())[:4]}
+            if xml.exists()
+            else {}
+        )
         failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
-    return {"status": "ok" if rc == 0 else "failed", "returncode": rc, "counts": counts, "failed": failed,
-            "tail": output.splitlines()[-1] if output else ""}
+    return {
+        "status": "ok" if rc == 0 else "failed",
+        "returncode": rc,
+        "counts": counts,
+        "failed": failed,
+        "tail": output.splitlines()[-1] if output else "",
+    }
 
 
 def section_checks(mode: str, device: str, algos: list[str], cfg: argparse.Namespace) -> dict:
@@ -555,14 +666,17 @@ def section_checks(mode: str, device: str, algos: list[str], cfg: argparse.Names
     "dry": the same plan on a CPU, every run eager; "cpu": the checked runs only, eager (the CPU part)."""
     cuda = device.startswith("cuda")
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+
         def job(algo: str, kind: str) -> dict:
             out = Path(tmp) / script_name(algo) / kind
             args = plan(algo, device, mode != "cpu", cfg.iterations, cfg.num_envs, out)
             spec = {"algo": script_name(algo), "script": algo, "job": kind}
             if kind == "check":
                 return run_worker({**spec, "args": {**args, "compile": cuda, "cudagraphs": cuda}}, cfg.timeout)
-            return run_worker({**spec, "seeds": list(DISTRIBUTION_SEEDS),
-                               "args": {**args, "compile": False, "cudagraphs": False}}, cfg.timeout)
+            return run_worker(
+                {**spec, "seeds": list(DISTRIBUTION_SEEDS), "args": {**args, "compile": False, "cudagraphs": False}},
+                cfg.timeout,
+            )
 
         seeds = mode != "cpu" and not getattr(cfg, "quick", False)  # --quick leaves the eager seeds out
         kinds = ("check", "seeds") if seeds else ("check",)
@@ -579,9 +693,11 @@ def section_checks(mode: str, device: str, algos: list[str], cfg: argparse.Names
             row["distribution"] = {"status": "skipped", "error": "--quick leaves out the eager seeds"}
         else:
             seeds = done[(algo, "seeds")]
-            row["distribution"] = (distribution(row["statistics"], seeds["statistics"])
-                                   if row["status"] == seeds["status"] == "ok"
-                                   else {"status": "skipped", "error": seeds.get("error") or "the checked run failed"})
+            row["distribution"] = (
+                distribution(row["statistics"], seeds["statistics"])
+                if row["status"] == seeds["status"] == "ok"
+                else {"status": "skipped", "error": seeds.get("error") or "the checked run failed"}
+            )
         row.pop("statistics", None)
         if seeds:
             row["seconds"] = max(row["seconds"], done[(algo, "seeds")]["seconds"])  # side by side on a GPU
@@ -597,24 +713,40 @@ def section_parity(mode: str, device: str, algos: list[str], cfg: argparse.Names
     cuda = device.startswith("cuda")
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+
         def job(algo: str | None) -> dict:
             if algo is None:  # the acting step
-                return run_worker({"algo": "ppo", "script": "ppo", "job": "acting", "args": {"device": device}}, cfg.timeout)
+                return run_worker(
+                    {"algo": "ppo", "script": "ppo", "job": "acting", "args": {"device": device}}, cfg.timeout
+                )
             try:
                 args = parity_plan(algo, device, cfg.iterations, cfg.num_envs, Path(tmp) / script_name(algo))
-                return run_worker({"algo": script_name(algo), "script": algo, "job": "parity", "compile": cuda,
-                                   "args": args}, cfg.timeout)
+                return run_worker(
+                    {"algo": script_name(algo), "script": algo, "job": "parity", "compile": cuda, "args": args},
+                    cfg.timeout,
+                )
             except Exception as e:  # noqa: BLE001 -- the row's failure, not the section's end
-                return {"algo": script_name(algo), "job": "parity", "status": "failed", "seconds": 0.0,
-                        "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+                return {
+                    "algo": script_name(algo),
+                    "job": "parity",
+                    "status": "failed",
+                    "seconds": 0.0,
+                    "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                }
 
         jobs = ([] if mode == "cpu" else list(algos)) + [None]
         with ThreadPoolExecutor(max_workers=len(jobs) if cuda else 1) as pool:
             *rows, acting = list(pool.map(job, jobs))
-    acting_rows = acting.get("parts") or [{"part": "its process", "status": "failed", "error": acting.get("error"),
-                                           "at": acting.get("at")}]
-    return {"scripts": rows, "acting": acting_rows, "seconds": time.time() - t0, "compiled": cuda,
-            **({"skipped": "needs CUDA; --device cpu runs both eager, a dry run"} if mode == "cpu" else {})}
+    acting_rows = acting.get("parts") or [
+        {"part": "its process", "status": "failed", "error": acting.get("error"), "at": acting.get("at")}
+    ]
+    return {
+        "scripts": rows,
+        "acting": acting_rows,
+        "seconds": time.time() - t0,
+        "compiled": cuda,
+        **({"skipped": "needs CUDA; --device cpu runs both eager, a dry run"} if mode == "cpu" else {}),
+    }
 
 
 ACTING_PARTS = ("compiled against eager", "captured against eager", "own random numbers")
@@ -655,8 +787,14 @@ def acting_step(device: str) -> list[dict]:
         try:
             rows.append({"part": name, **fn()})
         except BaseException as e:  # noqa: BLE001 -- reported as this part's failure
-            rows.append({"part": name, "status": "failed", "error": f"{type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}", "at": where(files, e.__traceback__)})
+            rows.append(
+                {
+                    "part": name,
+                    "status": "failed",
+                    "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                    "at": where(files, e.__traceback__),
+                }
+            )
         rows[-1]["seconds"] = time.time() - t0
 
     ppo = load_script("ppo")
@@ -667,8 +805,13 @@ def acting_step(device: str) -> list[dict]:
     from_module(agent).data.to_module(twin)  # the scripts act with such a twin: no autograd in the rollout
 
     def run_like(capture: bool):  # what common.capture reads of a script's run
-        return types.SimpleNamespace(args=types.SimpleNamespace(compile=True, cudagraphs=capture), device=torch.device(device),
-                                     graphs=[], compile_seconds={}, say=lambda message: None)
+        return types.SimpleNamespace(
+            args=types.SimpleNamespace(compile=True, cudagraphs=capture),
+            device=torch.device(device),
+            graphs=[],
+            compile_seconds={},
+            say=lambda message: None,
+        )
 
     def against_eager(capture: bool) -> dict:
         def act(o):
@@ -720,13 +863,24 @@ def judge_noise(z: torch.Tensor) -> dict:
         a, b = a - a.mean(), b - b.mean()
         return ((a * b).sum() / (a.norm() * b.norm())).item()
 
-    found = {"mean": flat.mean().item(), "var": flat.var().item(),
-             "across_replays": max(abs(corr(flat[r], flat[r + 1])) for r in range(replays - 1)),
-             "across_steps": max(abs(corr(flat[:, s], flat[:, s + 1])) for s in range(steps - 1))}
-    bounds = {"mean": 5 / math.sqrt(n), "var": 5 * math.sqrt(2 / n), "across_replays": 5 / math.sqrt(steps * per),
-              "across_steps": 5 / math.sqrt(replays * per)}
-    off = {"mean": abs(found["mean"]), "var": abs(found["var"] - 1), "across_replays": found["across_replays"],
-           "across_steps": found["across_steps"]}
+    found = {
+        "mean": flat.mean().item(),
+        "var": flat.var().item(),
+        "across_replays": max(abs(corr(flat[r], flat[r + 1])) for r in range(replays - 1)),
+        "across_steps": max(abs(corr(flat[:, s], flat[:, s + 1])) for s in range(steps - 1)),
+    }
+    bounds = {
+        "mean": 5 / math.sqrt(n),
+        "var": 5 * math.sqrt(2 / n),
+        "across_replays": 5 / math.sqrt(steps * per),
+        "across_steps": 5 / math.sqrt(replays * per),
+    }
+    off = {
+        "mean": abs(found["mean"]),
+        "var": abs(found["var"] - 1),
+        "across_replays": found["across_replays"],
+        "across_steps": found["across_steps"],
+    }
     failed = [name for name in bounds if not off[name] <= bounds[name]]
     return {"status": "ok" if not failed else "differs", **found, "bounds": bounds, "draws": n, "failed": failed}
 
@@ -737,30 +891,79 @@ def section_torchrun(device: str, num_envs: int, timeout: float) -> dict:
     out = {}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--master-addr=127.0.0.1"]
-        flags = ["--device", device, "--num-envs", str(num_envs), "--num-steps", "16", "--output-dir", tmp,
-                 "--no-progress", "--log-interval", "2", "--eval-interval", "4", "--save-interval", "4",
-                 "--num-eval-envs", "16"]
-        cmd = [*launch, f"--master-port={free_port()}", "algos/ppo.py", *flags, "--run-name", "sync",
-               "--total-timesteps", str(12 * 16 * num_envs)]
+        flags = [
+            "--device",
+            device,
+            "--num-envs",
+            str(num_envs),
+            "--num-steps",
+            "16",
+            "--output-dir",
+            tmp,
+            "--no-progress",
+            "--log-interval",
+            "2",
+            "--eval-interval",
+            "4",
+            "--save-interval",
+            "4",
+            "--num-eval-envs",
+            "16",
+        ]
+        cmd = [
+            *launch,
+            f"--master-port={free_port()}",
+            "algos/ppo.py",
+            *flags,
+            "--run-name",
+            "sync",
+            "--total-timesteps",
+            str(12 * 16 * num_envs),
+        ]
         t0 = time.time()
         rc, output = bench.run_command(cmd, timeout, subprocess_env())
         summary_path = Path(tmp) / "sync" / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         ok = rc == 0 and summary.get("params_in_sync") is True and summary.get("world_size") == 1
-        out["distributed_paths"] = {"status": "ok" if ok else "failed", "seconds": time.time() - t0,
-                                    "backend": "nccl" if cuda else "gloo", "compile": summary.get("compile"),
-                                    "cudagraphs": summary.get("cudagraphs"),
-                                    **({} if ok else {"error": bench.failure_reason(output), "returncode": rc})}
+        out["distributed_paths"] = {
+            "status": "ok" if ok else "failed",
+            "seconds": time.time() - t0,
+            "backend": "nccl" if cuda else "gloo",
+            "compile": summary.get("compile"),
+            "cudagraphs": summary.get("cudagraphs"),
+            **({} if ok else {"error": bench.failure_reason(output), "returncode": rc}),
+        }
         # graphs on, compile off (its time buys nothing here): the update graph holds the all-reduces
-        nan = [*launch, f"--master-port={free_port()}", "tests/nan_launch.py", str(3 * 16 + 1), "algos/ppo.py", *flags,
-               "--run-name", "nan", "--total-timesteps", str(12 * 16 * num_envs), "--compile", "False",
-               "--cudagraphs", str(cuda)]
+        nan = [
+            *launch,
+            f"--master-port={free_port()}",
+            "tests/nan_launch.py",
+            str(3 * 16 + 1),
+            "algos/ppo.py",
+            *flags,
+            "--run-name",
+            "nan",
+            "--total-timesteps",
+            str(12 * 16 * num_envs),
+            "--compile",
+            "False",
+            "--cudagraphs",
+            str(cuda),
+        ]
         t0 = time.time()
         rc, output = bench.run_command(nan, min(timeout, 300), subprocess_env())
         seconds = time.time() - t0
-        guarded = rc not in (0, None) and "FloatingPointError: non-finite" in output and "warning: closing the run" not in output
-        out["nan_guard_exit"] = {"status": "ok" if guarded else "failed", "seconds": seconds, "returncode": rc,
-                                 **({} if guarded else {"error": bench.failure_reason(output)})}
+        guarded = (
+            rc not in (0, None)
+            and "FloatingPointError: non-finite" in output
+            and "warning: closing the run" not in output
+        )
+        out["nan_guard_exit"] = {
+            "status": "ok" if guarded else "failed",
+            "seconds": seconds,
+            "returncode": rc,
+            **({} if guarded else {"error": bench.failure_reason(output)}),
+        }
     return out
 
 
@@ -771,25 +974,48 @@ def floor_of(algo: str, env_id: str, num_envs: int, mode: str, gpu: str | None) 
     figure = FLOORS[name].get((algo, env_id, num_envs, mode)) if name else None
     if figure is None:
         return None
-    return {"sps": FLOOR_SHARE * figure, "measured": figure, "gpu": name,
-            "text": f"{FLOOR_SHARE * figure:,.0f} SPS ({FLOOR_SHARE:.0%} of {figure:,.0f}, the last measured on an {name})"}
+    return {
+        "sps": FLOOR_SHARE * figure,
+        "measured": figure,
+        "gpu": name,
+        "text": f"{FLOOR_SHARE * figure:,.0f} SPS ({FLOOR_SHARE:.0%} of {figure:,.0f}, the last measured on an {name})",
+    }
 
 
 def section_speed(section: str, device: str, timeout: float, iterations: int, gpu: str | None) -> dict:
     rows = []
     t0 = time.time()
     for _, env_id, num_envs, algos in (r for r in SPEED_ROWS if r[0] == section):
-        row = {"env_id": env_id, "num_envs": num_envs,
-               "env_only_sps": bench.measure_env_only(env_id, num_envs, torch.device(device))["sps"], "runs": []}
+        row = {
+            "env_id": env_id,
+            "num_envs": num_envs,
+            "env_only_sps": bench.measure_env_only(env_id, num_envs, torch.device(device))["sps"],
+            "runs": [],
+        }
         for algo in algos:
             args_cls = load_script(algo).Args
             for mode in SECTION_MODES.get(section, SPEED_MODES):
                 try:
-                    record = bench.run_training(algo, args_cls, env_id, num_envs, device, mode, iterations, 1, timeout=timeout)
+                    record = bench.run_training(
+                        algo, args_cls, env_id, num_envs, device, mode, iterations, 1, timeout=timeout
+                    )
                 except Exception as e:  # noqa: BLE001 -- this row's failure, the section goes on
                     record = {"algo": algo, "mode": mode, "status": "failed", "error": f"{type(e).__name__}: {e}"}
-                run = {k: record.get(k) for k in ("algo", "mode", "status", "sps", "rollout_seconds", "update_seconds",
-                                                  "peak_memory_mb", "process_seconds", "error", "command")}
+                run = {
+                    k: record.get(k)
+                    for k in (
+                        "algo",
+                        "mode",
+                        "status",
+                        "sps",
+                        "rollout_seconds",
+                        "update_seconds",
+                        "peak_memory_mb",
+                        "process_seconds",
+                        "error",
+                        "command",
+                    )
+                }
                 floor = floor_of(algo, env_id, num_envs, mode, gpu)
                 if floor is not None:
                     run["floor"] = floor
@@ -802,8 +1028,12 @@ def section_speed(section: str, device: str, timeout: float, iterations: int, gp
 
 
 def speed_commands(section: str) -> list[str]:
-    return [f"python -m tests.benchmarks.bench --device cuda --env-id {env_id} --num-envs {n} --algos {' '.join(algos)} "
-            f"--modes {' '.join(SECTION_MODES.get(section, SPEED_MODES))}" for s, env_id, n, algos in SPEED_ROWS if s == section]
+    return [
+        f"python -m tests.benchmarks.bench --device cuda --env-id {env_id} --num-envs {n} --algos {' '.join(algos)} "
+        f"--modes {' '.join(SECTION_MODES.get(section, SPEED_MODES))}"
+        for s, env_id, n, algos in SPEED_ROWS
+        if s == section
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -822,12 +1052,20 @@ def failures(name: str, result: dict) -> list[str]:
             if r["status"] != "ok":
                 bad.append(f"{algo}: {r.get('error')} at {r.get('at')}")
             syncs = r.get("syncs", [])
-            bad += [f"{algo}: sync {s}" + (f" ({syncs.count(s)} times)" if syncs.count(s) > 1 else "")
-                    for s in sorted(set(syncs), key=syncs.index)[:3]]
+            bad += [
+                f"{algo}: sync {s}" + (f" ({syncs.count(s)} times)" if syncs.count(s) > 1 else "")
+                for s in sorted(set(syncs), key=syncs.index)[:3]
+            ]
             bad += [f"{algo}: graph break in {b}" for b in r.get("graph_breaks", [])[:5]]
-            bad += [f"{algo}: {n} graph break(s) in compiled code outside the captured functions"
-                    for n in [r.get("warmup", {}).get(OUTSIDE, {}).get("graph_breaks", 0)] if n]
-            bad += [f"{algo}: {n} frame(s) compiled in {fn} after its warm-up" for fn, n in r.get("frames_after_warmup", {}).items()]
+            bad += [
+                f"{algo}: {n} graph break(s) in compiled code outside the captured functions"
+                for n in [r.get("warmup", {}).get(OUTSIDE, {}).get("graph_breaks", 0)]
+                if n
+            ]
+            bad += [
+                f"{algo}: {n} frame(s) compiled in {fn} after its warm-up"
+                for fn, n in r.get("frames_after_warmup", {}).items()
+            ]
             bad += [f"{algo}: {s}" for s in r.get("python_state", [])[:3]]
             d = r.get("distribution", {})
             if d.get("status") not in ("ok", "skipped"):
@@ -836,30 +1074,48 @@ def failures(name: str, result: dict) -> list[str]:
         for r in result["scripts"]:
             p = r.get("parity", {})
             if r["status"] != "ok" or p.get("status") != "ok":
-                bad.append(f"{r['algo']}: " + (r.get("error") or f"{p.get('status')} ({', '.join(p.get('differing', []))})"))
+                bad.append(
+                    f"{r['algo']}: " + (r.get("error") or f"{p.get('status')} ({', '.join(p.get('differing', []))})")
+                )
         for a in result["acting"]:
             if a["status"] not in ("ok", "skipped"):
-                what = (a["error"] + (f" at {a['at']}" if a.get("at") else "") if a["status"] == "failed" else
-                        f"{', '.join(a['failed'])} out of bounds" if "failed" in a else f"max abs diff {a['max_abs_diff']:.2g}")
+                what = (
+                    a["error"] + (f" at {a['at']}" if a.get("at") else "")
+                    if a["status"] == "failed"
+                    else f"{', '.join(a['failed'])} out of bounds"
+                    if "failed" in a
+                    else f"max abs diff {a['max_abs_diff']:.2g}"
+                )
                 bad.append(f"acting step, {a['part']}: {what}")
     if name == "torchrun":
         bad += [f"{k}: {r.get('error')}" for k, r in result.items() if isinstance(r, dict) and r.get("status") != "ok"]
     if name.startswith("speed"):
-        bad += [f"{r['algo']} {r['mode']} {row['env_id']} {row['num_envs']}: {r.get('error')}"
-                for row in result.get("rows", []) for r in row["runs"] if r["status"] != "ok"]
+        bad += [
+            f"{r['algo']} {r['mode']} {row['env_id']} {row['num_envs']}: {r.get('error')}"
+            for row in result.get("rows", [])
+            for r in row["runs"]
+            if r["status"] != "ok"
+        ]
     return bad
 
 
 def markdown(report: dict) -> str:
     m = report["machine"]
-    lines = [f"# GPU check, {report['date']}", "",
-             f"{bench.machine_label(m)}; torch {m['torch']}, tensordict {report['tensordict']}; commit {report['commit']}; "
-             f"{report['mode_text']}. Verdict: **{report['verdict']}**", "",
-             "| section | what | expected on one H100 | measured | result |", "|---|---|---|---|---|"]
+    lines = [
+        f"# GPU check, {report['date']}",
+        "",
+        f"{bench.machine_label(m)}; torch {m['torch']}, tensordict {report['tensordict']}; commit {report['commit']}; "
+        f"{report['mode_text']}. Verdict: **{report['verdict']}**",
+        "",
+        "| section | what | expected on one H100 | measured | result |",
+        "|---|---|---|---|---|",
+    ]
     for name in (s for s in ALL_SECTIONS if s in SECTIONS or s in report["sections"]):
         s = report["sections"].get(name)
         result = "not run" if s is None else s["status"] + (" (--quick)" if s.get("quick") else "")
-        measured = "-" if s is None else f"{s['seconds'] / 60:.1f} min" + ("" if report["mode"] == "gpu" else " on this CPU")
+        measured = (
+            "-" if s is None else f"{s['seconds'] / 60:.1f} min" + ("" if report["mode"] == "gpu" else " on this CPU")
+        )
         expected = (s or {}).get("expected_minutes", EXPECTED_MINUTES.get(name))
         lines.append(f"| {name} | {WHAT[name]} | {expected:.1f} min | {measured} | {result} |")
     lines.append("")
@@ -881,35 +1137,64 @@ def markdown(report: dict) -> str:
     if checks:
         how = "compiled and captured" if checks["compiled"] else "eager"
         sizes = "its CUDA defaults" if checks.get("mode") != "cpu" else "small sizes"
-        lines += [f"## checks: every script {how}, {checks.get('iterations')} iterations at {sizes}", "",
-                  "| script | run | syncs between log points | graph breaks in warm-up: not by design (by design), frames "
-                  "compiled | frames after warm-up "
-                  "| Python state changed after the first call | against eager seeds | seconds |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## checks: every script {how}, {checks.get('iterations')} iterations at {sizes}",
+            "",
+            "| script | run | syncs between log points | graph breaks in warm-up: not by design (by design), frames "
+            "compiled | frames after warm-up "
+            "| Python state changed after the first call | against eager seeds | seconds |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in checks["scripts"]:
             run = r["status"] if r["status"] == "ok" else f"failed: {r.get('error')} at {r.get('at')}"
-            warm = ", ".join(f"{fn}: {c['graph_breaks'] - c.get('accepted', 0)} ({c.get('accepted', 0)}), {c['frames']}"
-                             for fn, c in r.get("warmup", {}).items()) or "-"
+            warm = (
+                ", ".join(
+                    f"{fn}: {c['graph_breaks'] - c.get('accepted', 0)} ({c.get('accepted', 0)}), {c['frames']}"
+                    for fn, c in r.get("warmup", {}).items()
+                )
+                or "-"
+            )
             after = ", ".join(f"{fn}: {n}" for fn, n in r.get("frames_after_warmup", {}).items()) or "0"
             d = r.get("distribution", {})
-            dist = d.get("status", "-") + (f" ({len(d['statistics'])} statistics)" if d.get("statistics") else
-                                          f" ({d['error']})" if d.get("error") else "")
-            lines.append(f"| {r['algo']} | {run} | {len(r.get('syncs', []))} {'; '.join(r.get('syncs', [])[:3])} | {warm} "
-                         f"| {after} | {len(r.get('python_state', []))} {'; '.join(r.get('python_state', [])[:2])} | {dist} | "
-                         f"{r['seconds']:.0f} |")
+            dist = d.get("status", "-") + (
+                f" ({len(d['statistics'])} statistics)"
+                if d.get("statistics")
+                else f" ({d['error']})"
+                if d.get("error")
+                else ""
+            )
+            lines.append(
+                f"| {r['algo']} | {run} | {len(r.get('syncs', []))} {'; '.join(r.get('syncs', [])[:3])} | {warm} "
+                f"| {after} | {len(r.get('python_state', []))} {'; '.join(r.get('python_state', [])[:2])} | {dist} | "
+                f"{r['seconds']:.0f} |"
+            )
         reasons = [f"- {r['algo']}: {b}" for r in checks["scripts"] for b in r.get("graph_breaks", [])[:5]]
         by_design = sorted({b.split(": ", 1)[1] for r in checks["scripts"] for b in r.get("accepted_breaks", [])})
-        lines += ["", *(["Graph breaks not by design:", *reasons, ""] if reasons else []),
-                  *([f"Graph breaks by design (gpu_check.accepted_break): {', '.join(by_design)}", ""] if by_design else [])]
+        lines += [
+            "",
+            *(["Graph breaks not by design:", *reasons, ""] if reasons else []),
+            *([f"Graph breaks by design (gpu_check.accepted_break): {', '.join(by_design)}", ""] if by_design else []),
+        ]
     parity_result = shown.get("parity")
     if parity_result:
-        other = ("compiled and captured (fallback_random)" if parity_result["compiled"] or parity_result.get("skipped")
-                 else "eager again (a dry run)")
-        lines += ["## parity", "", f"Each script's plan eager and {other}, their numbered checkpoints (judged at the first): "
-                  + (f"skipped ({parity_result['skipped']})" if parity_result.get("skipped") else "compared"), ""]
+        other = (
+            "compiled and captured (fallback_random)"
+            if parity_result["compiled"] or parity_result.get("skipped")
+            else "eager again (a dry run)"
+        )
+        lines += [
+            "## parity",
+            "",
+            f"Each script's plan eager and {other}, their numbered checkpoints (judged at the first): "
+            + (f"skipped ({parity_result['skipped']})" if parity_result.get("skipped") else "compared"),
+            "",
+        ]
         if parity_result["scripts"]:
-            lines += ["| script | result | iteration | tensors compared (parts) | max abs diff | the runs part at "
-                      "(not judged) | last compared |", "|---|---|---|---|---|---|---|"]
+            lines += [
+                "| script | result | iteration | tensors compared (parts) | max abs diff | the runs part at "
+                "(not judged) | last compared |",
+                "|---|---|---|---|---|---|---|",
+            ]
 
             def diff(p):
                 if p.get("error"):
@@ -918,26 +1203,40 @@ def markdown(report: dict) -> str:
                     return "-"
                 if p.get("worst_tensor"):
                     return f"{p['max_abs_diff']:.3g} in {p['worst_tensor']}"
-                return ("0.0 (every tensor equal)" if p.get("status") == "ok" else
-                        f"0.0 in floats; differ: {', '.join(p.get('differing') or [])}")
+                return (
+                    "0.0 (every tensor equal)"
+                    if p.get("status") == "ok"
+                    else f"0.0 in floats; differ: {', '.join(p.get('differing') or [])}"
+                )
 
             for r in parity_result["scripts"]:
                 p = r.get("parity", {})
-                res = p.get("status", r["status"]) if r["status"] == "ok" else f"failed: {r.get('error')} at {r.get('at')}"
+                res = (
+                    p.get("status", r["status"])
+                    if r["status"] == "ok"
+                    else f"failed: {r.get('error')} at {r.get('at')}"
+                )
                 last = p.get("last") or {}
-                parted = "-" if "last" not in p else "never" if p["parted_at"] is None else f"iteration {p['parted_at']}"
-                lines.append(f"| {r['algo']} | {res} | {p.get('iteration', '-')} | {p.get('tensors', '-')} "
-                             f"({', '.join(p.get('parts', []))}) | {diff(p)} | {parted} | "
-                             + (f"iteration {last['iteration']}: {diff(last)} |" if last else "- |"))
+                parted = (
+                    "-" if "last" not in p else "never" if p["parted_at"] is None else f"iteration {p['parted_at']}"
+                )
+                lines.append(
+                    f"| {r['algo']} | {res} | {p.get('iteration', '-')} | {p.get('tensors', '-')} "
+                    f"({', '.join(p.get('parts', []))}) | {diff(p)} | {parted} | "
+                    + (f"iteration {last['iteration']}: {diff(last)} |" if last else "- |")
+                )
             lines.append("")
         lines += ["ppo's acting step, as a script acts (a process of its own):", ""]
         for a in parity_result["acting"]:
             if a["status"] in ("failed", "skipped"):
                 text = f"{a['status']}: {a.get('error')}" + (f" at {a['at']}" if a.get("at") else "")
             elif "draws" in a:  # judged by distribution
-                text = (f"{a['status']} ({a['draws']} draws{', captured' if a.get('captured') else ''}: mean {a['mean']:.3f}, "
-                        f"variance {a['var']:.3f}, correlation across replays {a['across_replays']:.3f}, across steps "
-                        f"{a['across_steps']:.3f})")
+                text = (
+                    f"{a['status']} ({a['draws']} draws{', captured' if a.get('captured') else ''}: mean "
+                    f"{a['mean']:.3f}, "
+                    f"variance {a['var']:.3f}, correlation across replays {a['across_replays']:.3f}, across steps "
+                    f"{a['across_steps']:.3f})"
+                )
             else:
                 text = f"{a['status']} (max abs diff {a['max_abs_diff']:.2g})"
             lines.append(f"- {a['part']}: {text}")
@@ -946,13 +1245,19 @@ def markdown(report: dict) -> str:
     if torchrun:
         lines += ["## torchrun, one rank", ""]
         for name, r in torchrun.items():
-            lines.append(f"- {name}: {r['status']} in {r['seconds']:.0f} s" + (f" ({r['error']})" if r.get("error") else ""))
+            lines.append(
+                f"- {name}: {r['status']} in {r['seconds']:.0f} s" + (f" ({r['error']})" if r.get("error") else "")
+            )
         lines.append("")
     speed = [row for name in SPEED_SECTIONS for row in shown.get(name, {}).get("rows", [])]
     if speed:
-        lines += ["## Speed (steady state, each run alone in its own process)", "",
-                  "| env | num_envs | env only SPS | script | mode | SPS | x env only | floor | rollout s | update s | peak MB |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Speed (steady state, each run alone in its own process)",
+            "",
+            "| env | num_envs | env only SPS | script | mode | SPS | x env only | floor | rollout s | update s | peak "
+            "MB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         new_floors = []
         for row in speed:
             for r in row["runs"]:
@@ -960,29 +1265,46 @@ def markdown(report: dict) -> str:
                 x = f"{sps / row['env_only_sps']:.2f}" if sps else "-"
                 floor = r["floor"]["text"] if r.get("floor") else "none yet"
                 if sps and r["status"] == "ok" and not r.get("floor"):
-                    new_floors.append(f'("{r["algo"]}", "{row["env_id"]}", {row["num_envs"]}, "{r["mode"]}"): {sps:.3g}')
-                lines.append(f"| {row['env_id']} | {row['num_envs']} | {row['env_only_sps']:,.0f} | {r['algo']} | {r['mode']} | "
-                             + (f"{sps:,.0f} | {x} | {floor} | {bench.fmt(r.get('rollout_seconds'), '.4f')} | "
-                                f"{bench.fmt(r.get('update_seconds'), '.4f')} | {bench.fmt(r.get('peak_memory_mb'))} |"
-                                if sps else f"{r['status']}: {r.get('error')} | | {floor} | | | |"))
+                    new_floors.append(
+                        f'("{r["algo"]}", "{row["env_id"]}", {row["num_envs"]}, "{r["mode"]}"): {sps:.3g}'
+                    )
+                lines.append(
+                    f"| {row['env_id']} | {row['num_envs']} | {row['env_only_sps']:,.0f} | {r['algo']} | {r['mode']} | "
+                    + (
+                        f"{sps:,.0f} | {x} | {floor} | {bench.fmt(r.get('rollout_seconds'), '.4f')} | "
+                        f"{bench.fmt(r.get('update_seconds'), '.4f')} | {bench.fmt(r.get('peak_memory_mb'))} |"
+                        if sps
+                        else f"{r['status']}: {r.get('error')} | | {floor} | | | |"
+                    )
+                )
         if new_floors:
-            lines += ["", "Figures for FLOORS in tests/benchmarks/gpu_check.py (rows measured here for the first time): "
-                      + ", ".join(new_floors)]
+            lines += [
+                "",
+                "Figures for FLOORS in tests/benchmarks/gpu_check.py (rows measured here for the first time): "
+                + ", ".join(new_floors),
+            ]
         lines.append("")
     return "\n".join(lines)
 
 
 def git_commit() -> str | None:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
         return head.stdout.strip() + (" (modified)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 
 
-MODE_TEXT = {"gpu": "the GPU plan", "dry": "a dry run of the GPU plan on the CPU, every run eager", "cpu": "the CPU part"}
+MODE_TEXT = {
+    "gpu": "the GPU plan",
+    "dry": "a dry run of the GPU plan on the CPU, every run eager",
+    "cpu": "the CPU part",
+}
 
 
 def expected_minutes(sections, quick: bool = False) -> float:
@@ -1001,8 +1323,10 @@ def print_plan(sections: list[str], mode: str, device: str, quick: bool = False)
     minutes = QUICK_MINUTES if quick else EXPECTED_MINUTES
     say(f"plan on {device} ({MODE_TEXT[mode]}{', --quick' if quick else ''}):")
     for s in sections:
-        say(f"  {s:15s} {minutes[s]:4.1f} min on one H100   {WHAT[s]}"
-            + (f" ({QUICK_ITERATIONS} iterations, no eager seeds)" if quick and s == "checks" else ""))
+        say(
+            f"  {s:15s} {minutes[s]:4.1f} min on one H100   {WHAT[s]}"
+            + (f" ({QUICK_ITERATIONS} iterations, no eager seeds)" if quick and s == "checks" else "")
+        )
     total = expected_minutes(sections, quick)
     say(f"  in all about {total:.1f} min on one H100")
     if quick:
@@ -1010,30 +1334,54 @@ def print_plan(sections: list[str], mode: str, device: str, quick: bool = False)
     if total > 9 or quick:
         say("  for reservations of under ten minutes, run the parts one after another (the report adds them up):")
         for part in PARTS:
-            say(f"    python -m tests.benchmarks.gpu_check --sections {' '.join(part)}   # about "
-                f"{expected_minutes(part):.1f} min")
+            say(
+                f"    python -m tests.benchmarks.gpu_check --sections {' '.join(part)}   # about "
+                f"{expected_minutes(part):.1f} min"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/gpu_check", help="directory of gpu_check.md and gpu_check.json")
-    parser.add_argument("--sections", nargs="+", choices=ALL_SECTIONS, default=list(SECTIONS),
-                        help="the parts to run (default: all but speed-quick); see the parts above for reservations "
-                             "of under ten minutes")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"what runs first in a short reservation, about {expected_minutes(QUICK, True):.0f} min: "
-                             f"{', '.join(QUICK)} (checks at {QUICK_ITERATIONS} iterations); leaves out "
-                             + "; ".join(QUICK_LEAVES_OUT))
-    parser.add_argument("--device", default=None,
-                        help="default: cuda if there is one (the GPU plan), else the CPU part; --device cpu: a dry run "
-                             "of the GPU plan on the CPU, every run eager")
-    parser.add_argument("--algos", nargs="+", default=None,
-                        help="scripts of checks and parity: names in algos/ or paths to copies (default: all in algos/)")
-    parser.add_argument("--iterations", type=int, default=None,
-                        help=f"iterations of each planned run (default: 20; {QUICK_ITERATIONS} with --quick)")
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        choices=ALL_SECTIONS,
+        default=list(SECTIONS),
+        help="the parts to run (default: all but speed-quick); see the parts above for reservations "
+        "of under ten minutes",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"what runs first in a short reservation, about {expected_minutes(QUICK, True):.0f} min: "
+        f"{', '.join(QUICK)} (checks at {QUICK_ITERATIONS} iterations); leaves out " + "; ".join(QUICK_LEAVES_OUT),
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="default: cuda if there is one (the GPU plan), else the CPU part; --device cpu: a dry run "
+        "of the GPU plan on the CPU, every run eager",
+    )
+    parser.add_argument(
+        "--algos",
+        nargs="+",
+        default=None,
+        help="scripts of checks and parity: names in algos/ or paths to copies (default: all in algos/)",
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help=f"iterations of each planned run (default: 20; {QUICK_ITERATIONS} with --quick)",
+    )
     parser.add_argument("--num-envs", type=int, default=None, help="envs of the planned runs (default: each script's)")
-    parser.add_argument("--speed-iterations", type=int, default=3,
-                        help="timed log intervals of each speed run, after one of warm-up (compile and capture)")
+    parser.add_argument(
+        "--speed-iterations",
+        type=int,
+        default=3,
+        help="timed log intervals of each speed run, after one of warm-up (compile and capture)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one process may take")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1054,20 +1402,33 @@ def main(argv: list[str] | None = None) -> int:
     commit = git_commit()
     out = Path(args.out)
     previous = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").exists() else {}
-    same = previous.get("commit") == commit and previous.get("machine_label") == bench.machine_label(machine) \
+    same = (
+        previous.get("commit") == commit
+        and previous.get("machine_label") == bench.machine_label(machine)
         and previous.get("mode") == mode
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine, "machine_label": bench.machine_label(machine),
-              "tensordict": tensordict.__version__, "device": device, "mode": mode, "commit": commit,
-              "mode_text": MODE_TEXT[mode],
-              "skipped": [], "sections": dict(previous.get("sections", {})) if same else {},
-              "commands": (previous.get("commands", []) if same else [])
-              + [" ".join(["python -m tests.benchmarks.gpu_check", *(argv if argv is not None else sys.argv[1:])])]}
+    )
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine,
+        "machine_label": bench.machine_label(machine),
+        "tensordict": tensordict.__version__,
+        "device": device,
+        "mode": mode,
+        "commit": commit,
+        "mode_text": MODE_TEXT[mode],
+        "skipped": [],
+        "sections": dict(previous.get("sections", {})) if same else {},
+        "commands": (previous.get("commands", []) if same else [])
+        + [" ".join(["python -m tests.benchmarks.gpu_check", *(argv if argv is not None else sys.argv[1:])])],
+    }
     # The correctness sections side by side on a GPU (their time is mostly compiling, on the CPU's
     # cores); the speed sections after them, each of their runs alone on the GPU.
-    jobs = {"tests": lambda: section_tests(gpu, 3 * args.timeout),
-            "checks": lambda: section_checks(mode, device, algos, args),
-            "parity": lambda: section_parity(mode, device, algos, args),
-            "torchrun": lambda: section_torchrun(device, 4096 if gpu else 64, args.timeout)}
+    jobs = {
+        "tests": lambda: section_tests(gpu, 3 * args.timeout),
+        "checks": lambda: section_checks(mode, device, algos, args),
+        "parity": lambda: section_parity(mode, device, algos, args),
+        "torchrun": lambda: section_torchrun(device, 4096 if gpu else 64, args.timeout),
+    }
     jobs = {name: job for name, job in jobs.items() if name in sections}
 
     def timed_job(name):
@@ -1075,8 +1436,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = jobs[name]()
         except Exception as e:  # noqa: BLE001 -- this section's failure; the others are still reported
-            result = {"crashed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} at "
-                                 f"{where(set(), e.__traceback__)}"}
+            result = {
+                "crashed": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} at "
+                f"{where(set(), e.__traceback__)}"
+            }
         return result, time.time() - t0
 
     with ThreadPoolExecutor(max_workers=max(len(jobs), 1) if gpu else 1) as pool:
@@ -1086,9 +1449,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, (result, seconds) in done.items():
         bad = failures(name, result)
         skipped = name == "tests" and result.get("status") == "skipped"
-        report["sections"][name] = {"status": "failed" if bad else "skipped" if skipped else "ok", "seconds": seconds,
-                                    "failures": bad, "result": result, "expected_minutes": minutes[name],
-                                    **({"quick": True} if args.quick else {})}
+        report["sections"][name] = {
+            "status": "failed" if bad else "skipped" if skipped else "ok",
+            "seconds": seconds,
+            "failures": bad,
+            "result": result,
+            "expected_minutes": minutes[name],
+            **({"quick": True} if args.quick else {}),
+        }
     for name in SPEED_SECTIONS:
         if name not in sections:
             continue
@@ -1097,16 +1465,23 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             result = section_speed(name, device, args.timeout, args.speed_iterations, machine.get("gpu"))
             bad = failures(name, result)
-            report["sections"][name] = {"status": "failed" if bad else "ok", "seconds": time.time() - t0,
-                                        "failures": bad, "result": result, "expected_minutes": minutes[name]}
+            report["sections"][name] = {
+                "status": "failed" if bad else "ok",
+                "seconds": time.time() - t0,
+                "failures": bad,
+                "result": result,
+                "expected_minutes": minutes[name],
+            }
         else:
             report["skipped"].append(f"{name} (needs CUDA; its commands: {'; '.join(speed_commands(name))})")
     if not gpu:
         if "tests" in sections:
             report["skipped"].append(f"the {len(report['sections']['tests']['result'].get('tests', []))} CUDA tests")
         if "checks" in sections:
-            report["skipped"].append("sync debug mode, graph breaks and recompiles of the compiled and captured runs "
-                                     "(here: the runs eager, with the host-sync recorder and the Python-state check)")
+            report["skipped"].append(
+                "sync debug mode, graph breaks and recompiles of the compiled and captured runs "
+                "(here: the runs eager, with the host-sync recorder and the Python-state check)"
+            )
         if "torchrun" in sections:
             report["skipped"].append("NCCL and captured all-reduces (here: gloo, eager)")
     this_run = [b for name in sections if name in report["sections"] for b in report["sections"][name]["failures"]]
@@ -1114,8 +1489,9 @@ def main(argv: list[str] | None = None) -> int:
     missing = [s for s in SECTIONS if s not in report["sections"] and (gpu or not s.startswith("speed"))]
     if args.quick:
         report["skipped"].append("left out by --quick: " + "; ".join(QUICK_LEAVES_OUT))
-    report["verdict"] = ("failed: " + ", ".join(all_bad) if all_bad else "all passed") + \
-        (f" (not yet run: {', '.join(missing)})" if missing else "")
+    report["verdict"] = ("failed: " + ", ".join(all_bad) if all_bad else "all passed") + (
+        f" (not yet run: {', '.join(missing)})" if missing else ""
+    )
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(report)
     (out / "gpu_check.md").write_text(text + "\n")

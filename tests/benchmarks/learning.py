@@ -52,8 +52,18 @@ from tests.benchmarks.bench import machine_info, machine_label  # noqa: E402
 COMMITTED = ROOT / "tests" / "benchmarks" / "results"  # the results the README shows
 
 MINATAR = ["--num-envs", "128", "--num-steps", "32", "--num-eval-envs", "16", "--eval-interval", "10"]
-PQN_MINATAR = ["--num-minibatches", "32", "--learning-rate", "5e-4", "--reward-scale", "1.0", "--exploration-fraction", "0.1",
-               "--hidden-sizes", "128"]
+PQN_MINATAR = [
+    "--num-minibatches",
+    "32",
+    "--learning-rate",
+    "5e-4",
+    "--reward-scale",
+    "1.0",
+    "--exploration-fraction",
+    "0.1",
+    "--hidden-sizes",
+    "128",
+]
 PPO_MINATAR = ["--num-minibatches", "8", "--update-epochs", "4", "--ent-coef", "0.01"]
 # script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise); `after`:
 # (experiment, flag, checkpoint): a run starts from the checkpoint of that experiment's run of the same seed, given
@@ -68,9 +78,12 @@ EXPERIMENTS = {
     # discounted to under 1% (0.99**500), its signal drowns under the immediate action costs, and the
     # policy settles on standing still. A longer discount keeps it; a wider start to the exploration
     # noise lets every seed find it.
-    "ppo:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=["--gamma", "0.999", "--init-log-std", "0.5"]),
+    "ppo:MountainCarContinuous-v0": dict(
+        target=90.0, budget=3_000_000, flags=["--gamma", "0.999", "--init-log-std", "0.5"]
+    ),
     "ppo:MountainCarContinuous-v0@defaults": dict(target=90.0, budget=3_000_000, flags=[]),
-    # Exploration: RND's intrinsic reward (algos/ppo_rnd.py) against ppo alone, both at their defaults (gamma 0.99, where
+    # Exploration: RND's intrinsic reward (algos/ppo_rnd.py) against ppo alone, both at their defaults (gamma 0.99,
+    # where
     # the goal's reward fades under the action costs); the targets are gymnasium's reward thresholds
     "ppo_rnd:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=[]),
     # MountainCar-v0: `goal` -200, the return of an episode cut at its 200 steps, so an eval return above it says an
@@ -78,14 +91,21 @@ EXPERIMENTS = {
     # (2,000,000 env steps at 4,096 envs), rsl_rl's linear schedule, so the last third trains on the task's reward alone
     "ppo:MountainCar-v0": dict(target=-110.0, budget=3_000_000, goal=-200.0, flags=[]),
     "ppo_rnd:MountainCar-v0": dict(target=-110.0, budget=3_000_000, goal=-200.0, flags=[]),
-    "ppo_rnd:MountainCar-v0@decay": dict(target=-110.0, budget=3_000_000, goal=-200.0,
-                                         flags=["--rnd-weight-final", "0", "--rnd-weight-steps", "0", "488"]),
+    "ppo_rnd:MountainCar-v0@decay": dict(
+        target=-110.0,
+        budget=3_000_000,
+        goal=-200.0,
+        flags=["--rnd-weight-final", "0", "--rnd-weight-steps", "0", "488"],
+    ),
     # Symmetry (ppo --symmetry, rsl_rl's): the minibatch's mirror images added (augmentation), or the mirror loss at its
-    # default coefficient 1.0, against ppo with the symmetry only measured (--symmetry log: the same updates), all at the
+    # default coefficient 1.0, against ppo with the symmetry only measured (--symmetry log: the same updates), all at
+    # the
     # defaults otherwise; charts/symmetry_error read at the end
-    **{f"ppo:{env_id}@{mode}": dict(target=target, budget=budget, flags=["--symmetry", mode])
-       for env_id, target, budget in [("Pendulum-v1", -200.0, 8_000_000), ("Acrobot-v1", -100.0, 5_000_000)]
-       for mode in ("log", "augmentation", "mirror-loss")},
+    **{
+        f"ppo:{env_id}@{mode}": dict(target=target, budget=budget, flags=["--symmetry", mode])
+        for env_id, target, budget in [("Pendulum-v1", -200.0, 8_000_000), ("Acrobot-v1", -100.0, 5_000_000)]
+        for mode in ("log", "augmentation", "mirror-loss")
+    },
     "pqn:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "pqn:Acrobot-v1": dict(target=-100.0, budget=3_000_000, flags=[]),
     # TD3 and SAC: their defaults depend on the device (32 envs and batches of 512 on a CPU)
@@ -95,10 +115,18 @@ EXPERIMENTS = {
     # tell which way the pole moves; the recurrent one (ppo_lstm) infers it from its observation history.
     # Their critics read the masked observation too (--no-asymmetric-critic: the rows as measured before the
     # masked envs had a "critic" group; with it, the default, they are unmeasured).
-    "ppo_lstm:CartPole-v1@masked": dict(target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]),
-    "ppo:CartPole-v1@masked": dict(target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]),
-    "ppo_lstm:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]),
-    "ppo:Pendulum-v1@masked": dict(target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]),
+    "ppo_lstm:CartPole-v1@masked": dict(
+        target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]
+    ),
+    "ppo:CartPole-v1@masked": dict(
+        target=475.0, budget=5_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]
+    ),
+    "ppo_lstm:Pendulum-v1@masked": dict(
+        target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]
+    ),
+    "ppo:Pendulum-v1@masked": dict(
+        target=-200.0, budget=30_000_000, flags=["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"]
+    ),
     "ppo_lstm:CartPole-v1": dict(target=475.0, budget=3_000_000, flags=[]),
     "ppo_lstm:Pendulum-v1": dict(target=-200.0, budget=8_000_000, flags=[]),
     # Distillation (algos/distill.py): a ppo.py teacher trained on the unmasked task (the @teacher run of the same
@@ -106,31 +134,78 @@ EXPERIMENTS = {
     # the masked observations. Its env steps are the student's alone, against ppo_lstm's from scratch above. Then
     # ppo_lstm fine-tunes the LSTM student (--init-from its best.pt), evaluated at each of its first 10 iterations.
     "ppo:CartPole-v1@teacher": dict(target=475.0, budget=393_216, flags=[*FAST_CARTPOLE]),
-    "distill:CartPole-v1@masked-lstm": dict(target=475.0, budget=327_680, after=("ppo:CartPole-v1@teacher", "--teacher", "last.pt"),
-                                            flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2"]),
-    "distill:CartPole-v1@masked-mlp": dict(target=475.0, budget=327_680, after=("ppo:CartPole-v1@teacher", "--teacher", "last.pt"),
-                                           flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2",
-                                                  "--cell", "none"]),
-    "ppo_lstm:CartPole-v1@finetune": dict(target=475.0, budget=81_920, after=("distill:CartPole-v1@masked-lstm", "--init-from", "best.pt"),
-                                          flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "1", "--learning-rate", "1e-5",
-                                                 "--lr-schedule", "constant", "--ent-coef", "0"]),
+    "distill:CartPole-v1@masked-lstm": dict(
+        target=475.0,
+        budget=327_680,
+        after=("ppo:CartPole-v1@teacher", "--teacher", "last.pt"),
+        flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2"],
+    ),
+    "distill:CartPole-v1@masked-mlp": dict(
+        target=475.0,
+        budget=327_680,
+        after=("ppo:CartPole-v1@teacher", "--teacher", "last.pt"),
+        flags=["--env-kwargs", MASKED, *FAST_CARTPOLE[:4], "--eval-interval", "2", "--cell", "none"],
+    ),
+    "ppo_lstm:CartPole-v1@finetune": dict(
+        target=475.0,
+        budget=81_920,
+        after=("distill:CartPole-v1@masked-lstm", "--init-from", "best.pt"),
+        flags=[
+            "--env-kwargs",
+            MASKED,
+            *FAST_CARTPOLE[:4],
+            "--eval-interval",
+            "1",
+            "--learning-rate",
+            "1e-5",
+            "--lr-schedule",
+            "constant",
+            "--ent-coef",
+            "0",
+        ],
+    ),
     "ppo:Pendulum-v1@teacher": dict(target=-200.0, budget=8_000_000, flags=[]),
-    "distill:Pendulum-v1@masked-lstm": dict(target=-200.0, budget=1_747_626, after=("ppo:Pendulum-v1@teacher", "--teacher", "best.pt"),
-                                            flags=["--env-kwargs", MASKED, "--num-envs", "256", "--update-epochs", "5",
-                                                   "--num-minibatches", "8", "--learning-rate", "2e-3", "--eval-interval", "4"]),
+    "distill:Pendulum-v1@masked-lstm": dict(
+        target=-200.0,
+        budget=1_747_626,
+        after=("ppo:Pendulum-v1@teacher", "--teacher", "best.pt"),
+        flags=[
+            "--env-kwargs",
+            MASKED,
+            "--num-envs",
+            "256",
+            "--update-epochs",
+            "5",
+            "--num-minibatches",
+            "8",
+            "--learning-rate",
+            "2e-3",
+            "--eval-interval",
+            "4",
+        ],
+    ),
     # the fastest CartPole settings found for a 2-core CPU (run with --jobs 1: both cores for one run)
-    "ppo:CartPole-v1@fast": dict(target=475.0, budget=500_000,
-                                 flags=["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"]),
+    "ppo:CartPole-v1@fast": dict(
+        target=475.0, budget=500_000, flags=["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"]
+    ),
     # Pixels: MinAtar Breakout's uint8 [4, 10, 10] frames through MinAtar's one-conv network (--encoder minatar;
     # the Atari DQN CNN's 8x8/4 kernel does not fit 10x10 frames), on a CPU. pqn takes the PQN code's MinAtar
     # config (purejaxql: 128 envs x 32 steps, 32 minibatches, 2 epochs, lr 5e-4, epsilon to 0.05 over the first 10%,
     # unscaled rewards), except Adam for RAdam and the head's one extra 128-unit layer; ppo the MinAtar-sized
     # batch with a larger entropy bonus. @mlp: the same settings on the flattened frames, for contrast.
     # The target is not from the papers: see the README (Pixels).
-    "pqn:MinAtar/Breakout-v1": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "minatar"]),
-    "pqn:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "mlp"]),
-    "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "minatar"]),
-    "ppo:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]),
+    "pqn:MinAtar/Breakout-v1": dict(
+        target=10.0, budget=500_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "minatar"]
+    ),
+    "pqn:MinAtar/Breakout-v1@mlp": dict(
+        target=10.0, budget=500_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "mlp"]
+    ),
+    "ppo:MinAtar/Breakout-v1": dict(
+        target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "minatar"]
+    ),
+    "ppo:MinAtar/Breakout-v1@mlp": dict(
+        target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]
+    ),
 }
 # MinAtar's five games, pqn and ppo with the Breakout settings above, no target of our own (Breakout's 10 aside): the
 # eval return at env steps beside the one published figure readable near this budget, gymnax-blines' PPO log
@@ -142,41 +217,122 @@ GYMNAX_PPO = {"Asterix": 1.62, "Breakout": 15.45, "Freeway": 28.16, "SpaceInvade
 for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"):
     for algo, flags in (("pqn", PQN_MINATAR), ("ppo", PPO_MINATAR)):
         name = f"{algo}:MinAtar/{game}-v1"
-        base = EXPERIMENTS.get(name, dict(target=math.inf, budget=MINATAR_BUDGET,
-                                          flags=[*MINATAR, *flags, "--encoder", "minatar"]))  # Breakout's kept
-        EXPERIMENTS[name] = dict(base, at_steps=(100_000, 250_000, 500_000, 639_936),
-                                 reference=GYMNAX_PPO.get(game) if algo == "ppo" else None, reference_at=639_936)
+        base = EXPERIMENTS.get(
+            name, dict(target=math.inf, budget=MINATAR_BUDGET, flags=[*MINATAR, *flags, "--encoder", "minatar"])
+        )  # Breakout's kept
+        EXPERIMENTS[name] = dict(
+            base,
+            at_steps=(100_000, 250_000, 500_000, 639_936),
+            reference=GYMNAX_PPO.get(game) if algo == "ppo" else None,
+            reference_at=639_936,
+        )
 # Atari Pong with CleanRL's ppo_atari_envpool.py settings (8 envs x 128 steps, 4 minibatches, 4 epochs, lr 2.5e-4
 # annealed over its 10M steps, clip 0.1, entropy 0.01, value coefficient 0.5, gradient clip 0.5, rewards clipped and not
 # normalized; its agent: one nature CNN under two linear heads; steps are agent steps, 4 frames each). Eval: 8 games at
 # every 51,200 steps. On a CPU it takes hours: a checkpoint every 10 minutes and --resume auto, so the same command,
 # stopped (SIGTERM: the run writes last.pt and its summary) and run again with --reuse left out, goes on where it
 # stopped. The reference is CleanRL's table (docs/benchmark/ppo_atari_envpool.md: 3 seeds at 10M steps).
-CLEANRL_ATARI = ["--env-kwargs", '{"preset": "atari"}', "--encoder", "nature", "--num-envs", "8", "--num-steps", "128",
-                 "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4", "--lr-schedule", "linear",
-                 "--clip-coef", "0.1", "--ent-coef", "0.01", "--vf-coef", "0.5", "--max-grad-norm", "0.5", "--no-reward-norm",
-                 "--shared-encoder", "--hidden-sizes"]  # no hidden layers: the heads on the encoder's 512 features
+CLEANRL_ATARI = [
+    "--env-kwargs",
+    '{"preset": "atari"}',
+    "--encoder",
+    "nature",
+    "--num-envs",
+    "8",
+    "--num-steps",
+    "128",
+    "--num-minibatches",
+    "4",
+    "--update-epochs",
+    "4",
+    "--learning-rate",
+    "2.5e-4",
+    "--lr-schedule",
+    "linear",
+    "--clip-coef",
+    "0.1",
+    "--ent-coef",
+    "0.01",
+    "--vf-coef",
+    "0.5",
+    "--max-grad-norm",
+    "0.5",
+    "--no-reward-norm",
+    "--shared-encoder",
+    "--hidden-sizes",
+]  # no hidden layers: the heads on the encoder's 512 features
 EXPERIMENTS["ppo:envpool:Pong-v5"] = dict(
-    target=math.inf, budget=10_000_000, reference=20.45, reference_at=10_000_000, train_bin=100_000,
+    target=math.inf,
+    budget=10_000_000,
+    reference=20.45,
+    reference_at=10_000_000,
+    train_bin=100_000,
     at_steps=(500_000, 1_000_000, 2_500_000, 10_000_000),
-    flags=[*CLEANRL_ATARI, "--num-eval-envs", "8", "--eval-interval", "50", "--save-interval-seconds", "600",
-           "--resume", "auto"])
+    flags=[
+        *CLEANRL_ATARI,
+        "--num-eval-envs",
+        "8",
+        "--eval-interval",
+        "50",
+        "--save-interval-seconds",
+        "600",
+        "--resume",
+        "auto",
+    ],
+)
 # gymnasium MuJoCo on a CPU, the README's commands (td3/sac at their CPU defaults: 32 envs, 2 updates of 512 per
 # step). The target is 90% of CleanRL's published mean return at 1M steps (3 seeds, training episodic returns; td3 and
-# ppo on the v4 tasks, sac on v2: docs/rl-algorithms/td3.md, sac.md and ppo.md of vwxyzjn/cleanrl); the at-steps table gives each
+# ppo on the v4 tasks, sac on v2: docs/rl-algorithms/td3.md, sac.md and ppo.md of vwxyzjn/cleanrl); the at-steps table
+# gives each
 # seed's eval return at 100k/250k/500k/1M beside it.
-CLEANRL = {"td3": {"Hopper-v5": 3134.61, "HalfCheetah-v5": 9583.22, "Walker2d-v5": 4057.59},
-           "sac": {"Hopper-v5": 2310.46, "HalfCheetah-v5": 9634.89, "Walker2d-v5": 3591.45},
-           "ppo": {"HalfCheetah-v5": 1442.64}}
-OFF_POLICY_MUJOCO = ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563"]  # an eval every 50,016 steps
-PPO_MUJOCO = ["--num-envs", "8", "--num-steps", "256", "--num-minibatches", "32", "--update-epochs", "10", "--learning-rate", "3e-4",
-              "--lr-schedule", "linear", "--ent-coef", "0", "--vf-coef", "0.5", "--max-grad-norm", "0.5", "--reward-norm",
-              "--num-eval-envs", "8", "--eval-interval", "25"]  # an eval every 51,200 steps
+CLEANRL = {
+    "td3": {"Hopper-v5": 3134.61, "HalfCheetah-v5": 9583.22, "Walker2d-v5": 4057.59},
+    "sac": {"Hopper-v5": 2310.46, "HalfCheetah-v5": 9634.89, "Walker2d-v5": 3591.45},
+    "ppo": {"HalfCheetah-v5": 1442.64},
+}
+OFF_POLICY_MUJOCO = [
+    "--device",
+    "cpu",
+    "--num-eval-envs",
+    "10",
+    "--eval-interval",
+    "1563",
+]  # an eval every 50,016 steps
+PPO_MUJOCO = [
+    "--num-envs",
+    "8",
+    "--num-steps",
+    "256",
+    "--num-minibatches",
+    "32",
+    "--update-epochs",
+    "10",
+    "--learning-rate",
+    "3e-4",
+    "--lr-schedule",
+    "linear",
+    "--ent-coef",
+    "0",
+    "--vf-coef",
+    "0.5",
+    "--max-grad-norm",
+    "0.5",
+    "--reward-norm",
+    "--num-eval-envs",
+    "8",
+    "--eval-interval",
+    "25",
+]  # an eval every 51,200 steps
 AT_STEPS = (100_000, 250_000, 500_000, 1_000_000)
 for algo, tasks in CLEANRL.items():
     for task, published in tasks.items():
-        EXPERIMENTS[f"{algo}:gym:{task}"] = dict(target=round(0.9 * published, 1), budget=1_000_000, reference=published,
-                                                 at_steps=AT_STEPS, flags=PPO_MUJOCO if algo == "ppo" else OFF_POLICY_MUJOCO)
+        EXPERIMENTS[f"{algo}:gym:{task}"] = dict(
+            target=round(0.9 * published, 1),
+            budget=1_000_000,
+            reference=published,
+            at_steps=AT_STEPS,
+            flags=PPO_MUJOCO if algo == "ppo" else OFF_POLICY_MUJOCO,
+        )
 # td3 on Hopper-v5 at its defaults (3-step returns) sat at 330-400 from 100k to 300k steps (seed 1); with --n-step 1
 # it rose to 810 by 300k (the README's gymnasium-MuJoCo paragraph: what else was measured). sac@n1, seed 1, was
 # stopped at 450k steps (1,065 there; sac at its defaults: 2,763).
@@ -185,16 +341,22 @@ for name in [f"td3:gym:{task}" for task in CLEANRL["td3"]] + ["sac:gym:Hopper-v5
 # HalfCheetah-v5 below 90% at the CPU defaults (seed 1 at 1M: td3@n1 7,025, sac 7,863): twice the gradient steps on
 # the same transitions sampled per env step (4 updates of 256 for 2 of 512), and td3 with its default 3-step returns.
 FOUR_UPDATES = ["--num-updates", "4", "--batch-size", "256"]
-EXPERIMENTS["td3:gym:HalfCheetah-v5@n1u4"] = dict(EXPERIMENTS["td3:gym:HalfCheetah-v5"],
-                                                  flags=[*OFF_POLICY_MUJOCO, "--n-step", "1", *FOUR_UPDATES])
-EXPERIMENTS["sac:gym:HalfCheetah-v5@u4"] = dict(EXPERIMENTS["sac:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, *FOUR_UPDATES])
-# td3@n1 with Adam at 1e-3 for the actor and the critics (Fujimoto et al.'s first TD3 setting) where the CPU defaults take
+EXPERIMENTS["td3:gym:HalfCheetah-v5@n1u4"] = dict(
+    EXPERIMENTS["td3:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, "--n-step", "1", *FOUR_UPDATES]
+)
+EXPERIMENTS["sac:gym:HalfCheetah-v5@u4"] = dict(
+    EXPERIMENTS["sac:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, *FOUR_UPDATES]
+)
+# td3@n1 with Adam at 1e-3 for the actor and the critics (Fujimoto et al.'s first TD3 setting) where the CPU defaults
+# take
 # 16x fewer gradient steps per env step than CleanRL's script: a larger step for each, at no cost per step. The same
 # flags for sac; td3@n1lr and sac@n1lr are the README's gymnasium-MuJoCo lines.
 for algo in ("td3", "sac"):
     for task in CLEANRL[algo]:
-        EXPERIMENTS[f"{algo}:gym:{task}@n1lr"] = dict(EXPERIMENTS[f"{algo}:gym:{task}"], flags=[
-            *OFF_POLICY_MUJOCO, "--n-step", "1", "--q-lr", "1e-3", "--policy-lr", "1e-3"])
+        EXPERIMENTS[f"{algo}:gym:{task}@n1lr"] = dict(
+            EXPERIMENTS[f"{algo}:gym:{task}"],
+            flags=[*OFF_POLICY_MUJOCO, "--n-step", "1", "--q-lr", "1e-3", "--policy-lr", "1e-3"],
+        )
 
 
 def split_name(name: str) -> tuple[str, str, str]:
@@ -207,8 +369,22 @@ def split_name(name: str) -> tuple[str, str, str]:
 def run_command(name: str, seed: int, budget: int, flags: list[str], out: Path) -> list[str]:
     algo, env_id, label = split_name(name)
     run_name = f"{algo}__{env_id.replace('/', '-')}{'__' + label if label else ''}__{seed}"
-    return ["python", f"algos/{algo}.py", "--env-id", env_id, "--seed", str(seed), "--total-timesteps", str(budget),
-            *flags, "--no-progress", "--output-dir", str(out), "--run-name", run_name]
+    return [
+        "python",
+        f"algos/{algo}.py",
+        "--env-id",
+        env_id,
+        "--seed",
+        str(seed),
+        "--total-timesteps",
+        str(budget),
+        *flags,
+        "--no-progress",
+        "--output-dir",
+        str(out),
+        "--run-name",
+        run_name,
+    ]
 
 
 def training_clock(run_dir: Path):
@@ -238,8 +414,9 @@ def training_clock(run_dir: Path):
         done += end - start
     if not segments:
         return None
-    return lambda t: next((before + t - start for start, before in reversed(segments) if t >= start),
-                          t - segments[0][0])
+    return lambda t: next(
+        (before + t - start for start, before in reversed(segments) if t >= start), t - segments[0][0]
+    )
 
 
 def read_curve(run_dir: Path, train_bin: int | None = None) -> dict:
@@ -252,8 +429,11 @@ def read_curve(run_dir: Path, train_bin: int | None = None) -> dict:
     acc.Reload()
     clock = training_clock(run_dir)
     evals = acc.Scalars("eval/episodic_return") if "eval/episodic_return" in acc.Tags()["scalars"] else []
-    curve = {"steps": [e.step for e in evals], "seconds": [clock(e.wall_time) for e in evals] if clock else [],
-             "returns": [e.value for e in evals]}
+    curve = {
+        "steps": [e.step for e in evals],
+        "seconds": [clock(e.wall_time) for e in evals] if clock else [],
+        "returns": [e.value for e in evals],
+    }
     if train_bin and "charts/episodic_return" in acc.Tags()["scalars"]:
         bins = {}
         for e in acc.Scalars("charts/episodic_return"):
@@ -275,9 +455,12 @@ def run_one(job: dict) -> dict:
         proc = subprocess.CompletedProcess(cmd, 0, "", "")
     else:
         proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True)
-    record = {**{k: job[k] for k in ("name", "algo", "env_id", "seed", "target", "budget", "threads")},
-              "command": shlex.join(cmd),
-              "returncode": proc.returncode, "process_seconds": time.time() - t0}
+    record = {
+        **{k: job[k] for k in ("name", "algo", "env_id", "seed", "target", "budget", "threads")},
+        "command": shlex.join(cmd),
+        "returncode": proc.returncode,
+        "process_seconds": time.time() - t0,
+    }
     if proc.returncode != 0 or not (run_dir / "summary.json").exists():
         record["error"] = (proc.stdout + proc.stderr)[-2000:]
         return record
@@ -285,7 +468,9 @@ def run_one(job: dict) -> dict:
     record["curve"] = read_curve(run_dir, EXPERIMENTS.get(job["name"], {}).get("train_bin"))
     reached = [i for i, r in enumerate(record["curve"]["returns"]) if r >= job["target"]]
     record["steps_to_target"] = record["curve"]["steps"][reached[0]] if reached else None
-    record["seconds_to_target"] = record["curve"]["seconds"][reached[0]] if reached and record["curve"]["seconds"] else None
+    record["seconds_to_target"] = (
+        record["curve"]["seconds"][reached[0]] if reached and record["curve"]["seconds"] else None
+    )
     return record
 
 
@@ -317,9 +502,11 @@ def at_or_after(steps: list, values: list, step: int, default=None):
 
 
 def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list[str]:
-    rows = ["| script | env | target | budget (env steps) | seeds at target | env steps to target, median (range) "
-            "| training s to target, median (range) | final eval return | best eval return |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| script | env | target | budget (env steps) | seeds at target | env steps to target, median (range) "
+        "| training s to target, median (range) | final eval return | best eval return |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in experiments:
         algo, env_id, label = split_name(name)
         runs = [r for r in records if r["name"] == name and "summary" in r]
@@ -330,8 +517,9 @@ def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list
         spec = EXPERIMENTS.get(name, {})
         budgets = sorted({r["budget"] for r in records if r["name"] == name})
         flags = f" `{' '.join(spec['flags'])}`" if spec.get("flags") else ""
+        target = fmt(spec.get("target"), "g") if math.isfinite(spec.get("target", math.inf)) else "-"
         rows.append(
-            f"| {algo} | {env_id}{flags} | {fmt(spec.get('target'), 'g') if math.isfinite(spec.get('target', math.inf)) else '-'} | {', '.join(fmt(b) for b in budgets)} | {len(hit)}/{len(seeds)}"
+            f"| {algo} | {env_id}{flags} | {target} | {', '.join(fmt(b) for b in budgets)} | {len(hit)}/{len(seeds)}"
             f"{f' ({failed} failed)' if failed else ''} | {median_range([r['steps_to_target'] for r in hit], ',.0f')} "
             f"| {median_range([r['seconds_to_target'] for r in hit if r['seconds_to_target'] is not None], '.1f')} "
             f"| {mean_std(final)} | {mean_std(best)} |"
@@ -343,6 +531,7 @@ def ran_its_budget(record: dict) -> bool:
     """Whether the run ended at its --total-timesteps (not stopped early by a signal, a target or a NaN guard)."""
     return record.get("summary", {}).get("stop_reason", "total_timesteps") == "total_timesteps"
 
+
 def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     """For the experiments with `at_steps`: the eval return at the first evaluation at or after each of those
     env steps, or the final one where the budget is that step (mean ± std over seeds, then each seed's), the
@@ -353,25 +542,46 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
         return []
     steps = sorted({s for n in named for s in EXPERIMENTS[n]["at_steps"]})
     at = {EXPERIMENTS[n].get("reference_at", 1_000_000) for n in named}  # the steps of the published figures
-    reference_header = "reference at 1M" if at == {1_000_000} else f"reference at {', '.join(f'{s:,}' for s in sorted(at))}"
-    rows = ["| script | env | " + " | ".join(f"eval at {s:,}" for s in steps) + f" | {reference_header} | wall min per 1M steps |",
-            "|---|---|" + "---|" * len(steps) + "---|---|"]
+    reference_header = (
+        "reference at 1M" if at == {1_000_000} else f"reference at {', '.join(f'{s:,}' for s in sorted(at))}"
+    )
+    rows = [
+        "| script | env | "
+        + " | ".join(f"eval at {s:,}" for s in steps)
+        + f" | {reference_header} | wall min per 1M steps |",
+        "|---|---|" + "---|" * len(steps) + "---|---|",
+    ]
     for name in named:
         algo, env_id, label = split_name(name)
         env_id += f"@{label}" if label else ""  # variants of one task stay apart
-        runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"])
+        runs = sorted(
+            (r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"]
+        )
         cells = []
         for s in steps:
             # the first eval at or after s; a run whose budget is s may end an iteration short of it: its final eval
             # (not for a run stopped before its budget, e.g. by SIGTERM: it has no eval at s)
-            values = [at_or_after(r["curve"]["steps"], r["curve"]["returns"], s,
-                                  r["curve"]["returns"][-1] if r.get("budget", 0) >= s and ran_its_budget(r) else None)
-                      for r in runs]
+            values = [
+                at_or_after(
+                    r["curve"]["steps"],
+                    r["curve"]["returns"],
+                    s,
+                    r["curve"]["returns"][-1] if r.get("budget", 0) >= s and ran_its_budget(r) else None,
+                )
+                for r in runs
+            ]
             got = [v for v in values if v is not None]
-            cells.append(seeds_cell(values, ",.1f" if got and max(abs(v) for v in got) < 100 else ",.0f"))  # MinAtar's in tenths
-        minutes = [r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]]
+            cells.append(
+                seeds_cell(values, ",.1f" if got and max(abs(v) for v in got) < 100 else ",.0f")
+            )  # MinAtar's in tenths
+        minutes = [
+            r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]
+        ]
         reference = EXPERIMENTS[name].get("reference")
-        rows.append(f"| {algo} | {env_id} | " + " | ".join(cells) + f" | {fmt(reference, ',.0f' if abs(reference or 0) >= 100 else ',.2f')} | {median_range(minutes, '.1f')} |")
+        reference = fmt(reference, ",.0f" if abs(reference or 0) >= 100 else ",.2f")
+        rows.append(
+            f"| {algo} | {env_id} | " + " | ".join(cells) + f" | {reference} | {median_range(minutes, '.1f')} |"
+        )
     return rows
 
 
@@ -382,12 +592,20 @@ def train_table(records: list[dict], experiments: list[str]) -> list[str]:
     if not named:
         return []
     steps = sorted({s for n in named for s in EXPERIMENTS[n]["at_steps"]})
-    rows = ["| script | env | " + " | ".join(f"training return at {s:,}" for s in steps) + " |", "|---|---|" + "---|" * len(steps)]
+    rows = [
+        "| script | env | " + " | ".join(f"training return at {s:,}" for s in steps) + " |",
+        "|---|---|" + "---|" * len(steps),
+    ]
     for name in named:
         algo, env_id, label = split_name(name)
-        runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("train_returns")), key=lambda r: r["seed"])
-        cells = [seeds_cell([at_or_after(r["curve"]["train_steps"], r["curve"]["train_returns"], s) for r in runs], ",.1f")
-                 for s in steps]
+        runs = sorted(
+            (r for r in records if r["name"] == name and r.get("curve", {}).get("train_returns")),
+            key=lambda r: r["seed"],
+        )
+        cells = [
+            seeds_cell([at_or_after(r["curve"]["train_steps"], r["curve"]["train_returns"], s) for r in runs], ",.1f")
+            for s in steps
+        ]
         rows.append(f"| {algo} | {env_id}{'@' + label if label else ''} | " + " | ".join(cells) + " |")
     return rows
 
@@ -398,18 +616,29 @@ def goal_table(records: list[dict], experiments: list[str]) -> list[str]:
     named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("goal") is not None]
     if not named:
         return []
-    rows = ["| script | env | goal: eval return above | env steps to the first eval above it, median (each seed) |",
-            "|---|---|---|---|"]
+    rows = [
+        "| script | env | goal: eval return above | env steps to the first eval above it, median (each seed) |",
+        "|---|---|---|---|",
+    ]
     for name in named:
         algo, env_id, label = split_name(name)
         goal = EXPERIMENTS[name]["goal"]
-        runs = sorted((r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"])
-        steps = [next((x for x, ret in zip(r["curve"]["steps"], r["curve"]["returns"]) if ret > goal), None) for r in runs]
+        runs = sorted(
+            (r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"]
+        )
+        steps = [
+            next((x for x, ret in zip(r["curve"]["steps"], r["curve"]["returns"]) if ret > goal), None) for r in runs
+        ]
         got = [s for s in steps if s is not None]
-        median = fmt(statistics.median(got)) if len(got) == len(steps) and got else "-"  # a seed that never got there: none
-        rows.append(f"| {algo} | {env_id}{'@' + label if label else ''} | {fmt(goal, 'g')} | {median} "
-                    f"({' / '.join(fmt(s) for s in steps)}) |")
+        median = (
+            fmt(statistics.median(got)) if len(got) == len(steps) and got else "-"
+        )  # a seed that never got there: none
+        rows.append(
+            f"| {algo} | {env_id}{'@' + label if label else ''} | {fmt(goal, 'g')} | {median} "
+            f"({' / '.join(fmt(s) for s in steps)}) |"
+        )
     return rows
+
 
 def symmetry_table(records: list[dict], experiments: list[str]) -> list[str]:
     """For the runs that logged charts/symmetry_error (ppo --symmetry): each seed's env steps to the target and
@@ -417,17 +646,25 @@ def symmetry_table(records: list[dict], experiments: list[str]) -> list[str]:
     named = [n for n in experiments if any(r["name"] == n and "symmetry_error" in r.get("curve", {}) for r in records)]
     if not named:
         return []
-    rows = ["| script | env | `--symmetry` | env steps to target, each seed | charts/symmetry_error at the end, mean ± std "
-            "(each seed) |", "|---|---|---|---|---|"]
+    rows = [
+        "| script | env | `--symmetry` | env steps to target, each seed | charts/symmetry_error at the end, mean ± std "
+        "(each seed) |",
+        "|---|---|---|---|---|",
+    ]
     for name in named:
         algo, env_id, label = split_name(name)
-        runs = sorted((r for r in records if r["name"] == name and "symmetry_error" in r.get("curve", {})),
-                      key=lambda r: r["seed"])
+        runs = sorted(
+            (r for r in records if r["name"] == name and "symmetry_error" in r.get("curve", {})),
+            key=lambda r: r["seed"],
+        )
         errors = [r["curve"]["symmetry_error"] for r in runs]
-        rows.append(f"| {algo} | {env_id} | `{label}` | {' / '.join(fmt(r['steps_to_target']) for r in runs)} "
-                    f"| {statistics.mean(errors):.3f} ± {statistics.pstdev(errors):.3f} "
-                    f"({' / '.join(f'{e:.3f}' for e in errors)}) |")
+        rows.append(
+            f"| {algo} | {env_id} | `{label}` | {' / '.join(fmt(r['steps_to_target']) for r in runs)} "
+            f"| {statistics.mean(errors):.3f} ± {statistics.pstdev(errors):.3f} "
+            f"({' / '.join(f'{e:.3f}' for e in errors)}) |"
+        )
     return rows
+
 
 LEGEND = ("mean over seeds", "min-max over seeds", "target", "training return (mean per bin, over seeds)")
 
@@ -442,8 +679,10 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
     import numpy as np
 
     paths = []
-    for axis, xlabel, filename in (("steps", "env steps", "learning_steps.png"),
-                                   ("seconds", "training wall time (s)", "learning_time.png")):
+    for axis, xlabel, filename in (
+        ("steps", "env steps", "learning_steps.png"),
+        ("seconds", "training wall time (s)", "learning_time.png"),
+    ):
         cols = min(4, len(experiments))
         rows = math.ceil(len(experiments) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
@@ -452,15 +691,24 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
             runs = [r for r in records if r["name"] == name and r.get("curve", {}).get("returns")]
             if runs:
                 n = min(len(r["curve"]["returns"]) for r in runs)  # the evaluations every seed has
-                x = np.mean([r["curve"][axis][:n] for r in runs], axis=0) if axis == "seconds" else runs[0]["curve"]["steps"][:n]
+                x = (
+                    np.mean([r["curve"][axis][:n] for r in runs], axis=0)
+                    if axis == "seconds"
+                    else runs[0]["curve"]["steps"][:n]
+                )
                 y = np.array([r["curve"]["returns"][:n] for r in runs])
                 ax.fill_between(x, y.min(0), y.max(0), alpha=0.25, linewidth=0, label=LEGEND[1])
                 ax.plot(x, y.mean(0), linewidth=1.5, marker="o" if n < 8 else None, markersize=3, label=LEGEND[0])
             trained = [r for r in runs if r["curve"].get("train_returns")]
             if axis == "steps" and trained:  # the curve CleanRL plots: training episodes' returns
                 n = min(len(r["curve"]["train_returns"]) for r in trained)
-                ax.plot(trained[0]["curve"]["train_steps"][:n], np.mean([r["curve"]["train_returns"][:n] for r in trained], 0),
-                        linewidth=1.0, color="tab:orange", label=LEGEND[3])
+                ax.plot(
+                    trained[0]["curve"]["train_steps"][:n],
+                    np.mean([r["curve"]["train_returns"][:n] for r in trained], 0),
+                    linewidth=1.0,
+                    color="tab:orange",
+                    label=LEGEND[3],
+                )
             target = EXPERIMENTS.get(name, {}).get("target")
             if target is not None and math.isfinite(target):
                 ax.axhline(target, color="gray", linestyle="--", linewidth=0.8, label=LEGEND[2])
@@ -470,7 +718,7 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
             if axis == "steps":
                 ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
                 ax.xaxis.get_offset_text().set_fontsize(7)
-        for ax in list(axes.flat)[len(experiments):]:
+        for ax in list(axes.flat)[len(experiments) :]:
             ax.axis("off")
         axes[0][0].set_ylabel("eval return", fontsize=8)
         entries = {}  # one legend for all panels, below them
@@ -480,7 +728,9 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
         labels = [label for label in LEGEND if label in entries]
         ncol = max(1, min(len(labels), cols))  # as many entries side by side as the panels are wide
         legend_height = (0.1 + 0.16 * math.ceil(len(labels) / ncol)) / fig.get_figheight()  # inches -> fraction
-        fig.legend([entries[label] for label in labels], labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+        fig.legend(
+            [entries[label] for label in labels], labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False
+        )
         fig.tight_layout(rect=(0, legend_height, 1, 1))
         path = out / filename
         fig.savefig(path, dpi=80)
@@ -491,32 +741,56 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), help="script:env ids, e.g. ppo:CartPole-v1")
+    parser.add_argument(
+        "--experiments", nargs="+", default=list(EXPERIMENTS), help="script:env ids, e.g. ppo:CartPole-v1"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
-    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 1)),
-                        help="runs at a time; each gets cores // jobs torch threads")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of each run (default: cores // jobs); 1 on a machine shared with other work")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=max(1, (os.cpu_count() or 1)),
+        help="runs at a time; each gets cores // jobs torch threads",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of each run (default: cores // jobs); 1 on a machine shared with other work",
+    )
     parser.add_argument("--budget", type=int, default=None, help="env steps of every run (default: each experiment's)")
-    parser.add_argument("--out", default=None,
-                        help="directory of the JSON, the table and the figures (required; with --report: default "
-                             "the learning.json's directory)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="directory of the JSON, the table and the figures (required; with --report: default "
+        "the learning.json's directory)",
+    )
     parser.add_argument("--runs-dir", default=None, help="directory of the runs' own outputs (default: OUT/runs)")
     parser.add_argument("--report", default=None, help="no runs: write the table and figures of a learning.json again")
-    parser.add_argument("--update-committed", action="store_true",
-                        help=f"allow writing into {COMMITTED.relative_to(ROOT)}/, the results the README shows")
-    parser.add_argument("--stop-at-target", action="store_true",
-                        help="stop each run at its experiment's target (--target-return): 'final' is then the return that reached it")
-    parser.add_argument("--reuse", action="store_true",
-                        help="read the runs that finished in the runs directory (summary.json) instead of running them again")
+    parser.add_argument(
+        "--update-committed",
+        action="store_true",
+        help=f"allow writing into {COMMITTED.relative_to(ROOT)}/, the results the README shows",
+    )
+    parser.add_argument(
+        "--stop-at-target",
+        action="store_true",
+        help="stop each run at its experiment's target (--target-return): 'final' is then the return that reached it",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read the runs that finished in the runs directory (summary.json) instead of running them again",
+    )
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags passed on to every run")
     args = parser.parse_args(argv)
     if args.out is None and not args.report:
         parser.error("--out DIR is required: the directory of the JSON, the table and the figures (e.g. runs/results)")
     out = Path(args.out) if args.out is not None else Path(args.report).parent
     if is_committed(out) and not args.update_committed:
-        parser.error(f"{out} holds the committed results that the README shows; name another --out, or pass "
-                     "--update-committed to rewrite them")
+        parser.error(
+            f"{out} holds the committed results that the README shows; name another --out, or pass "
+            "--update-committed to rewrite them"
+        )
     if args.report:
         report = json.loads(Path(args.report).read_text())
         names = list(report["experiments"])
@@ -529,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)} (or any script:env)")
     out.mkdir(parents=True, exist_ok=True)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path(args.out) / "runs"  # as given: commands stay portable
+
     def after(name: str):  # (the experiment a run starts from, its flag, its checkpoint), or None
         return EXPERIMENTS.get(name, {}).get("after")
 
@@ -548,16 +823,31 @@ def main(argv: list[str] | None = None) -> int:
         algo, env_id, _ = split_name(name)
         spec = EXPERIMENTS.get(name, dict(target=math.inf, budget=1_000_000, flags=[]))
         budget = args.budget or spec["budget"]
-        stop = (["--target-return", str(spec["target"])] if args.stop_at_target and math.isfinite(spec["target"])
-                and name not in sources else [])
+        stop = (
+            ["--target-return", str(spec["target"])]
+            if args.stop_at_target and math.isfinite(spec["target"]) and name not in sources
+            else []
+        )
         for seed in args.seeds:
             start = []
             if after(name):  # the checkpoint of the run of this seed that this one starts from
                 source, flag, file = after(name)
                 start = [flag, str(runs_dir / run_command(source, seed, 0, [], runs_dir)[-1] / "checkpoints" / file)]
-            jobs.append(dict(name=name, algo=algo, env_id=env_id, seed=seed, target=spec["target"], budget=budget,
-                             threads=threads, out=str(runs_dir), depth=depth(name), reuse=args.reuse,
-                             command=run_command(name, seed, budget, [*spec["flags"], *start, *stop, *args.extra], runs_dir)))
+            jobs.append(
+                dict(
+                    name=name,
+                    algo=algo,
+                    env_id=env_id,
+                    seed=seed,
+                    target=spec["target"],
+                    budget=budget,
+                    threads=threads,
+                    out=str(runs_dir),
+                    depth=depth(name),
+                    reuse=args.reuse,
+                    command=run_command(name, seed, budget, [*spec["flags"], *start, *stop, *args.extra], runs_dir),
+                )
+            )
     started = time.time()
     records = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -569,9 +859,16 @@ def main(argv: list[str] | None = None) -> int:
     args.experiments = names
     machine = machine_info(__import__("torch").device("cpu"))
     command = shlex.join(["python", "-m", "tests.benchmarks.learning", *(argv if argv is not None else sys.argv[1:])])
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": command, "machine": machine,
-              "jobs": args.jobs, "wall_seconds": time.time() - started, "experiments": {n: EXPERIMENTS.get(n) for n in args.experiments},
-              "threads": threads, "runs": records}
+    report = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "command": command,
+        "machine": machine,
+        "jobs": args.jobs,
+        "wall_seconds": time.time() - started,
+        "experiments": {n: EXPERIMENTS.get(n) for n in args.experiments},
+        "threads": threads,
+        "runs": records,
+    }
     (out / "learning.json").write_text(json.dumps(report, indent=1))
     write_report(report, args.experiments, args.seeds, out, threads)
     return 0 if all("error" not in r for r in records) else 1
@@ -586,13 +883,22 @@ def is_committed(path: Path) -> bool:
 def write_report(report: dict, experiments: list[str], seeds: list[int], out: Path, threads: int) -> None:
     """learning.md (the command, the hardware, the table) and the figures, from a report."""
     records, machine = report["runs"], report["machine"]
-    lines = [f"`{report['command']}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
-             f"{report['jobs']} run(s) at a time with {threads} thread(s) each):", "", *table(records, experiments, seeds)]
+    lines = [
+        f"`{report['command']}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
+        f"{report['jobs']} run(s) at a time with {threads} thread(s) each):",
+        "",
+        *table(records, experiments, seeds),
+    ]
     if extra := at_steps_table(records, experiments):
         lines += ["", "Eval return at env steps, mean ± std over seeds (each seed's, in seed order):", "", *extra]
     if extra := train_table(records, experiments):
-        lines += ["", "Training return (charts/episodic_return: the mean of the values logged in each bin of env steps, "
-                  "here the bin ending at the step; the curve CleanRL plots), mean ± std over seeds (each seed's):", "", *extra]
+        lines += [
+            "",
+            "Training return (charts/episodic_return: the mean of the values logged in each bin of env steps, "
+            "here the bin ending at the step; the curve CleanRL plots), mean ± std over seeds (each seed's):",
+            "",
+            *extra,
+        ]
     if extra := goal_table(records, experiments):
         lines += ["", "Env steps until the policy first reached the goal in an evaluation:", "", *extra]
     if extra := symmetry_table(records, experiments):

@@ -101,16 +101,29 @@ def task_sizes(task: str) -> dict:
 
 def ours_flags(sizes: dict, final_obs: str) -> tuple[list[str], list[str]]:
     """(flags for algos/ppo.py with the task's sizes, notes on what could not be matched)."""
-    flags = ["--num-steps", str(sizes["num_steps"]), "--update-epochs", str(sizes["update_epochs"]),
-             "--num-minibatches", str(sizes["num_minibatches"]), "--hidden-sizes", *map(str, sizes["hidden_sizes"]),
-             "--env-kwargs", json.dumps({"final_obs": final_obs}), "--num-eval-envs", "1"]
+    flags = [
+        "--num-steps",
+        str(sizes["num_steps"]),
+        "--update-epochs",
+        str(sizes["update_epochs"]),
+        "--num-minibatches",
+        str(sizes["num_minibatches"]),
+        "--hidden-sizes",
+        *map(str, sizes["hidden_sizes"]),
+        "--env-kwargs",
+        json.dumps({"final_obs": final_obs}),
+        "--num-eval-envs",
+        "1",
+    ]
     notes = []
     if sizes["activation"] in getattr(load_script("ppo"), "ACTIVATIONS", {}):
         flags += ["--activation", sizes["activation"]]
     else:
         notes.append(f"algos/ppo.py has no activation {sizes['activation']!r}: ours runs with its default")
     if sizes["critic_hidden_sizes"] != sizes["hidden_sizes"]:
-        notes.append(f"the task's critic has hidden sizes {sizes['critic_hidden_sizes']}; ours uses the actor's for both")
+        notes.append(
+            f"the task's critic has hidden sizes {sizes['critic_hidden_sizes']}; ours uses the actor's for both"
+        )
     return flags, notes
 
 
@@ -132,8 +145,13 @@ def time_env(step, num_envs: int, act_dim: int, device: torch.device, steps: int
         bench.sync(device)
         seconds.append(time.perf_counter() - start)
     median = statistics.median(seconds)
-    return {"sps": steps * num_envs / median, "ms_per_step": 1e3 * median / steps, "steps": steps, "repeats": repeats,
-            "sps_all_windows": [steps * num_envs / s for s in seconds]}
+    return {
+        "sps": steps * num_envs / median,
+        "ms_per_step": 1e3 * median / steps,
+        "steps": steps,
+        "repeats": repeats,
+        "sps_all_windows": [steps * num_envs / s for s in seconds],
+    }
 
 
 def env_only_raw(task: str, num_envs: int, device: torch.device, steps: int, warmup: int, repeats: int) -> dict:
@@ -152,8 +170,9 @@ def env_only_raw(task: str, num_envs: int, device: torch.device, steps: int, war
         env.close()
 
 
-def env_only_adapter(task: str, num_envs: int, device: torch.device, final_obs: str, steps: int, warmup: int,
-                     repeats: int) -> dict:
+def env_only_adapter(
+    task: str, num_envs: int, device: torch.device, final_obs: str, steps: int, warmup: int, repeats: int
+) -> dict:
     from common.envs import make_env
 
     with contextlib.redirect_stdout(sys.stderr):
@@ -198,14 +217,17 @@ def run_mjlab_worker(cfg: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-mjlab-") as log_dir:
         runner = runner_cls(env, dataclasses.asdict(agent_cfg), log_dir if cfg["logging"] else None, str(device))
         steps_per_iteration = cfg["num_envs"] * int(agent_cfg.num_steps_per_env)
-        figures = time_runner(runner, device, cfg["warmup"], cfg["iterations"], steps_per_iteration,
-                              init_at_random_ep_len=False)
+        figures = time_runner(
+            runner, device, cfg["warmup"], cfg["iterations"], steps_per_iteration, init_at_random_ep_len=False
+        )
     env.close()
     return {"status": "ok", "runner": f"{runner_cls.__module__}.{runner_cls.__name__}", **figures}
 
 
 def run_mjlab_ppo(cfg: dict, timeout: float, threads: int | None) -> dict:
-    return bench.run_worker("tests.benchmarks.mjlab", cfg, RESULT_MARKER, {"learner": "mjlab PPO (rsl_rl)"}, timeout, threads)
+    return bench.run_worker(
+        "tests.benchmarks.mjlab", cfg, RESULT_MARKER, {"learner": "mjlab PPO (rsl_rl)"}, timeout, threads
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,20 +238,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--task", default="Mjlab-Velocity-Flat-Unitree-G1", help="a registered mjlab task")
     parser.add_argument("--num-envs", type=int, default=4096)
     parser.add_argument("--device", default=None, help="cuda, cuda:K or cpu (default: cuda when there is one)")
-    parser.add_argument("--final-obs", nargs="+", default=list(FINAL_OBS_MODES), choices=FINAL_OBS_MODES,
-                        help="the adapter's final_obs modes to measure (env only and algos/ppo.py)")
+    parser.add_argument(
+        "--final-obs",
+        nargs="+",
+        default=list(FINAL_OBS_MODES),
+        choices=FINAL_OBS_MODES,
+        help="the adapter's final_obs modes to measure (env only and algos/ppo.py)",
+    )
     parser.add_argument("--iterations", type=int, default=10, help="timed training iterations after the warm-up")
     parser.add_argument("--warmup-iterations", type=int, default=2, help="training iterations left out of the figures")
     parser.add_argument("--env-steps", type=int, default=100, help="timed steps of each env-only window")
     parser.add_argument("--env-warmup-steps", type=int, default=20, help="untimed steps before the env-only windows")
     parser.add_argument("--repeats", type=int, default=3, help="env-only windows (median reported)")
-    parser.add_argument("--mjlab-logging", action="store_true",
-                        help="run mjlab's runner with its TensorBoard writer and per-step episode bookkeeping")
+    parser.add_argument(
+        "--mjlab-logging",
+        action="store_true",
+        help="run mjlab's runner with its TensorBoard writer and per-step episode bookkeeping",
+    )
     parser.add_argument("--skip-env-only", action="store_true", help="only the training runs")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads, here and in the training runs")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a training run may take before it is killed")
-    parser.add_argument("--json", metavar="PATH", default=None, help="write the figures as JSON ('-': stdout, instead of the table)")
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds a training run may take before it is killed"
+    )
+    parser.add_argument(
+        "--json", metavar="PATH", default=None, help="write the figures as JSON ('-': stdout, instead of the table)"
+    )
     parser.add_argument("--worker", metavar="CONFIG", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is None and (args.iterations < 1 or args.warmup_iterations < 1 or args.repeats < 1):
@@ -256,25 +290,43 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": bench.machine_info(device),
         "load_average": {"start": bench.load_average(), "end": None},
-        "config": {"task": args.task, "num_envs": args.num_envs, "device": str(device), "final_obs": args.final_obs,
-                   "iterations": args.iterations, "warmup_iterations": args.warmup_iterations,
-                   "env_steps": args.env_steps, "repeats": args.repeats, "mjlab_logging": args.mjlab_logging,
-                   "threads": args.threads, "seed": args.seed, "sizes": sizes, "mjlab_version": mjlab_version(),
-                   "rsl_rl_version": rsl_rl_version()},
+        "config": {
+            "task": args.task,
+            "num_envs": args.num_envs,
+            "device": str(device),
+            "final_obs": args.final_obs,
+            "iterations": args.iterations,
+            "warmup_iterations": args.warmup_iterations,
+            "env_steps": args.env_steps,
+            "repeats": args.repeats,
+            "mjlab_logging": args.mjlab_logging,
+            "threads": args.threads,
+            "seed": args.seed,
+            "sizes": sizes,
+            "mjlab_version": mjlab_version(),
+            "rsl_rl_version": rsl_rl_version(),
+        },
         "commands": {"benchmark": shlex.join(["python", "-m", "tests.benchmarks.mjlab", *argv]), "runs": []},
-        "env_only": [], "training": [], "notes": bench.overload_notes(),
+        "env_only": [],
+        "training": [],
+        "notes": bench.overload_notes(),
     }
 
     if not args.skip_env_only:
         timing = (args.env_steps, args.env_warmup_steps, args.repeats)
         log(f"env only: mjlab {args.task} x {args.num_envs}")
-        report["env_only"].append({"learner": "env only: mjlab (its auto-reset)",
-                                   **env_only_raw(args.task, args.num_envs, device, *timing)})
+        report["env_only"].append(
+            {"learner": "env only: mjlab (its auto-reset)", **env_only_raw(args.task, args.num_envs, device, *timing)}
+        )
         release(device)
         for mode in args.final_obs:
             log(f"env only: the mjlab: adapter, final_obs={mode}")
-            report["env_only"].append({"learner": f"env only: adapter, final_obs={mode}",
-                                       **env_only_adapter(args.task, args.num_envs, device, mode, *timing)})
+            report["env_only"].append(
+                {
+                    "learner": f"env only: adapter, final_obs={mode}",
+                    **env_only_adapter(args.task, args.num_envs, device, mode, *timing),
+                }
+            )
             release(device)
 
     ppo_args = load_script("ppo").Args
@@ -282,16 +334,34 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         flags, notes = ours_flags(sizes, mode)
         report["notes"] += [n for n in notes if n not in report["notes"]]
         log(f"algos/ppo.py, final_obs={mode}: {args.warmup_iterations} + {args.iterations} iterations")
-        r = bench.run_training("ppo", ppo_args, f"mjlab:{args.task}", args.num_envs, str(device), "eager",
-                               args.iterations, args.warmup_iterations, extra_args=flags, threads=args.threads,
-                               timeout=args.timeout, seed=args.seed)
+        r = bench.run_training(
+            "ppo",
+            ppo_args,
+            f"mjlab:{args.task}",
+            args.num_envs,
+            str(device),
+            "eager",
+            args.iterations,
+            args.warmup_iterations,
+            extra_args=flags,
+            threads=args.threads,
+            timeout=args.timeout,
+            seed=args.seed,
+        )
         r["learner"] = f"algos/ppo.py, final_obs={mode}"
         report["training"].append(r)
         report["commands"]["runs"].append(r["command"])
     log(f"mjlab's PPO: {args.warmup_iterations} + {args.iterations} iterations")
-    worker_cfg = {"task": args.task, "num_envs": args.num_envs, "device": str(device), "seed": args.seed,
-                  "iterations": args.iterations, "warmup": args.warmup_iterations, "logging": args.mjlab_logging,
-                  "threads": args.threads}
+    worker_cfg = {
+        "task": args.task,
+        "num_envs": args.num_envs,
+        "device": str(device),
+        "seed": args.seed,
+        "iterations": args.iterations,
+        "warmup": args.warmup_iterations,
+        "logging": args.mjlab_logging,
+        "threads": args.threads,
+    }
     theirs = run_mjlab_ppo(worker_cfg, args.timeout, args.threads)
     report["training"].append(theirs)
     report["commands"]["runs"].append(theirs["command"])
@@ -312,23 +382,30 @@ def markdown_table(report: dict) -> list[str]:
         if r.get("status") != "ok":
             rows.append(f"| {r['learner']} | failed: {r.get('error')} | - | - | - |")
             continue
-        rows.append(f"| {r['learner']} | {bench.fmt(r.get('sps'))} | {bench.fmt(r.get('rollout_seconds'), '.3f')} | "
-                    f"{bench.fmt(r.get('update_seconds'), '.3f')} | {bench.fmt_ratio(r.get('ratio_to_mjlab_ppo'))} |")
+        rows.append(
+            f"| {r['learner']} | {bench.fmt(r.get('sps'))} | {bench.fmt(r.get('rollout_seconds'), '.3f')} | "
+            f"{bench.fmt(r.get('update_seconds'), '.3f')} | {bench.fmt_ratio(r.get('ratio_to_mjlab_ppo'))} |"
+        )
     return rows
 
 
 def print_report(report: dict) -> None:
     cfg, m, s = report["config"], report["machine"], report["config"]["sizes"]
-    print(f"mjlab:{cfg['task']} x {cfg['num_envs']} envs on {cfg['device']} ({bench.machine_label(m)}, torch {m['torch']}, "
-          f"{m['torch_threads']} threads); mjlab {cfg['mjlab_version']}, rsl-rl-lib {cfg['rsl_rl_version']}; "
-          f"{s['num_steps']} steps x {s['update_epochs']} epochs x {s['num_minibatches']} minibatches, hidden "
-          f"{s['hidden_sizes']} {s['activation']}; {cfg['warmup_iterations']} + {cfg['iterations']} iterations; "
-          f"load average {report['load_average']['start']} -> {report['load_average']['end']}")
+    print(
+        f"mjlab:{cfg['task']} x {cfg['num_envs']} envs on {cfg['device']} ({bench.machine_label(m)}, torch "
+        f"{m['torch']}, "
+        f"{m['torch_threads']} threads); mjlab {cfg['mjlab_version']}, rsl-rl-lib {cfg['rsl_rl_version']}; "
+        f"{s['num_steps']} steps x {s['update_epochs']} epochs x {s['num_minibatches']} minibatches, hidden "
+        f"{s['hidden_sizes']} {s['activation']}; {cfg['warmup_iterations']} + {cfg['iterations']} iterations; "
+        f"load average {report['load_average']['start']} -> {report['load_average']['end']}"
+    )
     print()
     print("\n".join(markdown_table(report)))
     print()
-    print("SPS: env steps per second; seconds: per iteration, medians after the warm-up; env-only rows: "
-          f"{cfg['repeats']} windows of {cfg['env_steps']} steps, median")
+    print(
+        "SPS: env steps per second; seconds: per iteration, medians after the warm-up; env-only rows: "
+        f"{cfg['repeats']} windows of {cfg['env_steps']} steps, median"
+    )
     for note in report["notes"]:
         print(f"note: {note}")
 

@@ -5,40 +5,35 @@
         [--num-steps 24] [--update-epochs 5] [--num-minibatches 4] [--modes eager compile]
         [--iterations 10] [--warmup-iterations 2] [--rounds 1] [--no-obs-norm] [--json PATH | --json -]
 
-A benchmark, not a test. Both learners run in their own subprocess, one after the other for each
-mode (`--rounds R` alternates them R times and reports medians, which evens out a machine whose
-load drifts). The env is the same built-in batched torch env from `make_env`; rsl_rl sees it
-through `RslRlVecEnv`, a small adapter to its VecEnv interface.
+A benchmark, not a test. Both learners run in their own subprocess, one after the other for each mode (`--rounds R`
+alternates them R times and reports medians, which evens out a machine whose load drifts). The env is the same built-in
+batched torch env from `make_env`; rsl_rl sees it through `RslRlVecEnv`, a small adapter to its VecEnv interface.
 
-What is the same on both sides (taken from algos/ppo.py's default Args, so they follow it):
-env, num_envs, steps per rollout, epochs, minibatches, hidden sizes and activation of actor and
-critic, Adam, learning rate and the adaptive-KL schedule, clip range, clipped value loss,
-value/entropy coefficients, gradient-norm clip, advantages normalized per minibatch, a Gaussian
-with a state-independent log-std (a categorical over logits on discrete envs), actions clipped
-to the Box bounds before the env, time-outs bootstrapped from a value, and observation
-normalization on for actor and critic (or off for both with --no-obs-norm).
+What is the same on both sides (taken from algos/ppo.py's default Args, so they follow it): env, num_envs, steps per
+rollout, epochs, minibatches, hidden sizes and activation of actor and critic, Adam, learning rate and the adaptive-KL
+schedule, clip range, clipped value loss, value/entropy coefficients, gradient-norm clip, advantages normalized per
+minibatch, a Gaussian with a state-independent log-std (a categorical over logits on discrete envs), actions clipped to
+the Box bounds before the env, time-outs bootstrapped from a value, and observation normalization on for actor and
+critic (or off for both with --no-obs-norm).
 
-What differs by design and is part of what is measured: rsl_rl computes the critic value at every
-rollout step and updates its normalizers at every step (actor's and critic's separately); ours
-computes values and V(final_obs) for the time-out bootstrap in batched passes after the rollout
-and updates one normalizer once per rollout. rsl_rl bootstraps time-outs with V(s_t), ours with
-V(final_obs).
+What differs by design and is part of what is measured: rsl_rl computes the critic value at every rollout step and
+updates its normalizers at every step (actor's and critic's separately); ours computes values and V(final_obs) for the
+time-out bootstrap in batched passes after the rollout and updates one normalizer once per rollout. rsl_rl bootstraps
+time-outs with V(s_t), ours with V(final_obs).
 
 Overheads removed where we could:
 - rsl_rl runs with log_dir=None: no TensorBoard writer, no per-step episode bookkeeping (which
   reads finished episodes back to the host every step), no git-diff or model files, and with
   check_for_nan off (a host read of every observation batch per step);
 - ours cannot turn its TensorBoard writer off: it writes ~15 scalars per log interval (every
-  iteration on CPU, every 10 on CUDA) after one host sync, with its NaN check; evaluation is off (--eval-interval 0) and its
-  only checkpoint is written after the timed window.
+  iteration on CPU, every 10 on CUDA) after one host sync, with its NaN check; evaluation is off (--eval-interval 0)
+  and its only checkpoint is written after the timed window.
 So logging favours rsl_rl, if anything.
 
-Timing is the same for both: wall-clock time between the end of warm-up iteration W and the end
-of iteration W+K, divided into the env steps in between (for ours from its TensorBoard event
-times, see tests/benchmarks/bench.py; for rsl_rl from a hook on its per-iteration log call). The phase split
-differs: ours reports rollout and update (GAE apart); rsl_rl reports collection and learning,
-where learning includes its return computation.
-"""
+Timing is the same for both: wall-clock time between the end of warm-up iteration W and the end of iteration W+K,
+divided into the env steps in between (for ours from its TensorBoard event times, see tests/benchmarks/bench.py; for
+rsl_rl from a hook on its per-iteration log call). The phase split differs: ours reports rollout and update (GAE apart);
+rsl_rl reports collection and learning, where learning includes its return computation."""
 
 from __future__ import annotations
 
@@ -87,7 +82,10 @@ def make_rsl_rl_env(env_id: str, num_envs: int, device: str, seed: int):
             self.num_classes = int(space.n) if self.discrete else None
             self.bounds = None
             if not self.discrete and space.is_bounded():
-                self.bounds = (torch.as_tensor(space.low, device=self.device), torch.as_tensor(space.high, device=self.device))
+                self.bounds = (
+                    torch.as_tensor(space.low, device=self.device),
+                    torch.as_tensor(space.high, device=self.device),
+                )
             self.max_episode_length = self.env.max_episode_steps
             self.obs, _ = self.env.reset(seed=seed)
 
@@ -162,7 +160,8 @@ def categorical_distribution_class():
 
         def kl_divergence(self, old_params, new_params):
             return torch.distributions.kl_divergence(
-                Categorical(logits=old_params[0], validate_args=False), Categorical(logits=new_params[0], validate_args=False)
+                Categorical(logits=old_params[0], validate_args=False),
+                Categorical(logits=new_params[0], validate_args=False),
             )
 
     return CategoricalDistribution
@@ -173,10 +172,17 @@ def rsl_rl_config(ours, env, cfg: dict) -> dict:
     if env.discrete:
         distribution = {"class_name": categorical_distribution_class(), "num_classes": env.num_classes}
     else:
-        distribution = {"class_name": "rsl_rl.modules.distribution:GaussianDistribution",
-                        "init_std": math.exp(ours.init_log_std), "std_type": "log"}
-    model = {"class_name": "rsl_rl.models:MLPModel", "hidden_dims": list(cfg["hidden_sizes"]),
-             "activation": ours.activation, "obs_normalization": cfg["obs_norm"]}
+        distribution = {
+            "class_name": "rsl_rl.modules.distribution:GaussianDistribution",
+            "init_std": math.exp(ours.init_log_std),
+            "std_type": "log",
+        }
+    model = {
+        "class_name": "rsl_rl.models:MLPModel",
+        "hidden_dims": list(cfg["hidden_sizes"]),
+        "activation": ours.activation,
+        "obs_normalization": cfg["obs_norm"],
+    }
     return {
         "num_steps_per_env": cfg["num_steps"],
         "save_interval": 10**9,
@@ -224,7 +230,9 @@ def run_rsl_rl_worker(cfg: dict) -> dict:
     except ImportError as e:
         raise SystemExit(f"error: rsl_rl is not importable ({e}); pip install --no-deps rsl-rl-lib") from None
     if version is None or int(version.split(".")[0]) < 4:
-        raise SystemExit(f"error: rsl-rl-lib {version} found; this adapter targets the actor/critic model API of 4.x/5.x")
+        raise SystemExit(
+            f"error: rsl-rl-lib {version} found; this adapter targets the actor/critic model API of 4.x/5.x"
+        )
     if cfg.get("threads"):
         torch.set_num_threads(cfg["threads"])
     torch.manual_seed(cfg["seed"])
@@ -237,8 +245,9 @@ def run_rsl_rl_worker(cfg: dict) -> dict:
     return {"status": "ok", "rsl_rl_version": version, **figures}
 
 
-def time_runner(runner, device: torch.device, warmup: int, iterations: int, steps_per_iteration: int,
-                **learn_kwargs) -> dict:
+def time_runner(
+    runner, device: torch.device, warmup: int, iterations: int, steps_per_iteration: int, **learn_kwargs
+) -> dict:
     """`runner.learn` (an rsl_rl runner) for warmup + iterations iterations, each timed at its logger's
     log call (where rsl_rl reports its collection and learning seconds): steady-state figures."""
     marks = []  # (wall time, collection seconds, learning seconds) at the end of every iteration
@@ -284,7 +293,9 @@ def bench_peak_memory_mb(device: torch.device) -> float:
 
 
 def run_rsl_rl(cfg: dict, timeout: float, threads: int | None) -> dict:
-    return bench.run_worker("tests.benchmarks.rsl_rl", cfg, RESULT_MARKER, {"impl": "rsl_rl", "mode": cfg["mode"]}, timeout, threads)
+    return bench.run_worker(
+        "tests.benchmarks.rsl_rl", cfg, RESULT_MARKER, {"impl": "rsl_rl", "mode": cfg["mode"]}, timeout, threads
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,17 +310,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-steps", type=int, default=24)
     parser.add_argument("--update-epochs", type=int, default=5)
     parser.add_argument("--num-minibatches", type=int, default=4)
-    parser.add_argument("--obs-norm", action=argparse.BooleanOptionalAction, default=True,
-                        help="observation normalization on both sides (default: on)")
-    parser.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "compile"],
-                        help="eager: no compilation on either side; compile: ours --compile, rsl_rl torch_compile_mode='default'")
+    parser.add_argument(
+        "--obs-norm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="observation normalization on both sides (default: on)",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["eager"],
+        choices=["eager", "compile"],
+        help="eager: no compilation on either side; compile: ours --compile, rsl_rl torch_compile_mode='default'",
+    )
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations after the warm-up")
     parser.add_argument("--warmup-iterations", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=1, help="alternate the two learners this many times (medians reported)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads of both learners (default: torch's)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="alternate the two learners this many times (medians reported)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads of both learners (default: torch's)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600.0)
-    parser.add_argument("--json", metavar="PATH", default=None, help="write the figures as JSON ('-': stdout, instead of the table)")
+    parser.add_argument(
+        "--json", metavar="PATH", default=None, help="write the figures as JSON ('-': stdout, instead of the table)"
+    )
     parser.add_argument("--worker", metavar="CONFIG", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is None and (args.iterations < 1 or args.warmup_iterations < 1 or args.rounds < 1):
@@ -340,8 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if rsl_rl_version() is None:
         raise SystemExit("error: rsl-rl-lib is not installed; pip install --no-deps rsl-rl-lib (keeps your torch)")
-    sizes = ["--hidden-sizes", *map(str, args.hidden_sizes), "--num-steps", str(args.num_steps),
-             "--update-epochs", str(args.update_epochs), "--num-minibatches", str(args.num_minibatches)]
+    sizes = [
+        "--hidden-sizes",
+        *map(str, args.hidden_sizes),
+        "--num-steps",
+        str(args.num_steps),
+        "--update-epochs",
+        str(args.update_epochs),
+        "--num-minibatches",
+        str(args.num_minibatches),
+    ]
     if not args.obs_norm:
         sizes.append("--no-obs-norm")
     ppo_args = load_script("ppo").Args
@@ -353,10 +387,19 @@ def main(argv: list[str] | None = None) -> int:
         "machine": bench.machine_info(device),
         "load_average": {"start": bench.load_average(), "end": None},
         "config": {
-            "env_id": args.env_id, "num_envs": args.num_envs, "device": str(device), "hidden_sizes": args.hidden_sizes,
-            "num_steps": args.num_steps, "update_epochs": args.update_epochs, "num_minibatches": args.num_minibatches,
-            "obs_norm": args.obs_norm, "modes": args.modes, "iterations": args.iterations,
-            "warmup_iterations": args.warmup_iterations, "rounds": args.rounds, "rsl_rl_version": rsl_rl_version(),
+            "env_id": args.env_id,
+            "num_envs": args.num_envs,
+            "device": str(device),
+            "hidden_sizes": args.hidden_sizes,
+            "num_steps": args.num_steps,
+            "update_epochs": args.update_epochs,
+            "num_minibatches": args.num_minibatches,
+            "obs_norm": args.obs_norm,
+            "modes": args.modes,
+            "iterations": args.iterations,
+            "warmup_iterations": args.warmup_iterations,
+            "rounds": args.rounds,
+            "rsl_rl_version": rsl_rl_version(),
         },
         "commands": {"benchmark": shlex.join(["python", "-m", "tests.benchmarks.rsl_rl", *argv]), "runs": []},
         "results": {},
@@ -369,26 +412,53 @@ def main(argv: list[str] | None = None) -> int:
         ours_runs, theirs_runs = [], []
         for round_ in range(args.rounds):
             log(f"{mode}, round {round_ + 1}/{args.rounds}: algos/ppo.py")
-            r = bench.run_training("ppo", ppo_args, args.env_id, args.num_envs, str(device), mode, args.iterations,
-                                   args.warmup_iterations, extra_args=sizes, threads=args.threads,
-                                   timeout=args.timeout, seed=args.seed)
+            r = bench.run_training(
+                "ppo",
+                ppo_args,
+                args.env_id,
+                args.num_envs,
+                str(device),
+                mode,
+                args.iterations,
+                args.warmup_iterations,
+                extra_args=sizes,
+                threads=args.threads,
+                timeout=args.timeout,
+                seed=args.seed,
+            )
             r["impl"] = "ours"
             ours_runs.append(r)
             log(f"{mode}, round {round_ + 1}/{args.rounds}: rsl_rl")
-            cfg = {"env_id": args.env_id, "num_envs": args.num_envs, "device": str(device), "mode": mode,
-                   "hidden_sizes": args.hidden_sizes, "num_steps": args.num_steps, "update_epochs": args.update_epochs,
-                   "num_minibatches": args.num_minibatches, "obs_norm": args.obs_norm, "iterations": args.iterations,
-                   "warmup": args.warmup_iterations, "seed": args.seed, "threads": args.threads}
+            cfg = {
+                "env_id": args.env_id,
+                "num_envs": args.num_envs,
+                "device": str(device),
+                "mode": mode,
+                "hidden_sizes": args.hidden_sizes,
+                "num_steps": args.num_steps,
+                "update_epochs": args.update_epochs,
+                "num_minibatches": args.num_minibatches,
+                "obs_norm": args.obs_norm,
+                "iterations": args.iterations,
+                "warmup": args.warmup_iterations,
+                "seed": args.seed,
+                "threads": args.threads,
+            }
             theirs_runs.append(run_rsl_rl(cfg, args.timeout, args.threads))
             report["commands"]["runs"] += [ours_runs[-1]["command"], theirs_runs[-1]["command"]]
         ours, theirs = median_record(ours_runs), median_record(theirs_runs)
         ok = ours.get("status") == "ok" and theirs.get("status") == "ok"
         failed |= not ok
         report["results"][mode] = {
-            "ours": ours, "rsl_rl": theirs,
+            "ours": ours,
+            "rsl_rl": theirs,
             "ours_over_rsl_rl": bench.ratio(ours.get("sps"), theirs.get("sps")) if ok else None,
-            "update_ours_over_rsl_rl": bench.ratio(ours.get("update_seconds"), theirs.get("update_seconds")) if ok else None,
-            "rollout_ours_over_rsl_rl": bench.ratio(ours.get("rollout_seconds"), theirs.get("rollout_seconds")) if ok else None,
+            "update_ours_over_rsl_rl": bench.ratio(ours.get("update_seconds"), theirs.get("update_seconds"))
+            if ok
+            else None,
+            "rollout_ours_over_rsl_rl": bench.ratio(ours.get("rollout_seconds"), theirs.get("rollout_seconds"))
+            if ok
+            else None,
         }
     report["load_average"]["end"] = bench.load_average()
 
@@ -401,25 +471,33 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(report: dict) -> None:
     cfg, m = report["config"], report["machine"]
-    print(f"{cfg['env_id']} x {cfg['num_envs']} envs on {cfg['device']}, {cfg['num_steps']} steps x "
-          f"{cfg['update_epochs']} epochs x {cfg['num_minibatches']} minibatches, hidden {cfg['hidden_sizes']}, "
-          f"obs norm {'on' if cfg['obs_norm'] else 'off'}; rsl-rl-lib {cfg['rsl_rl_version']}; "
-          f"{bench.machine_label(m)}, torch {m['torch']}, {m['torch_threads']} threads; "
-          f"load average {report['load_average']['start']} -> {report['load_average']['end']}")
+    print(
+        f"{cfg['env_id']} x {cfg['num_envs']} envs on {cfg['device']}, {cfg['num_steps']} steps x "
+        f"{cfg['update_epochs']} epochs x {cfg['num_minibatches']} minibatches, hidden {cfg['hidden_sizes']}, "
+        f"obs norm {'on' if cfg['obs_norm'] else 'off'}; rsl-rl-lib {cfg['rsl_rl_version']}; "
+        f"{bench.machine_label(m)}, torch {m['torch']}, {m['torch_threads']} threads; "
+        f"load average {report['load_average']['start']} -> {report['load_average']['end']}"
+    )
     print(f"env only: {bench.fmt(report['env_only']['sps'])} SPS")
-    print(f"{'learner':<16}{'mode':<10}{'SPS':>12}{'x env':>8}{'iter s':>9}{'rollout s':>11}{'update s':>10}{'peak MB':>9}")
+    print(f"{'learner':<16}{'mode':<10}{'SPS':>12}{'x env':>8}{'iter s':>9}{'rollout s':>11}{'update s':>10}", end="")
+    print(f"{'peak MB':>9}")
     for mode, res in report["results"].items():
         for name, key in (("algos/ppo.py", "ours"), ("rsl_rl PPO", "rsl_rl")):
             r = res[key]
             if r.get("status") != "ok":
                 print(f"{name:<16}{mode:<10}{'failed':>12}  {r.get('error')}")
                 continue
-            print(f"{name:<16}{mode:<10}{bench.fmt(r['sps']):>12}{bench.fmt_ratio(bench.ratio(r['sps'], report['env_only']['sps'])):>8}"
-                  f"{bench.fmt(r.get('iteration_seconds'), '.3f'):>9}{bench.fmt(r.get('rollout_seconds'), '.3f'):>11}"
-                  f"{bench.fmt(r.get('update_seconds'), '.3f'):>10}{bench.fmt(r.get('peak_memory_mb')):>9}")
-        print(f"{mode}: ours / rsl_rl = {bench.fmt(res['ours_over_rsl_rl'], '.2f')} x training SPS "
-              f"(rollout time {bench.fmt(res['rollout_ours_over_rsl_rl'], '.2f')} x, update time "
-              f"{bench.fmt(res['update_ours_over_rsl_rl'], '.2f')} x theirs)")
+            print(
+                f"{name:<16}{mode:<10}{bench.fmt(r['sps']):>12}"
+                f"{bench.fmt_ratio(bench.ratio(r['sps'], report['env_only']['sps'])):>8}"
+                f"{bench.fmt(r.get('iteration_seconds'), '.3f'):>9}{bench.fmt(r.get('rollout_seconds'), '.3f'):>11}"
+                f"{bench.fmt(r.get('update_seconds'), '.3f'):>10}{bench.fmt(r.get('peak_memory_mb')):>9}"
+            )
+        print(
+            f"{mode}: ours / rsl_rl = {bench.fmt(res['ours_over_rsl_rl'], '.2f')} x training SPS "
+            f"(rollout time {bench.fmt(res['rollout_ours_over_rsl_rl'], '.2f')} x, update time "
+            f"{bench.fmt(res['update_ours_over_rsl_rl'], '.2f')} x theirs)"
+        )
     for note in report["notes"]:
         print(f"note: {note}")
 

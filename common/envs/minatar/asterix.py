@@ -14,16 +14,35 @@ class Asterix(MinAtarEnv):
     env_id = "MinAtar/Asterix-v1"
     channels = ("player", "enemy", "trail", "gold")
     minimal_actions = ("n", "l", "u", "r", "d")
-    fields = (("player_x", 1), ("player_y", 1), ("spawn_speed", 1), ("spawn_timer", 1), ("move_speed", 1),
-              ("move_timer", 1), ("ramp_timer", 1), ("ramp_index", 1),
-              ("on", 8), ("x", 8), ("lr", 8), ("gold", 8))  # the 8 entity slots (slot k runs along row k + 1)
+    fields = (
+        ("player_x", 1),
+        ("player_y", 1),
+        ("spawn_speed", 1),
+        ("spawn_timer", 1),
+        ("move_speed", 1),
+        ("move_timer", 1),
+        ("ramp_timer", 1),
+        ("ramp_index", 1),
+        ("on", 8),
+        ("x", 8),
+        ("lr", 8),
+        ("gold", 8),
+    )  # the 8 entity slots (slot k runs along row k + 1)
     game_lanes = 3  # a spawn: rand() < 1/2 (from the left), rand() < 1/3 (gold), randint(free slots)
     ramp_interval, init_spawn_speed, init_move_interval = 100, 10, 5  # the package's constants
 
     def _new_game(self, u, n):
-        return self.pack(n, player_x=5, player_y=5, spawn_speed=self.init_spawn_speed,
-                         spawn_timer=self.init_spawn_speed, move_speed=self.init_move_interval,
-                         move_timer=self.init_move_interval, ramp_timer=self.ramp_interval, ramp_index=0)
+        return self.pack(
+            n,
+            player_x=5,
+            player_y=5,
+            spawn_speed=self.init_spawn_speed,
+            spawn_timer=self.init_spawn_speed,
+            move_speed=self.init_move_interval,
+            move_timer=self.init_move_interval,
+            ramp_timer=self.ramp_interval,
+            ramp_index=0,
+        )
 
     def _game_step(self, state, a, u):
         n = len(state)
@@ -71,10 +90,25 @@ class Asterix(MinAtarEnv):
         move_speed = move_speed - (level_up & (move_speed > 1) & (ramp_index % 2 == 1)).long()
         spawn_speed = spawn_speed - (level_up & (spawn_speed > 1)).long()
         ramp_timer = torch.where(wait, ramp_timer - 1, torch.where(level_up, self.ramp_interval, ramp_timer))
-        return (self.pack(n, player_x=px, player_y=py, spawn_speed=spawn_speed,
-                          spawn_timer=spawn_timer - 1, move_speed=move_speed, move_timer=move_timer - 1,
-                          ramp_timer=ramp_timer, ramp_index=ramp_index + level_up.long(),
-                          on=on, x=x * on, lr=lr & on, gold=gold & on), reward, terminated)
+        return (
+            self.pack(
+                n,
+                player_x=px,
+                player_y=py,
+                spawn_speed=spawn_speed,
+                spawn_timer=spawn_timer - 1,
+                move_speed=move_speed,
+                move_timer=move_timer - 1,
+                ramp_timer=ramp_timer,
+                ramp_index=ramp_index + level_up.long(),
+                on=on,
+                x=x * on,
+                lr=lr & on,
+                gold=gold & on,
+            ),
+            reward,
+            terminated,
+        )
 
     def _observe(self, state):
         n = len(state)

@@ -18,11 +18,11 @@ FULL_ACTIONS = ("n", "l", "u", "r", "d", "f")  # the package's action names, in 
 class MinAtarEnv(TorchEnv):
     """A MinAtar game over a batch of envs. A subclass sets the class attributes and writes
 
-        _new_game(u, n)               reset lanes [n, reset_lanes] (None without) -> state [n, state_dim]
-        _game_step(state, a, u)       full-set action [N], the step's game lanes -> (new state, reward, terminated),
-                                      or with a 4th: entities [N] the game had no slot for (Seaquest); it must not
-                                      write into `state` (the env's live state)
-        _observe(state)               -> uint8 [N, C, 10, 10]
+    _new_game(u, n)               reset lanes [n, reset_lanes] (None without) -> state [n, state_dim]
+    _game_step(state, a, u)       full-set action [N], the step's game lanes -> (new state, reward, terminated),
+                                  or with a 4th: entities [N] the game had no slot for (Seaquest); it must not
+                                  write into `state` (the env's live state)
+    _observe(state)               -> uint8 [N, C, 10, 10]
     """
 
     channels: tuple[str, ...] = ()
@@ -108,7 +108,7 @@ class MinAtarEnv(TorchEnv):
         return _uniform_(start[:, None] + self._rng_lane_offsets, torch.float64)
 
     def _draw_initial_state(self) -> torch.Tensor:
-        return self._new_game(self._draw_block()[:, -self.reset_lanes:] if self.reset_lanes else None, self.num_envs)
+        return self._new_game(self._draw_block()[:, -self.reset_lanes :] if self.reset_lanes else None, self.num_envs)
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ class MinAtarEnv(TorchEnv):
         self._rng_counter.add_(1)  # every env draws one block per step, finished or not
         action = torch.where(u[:, 0] < self.sticky_action_prob, self.col(self.state, "last_action"), action)
         # The game reads the state and makes a new one (its last-action column left 0: set below).
-        next_state, reward, terminated, *dropped = self._game_step(self.state, action, u[:, 1:1 + self.game_lanes])
+        next_state, reward, terminated, *dropped = self._game_step(self.state, action, u[:, 1 : 1 + self.game_lanes])
 
         steps = self.episode_steps + 1
         truncated = steps >= self.max_episode_steps
@@ -130,21 +130,25 @@ class MinAtarEnv(TorchEnv):
         if self._start_state is not None:
             fresh = self._start_state
         else:
-            fresh = self._new_game(u[:, self.num_reset_uniforms - self.reset_lanes:], self.num_envs)
+            fresh = self._new_game(u[:, self.num_reset_uniforms - self.reset_lanes :], self.num_envs)
         self.state.copy_(torch.where(done[:, None], fresh, next_state))
         self.state[:, self.columns["last_action"].start].copy_(action)  # the package keeps it across episodes
         self.episode_steps.copy_(steps.masked_fill(done, 0))
         obs = self._observe(self.state)
         if self.frame_stack > 1:  # a new episode's stack is its first frame, repeated
-            older = self._frames[:, len(self.channels):]
+            older = self._frames[:, len(self.channels) :]
             final_obs = torch.cat([older, final_obs], 1)
-            obs = torch.where(done[:, None, None, None], obs.repeat(1, self.frame_stack, 1, 1), torch.cat([older, obs], 1))
+            obs = torch.where(
+                done[:, None, None, None], obs.repeat(1, self.frame_stack, 1, 1), torch.cat([older, obs], 1)
+            )
             self._frames.copy_(obs)
         info = {"final_obs": self._wrap_obs(final_obs), "log": {}}
         if dropped:  # entities a fixed number of slots could not hold: counted on the device, never silently lost
             dropped = dropped[0].sum()
             self.entities_dropped.add_(dropped)
-            if self.device.type != "cuda":  # on CUDA the rollout is one graph that runs no Python: read entities_dropped
+            if (
+                self.device.type != "cuda"
+            ):  # on CUDA the rollout is one graph that runs no Python: read entities_dropped
                 info["log"]["entities_dropped"] = dropped.float()
         return self._wrap_obs(obs), reward.to(self.dtype), terminated, truncated, info
 
@@ -161,9 +165,11 @@ class MinAtarEnv(TorchEnv):
         sd = dict(sd)
         frames = sd.pop("frames", None)
         if frames is None or tuple(frames.shape) != tuple(self._frames.shape):
-            raise ValueError(f"{self.env_id}: env state_dict entry 'frames' is missing or has shape "
-                             f"{None if frames is None else list(frames.shape)}, expected {list(self._frames.shape)} "
-                             f"(was it saved with another num_envs or frame_stack?)")
+            raise ValueError(
+                f"{self.env_id}: env state_dict entry 'frames' is missing or has shape "
+                f"{None if frames is None else list(frames.shape)}, expected {list(self._frames.shape)} "
+                f"(was it saved with another num_envs or frame_stack?)"
+            )
         super().load_state_dict(sd)
         self._frames.copy_(frames)
 

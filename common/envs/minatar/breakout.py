@@ -14,8 +14,16 @@ class Breakout(MinAtarEnv):
     env_id = "MinAtar/Breakout-v1"
     channels = ("paddle", "ball", "trail", "brick")
     minimal_actions = ("n", "l", "r")
-    fields = (("ball_x", 1), ("ball_y", 1), ("ball_dir", 1), ("pos", 1), ("strike", 1), ("last_x", 1),
-              ("last_y", 1), ("bricks", 100))
+    fields = (
+        ("ball_x", 1),
+        ("ball_y", 1),
+        ("ball_dir", 1),
+        ("pos", 1),
+        ("strike", 1),
+        ("last_x", 1),
+        ("last_y", 1),
+        ("bricks", 100),
+    )
     reset_lanes = 1  # randint(2): which side the ball starts from
     # Directions 0-3: up-left, up-right, down-right, down-left; the package's direction changes.
     tables = dict(dx=(-1, 1, 1, -1), dy=(-1, -1, 1, 1), flip_x=(1, 0, 3, 2), flip_y=(3, 2, 1, 0), back=(2, 3, 0, 1))
@@ -25,8 +33,17 @@ class Breakout(MinAtarEnv):
         right = torch.arange(2, device=self.device)
         bricks = torch.zeros(2, 10, 10, dtype=torch.int64, device=self.device)
         bricks[:, 1:4].fill_(1)
-        self._starts = self.pack(2, ball_x=9 * right, ball_y=3, ball_dir=2 + right, pos=4, strike=0,
-                                 last_x=9 * right, last_y=3, bricks=bricks)
+        self._starts = self.pack(
+            2,
+            ball_x=9 * right,
+            ball_y=3,
+            ball_dir=2 + right,
+            pos=4,
+            strike=0,
+            last_x=9 * right,
+            last_y=3,
+            bricks=bricks,
+        )
 
     def _new_game(self, u, n):
         return self._starts[(u[:, 0] * 2).floor().long()]
@@ -58,13 +75,25 @@ class Breakout(MinAtarEnv):
         bricks[:, 10:40] |= refill[:, None].long()
         paddle_old = bottom & (last_x == pos)  # the ball was above the paddle: straight back up
         paddle_new = bottom & ~paddle_old & (new_x == pos)  # the ball lands on it: back the way it came
-        direction = torch.where(paddle_old, self.lookup("flip_y", direction),
-                                torch.where(paddle_new, self.lookup("back", direction), direction))
+        direction = torch.where(
+            paddle_old,
+            self.lookup("flip_y", direction),
+            torch.where(paddle_new, self.lookup("back", direction), direction),
+        )
         new_y = torch.where(paddle_old | paddle_new, last_y, new_y)
         terminated = bottom & ~paddle_old & ~paddle_new
 
-        next_state = self.pack(len(state), ball_x=new_x, ball_y=new_y,
-                               ball_dir=direction, pos=pos, strike=brick, last_x=last_x, last_y=last_y, bricks=bricks)
+        next_state = self.pack(
+            len(state),
+            ball_x=new_x,
+            ball_y=new_y,
+            ball_dir=direction,
+            pos=pos,
+            strike=brick,
+            last_x=last_x,
+            last_y=last_y,
+            bricks=bricks,
+        )
         return next_state, breaks.long(), terminated
 
     def _observe(self, state):

@@ -25,8 +25,15 @@ class Freeway(MinAtarEnv):
 
     def _new_game(self, u, n):
         speed = self._speeds(u)
-        return self.pack(n, pos=9, move_timer=self.player_speed, terminate_timer=self.time_limit, car_x=0,
-                         car_timer=speed.abs(), car_speed=speed)
+        return self.pack(
+            n,
+            pos=9,
+            move_timer=self.player_speed,
+            terminate_timer=self.time_limit,
+            car_x=0,
+            car_timer=speed.abs(),
+            car_speed=speed,
+        )
 
     def _game_step(self, state, a, u):
         n = len(state)
@@ -53,9 +60,19 @@ class Freeway(MinAtarEnv):
         car_timer = torch.where(moves, car_speed.abs(), car_timer - 1)
         pos = torch.where(hit.any(1), 9, pos)
         terminate_timer = col("terminate_timer") - 1
-        return (self.pack(n, pos=pos, move_timer=move_timer - (move_timer > 0).long(),
-                          terminate_timer=terminate_timer, car_x=car_x, car_timer=car_timer, car_speed=car_speed),
-                crossed.long(), terminate_timer < 0)
+        return (
+            self.pack(
+                n,
+                pos=pos,
+                move_timer=move_timer - (move_timer > 0).long(),
+                terminate_timer=terminate_timer,
+                car_x=car_x,
+                car_timer=car_timer,
+                car_speed=car_speed,
+            ),
+            crossed.long(),
+            terminate_timer < 0,
+        )
 
     def _observe(self, state):
         n = len(state)

@@ -25,16 +25,42 @@ class Seaquest(MinAtarEnv):
     """
 
     env_id = "MinAtar/Seaquest-v1"
-    channels = ("sub_front", "sub_back", "friendly_bullet", "trail", "enemy_bullet", "enemy_fish", "enemy_sub",
-                "oxygen_guage", "diver_guage", "diver")
+    channels = (
+        "sub_front",
+        "sub_back",
+        "friendly_bullet",
+        "trail",
+        "enemy_bullet",
+        "enemy_fish",
+        "enemy_sub",
+        "oxygen_guage",
+        "diver_guage",
+        "diver",
+    )
     minimal_actions = ("n", "l", "u", "r", "d", "f")
     # The entity lists: name -> (capacity, fields besides on/x/y/lr).
     lists = {"fb": (4, ()), "eb": (40, ()), "fish": (40, ("mt",)), "subs": (40, ("mt", "st")), "divers": (4, ("mt",))}
-    fields = tuple((name, 1) for name in ("oxygen", "diver_count", "sub_x", "sub_y", "sub_or", "spawn_speed",
-                                          "spawn_timer", "diver_timer", "move_speed", "ramp_index", "shot_timer",
-                                          "surface")) + tuple(
-        (f"{name}_{field}", capacity) for name, (capacity, extra) in lists.items()
-        for field in ("on", "x", "y", "lr") + extra)
+    fields = tuple(
+        (name, 1)
+        for name in (
+            "oxygen",
+            "diver_count",
+            "sub_x",
+            "sub_y",
+            "sub_or",
+            "spawn_speed",
+            "spawn_timer",
+            "diver_timer",
+            "move_speed",
+            "ramp_index",
+            "shot_timer",
+            "surface",
+        )
+    ) + tuple(
+        (f"{name}_{field}", capacity)
+        for name, (capacity, extra) in lists.items()
+        for field in ("on", "x", "y", "lr") + extra
+    )
     game_lanes = 5  # an enemy spawn: rand() < 1/2 (from the left), rand() < 1/3 (a sub), randint(1, 9) (the
     # row); then a diver spawn: rand() < 1/2, randint(1, 9); each only when its timer is up
     # The package's constants.
@@ -45,9 +71,16 @@ class Seaquest(MinAtarEnv):
         self.entities_dropped = torch.zeros((), dtype=torch.int64, device=self.device)
 
     def _new_game(self, u, n):
-        return self.pack(n, oxygen=self.max_oxygen, sub_x=5, spawn_speed=self.init_spawn_speed,
-                         spawn_timer=self.init_spawn_speed, diver_timer=self.diver_spawn_speed,
-                         move_speed=self.init_move_interval, surface=1)
+        return self.pack(
+            n,
+            oxygen=self.max_oxygen,
+            sub_x=5,
+            spawn_speed=self.init_spawn_speed,
+            spawn_timer=self.init_spawn_speed,
+            diver_timer=self.diver_spawn_speed,
+            move_speed=self.init_move_interval,
+            surface=1,
+        )
 
     def _list(self, state, name) -> dict[str, torch.Tensor]:
         """An entity list's fields [N, capacity] (copies: the step edits them)."""
@@ -78,7 +111,11 @@ class Seaquest(MinAtarEnv):
         cell: which enemies [N, E] and which bullets [N, F] go. Per bullet cell (a handful), in O(E)."""
         bx, by, bon = bullets["x"], bullets["y"], bullets["on"]
         # at[:, e, f]: eligible enemy e is on bullet f's cell.
-        at = movers["claim"][:, :, None] & (movers["x"][:, :, None] == bx[:, None, :]) & (movers["y"][:, :, None] == by[:, None, :])
+        at = (
+            movers["claim"][:, :, None]
+            & (movers["x"][:, :, None] == bx[:, None, :])
+            & (movers["y"][:, :, None] == by[:, None, :])
+        )
         at = at & bon[:, None, :]
         # An enemy's turn among the eligible enemies on its cell, visited from the last ...
         turn = at.flip(1).long().cumsum(1).flip(1) - 1
@@ -126,17 +163,35 @@ class Seaquest(MinAtarEnv):
         for enemies in (subs, fish):
             blocked = blocked | (enemies["on"] & (enemies["y"] == row[:, None]) & (enemies["lr"] != lr[:, None])).any(1)
         x, dropped = torch.where(lr, 0, 9), torch.zeros_like(spawn, dtype=torch.int64)
-        used["subs"], dropped = self._append(subs, spawn & ~blocked & is_sub, used["subs"], dropped, x=x, y=row, lr=lr,
-                                             mt=move_speed, st=self.enemy_shot_interval)
-        used["fish"], dropped = self._append(fish, spawn & ~blocked & ~is_sub, used["fish"], dropped, x=x, y=row, lr=lr,
-                                             mt=move_speed)
+        used["subs"], dropped = self._append(
+            subs,
+            spawn & ~blocked & is_sub,
+            used["subs"],
+            dropped,
+            x=x,
+            y=row,
+            lr=lr,
+            mt=move_speed,
+            st=self.enemy_shot_interval,
+        )
+        used["fish"], dropped = self._append(
+            fish, spawn & ~blocked & ~is_sub, used["fish"], dropped, x=x, y=row, lr=lr, mt=move_speed
+        )
         spawn_timer = torch.where(spawn, spawn_speed, col("spawn_timer"))
         diver_spawn = col("diver_timer") == 0
         k = torch.where(spawn, 3, 0)[:, None]  # the diver's draws follow the enemy's, if it drew
         d_lr = u.gather(1, k)[:, 0] < 1 / 2
         d_row = 1 + (u.gather(1, k + 1)[:, 0] * 8).floor().long()
-        used["divers"], dropped = self._append(divers, diver_spawn, used["divers"], dropped, x=torch.where(d_lr, 0, 9),
-                                               y=d_row, lr=d_lr, mt=self.diver_move_interval)
+        used["divers"], dropped = self._append(
+            divers,
+            diver_spawn,
+            used["divers"],
+            dropped,
+            x=torch.where(d_lr, 0, 9),
+            y=d_row,
+            lr=d_lr,
+            mt=self.diver_move_interval,
+        )
         diver_timer = torch.where(diver_spawn, self.diver_spawn_speed, col("diver_timer"))
         # The sub: fire (when the gun is cool), or move.
         sub_x, sub_y, sub_or, shot_timer = col("sub_x"), col("sub_y"), col("sub_or").bool(), col("shot_timer")
@@ -154,10 +209,13 @@ class Seaquest(MinAtarEnv):
             fb["x"][:, j] += torch.where(fb["lr"][:, j], 1, -1) * alive
             bx, by = fb["x"][:, j], fb["y"][:, j]
             alive = alive & (bx >= 0) & (bx <= 9)
-            hit_fish = self._first(fish["on"] & (fish["x"] == bx[:, None]) & (fish["y"] == by[:, None]) & alive[:, None])
+            hit_fish = self._first(
+                fish["on"] & (fish["x"] == bx[:, None]) & (fish["y"] == by[:, None]) & alive[:, None]
+            )
             alive_after_fish = alive & ~hit_fish.any(1)
-            hit_sub = self._first(subs["on"] & (subs["x"] == bx[:, None]) & (subs["y"] == by[:, None])
-                                  & alive_after_fish[:, None])
+            hit_sub = self._first(
+                subs["on"] & (subs["x"] == bx[:, None]) & (subs["y"] == by[:, None]) & alive_after_fish[:, None]
+            )
             fish["on"] = fish["on"] & ~hit_fish
             subs["on"] = subs["on"] & ~hit_sub
             reward = reward + hit_fish.any(1).long() + hit_sub.any(1).long()
@@ -184,8 +242,9 @@ class Seaquest(MinAtarEnv):
         reward = reward + shot.sum(1)
         fires = (subs["on"] | shot) & ~subs_out & (subs["st"] == 0)
         was_on = subs["on"] | shot | subs_out
-        subs["st"] = torch.where(was_on & (subs["st"] == 0), self.enemy_shot_interval,
-                                 torch.where(was_on, subs["st"] - 1, subs["st"]))
+        subs["st"] = torch.where(
+            was_on & (subs["st"] == 0), self.enemy_shot_interval, torch.where(was_on, subs["st"] - 1, subs["st"])
+        )
         # The fired bullets join the enemy bullets after the used slots (their order there changes nothing);
         # a sub that does not fire writes into a spare last column, dropped.
         capacity = self.lists["eb"][0]
@@ -227,10 +286,27 @@ class Seaquest(MinAtarEnv):
         spawn_speed = spawn_speed - (ramp & (spawn_speed > 1)).long()
         lists = {name: self._compact(lst) for name, lst in zip(self.lists, (fb, eb, fish, subs, divers))}
         columns = {f"{name}_{f}": v for name, lst in lists.items() for f, v in lst.items()}
-        return (self.pack(n, oxygen=oxygen, diver_count=diver_count, sub_x=sub_x, sub_y=sub_y, sub_or=sub_or,
-                          spawn_speed=spawn_speed, spawn_timer=spawn_timer, diver_timer=diver_timer,
-                          move_speed=move_speed, ramp_index=ramp_index + ramp.long(), shot_timer=shot_timer,
-                          surface=surface, **columns), reward, terminated, dropped)
+        return (
+            self.pack(
+                n,
+                oxygen=oxygen,
+                diver_count=diver_count,
+                sub_x=sub_x,
+                sub_y=sub_y,
+                sub_or=sub_or,
+                spawn_speed=spawn_speed,
+                spawn_timer=spawn_timer,
+                diver_timer=diver_timer,
+                move_speed=move_speed,
+                ramp_index=ramp_index + ramp.long(),
+                shot_timer=shot_timer,
+                surface=surface,
+                **columns,
+            ),
+            reward,
+            terminated,
+            dropped,
+        )
 
     def _observe(self, state):
         n = len(state)
@@ -241,10 +317,17 @@ class Seaquest(MinAtarEnv):
         self._put(image, "sub_back", sub_y, (sub_x - torch.where(col("sub_or") == 1, 1, -1)) % 10)
         columns = torch.arange(10, device=self.device)
         oxygen_cells = col("oxygen").clamp(min=0) * 10 // self.max_oxygen
-        image[:, 7 * 100 + 90:7 * 100 + 100] = (columns < oxygen_cells[:, None]).to(torch.uint8) * 255
-        image[:, 8 * 100 + 90:8 * 100 + 100] = ((columns >= 9 - col("diver_count")[:, None]) & (columns < 9)).to(torch.uint8) * 255
-        for name, channel, trail in (("fb", "friendly_bullet", False), ("eb", "enemy_bullet", False),
-                                     ("fish", "enemy_fish", True), ("subs", "enemy_sub", True), ("divers", "diver", True)):
+        image[:, 7 * 100 + 90 : 7 * 100 + 100] = (columns < oxygen_cells[:, None]).to(torch.uint8) * 255
+        image[:, 8 * 100 + 90 : 8 * 100 + 100] = ((columns >= 9 - col("diver_count")[:, None]) & (columns < 9)).to(
+            torch.uint8
+        ) * 255
+        for name, channel, trail in (
+            ("fb", "friendly_bullet", False),
+            ("eb", "enemy_bullet", False),
+            ("fish", "enemy_fish", True),
+            ("subs", "enemy_sub", True),
+            ("divers", "diver", True),
+        ):
             on, x, y = col(f"{name}_on").bool(), col(f"{name}_x"), col(f"{name}_y")
             self._put(image, channel, y, x, on)
             if trail:

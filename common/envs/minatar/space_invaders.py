@@ -1,4 +1,5 @@
-"""MinAtar's Space Invaders (the `minatar` package's environments/space_invaders.py) as a batched torch env: SpaceInvaders."""
+"""MinAtar's Space Invaders (the `minatar` package's environments/space_invaders.py) as a batched torch env:
+SpaceInvaders."""
 
 from __future__ import annotations
 
@@ -15,16 +16,34 @@ class SpaceInvaders(MinAtarEnv):
     env_id = "MinAtar/SpaceInvaders-v1"
     channels = ("cannon", "alien", "alien_left", "alien_right", "friendly_bullet", "enemy_bullet")
     minimal_actions = ("n", "l", "r", "f")
-    fields = (("pos", 1), ("alien_dir", 1), ("move_interval", 1), ("move_timer", 1), ("shot_timer_aliens", 1),
-              ("ramp_index", 1), ("shot_timer", 1), ("f_bullets", 100), ("e_bullets", 100), ("aliens", 100))
+    fields = (
+        ("pos", 1),
+        ("alien_dir", 1),
+        ("move_interval", 1),
+        ("move_timer", 1),
+        ("shot_timer_aliens", 1),
+        ("ramp_index", 1),
+        ("shot_timer", 1),
+        ("f_bullets", 100),
+        ("e_bullets", 100),
+        ("aliens", 100),
+    )
     shot_cool_down, enemy_move_interval, enemy_shot_interval = 5, 12, 10  # the package's constants
 
     def _new_game(self, u, n):
         aliens = torch.zeros(n, 10, 10, dtype=torch.int64, device=self.device)
         aliens[:, 0:4, 2:8].fill_(1)
-        return self.pack(n, pos=5, alien_dir=-1, move_interval=self.enemy_move_interval,
-                         move_timer=self.enemy_move_interval, shot_timer_aliens=self.enemy_shot_interval,
-                         ramp_index=0, shot_timer=0, aliens=aliens)
+        return self.pack(
+            n,
+            pos=5,
+            alien_dir=-1,
+            move_interval=self.enemy_move_interval,
+            move_timer=self.enemy_move_interval,
+            shot_timer_aliens=self.enemy_shot_interval,
+            ramp_index=0,
+            shot_timer=0,
+            aliens=aliens,
+        )
 
     def _game_step(self, state, a, u):
         n = len(state)
@@ -52,9 +71,15 @@ class SpaceInvaders(MinAtarEnv):
         down, sideways = move & at_edge, move & ~at_edge
         terminated |= down & (aliens[:, 9].sum(1) > 0)
         direction = torch.where(down, -direction, direction)
-        aliens = torch.where(down[:, None, None], aliens.roll(1, 1),
-                             torch.where((sideways & (direction > 0))[:, None, None], aliens.roll(1, 2),
-                                         torch.where(sideways[:, None, None], aliens.roll(-1, 2), aliens)))
+        aliens = torch.where(
+            down[:, None, None],
+            aliens.roll(1, 1),
+            torch.where(
+                (sideways & (direction > 0))[:, None, None],
+                aliens.roll(1, 2),
+                torch.where(sideways[:, None, None], aliens.roll(-1, 2), aliens),
+            ),
+        )
         terminated |= move & (aliens[rows, 9, pos] == 1)
         # The alien nearest the cannon shoots: the nearest column with aliens (the left one of two
         # as near), from its lowest alien.
@@ -77,10 +102,23 @@ class SpaceInvaders(MinAtarEnv):
         cleared = aliens.sum((1, 2)) == 0
         faster = cleared & (move_interval > 6) & self.difficulty_ramping
         aliens[:, 0:4, 2:8] |= cleared[:, None, None].long()
-        return self.pack(n, pos=pos, alien_dir=direction,
-                         move_interval=move_interval - faster.long(), move_timer=move_timer - 1,
-                         shot_timer_aliens=shoot_timer - 1, ramp_index=col("ramp_index") + faster.long(),
-                         shot_timer=shot_timer, f_bullets=f_bullets, e_bullets=e_bullets, aliens=aliens), reward, terminated
+        return (
+            self.pack(
+                n,
+                pos=pos,
+                alien_dir=direction,
+                move_interval=move_interval - faster.long(),
+                move_timer=move_timer - 1,
+                shot_timer_aliens=shoot_timer - 1,
+                ramp_index=col("ramp_index") + faster.long(),
+                shot_timer=shot_timer,
+                f_bullets=f_bullets,
+                e_bullets=e_bullets,
+                aliens=aliens,
+            ),
+            reward,
+            terminated,
+        )
 
     def _observe(self, state):
         n = len(state)
