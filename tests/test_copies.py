@@ -37,8 +37,8 @@ EDITS = [
     # (b) a new statistic of the targets, logged as losses/adv_abs; (c) a running 0-d float64 tensor
     # written in place in the compiled targets and declared in the checkpoint state
     (
-        "ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):",
-        "ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args, adv_ema: torch.Tensor):",
+        "    episodes: torch.Tensor,\n    args: Args,\n):",
+        "    episodes: torch.Tensor,\n    args: Args,\n    adv_ema: torch.Tensor,\n):",
     ),
     (
         "    var_y = returns.var()\n",
@@ -48,7 +48,7 @@ EDITS = [
         '{"explained_variance": explained_variance}',
         '{"explained_variance": explained_variance, "adv_abs": advantages.abs().mean()}',
     ),
-    ('stats["episodes"], args)', 'stats["episodes"], args, adv_ema)'),
+    ('stats["episodes"], args\n', 'stats["episodes"], args, adv_ema\n'),
     (
         "    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length\n",
         "    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length\n"

@@ -311,10 +311,10 @@ def test_a_logged_scalar_added_in_the_middle_of_the_loss_changes_nothing_else(tm
     from tests.helpers import run_main
 
     source = (ROOT / "algos" / "ppo.py").read_text()
-    anchor = '{"policy_loss": pg_loss.detach(), '
+    anchor = '"policy_loss": pg_loss.detach(),\n'
     assert source.count(anchor) == 1
     copy = tmp_path / "my_ppo.py"
-    copy.write_text(source.replace(anchor, anchor + '"ratio_max": ratio.max().detach(), '))
+    copy.write_text(source.replace(anchor, anchor + '"ratio_max": ratio.max().detach(),\n'))
     spec = importlib.util.spec_from_file_location("my_ppo", copy)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "my_ppo", module)
