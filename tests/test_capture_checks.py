@@ -171,3 +171,48 @@ def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_pyth
             except AssertionError as e:
                 failed.append(str(e))
         assert len(failed) == 1 and re.match(message, failed[0]), failed
+
+
+def test_the_guard_reports_a_foreach_write_to_each_tensor_of_its_list(monkeypatch):
+    """common.capture.graph_writes follows a foreach op's list: `torch._foreach_add_([ema], 1.0)` writes the 0-d
+    float64 `ema` as `ema.add_(1.0)` does, and `_foreach_mul_([w, ema], 2.0)` writes both. Where the probe finds
+    such writes lost (stood in for here: the torch at hand may keep them), the guard names the tensor and runs the
+    graph uncompiled, with eager's result."""
+    from types import SimpleNamespace
+
+    import common.capture
+    from common.capture import compiled, graph_writes
+
+    found = []
+
+    def recording(gm, example_inputs):
+        found.extend(graph_writes(gm))
+        return gm.forward
+
+    def writes(ema, w):
+        torch._foreach_add_([ema], 1.0)
+        torch._foreach_mul_([w, ema], 2.0)
+        ema.add_(1.0)
+
+    ema, w = torch.ones((), dtype=torch.float64), torch.ones(3)
+    torch._dynamo.reset()
+    torch.compile(writes, backend=recording, fullgraph=True)(ema, w)
+    names = [("ema" if "ema" in name else "w" if "w" in name else name, form, kind) for name, form, kind in found]
+    assert names == [  # the input's name as dynamo's source gives it: L['ema'] on torch 2.13
+        ("ema", "foreach", (torch.float64, True)),
+        ("w", "foreach", (torch.float32, False)),
+        ("ema", "foreach", (torch.float64, True)),
+        ("ema", "method", (torch.float64, True)),
+    ], found
+    assert "foreach" in common.capture.PROBED_FORMS  # the probe tries the form it may have to guard
+
+    said = []
+    run = SimpleNamespace(args=SimpleNamespace(compile=True), device=torch.device("cpu"), say=said.append)
+    monkeypatch.setattr(common.capture, "lost_writes", lambda device: frozenset({("foreach", torch.float64, True)}))
+    torch._dynamo.reset()
+    ema, w = torch.ones((), dtype=torch.float64), torch.ones(3)
+    compiled(run, writes)(ema, w)
+    assert ema.item() == 5.0 and torch.equal(w, torch.full((3,), 2.0))
+    assert len(said) == 1 and re.fullmatch(
+        r"notice: writes writes in place to .*ema.*, a write .* runs uncompiled", said[0]
+    )
