@@ -216,3 +216,41 @@ def test_the_guard_reports_a_foreach_write_to_each_tensor_of_its_list(monkeypatc
     assert len(said) == 1 and re.fullmatch(
         r"notice: writes writes in place to .*ema.*, a write .* runs uncompiled", said[0]
     )
+
+
+@pytest.mark.parametrize(
+    "module, refused",
+    [
+        (lambda: torch.nn.LSTM(3, 8, proj_size=4), r"an LSTM with proj_size=4"),
+        (lambda: torch.nn.LSTM(3, 8, bidirectional=True), r"a bidirectional LSTM"),
+        (lambda: torch.nn.GRU(3, 8, num_layers=2, bidirectional=True), r"a bidirectional GRU"),
+        (lambda: torch.nn.GRU(3, 8, num_layers=2, dropout=0.5), r"a GRU with dropout=0.5 between its layers"),
+        (lambda: torch.nn.RNN(3, 8), r"a RNN"),
+    ],
+    ids=["proj_size", "bidirectional-lstm", "bidirectional-gru", "dropout", "rnn"],
+)
+def test_rnn_step_refuses_in_one_line_what_it_does_not_compute(module, refused):
+    """common.nets.rnn_step (the recurrent scripts' step as matmuls) on a module it would take to a matmul shape
+    error (an LSTM's projection) or whose weights it would silently leave out (a bidirectional module's reverse
+    direction, dropout between layers): one line naming what it is. The modules it computes still step, to the
+    module's own numbers."""
+    from common.nets import rnn_step
+
+    rnn = module()
+    state = torch.zeros(4 * rnn.num_layers, 5, 8)
+    with pytest.raises(
+        SystemExit, match=rf"^error: common\.nets\.rnn_step steps a unidirectional nn\.LSTM or nn\.GRU, not {refused}"
+    ):
+        rnn_step(rnn, torch.randn(5, 3), state)
+    for cell in (torch.nn.LSTM(3, 8, num_layers=2), torch.nn.GRU(3, 8, num_layers=2, dropout=0.0)):
+        k = 2 if isinstance(cell, torch.nn.LSTM) else 1
+        x, state = torch.randn(5, 3), torch.randn(k * 2, 5, 8)
+        with torch.no_grad():
+            out, next_state = rnn_step(cell, x, state)
+            if k == 2:
+                expected, (h, c) = cell(x[None], tuple(state.chunk(2)))
+                expected_state = torch.cat([h, c])
+            else:
+                expected, expected_state = cell(x[None], state)
+        torch.testing.assert_close(out, expected[0])
+        torch.testing.assert_close(next_state, expected_state)
