@@ -69,8 +69,19 @@ def declared_bounds(args_class) -> dict[str, tuple[Bound, ...]]:
     return bounds
 
 
+def usage_error(line: str) -> SystemExit:
+    """The exit of a flag value the run cannot take: `line` on stderr, and exit status 2, a usage error's, as the
+    command line's own (tyro's) are. Python prints nothing for an exit status, so the line is printed here; the
+    exception's message is the line too (`pytest.raises(SystemExit, match=...)`, a caller that reports it)."""
+    print(line, file=sys.stderr, flush=True)
+    error = SystemExit(line)
+    error.code = 2
+    return error
+
+
 def check_numbers(args) -> None:
-    """Every numeric flag within the bounds declared with it: otherwise stop with one line naming the flag."""
+    """Every numeric flag within the bounds declared with it: otherwise stop with one line naming the flag (a usage
+    error: exit status 2)."""
     for name, bounds in declared_bounds(type(args)).items():
         value = getattr(args, name, None)
         values = value if isinstance(value, (tuple, list)) else (value,)
@@ -85,7 +96,7 @@ def check_numbers(args) -> None:
                 else:
                     rule = " and ".join(map(str, bounds))
                 what = "each of " if isinstance(value, (tuple, list)) else ""
-                raise SystemExit(f"error: {what}--{name.replace('_', '-')} must be {rule}, got {value}")
+                raise usage_error(f"error: {what}--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
 @dataclass
@@ -248,6 +259,7 @@ def parse_args(args_class, argv: list[str] | None = None):
     description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
     argv = sys.argv[1:] if argv is None else argv
     check_flag_names(argv, {f.name for f in fields(args_class)})
+    check_flag_values(argv, hints)
     parsed = tyro.cli(cli, args=argv, description=description)
     args = args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))
     # the flags the command line names, also where a value equals its default (given_flags); an
@@ -289,6 +301,69 @@ def check_flag_names(argv: list[str], names: set[str]) -> None:
         meant = list(dict.fromkeys(initials + close + prefixed))[:3]
         hint = f"; did you mean {' or '.join('--' + n.replace('_', '-') for n in meant)}?" if meant else "; see --help"
         raise SystemExit(f"error: unknown flag {token.split('=')[0]}{hint}")
+
+
+def check_flag_values(argv: list[str], hints: dict) -> None:
+    """Stop with one line (a usage error, exit status 2) for a value a numeric or choice flag cannot take: not a
+    number, not an integer, not one of its choices, or not as many numbers as it takes. tyro stops there too, in a
+    box of nine lines; this says it in one, as every other bad flag is said. `hints`: the Args' type hints, extras
+    included. The ranges are check_numbers'; other flags (strings, switches) are tyro's."""
+    i = 0
+    while i < len(argv):
+        token, i = argv[i], i + 1
+        if not token.startswith("--") or token == "--":
+            continue
+        flag, inline, value = token.partition("=")
+        name = flag[2:].replace("-", "_")
+        if name not in hints:
+            continue
+        values = [value] if inline else []
+        while not inline and i < len(argv) and not argv[i].startswith("--"):
+            values, i = values + [argv[i]], i + 1
+        problem = _bad_values(hints[name], values)
+        if problem:
+            raise usage_error(f"error: {flag} takes {problem}")
+
+
+def _bad_values(hint, values: list[str]) -> str | None:
+    """What a flag of type `hint` takes and what it got, where `values` (its words on the command line) do not fit;
+    None where they do, or where the flag is not a number, a tuple of numbers or a choice."""
+    import types
+    import typing
+
+    if typing.get_origin(hint) is Annotated:
+        hint = typing.get_args(hint)[0]
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if type(None) in members and values == ["None"]:  # an optional flag set back to unset
+        return None
+    members, count = tuple(m for m in members if m is not type(None)), 1
+    if len(members) == 1 and typing.get_origin(members[0]) is tuple:  # tuple[int, ...] or tuple[int, int]
+        items = typing.get_args(members[0])
+        members, count = items[:1], None if len(items) == 2 and items[1] is Ellipsis else len(items)
+    if members in ((int,), (float,)):
+        kind = members[0]
+        noun = "an integer" if kind is int else "a number"
+        if count != 1:
+            noun = f"{'one or more' if count is None else count} {'integers' if kind is int else 'numbers'}"
+    elif count == 1 and members != (bool,) and all(m is bool or typing.get_origin(m) is Literal for m in members):
+        kind = [str(c) for m in members for c in ((True, False) if m is bool else typing.get_args(m))]
+        noun = f"one of {', '.join(kind)}"
+    else:  # a string, a switch (--flag, --no-flag), ...: tyro's
+        return None
+
+    def accepted(word: str) -> bool:
+        if isinstance(kind, list):
+            return word in kind
+        try:
+            kind(word)  # as tyro reads it: int("1.5") and int("1e3") fail
+        except ValueError:
+            return False
+        return True
+
+    if (count is None and not values) or (count is not None and len(values) != count):
+        return f"{noun}, got {len(values) or 'none'}"
+    bad = next((word for word in values if not accepted(word)), None)
+    return None if bad is None else f"{noun}, got {bad!r}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -136,7 +136,19 @@ def _setitem(t, y):
     t[...] = t * 2 + y
 
 
-PROBED_FORMS = {"method": _method, "copy": _copy, "operator": _operator, "out": _out, "setitem": _setitem}
+def _foreach(t, y):  # a multi-tensor op writing each tensor of its first list (inductor lowers them apart)
+    torch._foreach_mul_([t], 2)
+    torch._foreach_add_([t], [y])
+
+
+PROBED_FORMS = {
+    "method": _method,
+    "copy": _copy,
+    "operator": _operator,
+    "out": _out,
+    "setitem": _setitem,
+    "foreach": _foreach,
+}
 PROBED_KINDS = {  # (dtype, shape); a kind is its (dtype, whether 0-d)
     "0-d float64": (torch.float64, ()),
     "0-d float32": (torch.float32, ()),
@@ -169,7 +181,8 @@ def _lost_writes(device: str) -> frozenset[tuple[str, torch.dtype, bool]]:
 def lost_writes(device: torch.device | str) -> frozenset[tuple[str, torch.dtype, bool]]:
     """The in-place writes that torch.compile (inductor) loses on `device` with the torch at hand, as
     (form, dtype, whether the tensor is 0-d): form is "method" (`t.add_(y)`, `t.copy_(y)`), "operator"
-    (`t += y`), "out" (`torch.add(t, y, out=t)`) or "setitem" (`t[...] = y`). Empty where every
+    (`t += y`), "out" (`torch.add(t, y, out=t)`), "setitem" (`t[...] = y`) or "foreach" (`torch._foreach_add_([t], y)`,
+    as optimizers and a copy's running statistics may write). Empty where every
     write the probe makes is kept. Found once per process and device by compiling a small function
     that makes each write to a tensor of each probed kind and reading the tensors back."""
     device = torch.device(device)
@@ -196,7 +209,8 @@ def _inductor_keeping_writes(run: Run, name: str, lost, gm: torch.fx.GraphModule
 def graph_writes(gm: torch.fx.GraphModule) -> list[tuple[str, str, tuple[torch.dtype, bool]]]:
     """The in-place writes of a dynamo graph to its inputs, as (the input's name in the traced code, the
     form of the write as `lost_writes` names it, (dtype, whether 0-d)). A write through the result
-    of another in-place op (`t.mul_(2).add_(y)`) is a write to the tensor that op wrote."""
+    of another in-place op (`t.mul_(2).add_(y)`) is a write to the tensor that op wrote; a foreach op
+    (`torch._foreach_add_([a, b], 1.0)`) writes each tensor of its first list."""
     import operator
 
     inplace_operators = {
@@ -215,41 +229,51 @@ def graph_writes(gm: torch.fx.GraphModule) -> list[tuple[str, str, tuple[torch.d
         operator.imatmul,
     }
 
-    def form_and_target(node):
+    def form_and_targets(node):
+        """The form of the in-place write `node` makes and the nodes it writes: its first argument (a method, an
+        operator, setitem), its out=, or each tensor of its first list (a foreach op)."""
         if node.op not in ("call_method", "call_function"):
-            return None, None
-        if isinstance(node.kwargs.get("out"), torch.fx.Node):
-            return "out", node.kwargs["out"]
-        if not node.args or not isinstance(node.args[0], torch.fx.Node):
-            return None, None
-        target = node.target
+            return None, []
+        out = node.kwargs.get("out")
+        if isinstance(out, torch.fx.Node):
+            return "out", [out]
+        if isinstance(out, (list, tuple)) and any(isinstance(n, torch.fx.Node) for n in out):
+            return "out", [n for n in out if isinstance(n, torch.fx.Node)]
+        if not node.args:
+            return None, []
+        target, first = node.target, node.args[0]
         op_name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        in_place = op_name.endswith("_") and not op_name.endswith("__")
+        if isinstance(first, (list, tuple)):
+            written = [n for n in first if isinstance(n, torch.fx.Node)]
+            return ("foreach", written) if in_place and written else (None, [])
+        if not isinstance(first, torch.fx.Node):
+            return None, []
         if target in inplace_operators:
-            return "operator", node.args[0]
+            return "operator", [first]
         if target is operator.setitem:
-            return "setitem", node.args[0]
-        if op_name.endswith("_") and not op_name.endswith("__"):
-            return "method", node.args[0]
-        return None, None
+            return "setitem", [first]
+        if in_place:
+            return "method", [first]
+        return None, []
 
-    def written_input(node):  # follow the results of in-place ops back to the tensor they wrote
+    def written_input(node):  # follow the result of an in-place op on one tensor back to the tensor it wrote
         while True:
-            form, target = form_and_target(node)
-            if target is None:
+            _, targets = form_and_targets(node)
+            if len(targets) != 1:
                 return node
-            node = target
+            node = targets[0]
 
     found = []
     for node in gm.graph.nodes:
-        form, target = form_and_target(node)
-        if target is None:
-            continue
-        written = written_input(target)
-        value = written.meta.get("example_value")
-        if written.op in ("placeholder", "get_attr") and isinstance(value, torch.Tensor):
-            source = written.meta.get("grapharg")
-            name = source.source.name if source is not None else written.name
-            found.append((name() if callable(name) else name, form, (value.dtype, value.dim() == 0)))
+        form, targets = form_and_targets(node)
+        for target in targets:
+            written = written_input(target)
+            value = written.meta.get("example_value")
+            if written.op in ("placeholder", "get_attr") and isinstance(value, torch.Tensor):
+                source = written.meta.get("grapharg")
+                name = source.source.name if source is not None else written.name
+                found.append((name() if callable(name) else name, form, (value.dtype, value.dim() == 0)))
     return found
 
 

@@ -275,7 +275,13 @@ def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tup
     an LSTM; r, z, n for a GRU, whose reset gate scales W_hn h + b_hn) to float rounding, without the fused RNN ops
     the module calls (torch.lstm / torch.gru, and torch.lstm_cell / gru_cell): those dispatch to another kernel on
     each device (cuDNN, oneDNN, _thnn_fused_*), so a graph that compiles with them on a CPU can fail on a GPU
-    (torch.compile's trace of torch.lstm did on CUDA); matmuls and pointwise ops compile alike on both."""
+    (torch.compile's trace of torch.lstm did on CUDA); matmuls and pointwise ops compile alike on both.
+
+    What the step does not compute stops with one line before any number is: another kind of module (nn.RNN), an
+    LSTM's projection (proj_size), a bidirectional module (its reverse weights) and dropout between layers."""
+    refused = _rnn_step_refuses(rnn)
+    if refused:
+        raise SystemExit(f"error: common.nets.rnn_step steps a unidirectional nn.LSTM or nn.GRU, not {refused}")
     layers, lstm, linear = rnn.num_layers, isinstance(rnn, nn.LSTM), nn.functional.linear
     hs, cs = [], []
     for i in range(layers):
@@ -297,6 +303,19 @@ def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tup
             x = (1 - update) * n + update * h
         hs.append(x)
     return x, torch.stack(hs + cs)
+
+
+def _rnn_step_refuses(rnn) -> str | None:
+    """What of `rnn` rnn_step would get wrong (a cryptic shape error, or weights silently left out), or None."""
+    if type(rnn) not in (nn.LSTM, nn.GRU):
+        return f"a {type(rnn).__name__}"
+    if getattr(rnn, "proj_size", 0):
+        return f"an LSTM with proj_size={rnn.proj_size} (its h is projected: build it without proj_size)"
+    if rnn.bidirectional:
+        return f"a bidirectional {type(rnn).__name__} (its reverse direction needs the whole sequence)"
+    if rnn.dropout and rnn.num_layers > 1:
+        return f"a {type(rnn).__name__} with dropout={rnn.dropout} between its layers (apply dropout in the script)"
+    return None
 
 
 def sample(d: torch.distributions.Categorical | torch.distributions.Normal) -> torch.Tensor:

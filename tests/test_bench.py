@@ -650,7 +650,8 @@ def test_gpu_check_parity_compares_the_same_plan_eager_and_compiled(tmp_path):
     """Both sides of gpu_check's parity take one plan (the same --total-timesteps and iterations):
     pqn, whose epsilon schedule depends on the total steps, run eagerly on both sides has every tensor of
     each numbered checkpoint (model, optimizer, normalizers, env and each rank's state) equal, from iteration 1
-    to the last. A run planned for fewer total steps (what the eager side once was) parts from it at iteration 2."""
+    to the last. A run planned for fewer total steps (what the eager side once was) anneals its learning rate on
+    another schedule: judged, at iteration 2, where that schedule first differs (and the runs part there)."""
     from tests.benchmarks import gpu_check
     from tests.helpers import load_script, run_main
 
@@ -664,6 +665,8 @@ def test_gpu_check_parity_compares_the_same_plan_eager_and_compiled(tmp_path):
     assert same["parts"] == ["model", "optimizers", "ranks", "state"] and same["tensors"] > 20
     other = gpu_check.parity(tmp_path / "eager", tmp_path / "shorter")  # the same epsilon at the first rollout only
     assert other["parted_at"] == 2 and other["last"]["status"] == "differs" and other["last"]["max_abs_diff"] > 0, other
+    assert other["status"] == "differs" and other["iteration"] == 2, other
+    assert any(d.startswith("/state/learning_rate: ") for d in other["differing"]), other
 
 
 def test_gpu_check_parity_judges_the_first_update_and_reports_where_the_runs_part(tmp_path):
@@ -704,6 +707,93 @@ def test_gpu_check_parity_judges_the_first_update_and_reports_where_the_runs_par
     assert gpu_check.parity(tmp_path / "eager", tmp_path / "at_update")["status"] == "differs"
     never = gpu_check.parity(tmp_path / "eager_never", tmp_path / "never")
     assert never == {"status": "failed", "error": "no update by iteration 4 (the last checkpoint)"}, never
+
+
+def write_checkpoints(run_dir: Path, changes: dict | None = None, iterations: int = 4) -> None:
+    """Numbered checkpoints of a run as parity reads them: a model, Adam's state (an update at every iteration), a
+    learning rate on a schedule, a host counter, an env's step counts and a device counter. `changes`:
+    {iteration: function(checkpoint)} to make one run differ from iteration k on."""
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for it in range(1, iterations + 1):
+        ckpt = {
+            "iteration": it,
+            "global_step": 64 * it,
+            "args": {"lr_schedule": "linear"},
+            "model": {"w": torch.ones(3)},
+            "optimizers": {"adam": {"state": {0: {"step": torch.tensor(float(it))}}, "param_groups": [{"lr": 0.1}]}},
+            "state": {"learning_rate": torch.tensor(1.0 - it / 8), "counters": {"updates": it}},
+            "ranks": [{"env": {"episode_steps": torch.arange(4) + it, "filled": torch.tensor(it)}, "rng": {}}],
+        }
+        for since, change in (changes or {}).items():
+            if it >= since:
+                change(ckpt)
+        torch.save(ckpt, run_dir / "checkpoints" / f"step_{64 * it}.pt")
+
+
+def test_gpu_check_parity_judges_counters_schedules_and_every_entry_at_every_iteration(tmp_path):
+    """What never parts, compared at every iteration, not only the first after an update: a host counter, a device
+    counter, Adam's step count or a scheduled learning rate that differs from iteration 2 on; an entry that only the
+    compiled run has (or only the eager one); a checkpoint that only one run wrote: each fails the parity, naming it
+    and the iteration. An env's step counts that differ from iteration 2 on (a flipped action changes an episode)
+    and an adaptive learning rate (it follows the data) are reported where the runs part, not judged."""
+    from tests.benchmarks import gpu_check
+
+    def counter(ckpt):
+        ckpt["state"]["counters"]["updates"] += 1
+
+    def device_counter(ckpt):
+        ckpt["ranks"][0]["env"]["filled"] += 1
+
+    def adam_step(ckpt):
+        ckpt["optimizers"]["adam"]["state"][0]["step"] -= 1
+
+    def schedule(ckpt):
+        ckpt["state"]["learning_rate"] += 1e-6  # within the float tolerance: a schedule is judged exactly
+
+    def own_state(ckpt):
+        ckpt["state"]["adv_ema"] = torch.zeros(())
+
+    def episodes(ckpt):
+        ckpt["ranks"][0]["env"]["episode_steps"][0] = 0
+
+    def adaptive(ckpt):
+        ckpt["args"]["lr_schedule"] = "adaptive"
+
+    def adapted(ckpt):
+        ckpt["state"]["learning_rate"] *= 1.5
+
+    write_checkpoints(tmp_path / "eager")
+    judged = {
+        "counter": ({2: counter}, "/state/counters/updates: 2 vs 3"),
+        "device_counter": ({2: device_counter}, "/ranks[0]/env/filled: 2 vs 3"),
+        "adam_step": ({2: adam_step}, "/optimizers/adam/state/0/step: 2.0 vs 1.0"),
+        "schedule": ({3: schedule}, "/state/learning_rate: "),
+        "own_state": ({2: own_state}, "/state/adv_ema: only in the compiled run"),
+    }
+    for name, (changes, line) in judged.items():
+        write_checkpoints(tmp_path / name, changes)
+        result = gpu_check.parity(tmp_path / "eager", tmp_path / name)
+        assert result["status"] == "differs" and result["iteration"] == min(changes), (name, result)
+        assert result["differing"][0].startswith(line), (name, result)
+        assert gpu_check.failures(
+            "parity", {"scripts": [{"algo": "x", "status": "ok", "parity": result}], "acting": []}
+        )
+    missing = gpu_check.parity(tmp_path / "own_state", tmp_path / "eager")  # the other way round
+    assert missing["status"] == "differs" and missing["differing"] == ["/state/adv_ema: only in the eager run"]
+    (tmp_path / "counter" / "checkpoints" / "step_256.pt").unlink()  # a checkpoint of one run only
+    fewer = gpu_check.parity(tmp_path / "eager", tmp_path / "counter")
+    assert fewer["status"] == "differs" and fewer["differing"][0] == "step_256.pt: only in the eager run", fewer
+
+    write_checkpoints(tmp_path / "parts", {2: episodes})
+    parted = gpu_check.parity(tmp_path / "eager", tmp_path / "parts")
+    assert parted["status"] == "ok" and parted["parted_at"] == 2, parted
+    assert parted["last"]["differing"] == ["/ranks[0]/env/episode_steps"], parted
+    write_checkpoints(tmp_path / "adaptive", {1: adaptive})
+    write_checkpoints(tmp_path / "adapted", {1: adaptive, 3: adapted})
+    adapted_result = gpu_check.parity(tmp_path / "adaptive", tmp_path / "adapted")
+    assert adapted_result["status"] == "ok" and adapted_result["parted_at"] == 3, adapted_result
+    same = gpu_check.parity(tmp_path / "eager", tmp_path / "eager")
+    assert same["status"] == "ok" and same["parted_at"] is None and same["tensors"] == 5, same
 
 
 def test_gpu_check_accepts_only_the_graph_breaks_that_an_update_step_brings():

@@ -171,3 +171,86 @@ def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_pyth
             except AssertionError as e:
                 failed.append(str(e))
         assert len(failed) == 1 and re.match(message, failed[0]), failed
+
+
+def test_the_guard_reports_a_foreach_write_to_each_tensor_of_its_list(monkeypatch):
+    """common.capture.graph_writes follows a foreach op's list: `torch._foreach_add_([ema], 1.0)` writes the 0-d
+    float64 `ema` as `ema.add_(1.0)` does, and `_foreach_mul_([w, ema], 2.0)` writes both. Where the probe finds
+    such writes lost (stood in for here: the torch at hand may keep them), the guard names the tensor and runs the
+    graph uncompiled, with eager's result."""
+    from types import SimpleNamespace
+
+    import common.capture
+    from common.capture import compiled, graph_writes
+
+    found = []
+
+    def recording(gm, example_inputs):
+        found.extend(graph_writes(gm))
+        return gm.forward
+
+    def writes(ema, w):
+        torch._foreach_add_([ema], 1.0)
+        torch._foreach_mul_([w, ema], 2.0)
+        ema.add_(1.0)
+
+    ema, w = torch.ones((), dtype=torch.float64), torch.ones(3)
+    torch._dynamo.reset()
+    torch.compile(writes, backend=recording, fullgraph=True)(ema, w)
+    names = [("ema" if "ema" in name else "w" if "w" in name else name, form, kind) for name, form, kind in found]
+    assert names == [  # the input's name as dynamo's source gives it: L['ema'] on torch 2.13
+        ("ema", "foreach", (torch.float64, True)),
+        ("w", "foreach", (torch.float32, False)),
+        ("ema", "foreach", (torch.float64, True)),
+        ("ema", "method", (torch.float64, True)),
+    ], found
+    assert "foreach" in common.capture.PROBED_FORMS  # the probe tries the form it may have to guard
+
+    said = []
+    run = SimpleNamespace(args=SimpleNamespace(compile=True), device=torch.device("cpu"), say=said.append)
+    monkeypatch.setattr(common.capture, "lost_writes", lambda device: frozenset({("foreach", torch.float64, True)}))
+    torch._dynamo.reset()
+    ema, w = torch.ones((), dtype=torch.float64), torch.ones(3)
+    compiled(run, writes)(ema, w)
+    assert ema.item() == 5.0 and torch.equal(w, torch.full((3,), 2.0))
+    assert len(said) == 1 and re.fullmatch(
+        r"notice: writes writes in place to .*ema.*, a write .* runs uncompiled", said[0]
+    )
+
+
+@pytest.mark.parametrize(
+    "module, refused",
+    [
+        (lambda: torch.nn.LSTM(3, 8, proj_size=4), r"an LSTM with proj_size=4"),
+        (lambda: torch.nn.LSTM(3, 8, bidirectional=True), r"a bidirectional LSTM"),
+        (lambda: torch.nn.GRU(3, 8, num_layers=2, bidirectional=True), r"a bidirectional GRU"),
+        (lambda: torch.nn.GRU(3, 8, num_layers=2, dropout=0.5), r"a GRU with dropout=0.5 between its layers"),
+        (lambda: torch.nn.RNN(3, 8), r"a RNN"),
+    ],
+    ids=["proj_size", "bidirectional-lstm", "bidirectional-gru", "dropout", "rnn"],
+)
+def test_rnn_step_refuses_in_one_line_what_it_does_not_compute(module, refused):
+    """common.nets.rnn_step (the recurrent scripts' step as matmuls) on a module it would take to a matmul shape
+    error (an LSTM's projection) or whose weights it would silently leave out (a bidirectional module's reverse
+    direction, dropout between layers): one line naming what it is. The modules it computes still step, to the
+    module's own numbers."""
+    from common.nets import rnn_step
+
+    rnn = module()
+    state = torch.zeros(4 * rnn.num_layers, 5, 8)
+    with pytest.raises(
+        SystemExit, match=rf"^error: common\.nets\.rnn_step steps a unidirectional nn\.LSTM or nn\.GRU, not {refused}"
+    ):
+        rnn_step(rnn, torch.randn(5, 3), state)
+    for cell in (torch.nn.LSTM(3, 8, num_layers=2), torch.nn.GRU(3, 8, num_layers=2, dropout=0.0)):
+        k = 2 if isinstance(cell, torch.nn.LSTM) else 1
+        x, state = torch.randn(5, 3), torch.randn(k * 2, 5, 8)
+        with torch.no_grad():
+            out, next_state = rnn_step(cell, x, state)
+            if k == 2:
+                expected, (h, c) = cell(x[None], tuple(state.chunk(2)))
+                expected_state = torch.cat([h, c])
+            else:
+                expected, expected_state = cell(x[None], state)
+        torch.testing.assert_close(out, expected[0])
+        torch.testing.assert_close(next_state, expected_state)

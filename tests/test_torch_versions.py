@@ -40,6 +40,9 @@ def write(form: str):
             torch.add(torch.mul(ema, 0.9, out=ema), 0.1 * m, out=ema)
         elif form == "setitem":
             ema[...] = ema * 0.9 + 0.1 * m
+        elif form == "foreach":
+            torch._foreach_mul_([ema], 0.9)
+            torch._foreach_add_([ema], [0.1 * m])
         return m
 
     return ema_write

@@ -41,11 +41,14 @@ checks    every script in algos/ for 20 iterations at its CUDA defaults, compile
             [min - 3R, max + 3R] of the eager seeds' means (R their range).
 parity    every script: the same plan eager and compiled and captured (the same --total-timesteps,
           iterations and flags), with inductor drawing its random numbers as eager does
-          (fallback_random), a numbered checkpoint every iteration; the first after an update
-          (iteration 1; td3, sac: the first past learning_starts) of both judged: model,
-          optimizers, normalizers, counters, each rank's state and env state (not the RNG states);
-          the later ones compared and reported, not judged (the iteration at which the runs part:
-          a rounding difference that flips a discrete action changes what follows).
+          (fallback_random), a numbered checkpoint every iteration, every entry either run has
+          (model, optimizers, normalizers, each rank's state and env state; not the RNG states):
+          at every iteration, counters and schedules (plain values, integer 0-d tensors, an
+          optimizer's step, a normalizer's count, a scheduled learning rate) and the entries
+          themselves judged exactly; the rest judged at the first checkpoint after an update
+          (iteration 1; td3, sac: the first past learning_starts), floats to a tolerance, and
+          later compared and reported, not judged (the iteration at which the runs part: a
+          rounding difference that flips a discrete action changes what follows).
           And ppo's Gaussian acting step as a script acts, in three parts: compiled against eager,
           compiled and captured against eager (both with fallback_random), and with inductor's own
           random numbers, judged by distribution (the standardised noise of 6 replays of 4 steps:
@@ -127,8 +130,8 @@ QUICK_LEAVES_OUT = (
 WHAT = {
     "tests": "the CUDA tests (pytest -m cuda)",
     "checks": "every script compiled and captured: syncs, graph breaks, recompiles, Python state; against eager seeds",
-    "parity": "every script's compiled and eager plans after their first update; ppo's captured acting step and its "
-    "RNG",
+    "parity": "every script's compiled and eager plans: counters and schedules at every iteration, the rest after "
+    "their first update; ppo's captured acting step and its RNG",
     "torchrun": "ppo under torchrun with one NCCL rank; the NaN guard's exit",
     "speed": "CartPole-v1 at 4096 (ppo, ppo_lstm, pqn) and 65536 envs (ppo), eager and captured",
     "speed-pendulum": "Pendulum-v1 at 4096 envs (ppo, td3, sac), eager and captured",
@@ -387,14 +390,28 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
     return result
 
 
+# What parity compares of a checkpoint: the model, optimizers, the script's state and each rank's (the RNG
+# states left out: inductor's draws leave other generator states); the counters beside them are judged apart.
+PARITY_PARTS = ("model", "optimizers", "state", "ranks")
+
+
 def parity(eager: Path, compiled: Path) -> dict:
-    """The numbered checkpoints of two runs of one plan, every tensor compared (the RNG states left out: inductor's
-    draws leave other generator states): floats to rtol 1e-3 and atol 1e-4, the rest exactly. Judged at the first
-    after an update (an optimizer with state: iteration 1 for the on-policy scripts, the first iteration past
-    learning_starts for td3 and sac): the same update of the same data, up to float rounding. The later ones are
-    reported, not judged: `parted_at`, the first iteration at which the two runs differ (None: never). A rounding
-    difference that flips one discrete action changes that env's episode and what follows, and Adam's normalized
-    step carries a rounding difference in a near-zero gradient to a whole step, so two correct runs may part."""
+    """The numbered checkpoints of two runs of one plan, compared at every iteration either run wrote one, every
+    entry either run has (the RNG states left out: inductor's draws leave other generator states).
+
+    Judged at every iteration (exact): a checkpoint, an entry or a dtype/shape that one run has and the other not;
+    the counters and schedules, the same function of the iteration in both runs whatever the data: plain Python
+    values (host counters, hyperparameters), integer and bool 0-d tensors, and the float ones that count or schedule
+    (an optimizer's `step`, a normalizer's `count`, a learning rate `lr` / `learning_rate`, but for
+    --lr-schedule adaptive, which follows the data's KL).
+
+    Judged at the first checkpoint after an update (an optimizer with state: iteration 1 for the on-policy scripts,
+    the first iteration past learning_starts for td3 and sac), everything else: floats to rtol 1e-3 and atol 1e-4,
+    the rest (an env's step counts, stored discrete actions) exactly: the same update of the same data, up to float
+    rounding. Later, those are reported, not judged: `parted_at`, the first iteration at which the two runs differ in
+    them (None: never). A rounding difference that flips one discrete action changes that env's episode and what
+    follows, and Adam's normalized step carries a rounding difference in a near-zero gradient to a whole step, so
+    two correct runs may part; a counter or a schedule never may."""
 
     def numbered(run_dir):
         files = sorted((run_dir / "checkpoints").glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
@@ -404,66 +421,97 @@ def parity(eager: Path, compiled: Path) -> dict:
     steps = sorted(set(a_ckpts) & set(b_ckpts))
     if not steps:
         return {"status": "failed", "error": "no step checkpoint"}
+    alone = [
+        f"step_{step}.pt: only in the {'eager' if step in a_ckpts else 'compiled'} run"
+        for step in sorted(set(a_ckpts) ^ set(b_ckpts))
+    ]
     updated = [s for s in steps if any(opt.get("state") for opt in a_ckpts[s].get("optimizers", {}).values())]
     if not updated:
         return {
             "status": "failed",
             "error": f"no update by iteration {a_ckpts[steps[-1]]['iteration']} (the last checkpoint)",
         }
-    first = compare(a_ckpts[updated[0]], b_ckpts[updated[0]])
-    if first["status"] != "ok":
-        return first
-    parted_at, last = None, first
-    for step in steps[steps.index(updated[0]) + 1 :]:
-        last = compare(a_ckpts[step], b_ckpts[step])
-        if last["status"] != "ok" and parted_at is None:
-            parted_at = a_ckpts[step]["iteration"]
-    return {
+    compared = {step: compare(a_ckpts[step], b_ckpts[step]) for step in steps}
+    first = compared[updated[0]]
+    later = [compared[step] for step in steps if step > updated[0]]
+    parted_at = next((c["iteration"] for c in later if c["status"] != "ok"), None)
+    last = later[-1] if later else first
+    result = {
         **first,
         "parted_at": parted_at,
         "last": {k: last.get(k) for k in ("iteration", "status", "max_abs_diff", "worst_tensor", "differing", "error")},
     }
+    exact = next((c for c in compared.values() if c["exact_differing"]), None)
+    if alone or exact is not None:  # a counter, a schedule or an entry of one run only: judged at every iteration
+        return {
+            **result,
+            "status": "differs",
+            "iteration": exact["iteration"] if exact is not None else first["iteration"],
+            "differing": (alone + (exact["exact_differing"] if exact is not None else []))[:5],
+        }
+    return result
 
 
 def compare(a: dict, b: dict) -> dict:
-    """Two checkpoints of the same iteration, every tensor but the RNG states (see parity)."""
+    """Two checkpoints of the same iteration, every entry either has (see parity). `differing`: what differs, floats
+    beyond the tolerance; `exact_differing`: of those, what parity judges at every iteration."""
     if a["iteration"] != b["iteration"] or a["global_step"] != b["global_step"]:
+        line = f"/iteration, /global_step: {a['iteration']}, {a['global_step']} vs {b['iteration']}, {b['global_step']}"
         return {
-            "status": "failed",
+            "status": "differs",
             "iteration": a["iteration"],
             "error": f"checkpoints of iterations {a['iteration']} and {b['iteration']}",
+            "differing": [line],
+            "exact_differing": [line],
         }
-    worst, worst_name, bad, compared, parts = 0.0, None, [], 0, set()
+    adaptive = a.get("args", {}).get("lr_schedule") == "adaptive"
+    worst, worst_name, bad, exact_bad, compared, parts = 0.0, None, [], [], 0, set()
+    missing = object()
+
+    def counts_or_schedules(path, x):  # a float tensor that is the same function of the iteration in both runs
+        name = re.split(r"[/.\[]", path)[-1]
+        return x.dim() == 0 and (
+            (name == "step" and path.startswith("/optimizers/"))
+            or name == "count"
+            or (name in ("lr", "learning_rate") and not adaptive)
+        )
+
+    def differs(path, why, exact):
+        bad.append(f"{path}: {why}" if why else path)
+        if exact:
+            exact_bad.append(bad[-1])
 
     def walk(x, y, path):
         nonlocal worst, worst_name, compared
-        if isinstance(x, dict):
-            for k in x:
+        if x is missing or y is missing:
+            differs(path, f"only in the {'eager' if y is missing else 'compiled'} run", True)
+        elif isinstance(x, dict) and isinstance(y, dict):
+            for k in list(x) + [k for k in y if k not in x]:
                 if k != "rng":
-                    walk(x[k], y.get(k) if isinstance(y, dict) else None, f"{path}/{k}")
-        elif isinstance(x, (list, tuple)):
-            for i, v in enumerate(x):
-                walk(v, y[i] if isinstance(y, (list, tuple)) and i < len(y) else None, f"{path}[{i}]")
-        elif torch.is_tensor(x):
+                    walk(x.get(k, missing), y.get(k, missing), f"{path}/{k}")
+        elif isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            for i in range(max(len(x), len(y))):
+                walk(x[i] if i < len(x) else missing, y[i] if i < len(y) else missing, f"{path}[{i}]")
+        elif torch.is_tensor(x) and torch.is_tensor(y):
             compared += 1
             parts.add(path.split("/")[1].split("[")[0])
-            if not torch.is_tensor(y) or y.shape != x.shape:
-                bad.append(f"{path}: missing or of another shape")
-                return
-            if x.is_floating_point():
+            if y.shape != x.shape or y.dtype != x.dtype:
+                differs(path, f"{x.dtype} {list(x.shape)} vs {y.dtype} {list(y.shape)}", True)
+            elif x.is_floating_point() and not counts_or_schedules(path, x):
                 diff = (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
                 if diff > worst or math.isnan(diff):
                     worst, worst_name = diff, path
                 if not torch.allclose(y.double(), x.double(), rtol=1e-3, atol=1e-4, equal_nan=True):
-                    bad.append(path)
+                    differs(path, "", False)
             elif not torch.equal(x, y):
-                bad.append(path)
+                scalar = x.dim() == 0
+                differs(path, f"{x.item()} vs {y.item()}" if scalar else "", scalar)
+        elif torch.is_tensor(x) or torch.is_tensor(y) or type(x) is not type(y):
+            differs(path, f"{type(x).__name__} vs {type(y).__name__}", True)
+        elif x != y and not (x != x and y != y):  # a plain value (NaN equals NaN)
+            differs(path, f"{x!r} vs {y!r}", True)
 
-    walk(
-        {k: a[k] for k in ("model", "optimizers", "state", "ranks") if k in a},
-        {k: b[k] for k in ("model", "optimizers", "state", "ranks") if k in b},
-        "",
-    )
+    walk({k: a.get(k, {}) for k in PARITY_PARTS}, {k: b.get(k, {}) for k in PARITY_PARTS}, "")
     return {
         "status": "ok" if not bad else "differs",
         "iteration": a["iteration"],
@@ -472,6 +520,7 @@ def compare(a: dict, b: dict) -> dict:
         "tensors": compared,
         "parts": sorted(parts),
         "differing": bad[:5],
+        "exact_differing": exact_bad[:5],
     }
 
 
