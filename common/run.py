@@ -502,7 +502,7 @@ def take_lock(run: Run) -> str | None:
     try:
         tmp.write_text(json.dumps(mine))
         try:
-            os.link(tmp, path)  # atomic, NFS included: it fails where a lock is
+            _create_from(tmp, path)
         except FileExistsError:
             error, notice = _judge_lock(run.run_dir, *_read_lock(path))
             if error:
@@ -536,6 +536,18 @@ def take_lock(run: Run) -> str | None:
     threading.Thread(target=heartbeat_loop, name="run directory lock", daemon=True).start()
     run.lock = (path, mine, stop)
     return None
+
+
+def _create_from(tmp: Path, path: Path) -> None:
+    """Create `path` with the content of `tmp`, or raise FileExistsError: a hard link (atomic, NFS included), or
+    an exclusive create where the filesystem has no hard links (some FUSE and SMB mounts)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        with open(path, "x") as f:
+            f.write(tmp.read_text())
 
 
 def release_lock(run: Run) -> None:
