@@ -205,7 +205,8 @@ def open_run(run: Run) -> dict | None:
 
     A run directory that exists is never written over: without --resume the run stops and says how
     to go on (--resume auto, another --run-name, or --overwrite, which removes it whole when the
-    training begins). A torchrun restart of the worker group keeps its name on purpose and resumes."""
+    training begins). A torchrun restart of the worker group keeps its name on purpose and resumes.
+    A run directory that a live process of another job trains (its lock) stops any run of it but --eval-only."""
     args = run.args
     run_name, later_group, error = args.run_name, False, None
     if run.is_main:
