@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import time
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -57,6 +58,8 @@ FORMAT_KEYS = {
 }
 RANK_KEYS = {"rng", "env", "next_obs", "buffer", "state"}
 LAST, BEST = "last.pt", "best.pt"
+EXPORT = "export"  # the folder of the policy exported with best.pt (--export-best)
+ARTIFACTS = {LAST: "last", BEST: "best", EXPORT: "policy"}  # with --track: what is uploaded, as <run name>-<kind>
 
 
 class CheckpointError(RuntimeError):
@@ -87,8 +90,9 @@ def check_written_by(run: Run, ckpt: dict, path) -> None:
 
 def run_totals(run: Run) -> dict:
     """What a run's summary adds up over all its processes (a run resumed k times has k + 1): wall and phase
-    seconds, the number of processes, and the last training return (a process that finished no episode keeps
-    the one before). Saved in every checkpoint; the next process starts from the one it resumes."""
+    seconds, the number of processes, and the last training and eval returns (a process that finished no
+    episode, or ran no evaluation, keeps the one before). Saved in every checkpoint; the next process starts
+    from the one it resumes."""
     before = run.totals
     seconds = dict(before.get("seconds", {}))
     for phase, s in run.seconds.items():
@@ -98,6 +102,7 @@ def run_totals(run: Run) -> dict:
         "seconds": seconds,
         "processes": before.get("processes", 0) + 1,
         "last_train_return": run.last_train_return,
+        "last_eval_return": run.last_eval_return,
     }
 
 
@@ -105,27 +110,49 @@ def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
-    """Write `state` to `path` atomically: readers see the old file or the new one, never half."""
+class OutputError(OSError):
+    """A file of the run that could not be written (a full disk, a quota, a read-only or vanished directory):
+    `filename` is the file, `errno` and `strerror` the system's cause. The file's earlier version is intact."""
+
+
+def write_atomically(path: str | os.PathLike, write) -> Path:
+    """Call `write(f)` on a temporary file beside `path`, then move it over `path`: readers see the old file or
+    the new one, never half. A failed write (OutputError) leaves the old file and no temporary file behind."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        # The rename is only durable once the directory entry is on disk too.
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a failed write as its own RuntimeError ("unexpected pos") raised while handling the
+        # OSError of the write: the OSError is the cause worth a line
+        cause = e
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise OutputError(cause.errno, cause.strerror or str(cause), str(path)) from None
     finally:
-        if tmp.exists():
-            tmp.unlink()
-    # The rename is only durable once the directory entry is on disk too.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # a directory that went read-only or away: nothing more to clean
     return path
+
+
+def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
+    """Write `state` to `path` atomically (`write_atomically`)."""
+    return write_atomically(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(
@@ -402,14 +429,46 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
         for name in names:
             keep = ranks if name == LAST else [{k: v for k, v in r.items() if k != "buffer"} for r in ranks]
             save_checkpoint({**checkpoint, "ranks": keep}, checkpoint_dir(run.run_dir) / name)
+            run.saved[name] = run.global_step  # the last good one, named when a later write fails
         if args.keep_checkpoints > 0:  # the newest M numbered checkpoints stay
             numbered = sorted(checkpoint_dir(run.run_dir).glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
             for old in numbered[: -args.keep_checkpoints]:
                 old.unlink()
         if BEST in names and args.export_best:
-            export_run_policy(run, run.run_dir / "export", state.model, BEST)
+            try:
+                export_run_policy(run, run.run_dir / EXPORT, state.model, BEST)
+            except OSError as e:
+                raise OutputError(e.errno, e.strerror or str(e), str(run.run_dir / EXPORT)) from None
+        if run.wandb_run is not None:
+            run.uploads.update(name for name in names if name in (LAST, BEST))
+            if BEST in names and args.export_best:
+                run.uploads.add(EXPORT)
+            if LAST in names:  # at the save interval (and the end), not at every new best
+                upload_checkpoints(run)
     if LAST in names:
         run.last_save_time = time.time()
+
+
+def upload_checkpoints(run: Run) -> None:
+    """With --track, log the checkpoints written since their last upload (last.pt, best.pt, the exported policy)
+    as wandb artifacts of type "model", named `<run name>-last`, `-best` and `-policy`, each version with the
+    aliases "latest" and "step_<global step>": a run whose disk is lost resumes from its artifact. wandb stages a
+    copy of each file at once and uploads it in the background (with WANDB_MODE=offline, at `wandb sync`)."""
+    import wandb
+
+    base = re.sub(r"[^\w.-]", "-", run.run_dir.name)  # an artifact's name allows letters, digits, - _ .
+    for kind in sorted(run.uploads):
+        artifact = wandb.Artifact(
+            f"{base}-{ARTIFACTS[kind]}",
+            type="model",
+            metadata={"algo": run.algo, "env_id": run.args.env_id, "global_step": run.global_step},
+        )
+        if kind == EXPORT:
+            artifact.add_dir(str(run.run_dir / EXPORT))
+        else:
+            artifact.add_file(str(checkpoint_dir(run.run_dir) / kind), name=kind)
+        run.wandb_run.log_artifact(artifact, aliases=["latest", f"step_{run.global_step}"])
+    run.uploads.clear()
 
 
 def restore(run: Run, state: TrainingState, next_obs):

@@ -169,6 +169,7 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
         f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, train return {train}, "
         f"SPS {run.sps:,.0f}"
     )
+    run.last_eval_return = ret
     if ret > run.best_eval_return:  # best.pt is due (common.run.checkpoints_to_write)
         run.best_eval_return, run.best_iteration = ret, run.iteration
     if args.target_return is not None and ret >= args.target_return:

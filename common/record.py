@@ -63,6 +63,13 @@ class Run:
     algorithm: str | None = (
         None  # the ALGO the script declares (a copy keeps its original's): whose checkpoints it reads
     )
+    steps_per_iteration: int = 0  # env steps of one iteration over all ranks (begin_training)
+    iteration_at_start: int = 0  # the iteration this process started from (a resumed run's checkpoint's)
+    last_eval_return: float = math.nan  # of the latest evaluation (a resumed run: its checkpoint's until one runs)
+    saved: dict = field(default_factory=dict)  # checkpoint file name -> global step of its last complete write
+    uploads: set = field(default_factory=set)  # with --track: checkpoints written since their last wandb artifact
+    lock: Any = None  # rank 0 of a training run: the run directory's lock (common.run.take_lock)
+    output_failed: bool = False  # a file of the run could not be written: the run ends with one line
 
     def __post_init__(self):
         self.algorithm = self.algorithm or self.algo

@@ -6,7 +6,7 @@
         envs, eval_envs = make_envs(run)     # per-rank seeds, a clear error for a bad id or kwargs
         ... networks, optimizers, TrainingState; restore (common.checkpoint) ...
         ... the algorithm's functions, then one block that compiles and captures them (common.capture) ...
-        begin_training(run, "what runs")     # writes the run dir, config.json, TensorBoard
+        begin_training(run, "what runs")     # takes the run dir's lock (one writer), writes config.json, TensorBoard
         while ...:
             ... rollout -> targets -> update ...
             due = what_is_due(run, final_iteration)                # decided once, from counters and flags
@@ -28,14 +28,18 @@ common.checkpoint (what a script checkpoints, save and restore).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
 import os
 import random
 import shutil
+import socket
 import sys
+import threading
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +54,7 @@ from common.checkpoint import (
     BEST,
     LAST,
     CheckpointError,
+    OutputError,
     check_written_by,
     checkpoint_dir,
     elastic_restart_count,
@@ -57,10 +62,11 @@ from common.checkpoint import (
     resolve_resume,
     run_totals,
     stable_run_name,
+    write_atomically,
 )
 from common.envs import draws_with_pygame, eval_env_kwargs, make_env
 from common.record import Run
-from common.stats import closing_words
+from common.stats import closing_words, continue_command
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,7 +205,8 @@ def open_run(run: Run) -> dict | None:
 
     A run directory that exists is never written over: without --resume the run stops and says how
     to go on (--resume auto, another --run-name, or --overwrite, which removes it whole when the
-    training begins). A torchrun restart of the worker group keeps its name on purpose and resumes."""
+    training begins). A torchrun restart of the worker group keeps its name on purpose and resumes.
+    A run directory that a live process of another job trains (its lock) stops any run of it but --eval-only."""
     args = run.args
     run_name, later_group, error = args.run_name, False, None
     if run.is_main:
@@ -212,7 +219,9 @@ def open_run(run: Run) -> dict | None:
         except OSError:
             run_name = run_name or default  # reported when the directory is written
         later_group = later_group or elastic_restart_count() > 0
-        error = _existing_run_dir(Path(args.output_dir) / run_name, args, later_group)
+        run_dir = Path(args.output_dir) / run_name
+        # --eval-only writes no run: it may read one that trains
+        error = (None if args.eval_only else lock_error(run_dir)) or _existing_run_dir(run_dir, args, later_group)
     # rank 0 decides for all: after a node joined, the new node's agent counts no restart
     run_name, later_group, error = distributed.broadcast_object((run_name, later_group, error))
     if error:
@@ -235,6 +244,9 @@ def open_run(run: Run) -> dict | None:
         run.best_eval_return = run.checkpoint["best_eval_return"]
         run.totals = run.checkpoint.get("totals", {})
         run.last_train_return = run.totals.get("last_train_return", math.nan)  # until an episode of this process ends
+        run.last_eval_return = run.totals.get("last_eval_return", math.nan)  # until an evaluation of this process
+        if run.resume_path.resolve() == (checkpoint_dir(run.run_dir) / LAST).resolve():
+            run.saved[LAST] = run.global_step  # the last good checkpoint until this process writes one
         if args.total_timesteps < run.global_step and not args.eval_only:
             raise SystemExit(
                 f"error: {run.resume_path} is at global step {run.global_step:,}, past --total-timesteps "
@@ -278,6 +290,7 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
     args = run.args
     total = max(args.total_timesteps, steps_per_iteration)
     run.final_step = run.global_step + (total - run.global_step) // steps_per_iteration * steps_per_iteration
+    run.steps_per_iteration, run.iteration_at_start = steps_per_iteration, run.iteration
     ckpt = run.checkpoint
     same_shape = ckpt is not None and ckpt["args"]["num_envs"] == args.num_envs and ckpt["world_size"] == run.world_size
     if (
@@ -317,7 +330,7 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
     print(
         f"{run.algo}{copied} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
         f"{description}; compile {compiling}, CUDA graphs: {graphs or ('on' if args.cudagraphs else 'off')}; "
-        f"{(run.final_step - run.global_step) // steps_per_iteration} iterations to step {run.final_step:,}; "
+        f"{iterations_to_run(run)} to step {run.final_step:,}; "
         f"run dir {run.run_dir}",
         flush=True,
     )
@@ -329,16 +342,29 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
         )
 
 
+def iterations_to_run(run: Run) -> str:
+    """The iterations this process runs, in words: of a resumed run, also how many the run has in all."""
+    left = (run.final_step - run.global_step) // run.steps_per_iteration
+    if run.iteration == 0:
+        return f"{left} iterations"
+    return f"{left} iterations this sitting, {run.iteration + left} in all,"
+
+
 def _write_run_dir(run: Run) -> str | None:
-    """Rank 0: the run directory with config.json, the TensorBoard writer and wandb. Returns an error line, or None."""
+    """Rank 0: the run directory's lock, config.json, the TensorBoard writer and wandb. Returns an error line, or
+    None."""
     args = run.args
     try:
         if args.overwrite and run.run_dir.is_dir():
             shutil.rmtree(run.run_dir)
         checkpoint_dir(run.run_dir).mkdir(parents=True, exist_ok=True)
+        error = take_lock(run)  # before any file of the run: a second process writes nothing
+        if error:
+            return error
         (run.run_dir / "config.json").write_text(json.dumps({**run.foreign_flags, **asdict(args)}, indent=2))
     except OSError as e:
         return f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir"
+    _quiet_writer_thread()
     if args.track:
         import wandb
 
@@ -360,6 +386,179 @@ def _write_run_dir(run: Run) -> str | None:
     table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
     run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return None
+
+
+# ----------------------------------------------------------------------------------------------
+# One run, one writer: the run directory's lock
+# ----------------------------------------------------------------------------------------------
+# Rank 0 of a training run holds {run_dir}/.lock for the process's life: a JSON record of its holder (host, pid,
+# the pid's start time, the torchrun job) whose mtime is a heartbeat that a thread refreshes. Not flock(): the
+# kernel would release it when its holder dies, as a lock should, but on a cluster's shared filesystem flock is
+# node-local or refused (Lustre without -o flock, some NFS mounts), so two nodes could both hold it. The record
+# works wherever the run directory is shared, and a reader judges its holder by what it can know: on the same host,
+# whether that pid still runs with the same start time (not a reused pid), which sees a kill -9 at once; on
+# another host, whether the heartbeat is fresh (a lost node stops beating; a cluster's clocks agree to seconds,
+# far below LOCK_STALE_SECONDS). Workers that torchrun restarts (new pids, the same job) take over their own job's
+# lock: the job is torchrun's run id (--rdzv-id) with SLURM's restart count, so a requeued SLURM job whose old
+# instance still runs is a second process, not a restart.
+LOCK = ".lock"
+LOCK_HEARTBEAT_SECONDS = 15.0
+LOCK_STALE_SECONDS = 120.0  # eight missed heartbeats: the holder on another host is gone
+
+
+def _job() -> str | None:
+    """The torchrun job this process is a worker of (the same across its restarts), or None outside torchrun."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return None
+    if run_id in ("", "none"):  # static rendezvous: one launcher, the workers' parent, restarts them
+        run_id = f"{socket.gethostname()}-{os.getppid()}"
+    return f"{run_id}/{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+
+
+def _process(pid: int) -> tuple[bool, int | None]:
+    """Whether process `pid` runs on this host (a zombie does not), and its start time (clock ticks since boot;
+    None where /proc cannot tell)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False, None
+    except PermissionError:
+        pass  # another user's process: it runs
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0] != "Z", int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return True, None
+
+
+def _lock_record() -> dict:
+    """This process as a lock's holder."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": _process(os.getpid())[1],
+        "job": _job(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+
+
+def _read_lock(path: Path) -> tuple[dict | None, float]:
+    """The lock's record and the time of its last heartbeat; (None, 0) when there is no lock, ({}, time) when it
+    cannot be read as one."""
+    try:
+        mtime = path.stat().st_mtime
+        record = json.loads(path.read_text())
+        return (record if isinstance(record, dict) else {}), mtime
+    except FileNotFoundError:
+        return None, 0.0
+    except (OSError, ValueError):
+        return {}, 0.0
+
+
+def _judge_lock(run_dir: Path, record: dict | None, heartbeat: float) -> tuple[str | None, str | None]:
+    """(error, notice) for a process that would train `run_dir`, whose lock holds `record`: the one-line error when a
+    live process of another job holds it; else the notice that says whose lock it takes over (None: no lock)."""
+    if record is None:
+        return None, None
+    mine = _lock_record()
+    host, pid = record.get("host"), record.get("pid")
+    who = f"pid {pid} on host {host}"
+    if not record or not isinstance(pid, int):
+        return None, f"notice: {run_dir / LOCK} is not a lock this code wrote: taken over"
+    if record.get("job") is not None and record.get("job") == mine["job"]:
+        return None, f"notice: the lock of {run_dir} taken over from an earlier worker group of this job ({who})"
+    age = time.time() - heartbeat
+    if host == mine["host"]:
+        runs, started = _process(pid)
+        reused = None not in (started, record.get("started")) and started != record.get("started")  # another process
+        if not runs or reused:
+            return None, f"notice: {run_dir} was locked by {who}, which no longer runs: lock taken over"
+    elif age > LOCK_STALE_SECONDS:
+        return None, f"notice: {run_dir} was locked by {who}, silent for {age:.0f} s (a lost node): lock taken over"
+    here = host == mine["host"]
+    return (
+        f"error: another process trains {run_dir}: {who} since {record.get('since')} (its heartbeat {age:.0f} s "
+        f"ago); one run has one writer. Stop it (kill -TERM {pid}{'' if here else ' on ' + str(host)}: it saves "
+        f"last.pt and exits) or let it end, then continue with --resume auto; or start another run with "
+        f"--run-name NAME"
+        + (
+            ""
+            if here
+            else f". If {host} is lost, its lock is taken over {LOCK_STALE_SECONDS:.0f} s after its last heartbeat"
+        )
+    ), None
+
+
+def lock_error(run_dir: Path) -> str | None:
+    """The one-line error when a live process of another job trains `run_dir`, else None. Writes nothing."""
+    return _judge_lock(run_dir, *_read_lock(run_dir / LOCK))[0]
+
+
+def take_lock(run: Run) -> str | None:
+    """Rank 0: take the run directory's lock (a stale one, or this job's, with a notice) and start its heartbeat.
+    Returns the error line when a live process of another job holds it, else None."""
+    path, mine = run.run_dir / LOCK, _lock_record()
+    tmp = path.with_name(f"{LOCK}.{mine['host']}.{mine['pid']}.tmp")
+    try:
+        tmp.write_text(json.dumps(mine))
+        try:
+            _create_from(tmp, path)
+        except FileExistsError:
+            error, notice = _judge_lock(run.run_dir, *_read_lock(path))
+            if error:
+                return error
+            if notice:
+                run.say(notice)
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    held, heartbeat = _read_lock(path)
+    if held != mine:  # another process took a stale lock over at the same moment, and its rename came last
+        return _judge_lock(run.run_dir, held, heartbeat)[0] or f"error: another process took the lock {path} over"
+    stop = threading.Event()
+
+    def heartbeat_loop():
+        while not stop.wait(LOCK_HEARTBEAT_SECONDS):
+            try:
+                held = _read_lock(path)[0]
+                if held != mine:
+                    print(
+                        f"warning: {path} is held by pid {(held or {}).get('pid')} on host {(held or {}).get('host')} "
+                        f"now, not by this process: two processes may write {run.run_dir}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return
+                os.utime(path)
+            except OSError:
+                pass  # a full or flaky disk: the next beat tries again
+
+    threading.Thread(target=heartbeat_loop, name="run directory lock", daemon=True).start()
+    run.lock = (path, mine, stop)
+    return None
+
+
+def _create_from(tmp: Path, path: Path) -> None:
+    """Create `path` with the content of `tmp`, or raise FileExistsError: a hard link (atomic, NFS included), or
+    an exclusive create where the filesystem has no hard links (some FUSE and SMB mounts)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        with open(path, "x") as f:
+            f.write(tmp.read_text())
+
+
+def release_lock(run: Run) -> None:
+    """Stop the heartbeat and remove the lock, if it is still this process's."""
+    if run.lock is None:
+        return
+    (path, mine, stop), run.lock = run.lock, None
+    stop.set()
+    if _read_lock(path)[0] == mine:
+        path.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,6 +616,7 @@ def close(run: Run) -> None:
         ("progress bar", run.progress.close if run.progress is not None else None),
         ("TensorBoard writer", run.writer.close if run.writer is not None else None),
         ("wandb", run.wandb_run.finish if run.wandb_run is not None else None),
+        ("run directory's lock", lambda: release_lock(run)),  # after the writers: nothing of this run writes now
         ("CUDA graphs", lambda: release_graphs(run)),
         ("process group", distributed.cleanup),
     ]
@@ -426,7 +626,8 @@ def close(run: Run) -> None:
         try:
             step()
         except Exception as e:  # noqa: BLE001 -- teardown goes on; the run's own error is what counts
-            print(f"warning: closing the run's {what} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            if not run.output_failed:  # after a failed write, the writers' closing fails for the same cause
+                print(f"warning: closing the run's {what} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -434,28 +635,83 @@ def closing(run: Run):
     """`with closing(run):` around a script's training: whatever ends it (a return, an error such as
     the NaN guard's or an out-of-memory, Ctrl-C), the run is closed (`close`) before the exception
     goes on, so a failed rank releases its graphs and leaves the process group at once instead of
-    hanging in its teardown, and the process exits with the error's status."""
+    hanging in its teardown, and the process exits with the error's status.
+
+    A file of the run that cannot be written (a checkpoint, an event file, summary.json: a full disk, a quota, a
+    read-only directory) ends the run with one line (`output_failed`) instead of the error's traceback."""
     try:
         yield run
+    except OSError as e:
+        what = _unwritten(run, e)
+        if what is None:
+            raise
+        raise SystemExit(output_failed(run, what, e)) from None
     finally:
         close(run)
 
 
-def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
-    """Check that the ranks' parameters agree, write summary.json (the same fields for every
-    script, and a script's `extra` ones), close the writers and leave the process group. A collective.
-    Returns the summary."""
-    in_sync = distributed.check_in_sync(model)  # averaged gradients keep every rank's weights bit-identical
-    if not in_sync and run.is_main:
-        print(
-            "warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged "
-            "them",
-            flush=True,
-        )
+def _unwritten(run: Run, error: OSError) -> str | None:
+    """The file of the run that `error` failed to write, in words, or None for an error of another kind."""
+    if isinstance(error, OutputError):  # common.checkpoint's atomic writes: checkpoints, summary.json, the export
+        return error.filename
+    if run.run_dir is not None and any(
+        "tensorboard" in Path(f.filename).parts for f in traceback.extract_tb(error.__traceback__)
+    ):
+        return f"the TensorBoard event file in {run.run_dir}"
+    return None
+
+
+def output_failed(run: Run, what: str, error: OSError) -> str:
+    """The one line of a run that cannot write `what`: the cause, the last good checkpoint and its step, and the
+    command that continues the run. The earlier files stay as they were (all writes are atomic or appends); the
+    summary.json of what ran is written where it still can be."""
+    run.output_failed = True
+    last = checkpoint_dir(run.run_dir) / LAST
+    if LAST in run.saved:
+        kept = f"the last good checkpoint is {last} (global step {run.saved[LAST]:,})"
+    elif last.is_file():
+        kept = f"the last good checkpoint is {last} (of an earlier process)"
+    else:
+        kept = "no checkpoint was written yet"
+    cause = f"{error.strerror or error}" + (f" [errno {error.errno}]" if error.errno else "")
+    summary = run.run_dir / "summary.json"
+    if what != str(summary):
+        try:
+            write_summary(run, summary_of(run, params_in_sync=None, error=f"cannot write {what}: {cause}"))
+        except OSError:
+            kept += "; summary.json not written either"
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return (
+        f"error: cannot write {what} ({cause}); {kept}, nothing earlier lost. "
+        f"{'Free space' if full else 'Make it writable'} (or move the run directory and give its new --output-dir), "
+        f"then continue with: {continue_command(run)}"
+    )
+
+
+def _quiet_writer_thread() -> None:
+    """TensorBoard's writer thread re-raises a failed write, printing its traceback, and the writer's next call in
+    the run raises it again, where it becomes the run's one line (`closing`): the thread's print is dropped. Other
+    threads' errors are printed as before. Installed once per process."""
+    earlier = threading.excepthook
+    if getattr(earlier, "quiets_tensorboard", False):
+        return
+
+    def hook(args):
+        if not (isinstance(args.exc_value, OSError) and type(args.thread).__module__.startswith("tensorboard")):
+            earlier(args)
+
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
+
+
+def summary_of(run: Run, params_in_sync: bool | None, extra: dict | None = None, error: str | None = None) -> dict:
+    """The run's summary.json: the same fields for every script, and a script's `extra` ones; a run that a failed
+    write ended has stop_reason "error", the `error`, and params_in_sync None (unchecked)."""
     read_timings(run)
     ckpts = checkpoint_dir(run.run_dir)
     totals = run_totals(run)  # the whole run's: this process's seconds on top of its earlier processes'
-    summary = {
+    finite = lambda x: None if math.isnan(x) or math.isinf(x) else x  # noqa: E731 -- strict JSON: null, not NaN
+    return {
         "algo": run.algo,
         "algorithm": run.algorithm,
         "env_id": run.args.env_id,
@@ -465,11 +721,13 @@ def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
         "wall_seconds": totals["wall_seconds"],
         "processes": totals["processes"],
         "sps": run.sps,
-        "last_train_return": None if math.isnan(run.last_train_return) else run.last_train_return,  # strict JSON
-        "best_eval_return": run.best_eval_return if run.best_eval_return > -math.inf else None,
-        "stop_reason": run.stop_reason or "total_timesteps",
+        "last_train_return": finite(run.last_train_return),
+        "last_eval_return": finite(run.last_eval_return),  # of the latest evaluation, the run's final one at its end
+        "best_eval_return": finite(run.best_eval_return),
+        "stop_reason": "error" if error else run.stop_reason or "total_timesteps",
+        **({"error": error} if error else {}),
         "world_size": run.world_size,
-        "params_in_sync": in_sync,
+        "params_in_sync": params_in_sync,
         "rollout_seconds": totals["seconds"].get("rollout"),
         "update_seconds": totals["seconds"].get("update"),
         "evaluation_seconds": totals["seconds"].get("evaluation", 0.0),
@@ -484,8 +742,27 @@ def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
         },
         **(extra or {}),
     }
+
+
+def write_summary(run: Run, summary: dict) -> None:
+    """summary.json, atomically: a write that fails (OutputError) leaves an earlier process's summary whole."""
+    write_atomically(run.run_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
+
+
+def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
+    """Check that the ranks' parameters agree, write summary.json (the same fields for every
+    script, and a script's `extra` ones), close the writers and leave the process group. A collective.
+    Returns the summary."""
+    in_sync = distributed.check_in_sync(model)  # averaged gradients keep every rank's weights bit-identical
+    if not in_sync and run.is_main:
+        print(
+            "warning: the ranks' parameters differ; a non-deterministic collective or a rank-local update diverged "
+            "them",
+            flush=True,
+        )
+    summary = summary_of(run, in_sync, extra)
     if run.is_main:
-        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_summary(run, summary)
         run.say("\n".join(closing_words(run, summary)))
     close(run)
     return summary

@@ -205,19 +205,15 @@ def closing_words(run: Run, summary: dict) -> list[str]:
     """What the run did, in a few lines: steps and speed, why it ended, the returns, where its files
     are, and, when it stopped early, the command that continues it."""
     args, reason = run.args, summary["stop_reason"]
-    ended = {
-        "total_timesteps": f"--total-timesteps {args.total_timesteps:,} reached",
-        "target_return": "--target-return reached",
-        "max_wall_seconds": "--max-wall-seconds reached",
-    }
     lines = [
-        f"{run.algo} on {args.env_id}: {run.global_step:,} steps ({run.iteration} iterations) in "
-        f"{summary['wall_seconds']:.0f} s, {run.sps:,.0f} steps/s; "
-        f"{ended.get(reason, 'stopped by ' + reason.partition(':')[2])}"
+        f"{run.algo} on {args.env_id}: {run.global_step:,} steps ({run.iteration} iterations"
+        f"{f', {run.iteration - run.iteration_at_start} this sitting' if run.iteration_at_start else ''}) in "
+        f"{summary['wall_seconds']:.0f} s, {run.sps:,.0f} steps/s; {_why_it_ended(run, reason)}"
     ]
-    best, train = summary["best_eval_return"], summary["last_train_return"]
+    best, last, train = summary["best_eval_return"], summary["last_eval_return"], summary["last_train_return"]
     lines.append(
-        f"{'best eval return ' + format(best, '.2f') if best is not None else 'no evaluation ran'}; "
+        f"{'no evaluation ran' if best is None else f'eval return: best {best:.2f}'}"
+        f"{f', last {last:.2f}' if last is not None else ''}; "
         f"{'last train return ' + format(train, '.2f') if train is not None else 'no training episode finished'}"
     )
     kept = ", ".join(Path(path).name for path in summary["checkpoints"].values()) or "none written"
@@ -225,6 +221,25 @@ def closing_words(run: Run, summary: dict) -> list[str]:
     if reason.startswith("signal") or reason == "max_wall_seconds":
         lines.append(f"continue with: {continue_command(run)}")
     return lines
+
+
+def _why_it_ended(run: Run, reason: str) -> str:
+    """The end of the first closing line: the flag that ended the run, or the signal. A budget that is not a whole
+    number of iterations ends at the last whole one (at least one runs): the line says so."""
+    total, step, per = run.args.total_timesteps, run.global_step, run.steps_per_iteration
+    if reason == "total_timesteps" and step < total:
+        return (
+            f"--total-timesteps {total:,} rounded down to whole iterations of {per:,} steps "
+            f"({total - step:,} steps not run)"
+        )
+    if reason == "total_timesteps" and step > total:
+        return f"--total-timesteps {total:,} is less than an iteration of {per:,} steps: one ran"
+    ended = {
+        "total_timesteps": f"--total-timesteps {total:,} reached",
+        "target_return": "--target-return reached",
+        "max_wall_seconds": "--max-wall-seconds reached",
+    }
+    return ended.get(reason, "stopped by " + reason.partition(":")[2])
 
 
 def continue_command(run: Run) -> str:

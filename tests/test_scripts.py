@@ -296,6 +296,7 @@ SUMMARY_FIELDS = {
     "wall_seconds",
     "sps",
     "last_train_return",
+    "last_eval_return",
     "best_eval_return",
     "stop_reason",
     "world_size",

@@ -1,0 +1,354 @@
+"""Faults that end a run, or would let two runs spoil one: each ends in one clear line and loses nothing.
+
+One run, one writer (a second process on a run that trains, a lock left by a dead process or a lost node, a
+torchrun restart of the same job); a file of the run that cannot be written (a full disk, for real on a small
+tmpfs where the machine allows it, else a write that raises ENOSPC); checkpoints mirrored to wandb as artifacts
+with --track; and what the end lines say of the budget, the evaluations and a resumed run.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import common.checkpoint
+import common.run
+from common.checkpoint import load_checkpoint
+from common.run import LOCK, LOCK_STALE_SECONDS, lock_error
+from tests.helpers import ROOT, Job, run, subprocess_env
+from tests.test_scripts import cli_args, scalars, train, units
+
+ITERATION = units("ppo", 1)  # env steps of one iteration of the tiny ppo runs
+
+
+def run_dir_of(out: Path) -> Path:
+    return out / "run"
+
+
+def files_of(directory: Path) -> dict:
+    """Every file under `directory`: (mtime, bytes)."""
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in directory.rglob("*") if p.is_file()}
+
+
+# --------------------------------------------------------------------------------------------
+# one run, one writer
+# --------------------------------------------------------------------------------------------
+@pytest.fixture
+def jobs():
+    started = []
+    yield lambda cmd, log: started.append(Job(cmd, log)) or started[-1]
+    for job in started:
+        job.kill()
+
+
+def test_a_second_process_on_a_training_run_stops_and_a_dead_ones_lock_is_taken_over(tmp_path, jobs, capsys):
+    """A run trains in one process; a second --resume auto of it stops with one line naming the live process, and
+    writes nothing (--eval-only of its checkpoint still runs). After a kill -9 of the first, a resume takes its lock
+    over with a notice, finishes, and leaves no lock behind."""
+    run_dir = run_dir_of(tmp_path)
+    first = jobs(
+        [sys.executable, *cli_args("ppo", tmp_path, total_timesteps=units("ppo", 100_000), save_interval=1)],
+        tmp_path / "first.log",
+    )
+    last = run_dir / "checkpoints" / "last.pt"
+    first.wait_for(last.is_file, what="the first checkpoint")
+    assert json.loads((run_dir / LOCK).read_text())["pid"] == first.proc.pid
+    config = (run_dir / "config.json").stat().st_mtime_ns
+    with pytest.raises(
+        SystemExit,
+        match=rf"^error: another process trains {run_dir}: pid {first.proc.pid} on host {socket.gethostname()} since "
+        r".*one run has one writer\. Stop it \(kill -TERM \d+: it saves last\.pt and exits\) or let it end, then "
+        r"continue with --resume auto; or start another run with --run-name NAME$",
+    ):
+        train("ppo", tmp_path, resume="auto", total_timesteps=units("ppo", 100_001))
+    with pytest.raises(SystemExit, match="^error: another process trains"):  # --overwrite removes no live run
+        train("ppo", tmp_path, overwrite=True)
+    assert (run_dir / "config.json").stat().st_mtime_ns == config
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1, "the second process wrote an event file"
+    assert "eval_return" in train("ppo", tmp_path, eval_only=True, resume=str(last))  # reads, writes no run
+
+    first.kill()  # kill -9: the lock stays behind, its pid gone
+    assert (run_dir / LOCK).is_file()
+    capsys.readouterr()
+    resumed = train("ppo", tmp_path, resume="auto", total_timesteps=load_checkpoint(last)["global_step"] + ITERATION)
+    said = capsys.readouterr().out
+    assert f"notice: {run_dir} was locked by pid {first.proc.pid} on host {socket.gethostname()}, which no longer " in (
+        said
+    )
+    assert resumed["stop_reason"] == "total_timesteps" and not (run_dir / LOCK).exists()
+
+
+def write_lock(run_dir: Path, age: float, **record) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": None, "job": None, "since": "then", **record}
+    (run_dir / LOCK).write_text(json.dumps(record))
+    os.utime(run_dir / LOCK, (time.time() - age, time.time() - age))
+
+
+def test_a_lock_is_live_while_its_process_runs_or_its_other_hosts_heartbeat_is_fresh(tmp_path, monkeypatch):
+    """Who holds a lock, as a second process judges it: on this host by the pid (and its start time, so that a
+    reused pid is not the holder), on another host by the heartbeat's age; a torchrun restart of the same job takes
+    its own lock over, another job does not."""
+    for var in ("TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    run_dir = tmp_path / "run"
+    write_lock(run_dir, age=5, host="node-7", pid=4242)
+    assert lock_error(run_dir).endswith(
+        f"on node-7: it saves last.pt and exits) or let it end, then continue with --resume auto; or start another run "
+        f"with --run-name NAME. If node-7 is lost, its lock is taken over {LOCK_STALE_SECONDS:.0f} s after its last "
+        "heartbeat"
+    )
+    write_lock(run_dir, age=LOCK_STALE_SECONDS + 5, host="node-7", pid=4242)
+    assert lock_error(run_dir) is None  # a lost node: silent past the limit
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = common.run._process(live.pid)[1]
+        write_lock(run_dir, age=LOCK_STALE_SECONDS + 5, pid=live.pid, started=started)
+        assert lock_error(run_dir).startswith(f"error: another process trains {run_dir}: pid {live.pid} on host ")
+        if started is not None:  # /proc tells the start time: the same pid started at another time is another process
+            write_lock(run_dir, age=0, pid=live.pid, started=started - 1)
+            assert lock_error(run_dir) is None
+    finally:
+        live.kill()
+        live.wait()
+    write_lock(run_dir, age=0, pid=live.pid)  # reaped: no such process
+    assert lock_error(run_dir) is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    write_lock(run_dir, age=0, job="job-1/0")  # a live holder of this job: an earlier worker group
+    assert lock_error(run_dir) is None
+    write_lock(run_dir, age=0, job="job-1/1")  # a requeued SLURM job of the same id whose old instance still runs
+    assert lock_error(run_dir).startswith("error: another process trains")
+
+
+# --------------------------------------------------------------------------------------------
+# files that cannot be written: one line, the last good checkpoint, nothing earlier lost
+# --------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 200 KiB tmpfs: a real full disk. Needs root (mount); skipped where the machine does not allow it."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (the ENOSPC test below covers the same path by a raised error)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"mount -t tmpfs failed here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_ends_the_run_with_one_line_and_loses_nothing(small_filesystem):
+    """The issue's run on a 200 KiB filesystem: its second checkpoint does not fit. The run ends with one line
+    (what failed, the cause, the last good checkpoint and its step, the command that continues), a non-zero exit,
+    last.pt whole at its step, no temporary file, and a summary.json that says why; that command, once there is
+    room, continues the run."""
+    out = small_filesystem
+    flags = ["--env-id", "CartPole-v1", "--num-envs", "32", "--num-steps", "16", "--eval-interval", "0"]
+    flags += ["--save-interval", "5", "--output-dir", str(out), "--run-name", "run", "--device", "cpu"]
+    flags += ["--total-timesteps", "1000000", "--no-progress"]
+    result = run([sys.executable, "algos/ppo.py", *flags], timeout=300)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "Traceback" not in result.stdout and result.stdout.count("error") == 1, result.stdout[-3000:]
+    last = out / "run" / "checkpoints" / "last.pt"
+    line = result.stdout.strip().splitlines()[-1]
+    assert line.startswith(
+        f"error: cannot write {last} (No space left on device [errno 28]); the last good checkpoint is {last} "
+        f"(global step 2,560), nothing earlier lost. Free space (or move the run directory and give its new "
+        f"--output-dir), then continue with: python algos/ppo.py "
+    ), line
+    assert load_checkpoint(last)["global_step"] == 2560
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "error" and summary["error"].startswith(f"cannot write {last}: No space left")
+
+    for big in (out / "run" / "checkpoints").iterdir():  # make room: a checkpoint, then the run goes on from it
+        if big.name != "last.pt":
+            big.unlink()
+    subprocess.run(["mount", "-o", "remount,size=4m", str(out)], check=True)
+    command = line.partition("then continue with: ")[2].split()
+    resumed = run([sys.executable, *command[1:], "--total-timesteps", str(2560 + 2 * 512)], timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "resumed from" in resumed.stdout and load_checkpoint(last)["global_step"] == 2560 + 2 * 512
+
+
+def fail_when(monkeypatch, fault: str, run_dir: Path):
+    """Make one write of the run fail with ENOSPC: the second checkpoint, the TensorBoard event file once the first
+    checkpoint is written, or summary.json."""
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if fault == "checkpoint":
+        calls, real_save = [], torch.save
+
+        def save(obj, f, *a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                f.write(b"partial")
+                raise full
+            return real_save(obj, f, *a, **k)
+
+        monkeypatch.setattr(torch, "save", save)
+    elif fault == "event file":
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        real_write = RecordWriter.write
+
+        def write(self, data):
+            if (run_dir / "checkpoints" / "last.pt").is_file():
+                raise full
+            return real_write(self, data)
+
+        monkeypatch.setattr(RecordWriter, "write", write)
+    else:
+        real_replace = common.checkpoint.os.replace
+
+        def replace(src, dst):
+            if Path(dst).name == "summary.json":
+                raise full
+            return real_replace(src, dst)
+
+        monkeypatch.setattr(common.checkpoint.os, "replace", replace)
+
+
+@pytest.mark.parametrize("fault", ["checkpoint", "event file", "summary"])
+def test_a_write_that_fails_ends_the_run_with_one_line(fault, tmp_path, monkeypatch, capsys):
+    """ENOSPC from a checkpoint, the TensorBoard event file or summary.json (where no small filesystem can be
+    mounted, this is the proof): one line that names the file, the cause, the last good checkpoint with its step,
+    and the command that continues; no traceback (not even the writer thread's); last.pt whole; no temporary file."""
+    run_dir = run_dir_of(tmp_path)
+    fail_when(monkeypatch, fault, run_dir)
+    with pytest.raises(SystemExit) as ended:
+        train("ppo", tmp_path, total_timesteps=units("ppo", 40), save_interval=2)
+    line = str(ended.value.code)
+    what = {
+        "checkpoint": run_dir / "checkpoints" / "last.pt",
+        "event file": f"the TensorBoard event file in {run_dir}",
+        "summary": run_dir / "summary.json",
+    }[fault]
+    last = run_dir / "checkpoints" / "last.pt"
+    saved = load_checkpoint(last)["global_step"]
+    assert line.startswith(
+        f"error: cannot write {what} (No space left on device [errno 28]); the last good checkpoint is {last} "
+        f"(global step {saved:,}), nothing earlier lost. Free space"
+    ), line
+    assert line.endswith(f"--output-dir {tmp_path} --run-name run --resume auto") and "\n" not in line
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "warning" not in err, err
+    assert not [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")] and not (run_dir / LOCK).exists()
+    assert saved == (40 if fault == "summary" else 2) * ITERATION  # the last save before the fault
+    if fault != "summary":
+        assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "error"
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints that outlive the machine: wandb artifacts with --track
+# --------------------------------------------------------------------------------------------
+def wandb_records(run_dir: Path) -> list:
+    """The records of the offline wandb run in `run_dir` (its run-<id>.wandb: wandb's LevelDB-style log of
+    protobuf records, blocks of 32 KiB after a 7-byte header)."""
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data, block, pos, part, records = path.read_bytes(), 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header: padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            pos += left
+            continue
+        part, pos = part + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            records.append(record)
+            part = b""
+    return records
+
+
+def md5_digest(path: Path) -> str:
+    return base64.b64encode(hashlib.md5(path.read_bytes()).digest()).decode()
+
+
+def test_track_logs_the_last_and_best_checkpoints_and_the_policy_as_artifacts(tmp_path, monkeypatch):
+    """With --track (offline), each last.pt write at the save interval logs last.pt, best.pt (when a new best was
+    written since) and the exported policy as wandb artifacts: the newest ones' files are the files on disk, and a
+    new best between two saves is not uploaded on its own."""
+    pytest.importorskip("wandb")
+    for var, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(var, value)
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
+    run_dir = run_dir_of(tmp_path)
+    train(
+        "ppo", tmp_path, track=True, total_timesteps=units("ppo", 6), eval_interval=1, save_interval=3, export_best=True
+    )
+    records, deadline = [], time.time() + 60
+    while not any(r.WhichOneof("record_type") == "exit" for r in records) and time.time() < deadline:
+        time.sleep(0.1)  # wandb's service writes the run's records out after finish() has returned
+        records = wandb_records(run_dir)
+    artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
+    by_name = {}
+    for artifact in artifacts:
+        by_name.setdefault(artifact.name, []).append(artifact)
+    assert set(by_name) <= {"run-last", "run-best", "run-policy"} and len(by_name["run-last"]) == 2  # iterations 3, 6
+    assert len(by_name["run-best"]) <= 2 and len(by_name["run-policy"]) == len(by_name["run-best"])
+    on_disk = {
+        "run-last": {"last.pt": run_dir / "checkpoints" / "last.pt"},
+        "run-best": {"best.pt": run_dir / "checkpoints" / "best.pt"},
+        "run-policy": {p.name: p for p in (run_dir / "export").iterdir()},
+    }
+    for name, files in on_disk.items():
+        newest = by_name[name][-1]
+        assert newest.type == "model" and "latest" in newest.aliases
+        entries = {e.path: e for e in newest.manifest.contents}
+        assert set(entries) == set(files), name
+        for file, path in files.items():
+            assert entries[file].digest == md5_digest(path), f"{name}/{file} is not the file on disk"
+            if Path(entries[file].local_path).is_file():  # the staged copy that `wandb sync` uploads
+                assert Path(entries[file].local_path).read_bytes() == path.read_bytes()
+    assert json.loads(by_name["run-last"][-1].metadata)["global_step"] == units("ppo", 6)
+
+
+# --------------------------------------------------------------------------------------------
+# the end lines: what ran of the budget, the final evaluation, a resumed run's iterations
+# --------------------------------------------------------------------------------------------
+def test_the_end_lines_say_what_ran_the_last_eval_return_and_a_sittings_share(tmp_path, capsys):
+    first = train("ppo", tmp_path, total_timesteps=2 * ITERATION + 5, eval_interval=1)
+    said = capsys.readouterr().out
+    assert (
+        f"ppo on Pendulum-v1: {2 * ITERATION} steps (2 iterations) in " in said
+        and f"; --total-timesteps {2 * ITERATION + 5} rounded down to whole iterations of {ITERATION} steps "
+        "(5 steps not run)\n"
+        in said
+    ), said
+    evals = scalars(run_dir_of(tmp_path))["eval/episodic_return"]
+    assert first["last_eval_return"] == pytest.approx(evals[-1][1]) and evals[-1][0] == 2 * ITERATION
+    assert first["best_eval_return"] == pytest.approx(max(v for _, v in evals))
+    assert f"eval return: best {first['best_eval_return']:.2f}, last {first['last_eval_return']:.2f}; " in said
+
+    resumed = train("ppo", tmp_path, resume="auto", total_timesteps=5 * ITERATION, eval_interval=0)
+    said = capsys.readouterr().out
+    assert f"; 3 iterations this sitting, 5 in all, to step {5 * ITERATION:,}; " in said, said
+    assert f": {5 * ITERATION} steps (5 iterations, 3 this sitting) in " in said
+    assert f"; --total-timesteps {5 * ITERATION} reached\n" in said
+    assert resumed["last_eval_return"] == first["last_eval_return"]  # no evaluation in this sitting: the run's last
+
+
+def test_exported_policies_are_not_tracked_by_git():
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "exported/policy.onnx"], cwd=ROOT, env=subprocess_env(), capture_output=True
+    )
+    assert ignored.returncode == 0, "exported/ is not in .gitignore"
