@@ -33,7 +33,7 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed  # noqa: E402
+from common import distributed, symmetry  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
@@ -104,6 +104,11 @@ class Args(RunArgs):
     """scale rewards by the running std of the discounted return (keeps the value loss O(1))"""
     reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
+    symmetry: Literal["none", "log", "augmentation", "mirror-loss", "both"] = "none"
+    """rsl_rl's, by the env's mirror (data_augmentation), as ppo.py's: mirror images of each minibatch, a mirror loss,
+    both, or neither but logging mirror_loss and symmetry_error"""
+    mirror_loss_coef: Annotated[float, Ge(0)] = 1.0
+    """weight of the mirror loss (rsl_rl's mirror_loss_coeff)"""
     rnd_weight: Annotated[float, Ge(0)] = 1.0
     """weight of the intrinsic advantage beside the extrinsic one (rsl_rl's rnd_cfg.weight)"""
     rnd_weight_final: Annotated[float | None, Ge(0)] = None
@@ -173,14 +178,16 @@ class Agent(nn.Module):
         return self.critic(obs_n[self.critic_key])
 
     def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(policy_obs_n)
+        return self.distribution(self.actor(policy_obs_n))
+
+    def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
         return torch.distributions.Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
-    def log_prob_entropy(self, policy_obs_n: torch.Tensor, action: torch.Tensor):
-        d = self.dist(policy_obs_n)
+    def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
+        d = self.distribution(out)
         if self.discrete:
             return d.log_prob(action), d.entropy()
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
@@ -256,14 +263,21 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
     lr.copy_((lr * factor).clamp(1e-5, 5e-3))
 
 
-def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
-    """Clipped surrogate + (clipped) value losses - entropy bonus; returns the loss and its logged parts by name."""
-    newlogprob, entropy = agent.log_prob_entropy(mb["obs_n", "policy"], mb["actions"])
+def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
+    """Clipped surrogate + (clipped) value losses - entropy bonus (+ mirror loss); returns the loss and its logged parts
+    by name. --symmetry as ppo.py's: a mirror image takes its original's old log-prob, values and advantage (the
+    intrinsic ones too, as rsl_rl's RND with symmetry); the predictor learns on the originals only."""
+    b, obs_n = mb.shape[0], mb["obs_n"]
+    if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
+        augmented = symmetry.in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
+        obs_n, mb = augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
+    out = agent.actor(obs_n["policy"])
+    newlogprob, entropy = agent.log_prob_entropy(out[: mb.shape[0]], mb["actions"])
     newvalue = agent.value(mb["obs_n"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - logratio).mean()  # k3 estimator: unbiased, always >= 0
+        approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     adv = mb["advantages"]
     if args.adv_norm == "minibatch":
@@ -274,15 +288,24 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
         v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean(0).sum()
     else:  # each head's mean, summed: the extrinsic and the intrinsic value loss
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean(0).sum()
-    entropy_loss = entropy.mean()
+    entropy_loss = entropy[:b].mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, {
+    logged = {
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
     }
+    if args.symmetry != "none":  # ppo.py's mirror loss (logits less their mean) and symmetry error
+        out = out - out.mean(-1, keepdim=True) if agent.discrete else out
+        mirror_loss = nn.functional.mse_loss(out[b:], output_mirror(out[:b].detach()))
+        if args.symmetry in ("mirror-loss", "both"):
+            loss = loss + args.mirror_loss_coef * mirror_loss
+        act = (out if agent.discrete else agent.to_env(out)).detach()
+        logged["mirror_loss"] = mirror_loss.detach()
+        logged["charts/symmetry_error"] = (act[b:] - output_mirror(act[:b])).abs().mean()
+    return loss, logged
 
 
 # ----------------------------------------------------------------------------------------------
@@ -306,6 +329,7 @@ def targets(
     rnd_weight: torch.Tensor,
     data: TensorDict,
     next_obs: TensorDict,
+    data_augmentation,
     ep_stats: torch.Tensor,
     episodes: torch.Tensor,
     args: Args,
@@ -322,6 +346,12 @@ def targets(
         "intrinsic_rewards": nonfinite(data["int_rewards"]),
     }
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
+    mirrored = {}
+    if args.symmetry != "none":  # [T, N, k-1], of the raw observations, then normalized (as ppo.py)
+        images = symmetry.mirror_images(data_augmentation, data["obs"], data["actions"])
+        mirrored["mirrored"] = TensorDict(
+            {"obs_n": agent.normalize(images["obs"]), "actions": images["actions"]}, images.shape
+        )
     values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
     rewards, int_rewards = data["rewards"], data["int_rewards"]
     if args.reward_norm:
@@ -371,6 +401,7 @@ def targets(
             "values": values,
             "advantages": advantages,
             "returns": returns,
+            **mirrored,
         },
         batch_size=dones.shape,
         device=values.device,
@@ -417,8 +448,9 @@ def train(run, args: Args) -> dict:
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
-
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
+    data_augmentation = symmetry.env_mirror(envs, next_obs, args)  # rsl_rl's data_augmentation_func, with --symmetry
+    output_mirror = data_augmentation and symmetry.output_mirror(data_augmentation, envs.single_action_space, device)
     obs_shape = observation_shape(next_obs, "policy")
     critic_shape = (
         observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
@@ -519,7 +551,7 @@ def train(run, args: Args) -> dict:
 
     def update_minibatch(mb: TensorDict):
         """A gradient step of the agent and of the predictor (not clipped, as rsl_rl's) on a minibatch; its losses."""
-        loss, losses = ppo_loss(agent, mb, args)
+        loss, losses = ppo_loss(agent, mb, args, output_mirror)
         rnd_loss = rnd.error(mb["rnd_obs_n"]).mean()
         optimizer.zero_grad(set_to_none=False)
         rnd_optimizer.zero_grad(set_to_none=False)
@@ -541,6 +573,7 @@ def train(run, args: Args) -> dict:
             rnd_weight,
             storage.data,
             obs,
+            data_augmentation,
             ep_stats,
             stats["episodes"],
             args,
@@ -603,7 +636,7 @@ def train(run, args: Args) -> dict:
                     run,
                     episodes=stats["episodes"],
                     means={
-                        f"{kind}/{name}": total / iterations_in_stats
+                        name if "/" in name else f"{kind}/{name}": total / iterations_in_stats  # charts/symmetry_error
                         for kind in ("losses", "charts")
                         for name, total in stats[kind].items()
                     },

@@ -28,8 +28,6 @@ DIFFERENCES = {
     ("ppo_rnd", "anneal_lr"): "not yet: CleanRL's alias of --lr-schedule linear, which it has",
     ("ppo_rnd", "bf16"): "not yet",
     ("ppo_rnd", "shared_encoder"): "not yet",
-    ("ppo_rnd", "symmetry"): "not yet",
-    ("ppo_rnd", "mirror_loss_coef"): "not yet",
 }
 
 
