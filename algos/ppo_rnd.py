@@ -2,9 +2,10 @@
 
     python algos/ppo_rnd.py --env-id MountainCarContinuous-v0 --num-envs 4096
 
-ppo.py (read it first; this file keeps its order, less --target-kl, --anneal-lr and --bf16) plus RND (Burda et
-al. 2018): a predictor learns to match a frozen random network on the states visited; its error on a state,
-divided by the running std of its discounted return, is the intrinsic reward, large where the agent has rarely been.
+ppo.py (read it first; this file keeps its order and its flags: tests/test_flag_parity.py lists the differences)
+plus RND (Burda et al. 2018): a predictor learns to match a frozen random network on the states visited; its error on
+a state, divided by the running std of its discounted return, is the intrinsic reward, large where the agent has rarely
+been.
 Two value heads (CleanRL's ppo_rnd_envpool.py), not rsl_rl's one summed reward: the critic predicts the extrinsic
 return (episodic, --gamma) and the intrinsic one (non-episodic, --rnd-gamma); the advantage is A_ext + weight *
 A_int. Why: novelty does not end with an episode. Summed into one episodic reward, the intrinsic stream stops
@@ -58,6 +59,8 @@ ALGO = "ppo_rnd"
 
 @dataclass
 class Args(RunArgs):
+    bf16: bool = False
+    """run the agent's networks under bfloat16 autocast (distribution math, losses and RND stay float32)"""
     num_steps: Annotated[int, Ge(1)] = 24
     """steps per env per rollout; the batch per process is num_envs * num_steps"""
     num_minibatches: Annotated[int, Ge(1)] = 4
@@ -68,6 +71,8 @@ class Args(RunArgs):
     """initial learning rate of Adam"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
+    anneal_lr: bool = False
+    """CleanRL's flag: same as --lr-schedule linear"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
     """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
@@ -86,6 +91,8 @@ class Args(RunArgs):
     """value loss coefficient"""
     max_grad_norm: Annotated[float, Gt(0)] = 1.0
     """global gradient-norm clip"""
+    target_kl: Annotated[float | None, Gt(0)] = None
+    """stop the epoch loop early when the approximate KL exceeds this"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
     """hidden layer sizes of the actor and the critic"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
@@ -175,10 +182,10 @@ class Agent(nn.Module):
 
     def value(self, obs_n: TensorDict) -> torch.Tensor:
         """[..., 2]: the extrinsic value, then the intrinsic one."""
-        return self.critic(obs_n[self.critic_key])
+        return self.critic(obs_n[self.critic_key]).float()  # float32 even under bf16 autocast
 
     def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
-        return self.distribution(self.actor(policy_obs_n))
+        return self.distribution(self.actor(policy_obs_n).float())
 
     def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
@@ -271,9 +278,9 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
         augmented = symmetry.in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
         obs_n, mb = augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
-    out = agent.actor(obs_n["policy"])
+    with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        out, newvalue = agent.actor(obs_n["policy"]).float(), agent.value(mb["obs_n"])
     newlogprob, entropy = agent.log_prob_entropy(out[: mb.shape[0]], mb["actions"])
-    newvalue = agent.value(mb["obs_n"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
@@ -352,7 +359,8 @@ def targets(
         mirrored["mirrored"] = TensorDict(
             {"obs_n": agent.normalize(images["obs"]), "actions": images["actions"]}, images.shape
         )
-    values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
+    with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
     rewards, int_rewards = data["rewards"], data["int_rewards"]
     if args.reward_norm:
         reward_normalizers[0].update(rewards, dones)
@@ -424,12 +432,19 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
+        if (
+            args.target_kl is not None
+        ):  # one host read per epoch, only when asked for (the update is not captured whole)
+            if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
+                break
     means = {name: total / num_updates for name, total in loss_sums.items()}
     add_to(stats["losses"], means)
     add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
 def main(args: Args) -> dict:
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
     run = start_run(args, ALGO, {"log_interval": (10, 1)})
     with closing(run):  # on any exit, an error included: graphs released, then the process group left
         return train(run, args)
@@ -523,7 +538,8 @@ def train(run, args: Args) -> dict:
     def step_values(next_obs: TensorDict, final_obs: TensorDict, done: torch.Tensor):
         """At the step, with the weights and statistics the targets read: V_ext(final_obs), the time-out bootstrap, and
         the intrinsic reward, the novelty of the state reached (the true last one where an episode ended)."""
-        final_value = agent_inference.value(agent_inference.normalize(final_obs))[..., 0]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+            final_value = agent_inference.value(agent_inference.normalize(final_obs))[..., 0]
         return final_value, torch.where(
             done,
             rnd_inference.novelty(final_obs, args.rnd_obs_group),
@@ -532,7 +548,9 @@ def train(run, args: Args) -> dict:
 
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
-        action, logprob = policy_step(obs)  # the rollout runs under no_grad
+        # under no_grad (the rollout's); no autocast cache: a captured step must cast the weights at every replay
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+            action, logprob = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value, novelty = step_values(next_obs, info["final_obs"], terminated | truncated)
         transition = {
@@ -595,12 +613,17 @@ def train(run, args: Args) -> dict:
         policy_step = captured(run, "acting", compiled(run, policy_step))
         step_values = captured(run, "values and novelty", compiled(run, step_values))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch captured alone
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(run, "update", update_fn)  # the targets and every epoch of the update as one graph
+    if args.target_kl is None:  # the targets and every epoch of the update as one graph
+        update_fn = captured(run, "update", update_fn)
     graphs = (
         "off"
         if not args.cudagraphs
-        else (f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update")
+        else f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
+        + ("the targets and the whole update" if args.target_kl is None else "the targets, each minibatch update")
     )
     begin_training(
         run,

@@ -24,9 +24,6 @@ DIFFERENCES = {
     ("ppo_lstm", "shared_encoder"): "the policy group's encoder and the recurrent cell already serve both heads",
     ("ppo_lstm", "symmetry"): SYMMETRY_OF_A_MEMORY,
     ("ppo_lstm", "mirror_loss_coef"): SYMMETRY_OF_A_MEMORY,
-    ("ppo_rnd", "target_kl"): "not yet: the update is captured whole",
-    ("ppo_rnd", "anneal_lr"): "not yet: CleanRL's alias of --lr-schedule linear, which it has",
-    ("ppo_rnd", "bf16"): "not yet",
     ("ppo_rnd", "shared_encoder"): "not yet",
 }
 

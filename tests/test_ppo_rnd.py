@@ -234,3 +234,24 @@ def test_symmetry_augmentation_trains_a_symmetric_policy(tmp_path):
         run_main(ppo_rnd, env_id="Pendulum-v1", symmetry=mode, **flags)
         errors[mode] = last_errors(tmp_path / mode)
     assert errors["augmentation"] < 0.25 * errors["log"] and errors["augmentation"] < 0.15, errors
+
+
+def test_bf16_target_kl_and_anneal_lr_are_ppos(tmp_path):
+    """ppo.py's flags, as ppo.py's: --target-kl with a target no update stays under runs one epoch per iteration (both
+    Adams step once per minibatch); --anneal-lr is the linear schedule; --bf16 keeps the weights float32 (the
+    statistics float64), finite."""
+    from tests.test_scripts import scalars
+
+    iterations, minibatches = 3, 2
+    flags = dict(num_envs=16, num_steps=8, num_minibatches=minibatches, update_epochs=4, eval_interval=0)
+    flags.update(device="cpu", progress=False, output_dir=str(tmp_path), run_name="run", hidden_sizes=(16,))
+    summary = run_main(
+        ppo_rnd, env_id="Pendulum-v1", bf16=True, target_kl=1e-12, anneal_lr=True, total_timesteps=16 * 8 * 3, **flags
+    )
+    state = torch.load(summary["checkpoints"]["last"], weights_only=True)
+    for adam in ("adam", "rnd_adam"):
+        assert int(state["optimizers"][adam]["state"][0]["step"]) == iterations * minibatches
+    lrs = [value for _, value in scalars(tmp_path / "run")["charts/learning_rate"]]
+    assert lrs == pytest.approx([1e-3 * (1 - i / iterations) for i in range(iterations)])
+    weights = [v for v in state["model"].values() if v.is_floating_point()]
+    assert all(v.dtype in (torch.float32, torch.float64) and torch.isfinite(v).all() for v in weights)
