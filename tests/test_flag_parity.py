@@ -15,16 +15,19 @@ PPO_FAMILY = ["ppo_lstm", "ppo_rnd"]
 SYMMETRY_OF_A_MEMORY = (
     "a mirror image of a sequence needs the mirror image of the hidden state it starts from (truncated BPTT starts "
     "from the state the rollout stored, which holds the unmirrored history), and a learned hidden state has no known "
-    "mirror: replayed from that state, or from zeros, the mirrored sequences are histories the env never produced"
+    "mirror: replayed from that state, or from zeros, the mirrored sequences are histories the env never produced "
+    "(rsl_rl refuses symmetry with a recurrent policy too)"
 )
 # (script, ppo.py's flag it leaves out): why
 DIFFERENCES = {
-    ("ppo_lstm", "target_kl"): "a host read of the KL per epoch; the update is captured whole, its sequences with it",
-    ("ppo_lstm", "anneal_lr"): "CleanRL's alias of --lr-schedule linear, which it has",
-    ("ppo_lstm", "shared_encoder"): "the policy group's encoder and the recurrent cell already serve both heads",
+    ("ppo_lstm", "target_kl"): "not ported: ppo.py's way (targets and each minibatch captured alone, a host read of "
+    "the KL per epoch) applies, with each minibatch's initial states captured beside it",
+    ("ppo_lstm", "anneal_lr"): "CleanRL's alias of --lr-schedule linear, which it has (the alias is not ported)",
+    ("ppo_lstm", "shared_encoder"): "always shared: the policy group's encoder and the recurrent cell serve both heads",
     ("ppo_lstm", "symmetry"): SYMMETRY_OF_A_MEMORY,
     ("ppo_lstm", "mirror_loss_coef"): SYMMETRY_OF_A_MEMORY,
-    ("ppo_rnd", "shared_encoder"): "not yet",
+    ("ppo_rnd", "shared_encoder"): "not ported: it applies (CleanRL's Atari RND agent shares its CNN among the policy "
+    "and both value heads), with ppo.py's split of the loss into the encoder and the heads, and its pixel tests",
 }
 
 
