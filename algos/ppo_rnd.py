@@ -101,6 +101,9 @@ class Args(RunArgs):
     """encoder of image groups (uint8 [C, H, W]): Atari DQN CNN, IMPALA ResNet, MinAtar's conv, or flattened frames"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
+    shared_encoder: bool = False
+    """one image encoder under the policy and both value heads, trained by both losses (CleanRL's Atari RND agent);
+    needs the critic to read the policy group"""
     asymmetric_critic: bool = True
     """feed the critic the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
@@ -161,6 +164,11 @@ class Agent(nn.Module):
             **net,
             max_value=image_max[1] if critic_obs_shape is not None else image_max[0],
         )
+        self.shared = args.shared_encoder  # the critic's head on the actor's encoder: one module, in both state_dicts
+        if self.shared and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
+            raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
+        elif self.shared:
+            self.critic[0] = self.actor[0]
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
@@ -279,7 +287,12 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
         augmented = symmetry.in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
         obs_n, mb = augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
-        out, newvalue = agent.actor(obs_n["policy"]).float(), agent.value(mb["obs_n"])
+        if agent.shared:  # the encoder once, both heads on its features (the critic's on the rows it reads)
+            features = agent.actor[0](obs_n["policy"])
+            out, newvalue = agent.actor[1](features), agent.critic[1](features[: mb.shape[0]])
+        else:
+            out, newvalue = agent.actor(obs_n["policy"]), agent.value(mb["obs_n"])
+    out, newvalue = out.float(), newvalue.float()  # float32 even under bf16 autocast
     newlogprob, entropy = agent.log_prob_entropy(out[: mb.shape[0]], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()

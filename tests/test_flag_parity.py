@@ -26,8 +26,6 @@ DIFFERENCES = {
     ("ppo_lstm", "shared_encoder"): "always shared: the policy group's encoder and the recurrent cell serve both heads",
     ("ppo_lstm", "symmetry"): SYMMETRY_OF_A_MEMORY,
     ("ppo_lstm", "mirror_loss_coef"): SYMMETRY_OF_A_MEMORY,
-    ("ppo_rnd", "shared_encoder"): "not ported: it applies (CleanRL's Atari RND agent shares its CNN among the policy "
-    "and both value heads), with ppo.py's split of the loss into the encoder and the heads, and its pixel tests",
 }
 
 

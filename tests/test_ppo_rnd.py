@@ -255,3 +255,42 @@ def test_bf16_target_kl_and_anneal_lr_are_ppos(tmp_path):
     assert lrs == pytest.approx([1e-3 * (1 - i / iterations) for i in range(iterations)])
     weights = [v for v in state["model"].values() if v.is_floating_point()]
     assert all(v.dtype in (torch.float32, torch.float64) and torch.isfinite(v).all() for v in weights)
+
+
+def test_a_shared_encoder_is_one_module_under_the_policy_and_both_value_heads(tmp_path, monkeypatch):
+    """--shared-encoder as ppo.py's (tests/test_pixels.py): the critic's two heads sit on the actor's encoder, whose
+    features the loss computes once, giving what the networks called apart give; a run on Catch keeps one encoder in
+    its checkpoint; vector observations, with no encoder to share, are refused."""
+    import common.envs
+    from tests.pixel_env import CATCH, Catch
+
+    args = ppo_rnd.Args(encoder="minatar", hidden_sizes=(), shared_encoder=True)
+    agent = ppo_rnd.Agent((2, 6, 6), None, gym.spaces.Discrete(3), args)
+    assert agent.critic[0] is agent.actor[0]
+    g = torch.Generator().manual_seed(0)
+    mb = TensorDict(
+        {
+            "obs_n": {"policy": torch.randint(0, 256, (16, 2, 6, 6), dtype=torch.uint8, generator=g)},
+            "actions": torch.randint(0, 3, (16,), generator=g),
+            "logprobs": torch.full((16,), -1.1),
+            "values": torch.randn(16, 2, generator=g),
+            "advantages": torch.randn(16, generator=g),
+            "returns": torch.randn(16, 2, generator=g),
+        },
+        batch_size=[16],
+        device="cpu",
+    )
+    loss, logged = ppo_rnd.ppo_loss(agent, mb, args)
+    agent.shared = False  # the same module called twice, as separate networks are
+    loss_apart, logged_apart = ppo_rnd.ppo_loss(agent, mb, args)
+    torch.testing.assert_close(loss, loss_apart)
+    torch.testing.assert_close(logged["value_loss"], logged_apart["value_loss"])
+
+    monkeypatch.setitem(common.envs.BUILTIN_ENVS, CATCH, Catch)
+    flags = dict(num_envs=8, num_steps=8, num_minibatches=2, total_timesteps=128, eval_interval=0, progress=False)
+    flags.update(encoder="minatar", hidden_sizes=(), device="cpu", output_dir=str(tmp_path), run_name="run")
+    run_main(ppo_rnd, env_id=CATCH, shared_encoder=True, **flags)
+    model = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    torch.testing.assert_close(model["actor.0.convs.0.weight"], model["critic.0.convs.0.weight"])
+    with pytest.raises(SystemExit, match="^error: --shared-encoder needs an image"):
+        ppo_rnd.Agent(3, None, gym.spaces.Discrete(2), args)
