@@ -29,7 +29,7 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed  # noqa: E402
+from common import distributed, symmetry  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
@@ -239,7 +239,7 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
 
 
 # --- The PPO loss of a minibatch, with rsl_rl's symmetry --------------------------------------
-def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
+def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     """Clipped surrogate + (clipped) value loss - entropy bonus (+ mirror loss): the loss and what is logged, by name.
     --symmetry (rsl_rl's): the actor also reads the minibatch's mirror images. Augmentation adds them to the surrogate
     and value losses with the originals' old log-probs, values, advantages and returns, as rsl_rl does: (m(s), m(a)) was
@@ -247,13 +247,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
     probability; a symmetric task gives it the same value and advantage. Entropy and KL are the originals'."""
     b, obs_n = mb.shape[0], mb["obs_n"]
     if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
-        images = mb["mirrored"].transpose(0, 1).reshape(-1)
-        obs_n = torch.cat([obs_n, images["obs_n"]])
-        if args.symmetry in ("augmentation", "both"):
-            images.update(
-                {key: mb[key].repeat(images.shape[0] // b) for key in ("logprobs", "values", "advantages", "returns")}
-            )
-            mb = torch.cat([mb.exclude("mirrored"), images])
+        augmented = symmetry.in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
+        obs_n, mb = augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         if agent.shared:  # the encoder once, both heads on its features (the critic's on the rows it reads)
             features = agent.actor[0](obs_n["policy"])
@@ -288,7 +283,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
     if args.symmetry != "none":  # rsl_rl's mirror loss: the output on the mirror images against the mirrored output on
         # the originals, detached; logits less their mean (a constant added to every logit is the same policy)
         out = out - out.mean(-1, keepdim=True) if agent.discrete else out
-        mirror_loss = nn.functional.mse_loss(out[b:], mirror_output(out[:b].detach())[b:])
+        mirror_loss = nn.functional.mse_loss(out[b:], output_mirror(out[:b].detach()))
         if args.symmetry in ("mirror-loss", "both"):
             loss = loss + args.mirror_loss_coef * mirror_loss
         with (
@@ -298,21 +293,10 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, mirror_output=None):
             logged.update(
                 {
                     "mirror_loss": mirror_loss.detach(),
-                    "charts/symmetry_error": (act[b:] - mirror_output(act[:b])[b:]).abs().mean(),
+                    "charts/symmetry_error": (act[b:] - output_mirror(act[:b])).abs().mean(),
                 }
             )
     return loss, logged
-
-
-def output_mirror(data_augmentation, action_space: gym.Space, device: torch.device):
-    """The actor's outputs [B, A], then their mirror images ([k*B, A], data_augmentation's order): a Gaussian's mean
-    is mirrored as an action; column j of an image's logits is the logit of the action whose mirror image is j."""
-    if not isinstance(action_space, gym.spaces.Discrete):
-        return lambda out: data_augmentation(actions=out)[1]
-    columns = (
-        data_augmentation(actions=torch.arange(action_space.n, device=device))[1].view(-1, action_space.n).argsort(-1)
-    )
-    return lambda out: out[:, columns].transpose(0, 1).flatten(0, 1)
 
 
 # --- One iteration: rollout -> targets -> update ---------------------------------------------
@@ -348,15 +332,11 @@ def targets(
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     mirrored = {}
-    if (
-        args.symmetry != "none"
-    ):  # of the raw observations, then normalized (the normalizer's mean need not be symmetric)
-        obs, actions = (x[data.shape[0] :] for x in data_augmentation(obs=data["obs"], actions=data["actions"]))
-        mirrored["mirrored"] = (
-            TensorDict({"obs_n": agent.normalize(obs), "actions": actions}, batch_size=obs.shape)
-            .reshape(-1, *data.shape)
-            .permute(1, 2, 0)
-        )  # [T, N, k-1]: data_augmentation's k-1 mirror images of each step
+    if args.symmetry != "none":  # [T, N, k-1], of the raw observations, then normalized (its mean is not symmetric)
+        images = symmetry.mirror_images(data_augmentation, data["obs"], data["actions"])
+        mirrored["mirrored"] = TensorDict(
+            {"obs_n": agent.normalize(images["obs"]), "actions": images["actions"]}, images.shape
+        )
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
         next_value = agent.value(agent.normalize(next_obs))
@@ -443,13 +423,9 @@ def train(run, args: Args) -> dict:
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
-    data_augmentation = getattr(envs, "data_augmentation", None)  # the env's mirror (rsl_rl's data_augmentation_func)
-    if args.symmetry != "none" and data_augmentation is None:
-        raise SystemExit(f"error: --symmetry {args.symmetry}: {args.env_id} has no mirror (data_augmentation) to use")
-    mirror_output = (
-        output_mirror(data_augmentation, envs.single_action_space, device) if args.symmetry != "none" else None
-    )
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
+    data_augmentation = symmetry.env_mirror(envs, next_obs, args)  # rsl_rl's data_augmentation_func, with --symmetry
+    output_mirror = data_augmentation and symmetry.output_mirror(data_augmentation, envs.single_action_space, device)
     obs_shape = observation_shape(next_obs, "policy")
     critic_shape = (
         observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
@@ -515,7 +491,7 @@ def train(run, args: Args) -> dict:
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch (gradients averaged over ranks); returns its losses."""
-        loss, losses = ppo_loss(agent, mb, args, mirror_output)
+        loss, losses = ppo_loss(agent, mb, args, output_mirror)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         distributed.all_reduce_gradients(agent.parameters())

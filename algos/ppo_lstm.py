@@ -12,7 +12,8 @@ stays one CUDA graph), copies it at the rollout's start and zeroes the rows of e
 the next step reads them; the update replays each env's rollout as one sequence from that copy (truncated BPTT over
 --num-steps), zeroing it at the episode starts as the rollout did; minibatches are sets of envs with all their
 steps. Checkpoints hold each rank's hidden states: resume is exact.
-Flags as ppo.py's, less its --target-kl (a host read per epoch) and --anneal-lr (--lr-schedule linear).
+Flags as ppo.py's, less those tests/test_flag_parity.py lists with the reason (--symmetry: a hidden state has no
+known mirror image; rsl_rl refuses symmetry with a recurrent policy too).
 References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability);
 Huang et al. 2022 ("The 37 implementation details of PPO", the LSTM details); Rudin et al. 2022 (rsl_rl).
 """

@@ -2,9 +2,10 @@
 
     python algos/ppo_rnd.py --env-id MountainCarContinuous-v0 --num-envs 4096
 
-ppo.py (read it first; this file keeps its order, less --target-kl, --anneal-lr and --bf16) plus RND (Burda et
-al. 2018): a predictor learns to match a frozen random network on the states visited; its error on a state,
-divided by the running std of its discounted return, is the intrinsic reward, large where the agent has rarely been.
+ppo.py (read it first; this file keeps its order and its flags: tests/test_flag_parity.py lists the differences)
+plus RND (Burda et al. 2018): a predictor learns to match a frozen random network on the states visited; its error on
+a state, divided by the running std of its discounted return, is the intrinsic reward, large where the agent has rarely
+been.
 Two value heads (CleanRL's ppo_rnd_envpool.py), not rsl_rl's one summed reward: the critic predicts the extrinsic
 return (episodic, --gamma) and the intrinsic one (non-episodic, --rnd-gamma); the advantage is A_ext + weight *
 A_int. Why: novelty does not end with an episode. Summed into one episodic reward, the intrinsic stream stops
@@ -33,7 +34,7 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed  # noqa: E402
+from common import distributed, symmetry  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
@@ -58,6 +59,8 @@ ALGO = "ppo_rnd"
 
 @dataclass
 class Args(RunArgs):
+    bf16: bool = False
+    """run the agent's networks under bfloat16 autocast (distribution math, losses and RND stay float32)"""
     num_steps: Annotated[int, Ge(1)] = 24
     """steps per env per rollout; the batch per process is num_envs * num_steps"""
     num_minibatches: Annotated[int, Ge(1)] = 4
@@ -68,6 +71,8 @@ class Args(RunArgs):
     """initial learning rate of Adam"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
+    anneal_lr: bool = False
+    """CleanRL's flag: same as --lr-schedule linear"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
     """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
@@ -86,6 +91,8 @@ class Args(RunArgs):
     """value loss coefficient"""
     max_grad_norm: Annotated[float, Gt(0)] = 1.0
     """global gradient-norm clip"""
+    target_kl: Annotated[float | None, Gt(0)] = None
+    """stop the epoch loop early when the approximate KL exceeds this"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
     """hidden layer sizes of the actor and the critic"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
@@ -94,6 +101,9 @@ class Args(RunArgs):
     """encoder of image groups (uint8 [C, H, W]): Atari DQN CNN, IMPALA ResNet, MinAtar's conv, or flattened frames"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
+    shared_encoder: bool = False
+    """one image encoder under the policy and both value heads, trained by both losses (CleanRL's Atari RND agent);
+    needs the critic to read the policy group"""
     asymmetric_critic: bool = True
     """feed the critic the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
@@ -104,6 +114,11 @@ class Args(RunArgs):
     """scale rewards by the running std of the discounted return (keeps the value loss O(1))"""
     reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
+    symmetry: Literal["none", "log", "augmentation", "mirror-loss", "both"] = "none"
+    """rsl_rl's, by the env's mirror (data_augmentation), as ppo.py's: mirror images of each minibatch, a mirror loss,
+    both, or neither but logging mirror_loss and symmetry_error"""
+    mirror_loss_coef: Annotated[float, Ge(0)] = 1.0
+    """weight of the mirror loss (rsl_rl's mirror_loss_coeff)"""
     rnd_weight: Annotated[float, Ge(0)] = 1.0
     """weight of the intrinsic advantage beside the extrinsic one (rsl_rl's rnd_cfg.weight)"""
     rnd_weight_final: Annotated[float | None, Ge(0)] = None
@@ -149,6 +164,11 @@ class Agent(nn.Module):
             **net,
             max_value=image_max[1] if critic_obs_shape is not None else image_max[0],
         )
+        self.shared = args.shared_encoder  # the critic's head on the actor's encoder: one module, in both state_dicts
+        if self.shared and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
+            raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
+        elif self.shared:
+            self.critic[0] = self.actor[0]
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
@@ -170,17 +190,19 @@ class Agent(nn.Module):
 
     def value(self, obs_n: TensorDict) -> torch.Tensor:
         """[..., 2]: the extrinsic value, then the intrinsic one."""
-        return self.critic(obs_n[self.critic_key])
+        return self.critic(obs_n[self.critic_key]).float()  # float32 even under bf16 autocast
 
     def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(policy_obs_n)
+        return self.distribution(self.actor(policy_obs_n).float())
+
+    def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
         return torch.distributions.Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
-    def log_prob_entropy(self, policy_obs_n: torch.Tensor, action: torch.Tensor):
-        d = self.dist(policy_obs_n)
+    def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
+        d = self.distribution(out)
         if self.discrete:
             return d.log_prob(action), d.entropy()
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
@@ -256,14 +278,26 @@ def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -
     lr.copy_((lr * factor).clamp(1e-5, 5e-3))
 
 
-def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
-    """Clipped surrogate + (clipped) value losses - entropy bonus; returns the loss and its logged parts by name."""
-    newlogprob, entropy = agent.log_prob_entropy(mb["obs_n", "policy"], mb["actions"])
-    newvalue = agent.value(mb["obs_n"])
+def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
+    """Clipped surrogate + (clipped) value losses - entropy bonus (+ mirror loss); returns the loss and its logged parts
+    by name. --symmetry as ppo.py's: a mirror image takes its original's old log-prob, values and advantage (the
+    intrinsic ones too, as rsl_rl's RND with symmetry); the predictor learns on the originals only."""
+    b, obs_n = mb.shape[0], mb["obs_n"]
+    if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
+        augmented = symmetry.in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
+        obs_n, mb = augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
+    with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        if agent.shared:  # the encoder once, both heads on its features (the critic's on the rows it reads)
+            features = agent.actor[0](obs_n["policy"])
+            out, newvalue = agent.actor[1](features), agent.critic[1](features[: mb.shape[0]])
+        else:
+            out, newvalue = agent.actor(obs_n["policy"]), agent.value(mb["obs_n"])
+    out, newvalue = out.float(), newvalue.float()  # float32 even under bf16 autocast
+    newlogprob, entropy = agent.log_prob_entropy(out[: mb.shape[0]], mb["actions"])
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - logratio).mean()  # k3 estimator: unbiased, always >= 0
+        approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     adv = mb["advantages"]
     if args.adv_norm == "minibatch":
@@ -274,15 +308,24 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args):
         v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean(0).sum()
     else:  # each head's mean, summed: the extrinsic and the intrinsic value loss
         v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean(0).sum()
-    entropy_loss = entropy.mean()
+    entropy_loss = entropy[:b].mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, {
+    logged = {
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
     }
+    if args.symmetry != "none":  # ppo.py's mirror loss (logits less their mean) and symmetry error
+        out = out - out.mean(-1, keepdim=True) if agent.discrete else out
+        mirror_loss = nn.functional.mse_loss(out[b:], output_mirror(out[:b].detach()))
+        if args.symmetry in ("mirror-loss", "both"):
+            loss = loss + args.mirror_loss_coef * mirror_loss
+        act = (out if agent.discrete else agent.to_env(out)).detach()
+        logged["mirror_loss"] = mirror_loss.detach()
+        logged["charts/symmetry_error"] = (act[b:] - output_mirror(act[:b])).abs().mean()
+    return loss, logged
 
 
 # ----------------------------------------------------------------------------------------------
@@ -306,6 +349,7 @@ def targets(
     rnd_weight: torch.Tensor,
     data: TensorDict,
     next_obs: TensorDict,
+    data_augmentation,
     ep_stats: torch.Tensor,
     episodes: torch.Tensor,
     args: Args,
@@ -322,7 +366,14 @@ def targets(
         "intrinsic_rewards": nonfinite(data["int_rewards"]),
     }
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
+    mirrored = {}
+    if args.symmetry != "none":  # [T, N, k-1], of the raw observations, then normalized (as ppo.py)
+        images = symmetry.mirror_images(data_augmentation, data["obs"], data["actions"])
+        mirrored["mirrored"] = TensorDict(
+            {"obs_n": agent.normalize(images["obs"]), "actions": images["actions"]}, images.shape
+        )
+    with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
     rewards, int_rewards = data["rewards"], data["int_rewards"]
     if args.reward_norm:
         reward_normalizers[0].update(rewards, dones)
@@ -371,6 +422,7 @@ def targets(
             "values": values,
             "advantages": advantages,
             "returns": returns,
+            **mirrored,
         },
         batch_size=dones.shape,
         device=values.device,
@@ -393,12 +445,19 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
+        if (
+            args.target_kl is not None
+        ):  # one host read per epoch, only when asked for (the update is not captured whole)
+            if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
+                break
     means = {name: total / num_updates for name, total in loss_sums.items()}
     add_to(stats["losses"], means)
     add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
 def main(args: Args) -> dict:
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
     run = start_run(args, ALGO, {"log_interval": (10, 1)})
     with closing(run):  # on any exit, an error included: graphs released, then the process group left
         return train(run, args)
@@ -417,8 +476,9 @@ def train(run, args: Args) -> dict:
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
-
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
+    data_augmentation = symmetry.env_mirror(envs, next_obs, args)  # rsl_rl's data_augmentation_func, with --symmetry
+    output_mirror = data_augmentation and symmetry.output_mirror(data_augmentation, envs.single_action_space, device)
     obs_shape = observation_shape(next_obs, "policy")
     critic_shape = (
         observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
@@ -491,7 +551,8 @@ def train(run, args: Args) -> dict:
     def step_values(next_obs: TensorDict, final_obs: TensorDict, done: torch.Tensor):
         """At the step, with the weights and statistics the targets read: V_ext(final_obs), the time-out bootstrap, and
         the intrinsic reward, the novelty of the state reached (the true last one where an episode ended)."""
-        final_value = agent_inference.value(agent_inference.normalize(final_obs))[..., 0]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+            final_value = agent_inference.value(agent_inference.normalize(final_obs))[..., 0]
         return final_value, torch.where(
             done,
             rnd_inference.novelty(final_obs, args.rnd_obs_group),
@@ -500,7 +561,9 @@ def train(run, args: Args) -> dict:
 
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
-        action, logprob = policy_step(obs)  # the rollout runs under no_grad
+        # under no_grad (the rollout's); no autocast cache: a captured step must cast the weights at every replay
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+            action, logprob = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value, novelty = step_values(next_obs, info["final_obs"], terminated | truncated)
         transition = {
@@ -519,7 +582,7 @@ def train(run, args: Args) -> dict:
 
     def update_minibatch(mb: TensorDict):
         """A gradient step of the agent and of the predictor (not clipped, as rsl_rl's) on a minibatch; its losses."""
-        loss, losses = ppo_loss(agent, mb, args)
+        loss, losses = ppo_loss(agent, mb, args, output_mirror)
         rnd_loss = rnd.error(mb["rnd_obs_n"]).mean()
         optimizer.zero_grad(set_to_none=False)
         rnd_optimizer.zero_grad(set_to_none=False)
@@ -541,6 +604,7 @@ def train(run, args: Args) -> dict:
             rnd_weight,
             storage.data,
             obs,
+            data_augmentation,
             ep_stats,
             stats["episodes"],
             args,
@@ -562,12 +626,17 @@ def train(run, args: Args) -> dict:
         policy_step = captured(run, "acting", compiled(run, policy_step))
         step_values = captured(run, "values and novelty", compiled(run, step_values))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch captured alone
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(run, "update", update_fn)  # the targets and every epoch of the update as one graph
+    if args.target_kl is None:  # the targets and every epoch of the update as one graph
+        update_fn = captured(run, "update", update_fn)
     graphs = (
         "off"
         if not args.cudagraphs
-        else (f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update")
+        else f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
+        + ("the targets and the whole update" if args.target_kl is None else "the targets, each minibatch update")
     )
     begin_training(
         run,
@@ -603,7 +672,7 @@ def train(run, args: Args) -> dict:
                     run,
                     episodes=stats["episodes"],
                     means={
-                        f"{kind}/{name}": total / iterations_in_stats
+                        name if "/" in name else f"{kind}/{name}": total / iterations_in_stats  # charts/symmetry_error
                         for kind in ("losses", "charts")
                         for name, total in stats[kind].items()
                     },

@@ -397,7 +397,6 @@ class MirroredPoint(gym.Env):
 
     observation_space = spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)  # x, v, step
     action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
-    OBS_SIGNS = torch.tensor([-1.0, -1.0, 1.0])
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -413,13 +412,15 @@ class MirroredPoint(gym.Env):
     def _obs(self):
         return np.array([self.x, self.v, self.t], dtype=np.float32)
 
-    def data_augmentation(self, obs=None, actions=None):
+    def data_augmentation(self, obs=None, actions=None):  # written as rsl_rl's tasks write theirs, indexing rows
         if obs is not None:
             image = obs.clone()
-            image["policy"] = obs["policy"] * self.OBS_SIGNS.to(obs["policy"])
+            image["policy"][:, :2] = -image["policy"][:, :2]
             obs = torch.cat([obs, image], dim=0)
         if actions is not None:
-            actions = torch.cat([actions, -actions], dim=0)
+            image = actions.clone()
+            image[:, 0] = -image[:, 0]
+            actions = torch.cat([actions, image], dim=0)
         return obs, actions
 
 

@@ -30,6 +30,7 @@ from common.envs import mjlab_adapter
 from common.envs.mjlab_adapter import ManagerBasedEnvAdapter
 from common.run import Run
 from common.stats import record_env_log, reduce_iteration
+from common.symmetry import env_mirror, mirror_images
 from tests import fake_mjlab
 from tests.fake_mjlab import FakeEnvCfg, FakeManagerBasedRlEnv
 from tests.helpers import printed_summary
@@ -423,8 +424,9 @@ def test_the_mirror_is_the_tasks_rl_config_symmetry_function(fake_tasks):
 
 @pytest.mark.parametrize("task", MIRRORED_TASKS)
 def test_the_tasks_mirror_keeps_rsl_rls_contract(task, fake_tasks):
-    """Originals unchanged first, then their mirror images, for a [B] and a [T, N] batch; mirroring the mirror
-    images gives the originals back; None stays None; one group alone is mirrored alone."""
+    """Originals unchanged first, then their mirror images, for flat rows (and a [T, N] batch through
+    common.symmetry, which flattens it); mirroring the mirror images gives the originals back; None stays None; one
+    group alone is mirrored alone."""
     n = 5
     envs = fake_task(task, n)
     envs.reset(seed=2)
@@ -447,11 +449,11 @@ def test_the_tasks_mirror_keeps_rsl_rls_contract(task, fake_tasks):
     assert set(alone.keys()) == {"policy"} and torch.equal(alone["policy"], aug_obs["policy"])
 
     rollout, rollout_actions = torch.stack([obs, aug_obs[n:]]), torch.stack([actions, -actions])  # [T, N]
-    r_obs, r_actions = envs.data_augmentation(obs=rollout, actions=rollout_actions)
-    assert r_obs.batch_size == (4, n) and r_actions.shape == (4, n, 1)
+    images = mirror_images(envs.data_augmentation, rollout, rollout_actions)
+    assert images.batch_size == (2, n, 1)
     for key, signs in (("policy", POLICY_MIRROR), ("critic", CRITIC_MIRROR)):
-        assert torch.equal(r_obs[key][:2], rollout[key]) and torch.equal(r_obs[key][2:], rollout[key] * signs)
-    assert torch.equal(r_actions[2:], -rollout_actions)
+        assert torch.equal(images["obs", key][:, :, 0], rollout[key] * signs)
+    assert torch.equal(images["actions"][:, :, 0], -rollout_actions)
 
 
 def test_a_mirror_the_env_or_its_config_carries_is_taken_as_is(fake_tasks):
@@ -471,12 +473,15 @@ def test_a_mirror_the_env_or_its_config_carries_is_taken_as_is(fake_tasks):
 
 
 def test_a_task_mirror_that_leaves_out_the_originals_is_refused():
+    """common.symmetry's check, before training, of a task's function that returns its mirror images alone."""
     envs = ManagerBasedEnvAdapter(
-        fake_env(), "mjlab:Task", data_augmentation_func=lambda env, obs=None, actions=None: (obs, -actions[:3])
+        fake_env(), "mjlab:Task", data_augmentation_func=lambda env, obs=None, actions=None: (obs, -actions)
     )
-    refused = r"^mjlab:Task: the task's data_augmentation_func returned 3 rows of actions for 6"
-    with pytest.raises(ValueError, match=refused):
-        envs.data_augmentation(actions=torch.zeros(6, 1))
+    obs, _ = envs.reset(seed=0)
+    args = SimpleNamespace(symmetry="augmentation", env_id="mjlab:Task")
+    refused = r"^error: --symmetry augmentation: mjlab:Task: its mirror \(data_augmentation\) returned observations"
+    with pytest.raises(SystemExit, match=refused):
+        env_mirror(envs, obs, args)
 
 
 def test_ppo_symmetry_augmentation_runs_on_a_task_with_a_mirror(fake_tasks, tmp_path):

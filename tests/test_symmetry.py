@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from tensordict import TensorDict
 
 from common.envs import make_env
 from common.normalize import RewardNormalizer
+from common.symmetry import env_mirror, mirror_images, output_mirror
 from tests.helpers import load_script, run_main
 
 MASKED = {"mask_velocity": True}
@@ -127,8 +130,104 @@ def test_data_augmentation_is_rsl_rls_contract(env_id):
     assert torch.equal(aug_action[8:], env.mirror_action(action))
     assert env.data_augmentation(obs=None, actions=action)[0] is None
     assert env.data_augmentation(obs=obs, actions=None)[1] is None
-    rollout = torch.stack([obs, obs], dim=0)  # [T, N]: dim 0 is T, as rsl_rl's flat minibatches have it
-    assert env.data_augmentation(obs=rollout)[0].batch_size == (4, 8)
+
+
+# --- one mirror contract for every env kind (common/symmetry.py) -----------------------------------------------------
+def rsl_rl_style_mirror(obs=None, actions=None):
+    """A mirror written as rsl_rl's tasks write theirs, indexing rows: feature 1 of every group and action 0 change
+    sign. Given a [T, N] batch as is, it would negate env 1 of every step instead (and env 0's actions)."""
+    if obs is not None:
+        image = obs.clone()
+        for key in image.keys():
+            image[key][:, 1] = -image[key][:, 1]
+        obs = torch.cat([obs, image])
+    if actions is not None:
+        image = actions.clone()
+        image[:, 0] = -image[:, 0]
+        actions = torch.cat([actions, image])
+    return obs, actions
+
+
+class RowMirrored(gym.Env):
+    """A gym env whose own mirror is rsl_rl_style_mirror (the gym adapter passes it on as is)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(7,), dtype=np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(7, dtype=np.float32), {}
+
+    def step(self, action):
+        return np.zeros(7, dtype=np.float32), 0.0, False, False, {}
+
+    def data_augmentation(self, obs=None, actions=None):
+        return rsl_rl_style_mirror(obs, actions)
+
+
+gym.register(id="TestRowMirrored-v0", entry_point=RowMirrored)
+
+
+def env_with_rsl_rl_style_mirror(kind: str):
+    if kind == "built-in":  # the attribute a built-in env's mirror is found by
+        env = make_env("Pendulum-v1", 2)
+        env.data_augmentation = rsl_rl_style_mirror
+        return env
+    if kind == "gym":
+        return make_env("gym:TestRowMirrored-v0", 2)
+    from common.envs.mjlab_adapter import ManagerBasedEnvAdapter
+    from tests.fake_mjlab import FakeEnvCfg, FakeManagerBasedRlEnv
+
+    def task_mirror(env, obs=None, actions=None):  # rsl_rl's signature; sees the task's group names ("actor")
+        return rsl_rl_style_mirror(obs, actions)
+
+    return ManagerBasedEnvAdapter(FakeManagerBasedRlEnv(FakeEnvCfg()), "fake", data_augmentation_func=task_mirror)
+
+
+@pytest.mark.parametrize("kind", ["built-in", "gym", "mjlab"])
+def test_an_rsl_rl_style_mirror_means_the_same_on_every_env_kind(kind):
+    """A rollout's [T, N] batch through the env's mirror: the images are the rows with feature 1 negated, whatever
+    the env kind (the function sees flat rows), each row's image beside it ([T, N, k-1])."""
+    g = torch.Generator().manual_seed(4)
+    obs = TensorDict({"policy": torch.randn(T, B, 7, generator=g)}, batch_size=[T, B])
+    actions = torch.randn(T, B, 1, generator=g)
+    images = mirror_images(env_with_rsl_rl_style_mirror(kind).data_augmentation, obs, actions)
+    assert images.batch_size == (T, B, 1)
+    expected = obs["policy"].clone()
+    expected[..., 1] = -expected[..., 1]
+    assert torch.equal(images["obs", "policy"][..., 0, :], expected)
+    assert torch.equal(images["actions"][..., 0, :], -actions)
+
+
+def test_the_built_in_mirror_keeps_the_contract_on_a_rollout():
+    """The built-in mirror through mirror_images: each step's image beside it; the actor's outputs mirrored as
+    actions (Box) or by the permutation of the actions (Discrete), in rsl_rl's order."""
+    env = make_env("Pendulum-v1", B)
+    obs = torch.stack([env.reset()[0]] * T)
+    actions = torch.randn(T, B, 1)
+    images = mirror_images(env.data_augmentation, obs, actions)
+    assert torch.equal(images["obs"][:, :, 0]["policy"], env.mirror_obs(obs)["policy"])
+    assert torch.equal(images["actions"][:, :, 0], -actions)
+    assert torch.equal(output_mirror(env.data_augmentation, env.single_action_space, "cpu")(actions[0]), -actions[0])
+    acrobot = make_env("Acrobot-v1", 1)  # torque -1 <-> +1: the logits of actions 0 and 2 swap places
+    logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])
+    mirrored = output_mirror(acrobot.data_augmentation, acrobot.single_action_space, "cpu")(logits)
+    assert mirrored.tolist() == [[2.0, 1.0, 0.0], [5.0, 4.0, 3.0]]
+
+
+def test_a_mirror_that_breaks_the_contract_stops_the_run_in_one_line():
+    """Checked once, before training: a mirror that leaves out the originals (or returns too few rows), and an env
+    without one; --symmetry none asks for nothing."""
+    env = make_env("Pendulum-v1", 4)
+    obs, _ = env.reset()
+    args = ppo.Args(env_id="Pendulum-v1", symmetry="log")
+    assert env_mirror(env, obs, args) == env.data_augmentation
+    env.data_augmentation = lambda obs=None, actions=None: (env.mirror_obs(obs), env.mirror_action(actions))
+    refused = r"^error: --symmetry log: Pendulum-v1: its mirror \(data_augmentation\) returned observations of shape "
+    with pytest.raises(SystemExit, match=refused + r"\[4\] for \[4\]; it must return the 4 rows given, then"):
+        env_mirror(env, obs, args)
+    assert env_mirror(env, obs, ppo.Args(symmetry="none")) is None
+    with pytest.raises(SystemExit, match=r"^error: --symmetry log: MountainCar-v0 has no mirror"):
+        env_mirror(make_env("MountainCar-v0", 4), obs, ppo.Args(env_id="MountainCar-v0", symmetry="log"))
 
 
 def test_discrete_mirror_swaps_the_actions():
@@ -148,7 +247,7 @@ ppo = load_script("ppo")
 T, B = 4, 8  # a rollout of T steps of B envs
 
 
-def symmetric_batch(env_id: str, args, offset: float = 0.0, seed: int = 0):
+def symmetric_batch(env_id: str, args, offset: float = 0.0, seed: int = 0, mirror=None):
     """targets() of a random [T, B] rollout (observations shifted by `offset`, so a normalizer that has seen them has
     a mean the mirror does not keep); the agent, the env, the flat batch, and the rollout's raw observations."""
     g = torch.Generator().manual_seed(seed)
@@ -179,7 +278,7 @@ def symmetric_batch(env_id: str, args, offset: float = 0.0, seed: int = 0):
         RewardNormalizer(B, 0.99),
         data,
         obs[-1],
-        env.data_augmentation,
+        mirror or env.data_augmentation,
         torch.zeros(2, B, dtype=torch.float64),
         torch.zeros(3, dtype=torch.float64),
         args,
@@ -206,7 +305,7 @@ def test_augmentation_adds_the_mirrored_minibatch_with_the_originals_old_values(
         seen.update(out=out, actions=actions) or log_prob_entropy(out, actions)
     )
     agent.value = lambda obs_n: seen.update(critic=obs_n["policy"]) or value(obs_n)
-    _, logged = ppo.ppo_loss(agent, mb, args, ppo.output_mirror(env.data_augmentation, env.single_action_space, "cpu"))
+    _, logged = ppo.ppo_loss(agent, mb, args, output_mirror(env.data_augmentation, env.single_action_space, "cpu"))
     obs_n = torch.cat([mb["obs_n", "policy"], mb["mirrored", "obs_n", "policy"][:, 0]])
     assert seen["out"].shape[0] == seen["actions"].shape[0] == seen["critic"].shape[0] == 2 * B
     torch.testing.assert_close(seen["critic"], obs_n)
@@ -230,6 +329,24 @@ def test_augmentation_adds_the_mirrored_minibatch_with_the_originals_old_values(
     torch.testing.assert_close(logged["value_loss"], v_loss)
     torch.testing.assert_close(logged["approx_kl"], kl)
     assert not torch.allclose(kl, ((ratio - 1) - logratio).mean())  # the mirrored half would have changed it
+
+
+def pendulums_mirror_written_as_rsl_rl_does(obs=None, actions=None):
+    """The built-in Pendulum's mirror, rows indexed: sin(theta) and its rate change sign, and the torque."""
+    image, actions_image = obs.clone(), actions.clone()
+    image["policy"][:, 1:] = -image["policy"][:, 1:]
+    actions_image[:, 0] = -actions_image[:, 0]
+    return torch.cat([obs, image]), torch.cat([actions, actions_image])
+
+
+def test_the_targets_mirror_each_step_with_a_mirror_written_as_rsl_rl_does():
+    """ppo.py's targets of a [T, N] rollout with the env's mirror and the same mirror written as rsl_rl's tasks write
+    it (indexing rows): the same mirror images, each beside its step."""
+    args = ppo.Args(symmetry="augmentation", hidden_sizes=(16,))
+    batch = symmetric_batch("Pendulum-v1", args, offset=0.7)[2]
+    rsl_rl_style = symmetric_batch("Pendulum-v1", args, offset=0.7, mirror=pendulums_mirror_written_as_rsl_rl_does)[2]
+    for key in ("obs_n", "actions"):
+        torch.testing.assert_close(rsl_rl_style["mirrored", key], batch["mirrored", key])
 
 
 class Symmetrized(torch.nn.Module):
@@ -259,7 +376,7 @@ def test_mirror_loss_is_zero_for_a_symmetric_policy_and_positive_otherwise(env_i
     args = ppo.Args(symmetry="log", hidden_sizes=(16,), obs_norm=False)
     agent, env, batch, _ = symmetric_batch(env_id, args)
     mb = batch[:B]
-    mirror_output = ppo.output_mirror(env.data_augmentation, env.single_action_space, "cpu")
+    mirrored_output = output_mirror(env.data_augmentation, env.single_action_space, "cpu")
     asymmetric = agent.actor
     with torch.no_grad():  # out of the near-zero initial outputs (out_gain 0.01); biases, which start at zero: a
         asymmetric[-1].weight.mul_(100.0)  # tanh network without them is odd, and so symmetric where the mirror
@@ -272,7 +389,7 @@ def test_mirror_loss_is_zero_for_a_symmetric_policy_and_positive_otherwise(env_i
         agent.actor = actor if name == "asymmetric" or not agent.discrete else torch.nn.Sequential(actor, Shift())
         for mode in ("log", "mirror-loss"):
             args.symmetry, args.mirror_loss_coef = mode, 3.0
-            losses[name, mode] = ppo.ppo_loss(agent, mb, args, mirror_output)
+            losses[name, mode] = ppo.ppo_loss(agent, mb, args, mirrored_output)
     (log_loss, logged), (mirror_loss, _) = losses["asymmetric", "log"], losses["asymmetric", "mirror-loss"]
     assert logged["mirror_loss"] > 1e-3 and logged["charts/symmetry_error"] > 1e-2, logged
     torch.testing.assert_close(mirror_loss - log_loss, 3.0 * logged["mirror_loss"])

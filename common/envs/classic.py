@@ -66,9 +66,10 @@ class MirrorSymmetric:
     observation, with the same reward and termination (tests/test_symmetry.py).
 
     `data_augmentation(obs=None, actions=None) -> (obs, actions)` is rsl_rl's data_augmentation_func
-    (RslRlSymmetryCfg) on this env: each batch followed by its mirror image along dim 0, None left None. It is
-    the one name a script looks for (`getattr(envs, "data_augmentation", None)`); an adapter sets it from the
-    task's own function (an mjlab or Isaac Lab task's data_augmentation_func, given the env).
+    (RslRlSymmetryCfg) on this env: flat [B] rows in, each batch followed by its mirror image along dim 0 out, None
+    left None, the contract of every env kind (common/symmetry.py, which applies it to a script's batches). An
+    adapter sets the same attribute from the task's own function (an mjlab or Isaac Lab task's
+    data_augmentation_func, given the env).
 
     A subclass declares `state_signs` and `obs_signs` (the mirror negates the entries marked -1; the full
     observation's, of which a masked "policy" group keeps the `masked_obs` entries) and either

@@ -32,6 +32,8 @@ Seeding: env i is seeded `seed + i` by envpool (int32 seeds: `seed` is taken mod
 `reset(seed=s)` with a new `s` rebuilds the pool with it.
 Checkpoints: envpool cannot snapshot its envs, so `state_dict()` is empty (as for `gym:`).
 Video: envpool has no renderer; frames of image tasks are drawn from the observation (common.video).
+Mirror symmetry: envpool's tasks declare no mirror, so the adapter has no `data_augmentation` (common/symmetry.py's
+contract, every env kind's) and `--symmetry` stops the run in one line.
 """
 
 from __future__ import annotations

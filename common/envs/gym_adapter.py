@@ -41,8 +41,9 @@ Needs the `[atari]` extra (ale-py, OpenCV for the resize).
 
 Mirror symmetry (`ppo.py --symmetry`): a `data_augmentation(obs=None, actions=None)` callable of the
 unwrapped env (rsl_rl's data_augmentation_func less the `env` argument, on this adapter's batched
-torch tensors: a TensorDict of "policy" observations, the actions as the adapter takes them; each
-batch followed by its mirror images along dim 0) becomes the adapter's `data_augmentation`, as is.
+torch tensors: a TensorDict of "policy" observations, the actions as the adapter takes them) becomes
+the adapter's `data_augmentation`, as is. Its contract is every env kind's (common/symmetry.py): it
+sees flat [B] rows, as rsl_rl gives them, and returns each batch followed by its mirror images.
 It is the first sub-env's; with "async" the sub-envs live in other processes, so it is that of one
 more instance built here, only when the first sub-env reports having one.
 

@@ -105,12 +105,13 @@ mjlab's train script makes of the config. rsl_rl calls it `func(env=..., obs=...
 `obs` a TensorDict of the task's groups (rsl_rl >= 3), or once per group with
 `obs_type="policy"|"critic"` and that group's tensor (rsl_rl 2, older Isaac Lab); a "module:name"
 string (what Isaac Lab's config-to-dict makes of a function) is imported. The adapter's
-`data_augmentation(obs=None, actions=None)` calls it with the wrapped env (whose `unwrapped` is
-itself, as the functions expect of rsl_rl's wrapper) and the observations under the task's group
-names, a group of separate terms split back into its terms,
-and maps the result back: each batch followed by its mirror images along dim 0, any leading batch
-shape ([B] or [T, N]). A `data_augmentation` attribute of the unwrapped env, or else of its config,
-is taken as is, before the task's function (a mirror written for the adapter's own observations).
+`data_augmentation(obs=None, actions=None)` (common/symmetry.py's contract, the same for every env
+kind: flat [B] rows in, each batch followed by its mirror images along dim 0 out) calls it with the
+wrapped env (whose `unwrapped` is itself, as the functions expect of rsl_rl's wrapper) and the
+observations under the task's group names, a group of separate terms split back into its terms, and
+maps the result back to the adapter's groups. A `data_augmentation` attribute of the unwrapped env,
+or else of its config, is taken as is, before the task's function (a mirror written for the
+adapter's own observations, under the same contract).
 Without either the adapter has no `data_augmentation` attribute (`--symmetry` then stops the run).
 
 Seeding and checkpoints: mjlab draws its randomness (resets, domain randomisation, noise) from the process-wide
@@ -502,38 +503,28 @@ class ManagerBasedEnvAdapter:
     # -- the mirror (data_augmentation) by the task's function ------------------------------------
 
     def _data_augmentation_by_task(self, obs: TensorDict | None = None, actions: torch.Tensor | None = None):
-        """rsl_rl's data_augmentation_func less `env`: each batch ([B] or [T, N] leading dims) followed by its
-        mirror images along dim 0, None left None; the task's function sees [B'] rows, as rsl_rl gives it."""
-        flat_obs = None if obs is None else obs.reshape(-1)
-        flat_actions = None if actions is None else actions.reshape(-1, *actions.shape[-1:])
+        """rsl_rl's data_augmentation_func less `env`, on flat [B] rows (common/symmetry.py's contract): the task's
+        function on its own group names and terms, its result back in the adapter's groups."""
         if self._mirror_per_group:
-            mirrored, actions_aug = self._mirror_each_group(flat_obs, flat_actions)
+            mirrored, actions_aug = self._mirror_each_group(obs, actions)
         else:
             task_obs = None
-            if flat_obs is not None:
+            if obs is not None:
                 task_obs = TensorDict(
-                    {self.obs_groups[k]: self._task_group(self.obs_groups[k], flat_obs[k]) for k in flat_obs.keys()},
-                    batch_size=flat_obs.batch_size,
+                    {self.obs_groups[k]: self._task_group(self.obs_groups[k], obs[k]) for k in obs.keys()},
+                    batch_size=obs.batch_size,
                 )
-            obs_aug, actions_aug = self._task_mirror(env=self.env, obs=task_obs, actions=flat_actions)
+            obs_aug, actions_aug = self._task_mirror(env=self.env, obs=task_obs, actions=actions)
             mirrored = (
                 None
                 if obs is None
-                else {k: self._flat_rows(self.obs_groups[k], obs_aug[self.obs_groups[k]]) for k in flat_obs.keys()}
+                else {k: self._flat_rows(self.obs_groups[k], obs_aug[self.obs_groups[k]]) for k in obs.keys()}
             )
-        obs_out = actions_out = None
-        if obs is not None:
-            rows = next(iter(mirrored.values())).shape[0]
-            lead = self._stacked(rows, obs.batch_size, "observations")
-            obs_out = TensorDict(
-                {k: v.reshape(*lead, *obs[k].shape[obs.batch_dims :]) for k, v in mirrored.items()},
-                batch_size=lead,
-                device=obs.device,
-            )
-        if actions is not None:
-            lead = self._stacked(actions_aug.shape[0], actions.shape[:-1], "actions")
-            actions_out = actions_aug.reshape(*lead, actions.shape[-1])
-        return obs_out, actions_out
+        if obs is None:
+            return None, actions_aug
+        rows = next(iter(mirrored.values())).shape[0]
+        obs_aug = {k: v.reshape(rows, *obs[k].shape[1:]) for k, v in mirrored.items()}
+        return TensorDict(obs_aug, batch_size=[rows], device=obs.device), actions_aug
 
     def _mirror_each_group(self, flat_obs: TensorDict | None, flat_actions: torch.Tensor | None):
         """rsl_rl 2's calls: one per group with its flat tensor and obs_type, the actions with the policy's."""
@@ -563,16 +554,6 @@ class ManagerBasedEnvAdapter:
         if group in self._group_shapes:
             return value.reshape(b, -1)
         return torch.cat([value[t].reshape(b, -1) for t, _ in self._term_layout[group]], dim=-1)
-
-    def _stacked(self, rows: int, batch_shape, what: str) -> tuple[int, ...]:
-        """The leading shape of `rows` mirrored rows of a batch of `batch_shape`: its first dim times the copies."""
-        n = math.prod(batch_shape)
-        if rows < n or rows % n:
-            raise ValueError(
-                f"{self.env_id}: the task's data_augmentation_func returned {rows} rows of {what} for "
-                f"{n}; it must return the {n} given, then their mirror images"
-            )
-        return (rows // n * batch_shape[0], *batch_shape[1:])
 
     def _log(self, extras: dict) -> dict[str, torch.Tensor | float]:
         """Scalar episode statistics from extras["log"]: tensors as 0-d float32 on the device (no host

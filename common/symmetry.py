@@ -1,0 +1,70 @@
+"""Mirror symmetry (rsl_rl's symmetry_cfg; Mittal et al. 2024): how an env's mirror is applied to a batch.
+
+One contract for every env kind (built-in, gym:, envpool:, mjlab:/Isaac Lab). An env with a mirror has
+`data_augmentation(obs=None, actions=None) -> (obs, actions)`: rsl_rl's data_augmentation_func less its `env`.
+It sees flat rows, as rsl_rl's PPO gives it a minibatch: `obs` a TensorDict of the env's groups with batch [B],
+`actions` [B, A] (Box) or [B] (Discrete). It returns k * B rows of each (k >= 2): the B given, then every mirror
+image of all B (image j of row i at row j * B + i), None left None. So a mirror written rsl_rl's way,
+`obs[:, 1] = -obs[:, 1]`, means feature 1 of every row, whatever the script's batch looks like: the scripts never
+call it on anything but flat rows, only through the functions here, which flatten a batch of any leading shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+import torch
+from tensordict import TensorDict
+
+
+def env_mirror(envs, obs: TensorDict, args) -> Callable | None:
+    """The env's mirror for `--symmetry` (None with --symmetry none), tried once on the env's observations `obs` [N]
+    and a batch of actions: an env without one, or one that breaks the contract, stops the run in one line."""
+    if args.symmetry == "none":
+        return None
+    data_augmentation = getattr(envs, "data_augmentation", None)
+    fault = f"error: --symmetry {args.symmetry}: {args.env_id}"
+    if data_augmentation is None:
+        raise SystemExit(f"{fault} has no mirror (data_augmentation) to use")
+    space, n = envs.single_action_space, obs.shape[0]
+    actions = torch.zeros(n, *space.shape, dtype=torch.long if space.shape == () else torch.float32, device=obs.device)
+    aug_obs, aug_actions = data_augmentation(obs=obs, actions=actions)
+    for what, given, rows in (("observations", obs, aug_obs), ("actions", actions, aug_actions)):
+        if rows is None or rows.shape[0] < 2 * n or rows.shape[0] % n or rows.shape[1:] != given.shape[1:]:
+            shape = None if rows is None else list(rows.shape)
+            raise SystemExit(
+                f"{fault}: its mirror (data_augmentation) returned {what} of shape {shape} for {list(given.shape)}; "
+                f"it must return the {n} rows given, then their mirror images (common/symmetry.py)"
+            )
+    if set(aug_obs.keys()) != set(obs.keys()):
+        raise SystemExit(f"{fault}: its mirror returned the groups {sorted(aug_obs.keys())} for {sorted(obs.keys())}")
+    return data_augmentation
+
+
+def mirror_images(data_augmentation: Callable, obs: TensorDict, actions: torch.Tensor) -> TensorDict:
+    """The mirror images of a batch of any leading shape `lead` (obs's batch shape: [B], or a rollout's [T, N]):
+    {"obs", "actions"} with batch [*lead, k-1], image j of the row at [..., j]. The env's mirror sees the flat rows."""
+    lead, n = obs.batch_size, obs.batch_size.numel()
+    aug_obs, aug_actions = data_augmentation(obs=obs.reshape(n), actions=actions.reshape(n, *actions.shape[obs.ndim :]))
+    images = TensorDict({"obs": aug_obs[n:], "actions": aug_actions[n:]}, batch_size=[aug_obs.shape[0] - n])
+    return images.reshape(-1, *lead).permute(*range(1, len(lead) + 1), 0)  # [k-1, *lead] -> [*lead, k-1]
+
+
+def in_rsl_rl_order(batch: TensorDict, images: TensorDict) -> TensorDict:
+    """A minibatch [B] and its rows' mirror images [B, k-1] as rsl_rl's augmented minibatch [k * B]: the originals,
+    then every row's first image, then every row's second, ... An image takes what it lacks from its original (rsl_rl
+    repeats the old log-probs, values, advantages and returns)."""
+    images = batch.exclude(*images.keys()).unsqueeze(1).expand(images.shape).update(images)
+    return torch.cat([batch, images.transpose(0, 1).reshape(-1)])
+
+
+def output_mirror(data_augmentation: Callable, action_space: gym.Space, device) -> Callable:
+    """The mirror of the actor's outputs: `out` [B, A] -> their mirror images [(k-1) * B, A], in_rsl_rl_order's order.
+    A Gaussian's mean is mirrored as an action; logits by the mirror of the actions: column j of an image's logits is
+    the logit of the action whose mirror image is j."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        return lambda out: data_augmentation(actions=out)[1][out.shape[0] :]
+    n = int(action_space.n)
+    columns = data_augmentation(actions=torch.arange(n, device=device))[1][n:].view(-1, n).argsort(-1)  # [k-1, n]
+    return lambda out: out[:, columns].transpose(0, 1).flatten(0, 1)
