@@ -1071,7 +1071,9 @@ def results_document(reports: list[tuple[str, dict]]) -> str:
         f"- eval return, last fifth: each seed's mean over its evaluations in the last fifth of its env steps "
         f"(from {1 - WINDOW:g} x the steps of its last evaluation), then mean ± std over the seeds. One evaluation "
         "(a few greedy episodes) swings from the next by more than the seeds differ; the mean of the last fifth "
-        "does not. Best eval return: each seed's highest single evaluation (what `best.pt` was saved for).",
+        "does not. A run stopped at its target (`--stop-at-target`) ends at the evaluation that reached it, so its "
+        "last fifth also holds the evaluations before. Best eval return: each seed's highest single evaluation (what "
+        "`best.pt` was saved for).",
         "- figures: eval return against env steps and against training seconds, the mean over the seeds as a "
         "line and their min-max as a band.",
         "",
