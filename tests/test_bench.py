@@ -251,25 +251,64 @@ def test_at_steps_table_reads_each_seed_at_the_first_eval_at_or_after_the_step()
     rows = learning.at_steps_table(records, ["ppo:CartPole-v1", name])
     assert len(rows) == 3 and rows[0].count("eval at") == 4  # only the experiment with at_steps gets a row
     cells = [c.strip() for c in rows[2].split("|")[1:-1]]
-    # 100k -> the eval at 100,032 (index 1); 250k -> 250,080 (4); 500k -> 500,160 (9); 1M -> the last (19)
+
+    def cell(indices: list[int], seeds=(1, 2)) -> str:  # the seeds' mean over these evaluations, "-" for None
+        mean = statistics.mean(indices)
+        values = [None if seed is None else seed * 1000 + mean for seed in seeds]
+        got = [v for v in values if v is not None]
+        return (
+            f"{statistics.mean(got):,.1f} ± {statistics.pstdev(got):,.1f} ("
+            + " / ".join("-" if v is None else f"{v:,.0f}" for v in values)
+            + ")"
+        )
+
+    # each step's evaluations from 0.8 x the step to the first at or after it: 100k -> 100,032 (index 1); 250k ->
+    # 200,064 and 250,080 (3, 4); 500k -> 400,128 to 500,160 (7-9); 1M -> 800,256 to the last (15-19)
     assert cells[:2] == ["td3", "gym:Hopper-v5"]
-    assert cells[2:6] == [f"1,{500 + i}.0 ± 500.0 (1,{i:03d} / 2,{i:03d})" for i in (1, 4, 9, 19)]
+    assert cells[2:6] == [cell([1]), cell([3, 4]), cell([7, 8, 9]), cell([15, 16, 17, 18, 19])]
     assert cells[6] == "3,135" and cells[7].startswith("16.7 ")  # 1,000 s per 1M steps
-    for r in records:  # a run that ended an iteration short of its budget of 1M: its final eval is the 1M one
+    for r in records:  # a run that ended an iteration short of its budget of 1M: its last evaluations are the 1M ones
         r.update(budget=1_000_000, curve={k: v[:-1] for k, v in r["curve"].items()})
-    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][
-        5
-    ] == "1,518.0 ± 500.0 (1,018 / 2,018)"
+    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][5] == cell(
+        [15, 16, 17, 18]
+    )
     records[0]["summary"] = {"stop_reason": "SIGTERM"}  # stopped before its budget: no eval at 1M for that seed
-    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][
-        5
-    ] == "1,018.0 ± 0.0 (1,018 / -)"
+    assert [c.strip() for c in learning.at_steps_table(records, [name])[2].split("|")[1:-1]][5] == cell(
+        [15, 16, 17, 18], seeds=(1, None)
+    )
     del records[0]["summary"]
     for r in records:
         r["name"] = name + "@n1"
     assert [c.strip() for c in learning.at_steps_table(records, [name + "@n1"])[2].split("|")[1:-1]][
         1
     ] == "gym:Hopper-v5@n1"
+
+
+def test_the_eval_return_of_a_table_is_the_mean_of_the_last_fifth_of_each_run():
+    """One evaluation swings from the next: the table's eval return is each seed's mean over its evaluations in the
+    last fifth of its env steps (from 0.8 x its last evaluation's steps), then mean ± std over the seeds, with the
+    number of seeds that finished beside it."""
+    from tests.benchmarks import learning
+
+    steps = list(range(10, 101, 10))
+    records = [
+        {
+            "name": "ppo:CartPole-v1",
+            "seed": seed,
+            "budget": 100,
+            "summary": {},
+            "steps_to_target": None,
+            "seconds_to_target": None,
+            "curve": {"steps": steps, "seconds": steps, "returns": returns},
+        }
+        for seed, returns in ((1, [0.0] * 7 + [100.0, 300.0, 200.0]), (2, [0.0] * 7 + [300.0, 100.0, 400.0]))
+    ]
+    records.append({"name": "ppo:CartPole-v1", "seed": 3, "budget": 100, "error": "failed"})
+    row = learning.table(records, ["ppo:CartPole-v1"], [1, 2, 3])[2]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    # seed 1: the evaluations at 80, 90, 100 (>= 0.8 x 100): 200.0; seed 2: 266.7
+    assert cells[4:6] == ["2 (1 failed)", "0/2"]
+    assert cells[8] == f"{(200 + 800 / 3) / 2:,.1f} ± {(800 / 3 - 200) / 2:,.1f}" and cells[9] == "350.0 ± 50.0"
 
 
 def test_training_seconds_leave_out_the_time_a_stopped_run_waits_for_its_resume(tmp_path):
@@ -417,8 +456,57 @@ def test_learning_results_command_writes_only_where_named(tmp_path, capsys):
     # a --report of the committed learning.json into a directory named: the same table, written there
     code = learning.main(["--report", str(learning.COMMITTED / "learning.json"), "--out", str(tmp_path)])
     assert code == 0 and committed_files() == before
-    committed_table = (learning.COMMITTED / "learning.md").read_text()
-    assert (tmp_path / "learning.md").read_text().split("\n![")[0] == committed_table.split("\n![")[0]
+    written = (tmp_path / "learning.md").read_text().split("\n\n![")[0].split("\n\n(no figures")[0]
+    assert written == (learning.COMMITTED / "learning.md").read_text().split("\n\n![")[0]
+    with pytest.raises(SystemExit) as stop:  # one --out for several reports would write them over each other
+        learning.main(["--report", str(learning.COMMITTED), "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "--out takes one learning.json" in capsys.readouterr().err
+
+
+def test_the_committed_results_document_and_summary_are_the_report_commands_output(tmp_path, monkeypatch):
+    """`--report tests/benchmarks/results --update-committed --no-figures` over a copy of the committed results
+    writes every learning.md, the results document and the README's summary byte for byte as committed: the
+    committed text is the command's output from the committed learning.json files, nothing written by hand."""
+    import shutil
+
+    from tests.benchmarks import learning
+
+    copy, readme = tmp_path / "results", tmp_path / "README.md"
+    shutil.copytree(learning.COMMITTED, copy)
+    shutil.copy(learning.README, readme)
+    for path in [*copy.rglob("learning.md"), copy / "README.md"]:
+        path.write_text("stale\n")
+    readme.write_text(learning.with_readme_block(readme.read_text(), "\n".join(learning.MARKERS)))
+    monkeypatch.setattr(learning, "COMMITTED", copy)
+    monkeypatch.setattr(learning, "DOCUMENT", copy / "README.md")
+    monkeypatch.setattr(learning, "README", readme)
+    assert learning.main(["--report", str(copy), "--update-committed", "--no-figures"]) == 0
+    committed = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    assert committed == {
+        p.relative_to(learning.ROOT / "tests/benchmarks/results"): p.read_bytes()
+        for p in (learning.ROOT / "tests/benchmarks/results").rglob("*")
+        if p.is_file()
+    }
+    assert readme.read_bytes() == (learning.ROOT / "README.md").read_bytes()
+
+
+def test_the_results_document_names_every_committed_folder_and_links_what_exists():
+    """Every committed results folder has a section; the summary's rows, the folders' descriptions and the notes
+    name experiments and folders that are committed; every link of the summary is a heading of the document."""
+    from tests.benchmarks import learning
+
+    reports = dict(learning.committed_reports())
+    document = learning.DOCUMENT.read_text()
+    headings = {learning.anchor(line[3:]) for line in document.splitlines() if line.startswith("## ")}
+    assert {learning.anchor(learning.title_of(folder)) for folder in reports} <= headings
+    assert set(learning.FOLDERS) <= set(reports)
+    for folder, name in learning.HEADLINES:
+        assert name in reports[folder]["experiments"], (folder, name)
+    assert all(any(name in r["experiments"] for r in reports.values()) for name in learning.NOTES)
+    summary = [line for line in learning.readme_block(list(reports.items())).splitlines() if line.startswith("|")]
+    assert len(summary) == 2 + len(learning.HEADLINES)
+    for line in summary[2:]:
+        assert line.split("](")[-1].split("#")[-1].rstrip(") |") in headings
 
 
 def synthetic_report() -> dict:
@@ -476,7 +564,7 @@ def test_learning_report_rewrites_table_and_figures_with_a_legend(tmp_path, monk
     table = (tmp_path / "learning.md").read_text()
     assert table.startswith("`python -m tests.benchmarks.learning --out somewhere` (2026-01-01, a CPU (2 cores)")
     row = next(line for line in table.splitlines() if line.startswith("| ppo | CartPole-v1"))
-    assert "| 1/2 | 200 (200-200) | 2.0 (2.0-2.0) | 450.0 ± 50.0 | 450.0 ± 50.0 |" in row
+    assert "| 2 | 1/2 | 200 (200-200) | 2.0 (2.0-2.0) | 450.0 ± 50.0 | 450.0 ± 50.0 |" in row
     assert legends == {
         "learning_steps.png": ["mean over seeds", "min-max over seeds", "target"],
         "learning_time.png": ["mean over seeds", "min-max over seeds", "target"],

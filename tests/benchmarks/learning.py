@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.learning --out runs/results       # every experiment, seeds 1-5
     python -m tests.benchmarks.learning --experiments ppo:CartPole-v1 --seeds 1 2 3 --jobs 2 --out runs/cartpole
-    python -m tests.benchmarks.learning --report runs/cartpole/learning.json   # the table and figures again
+    python -m tests.benchmarks.learning --report runs/cartpole/learning.json   # the tables and figures again
 
 Each run is `python algos/<algo>.py --env-id <env> --seed <s>` with the experiment's budget (and
 flags, if any) in a subprocess of its own; runs go `--jobs` at a time, with cores / jobs torch
@@ -12,20 +12,25 @@ From each run's TensorBoard events it takes the eval curve and writes, under --o
 - `learning.json`: every run's eval curve (env steps, training seconds, return) and summary;
 - `learning.md`: per script and env, the env steps and training seconds until the eval return
   first reached the target (median and range over the seeds that reached it), how many seeds
-  did, the final and the best eval return (mean +- std), the command and the hardware;
+  did, the eval return of the last fifth of each run and the best one (mean +- std over seeds), the
+  command and the hardware;
 - `learning_steps.png`, `learning_time.png`: eval return against env steps and against training
   wall time, mean over seeds with a min-max band, one panel per env (needs matplotlib: the
   `[plot]` extra).
 
---out names the directory; there is no default. The results the README shows live in
+--out names the directory; there is no default. The committed results live in
 tests/benchmarks/results/ and are rewritten only on request: an --out there (or a --report of a
-learning.json there) also needs --update-committed.
+learning.json there) also needs --update-committed, and then the results document
+(tests/benchmarks/results/README.md) and the README's summary are written again from every committed
+learning.json:
+
+    python -m tests.benchmarks.learning --report tests/benchmarks/results --update-committed --no-figures
 
 With --stop-at-target each run stops at its experiment's target (`--target-return`), so its
 final return is the one that reached the target, and a budget is spent only where it is not reached.
 
 Training seconds count from the start of the training loop (after start-up and compilation)
-and include the evaluations. The README's Results section is this command's output.
+and include the evaluations.
 """
 
 from __future__ import annotations
@@ -501,28 +506,55 @@ def at_or_after(steps: list, values: list, step: int, default=None):
     return next((value for x, value in zip(steps, values) if x >= step), default)
 
 
-def table(records: list[dict], experiments: list[str], seeds: list[int]) -> list[str]:
+# One evaluation swings from the next by more than seeds differ (a few greedy episodes of a policy still moving), so
+# an eval figure in these tables is a mean over the evaluations in the last fifth of the env steps up to its point.
+WINDOW = 0.2
+
+
+def late_mean(steps: list, returns: list, upto: int, end: int | None = None) -> float:
+    """The mean of the returns of the evaluations at env steps from (1 - WINDOW) * upto to the evaluation at index
+    `end` (default: the last), which is always among them."""
+    end = len(returns) - 1 if end is None else end
+    window = [r for x, r in zip(steps[: end + 1], returns[: end + 1]) if x >= (1 - WINDOW) * upto]
+    return statistics.mean(window or [returns[end]])
+
+
+def spec_of(name: str, specs: dict | None) -> dict:
+    """An experiment's target, budget, flags... as its report recorded them (what ran), else as EXPERIMENTS has it."""
+    return (specs or {}).get(name) or EXPERIMENTS.get(name) or {}
+
+
+def env_cell(env_id: str, label: str) -> str:
+    return f"{env_id}{'@' + label if label else ''}"
+
+
+def table(records: list[dict], experiments: list[str], seeds: list[int], specs: dict | None = None) -> list[str]:
     rows = [
-        "| script | env | target | budget (env steps) | seeds at target | env steps to target, median (range) "
-        "| training s to target, median (range) | final eval return | best eval return |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| script | env | target | budget (env steps) | seeds | at target | env steps to target, median (range) "
+        "| training s to target, median (range) | eval return, last fifth | best eval return |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in experiments:
         algo, env_id, label = split_name(name)
         runs = [r for r in records if r["name"] == name and "summary" in r]
         hit = [r for r in runs if r["steps_to_target"] is not None]
-        final = [r["curve"]["returns"][-1] for r in runs if r["curve"]["returns"]]
+        late = [
+            late_mean(r["curve"]["steps"], r["curve"]["returns"], r["curve"]["steps"][-1])
+            for r in runs
+            if r["curve"]["returns"]
+        ]
         best = [max(r["curve"]["returns"]) for r in runs if r["curve"]["returns"]]
         failed = len([r for r in records if r["name"] == name]) - len(runs)
-        spec = EXPERIMENTS.get(name, {})
+        spec = spec_of(name, specs)
         budgets = sorted({r["budget"] for r in records if r["name"] == name})
         flags = f" `{' '.join(spec['flags'])}`" if spec.get("flags") else ""
         target = fmt(spec.get("target"), "g") if math.isfinite(spec.get("target", math.inf)) else "-"
         rows.append(
-            f"| {algo} | {env_id}{flags} | {target} | {', '.join(fmt(b) for b in budgets)} | {len(hit)}/{len(seeds)}"
-            f"{f' ({failed} failed)' if failed else ''} | {median_range([r['steps_to_target'] for r in hit], ',.0f')} "
+            f"| {algo} | {env_id}{flags} | {target} | {', '.join(fmt(b) for b in budgets)} | {len(runs)}"
+            f"{f' ({failed} failed)' if failed else ''} | {len(hit)}/{len(runs)} "
+            f"| {median_range([r['steps_to_target'] for r in hit], ',.0f')} "
             f"| {median_range([r['seconds_to_target'] for r in hit if r['seconds_to_target'] is not None], '.1f')} "
-            f"| {mean_std(final)} | {mean_std(best)} |"
+            f"| {mean_std(late)} | {mean_std(best)} |"
         )
     return rows
 
@@ -532,16 +564,27 @@ def ran_its_budget(record: dict) -> bool:
     return record.get("summary", {}).get("stop_reason", "total_timesteps") == "total_timesteps"
 
 
-def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
-    """For the experiments with `at_steps`: the eval return at the first evaluation at or after each of those
-    env steps, or the final one where the budget is that step (mean ± std over seeds, then each seed's), the
-    published reference, and the wall minutes per million env steps (training seconds at the last evaluation /
-    its env steps). A variant of a task keeps its label in the env cell (`gym:Hopper-v5@n1`)."""
-    named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("at_steps")]
+def late_mean_at(record: dict, step: int) -> float | None:
+    """A run's eval return at `step`: the mean over its evaluations from (1 - WINDOW) * step to the first at or after
+    it; a run whose budget is `step` may end an iteration short of it: then up to its last (not for a run stopped
+    before its budget, e.g. by SIGTERM: it has no eval at `step`); None where the run has not got there."""
+    steps, returns = record["curve"]["steps"], record["curve"]["returns"]
+    end = next((i for i, x in enumerate(steps) if x >= step), None)
+    if end is None and record.get("budget", 0) >= step and ran_its_budget(record):
+        end = len(steps) - 1
+    return None if end is None else late_mean(steps, returns, step, end)
+
+
+def at_steps_table(records: list[dict], experiments: list[str], specs: dict | None = None) -> list[str]:
+    """For the experiments with `at_steps`: the eval return at each of those env steps (`late_mean_at`: mean ± std
+    over seeds, then each seed's), the published reference, and the wall minutes per million env steps (training
+    seconds at the last evaluation / its env steps). A variant of a task keeps its label in the env cell
+    (`gym:Hopper-v5@n1`)."""
+    named = [n for n in experiments if spec_of(n, specs).get("at_steps")]
     if not named:
         return []
-    steps = sorted({s for n in named for s in EXPERIMENTS[n]["at_steps"]})
-    at = {EXPERIMENTS[n].get("reference_at", 1_000_000) for n in named}  # the steps of the published figures
+    steps = sorted({s for n in named for s in spec_of(n, specs)["at_steps"]})
+    at = {spec_of(n, specs).get("reference_at", 1_000_000) for n in named}  # the steps of the published figures
     reference_header = (
         "reference at 1M" if at == {1_000_000} else f"reference at {', '.join(f'{s:,}' for s in sorted(at))}"
     )
@@ -553,23 +596,12 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
     ]
     for name in named:
         algo, env_id, label = split_name(name)
-        env_id += f"@{label}" if label else ""  # variants of one task stay apart
         runs = sorted(
             (r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"]
         )
         cells = []
         for s in steps:
-            # the first eval at or after s; a run whose budget is s may end an iteration short of it: its final eval
-            # (not for a run stopped before its budget, e.g. by SIGTERM: it has no eval at s)
-            values = [
-                at_or_after(
-                    r["curve"]["steps"],
-                    r["curve"]["returns"],
-                    s,
-                    r["curve"]["returns"][-1] if r.get("budget", 0) >= s and ran_its_budget(r) else None,
-                )
-                for r in runs
-            ]
+            values = [late_mean_at(r, s) for r in runs]
             got = [v for v in values if v is not None]
             cells.append(
                 seeds_cell(values, ",.1f" if got and max(abs(v) for v in got) < 100 else ",.0f")
@@ -577,21 +609,23 @@ def at_steps_table(records: list[dict], experiments: list[str]) -> list[str]:
         minutes = [
             r["curve"]["seconds"][-1] / r["curve"]["steps"][-1] * 1e6 / 60 for r in runs if r["curve"]["seconds"]
         ]
-        reference = EXPERIMENTS[name].get("reference")
+        reference = spec_of(name, specs).get("reference")
         reference = fmt(reference, ",.0f" if abs(reference or 0) >= 100 else ",.2f")
         rows.append(
-            f"| {algo} | {env_id} | " + " | ".join(cells) + f" | {reference} | {median_range(minutes, '.1f')} |"
+            f"| {algo} | {env_cell(env_id, label)} | "
+            + " | ".join(cells)
+            + f" | {reference} | {median_range(minutes, '.1f')} |"
         )
     return rows
 
 
-def train_table(records: list[dict], experiments: list[str]) -> list[str]:
+def train_table(records: list[dict], experiments: list[str], specs: dict | None = None) -> list[str]:
     """For the experiments with `train_bin`: the training return (the mean of its bin) at the bin ending at or after
     each of their `at_steps`, mean ± std over seeds, then each seed's; "-" where a run has not got there."""
-    named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("train_bin") and EXPERIMENTS[n].get("at_steps")]
+    named = [n for n in experiments if spec_of(n, specs).get("train_bin") and spec_of(n, specs).get("at_steps")]
     if not named:
         return []
-    steps = sorted({s for n in named for s in EXPERIMENTS[n]["at_steps"]})
+    steps = sorted({s for n in named for s in spec_of(n, specs)["at_steps"]})
     rows = [
         "| script | env | " + " | ".join(f"training return at {s:,}" for s in steps) + " |",
         "|---|---|" + "---|" * len(steps),
@@ -606,14 +640,14 @@ def train_table(records: list[dict], experiments: list[str]) -> list[str]:
             seeds_cell([at_or_after(r["curve"]["train_steps"], r["curve"]["train_returns"], s) for r in runs], ",.1f")
             for s in steps
         ]
-        rows.append(f"| {algo} | {env_id}{'@' + label if label else ''} | " + " | ".join(cells) + " |")
+        rows.append(f"| {algo} | {env_cell(env_id, label)} | " + " | ".join(cells) + " |")
     return rows
 
 
-def goal_table(records: list[dict], experiments: list[str]) -> list[str]:
+def goal_table(records: list[dict], experiments: list[str], specs: dict | None = None) -> list[str]:
     """For the experiments with a `goal` (a return only an episode that reached the goal exceeds): each seed's env
     steps at its first evaluation above it, in seed order, and their median."""
-    named = [n for n in experiments if EXPERIMENTS.get(n, {}).get("goal") is not None]
+    named = [n for n in experiments if spec_of(n, specs).get("goal") is not None]
     if not named:
         return []
     rows = [
@@ -622,7 +656,7 @@ def goal_table(records: list[dict], experiments: list[str]) -> list[str]:
     ]
     for name in named:
         algo, env_id, label = split_name(name)
-        goal = EXPERIMENTS[name]["goal"]
+        goal = spec_of(name, specs)["goal"]
         runs = sorted(
             (r for r in records if r["name"] == name and r.get("curve", {}).get("returns")), key=lambda r: r["seed"]
         )
@@ -634,7 +668,7 @@ def goal_table(records: list[dict], experiments: list[str]) -> list[str]:
             fmt(statistics.median(got)) if len(got) == len(steps) and got else "-"
         )  # a seed that never got there: none
         rows.append(
-            f"| {algo} | {env_id}{'@' + label if label else ''} | {fmt(goal, 'g')} | {median} "
+            f"| {algo} | {env_cell(env_id, label)} | {fmt(goal, 'g')} | {median} "
             f"({' / '.join(fmt(s) for s in steps)}) |"
         )
     return rows
@@ -667,9 +701,10 @@ def symmetry_table(records: list[dict], experiments: list[str]) -> list[str]:
 
 
 LEGEND = ("mean over seeds", "min-max over seeds", "target", "training return (mean per bin, over seeds)")
+FIGURES = ("learning_steps.png", "learning_time.png")
 
 
-def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path]:
+def figures(records: list[dict], experiments: list[str], out: Path, specs: dict | None = None) -> list[Path]:
     """Eval return against env steps and against training seconds: mean and min-max band over seeds,
     with a legend that says which is which."""
     import matplotlib
@@ -680,8 +715,8 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
 
     paths = []
     for axis, xlabel, filename in (
-        ("steps", "env steps", "learning_steps.png"),
-        ("seconds", "training wall time (s)", "learning_time.png"),
+        ("steps", "env steps", FIGURES[0]),
+        ("seconds", "training wall time (s)", FIGURES[1]),
     ):
         cols = min(4, len(experiments))
         rows = math.ceil(len(experiments) / cols)
@@ -709,7 +744,7 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
                     color="tab:orange",
                     label=LEGEND[3],
                 )
-            target = EXPERIMENTS.get(name, {}).get("target")
+            target = spec_of(name, specs).get("target")
             if target is not None and math.isfinite(target):
                 ax.axhline(target, color="gray", linestyle="--", linewidth=0.8, label=LEGEND[2])
             ax.set_title(f"{algo} {env_id}{' (' + label + ')' if label else ''}", fontsize=9)
@@ -739,6 +774,375 @@ def figures(records: list[dict], experiments: list[str], out: Path) -> list[Path
     return paths
 
 
+# What the committed results folders are about, in the order the results document shows them: a title, and the
+# setting of the runs that the tables do not say (how they were run, what changed since). No measured figure here:
+# the tables give them. A committed folder missing here still gets its section, titled by its name, at the end.
+FOLDERS = {
+    ".": dict(
+        title="Classic control, each script at its defaults",
+        about="Each script with its default flags on a CPU (td3 and sac at their CPU defaults: 32 envs, 2 updates "
+        "of 512 per step), except MountainCarContinuous-v0's flags (its note). The ppo rows were measured while "
+        "ppo's adaptive learning rate was capped at rsl_rl's 1e-2: today's ppo (capped at 5e-3) gives the next "
+        "section's rows instead, so the command no longer gives these ppo rows back.",
+    ),
+    "ppo-cap": dict(
+        title="PPO with its adaptive learning rate capped at 5e-3",
+        about="ppo's cap since these runs: the first section's ppo experiments, the same seeds and defaults, and "
+        "MountainCarContinuous-v0 at every default. Four runs of the command, one per `--out`, gathered into one "
+        "learning.json. The 2-core CPU ran other jobs beside them, so only the env steps compare, not the seconds.",
+    ),
+    "mcc-defaults": dict(
+        title="MountainCarContinuous-v0 at every default, with the 1e-2 cap",
+        about="ppo with gamma 0.99 and an initial log-std of 0, measured with the first section's ppo (the 1e-2 "
+        "cap). The same experiment at today's cap is a row of the section above.",
+    ),
+    "recurrent": dict(
+        title="Partially observed tasks: ppo_lstm against ppo",
+        about="`mask_velocity` leaves the velocities out of the observation: CartPole observes the cart position "
+        "and the pole angle, Pendulum the cosine and sine of the angle. Each script at its defaults (ppo_lstm: "
+        "4096 envs x 32 steps, an LSTM of 64), each run stopped at its target (`--stop-at-target`: a budget runs "
+        "out only where the target is not reached), the machine otherwise idle. These runs predate the masked "
+        "envs' `critic` group: their critics read the masked observation, which the experiments now ask for with "
+        "`--no-asymmetric-critic`. With the full-state critic (the scripts' default) these rows are not measured.",
+    ),
+    "distill": dict(
+        title="Distillation on masked CartPole-v1",
+        about="Per seed, a ppo.py teacher trained on unmasked CartPole-v1 (`@teacher`, its last checkpoint) "
+        "teaches two students on the masked task through its `critic` group: an LSTM (`@masked-lstm`) and an "
+        "MLP (`@masked-mlp`, `--cell none`). Then ppo_lstm fine-tunes each LSTM student from its best.pt "
+        "(`@finetune`, `--init-from`), evaluated at each of its first 10 iterations. A student's env steps are "
+        "its own, its teacher's not counted. The 2-core machine ran other jobs beside these, so the seconds are "
+        "slower than idle; `--reuse` read teacher and student runs the command had written just before.",
+    ),
+    "distill-pendulum": dict(
+        title="Distillation on masked Pendulum-v1",
+        about="Per seed, a ppo.py teacher at its defaults on the unmasked task (`@teacher`, its best.pt) and an "
+        "LSTM student with more gradient steps per env step than the defaults give. The teachers were run by the "
+        "same command without `--reuse` just before, which `--reuse` read.",
+    ),
+    "rnd": dict(
+        title="Exploration: ppo_rnd against ppo",
+        about="Both scripts at their defaults (gamma 0.99, 4,096 envs; ppo_rnd's intrinsic weight 1.0), an "
+        "evaluation every 196,608 env steps (`--eval-interval 2`), one thread per run, the other core running "
+        "another job. The targets are gymnasium's reward thresholds. MountainCar-v0's goal table gives the env "
+        "steps until an evaluation first reached the flag: an eval return above -200, the return of an episode "
+        "cut at its 200 steps. `@decay` takes the intrinsic weight linearly to 0 by 488 steps of each env "
+        "(2,000,000 env steps), rsl_rl's linear schedule.",
+    ),
+    "symmetry": dict(
+        title="Symmetry: mirror augmentation and mirror loss",
+        about="ppo `--symmetry`, each run stopped at its target, an evaluation every 2 iterations (196,608 env "
+        "steps); one thread per run, the other core running another job, so the seconds do not compare. `log` is "
+        "the baseline: ppo's updates with the symmetry only measured; `mirror-loss` at its default coefficient "
+        "1.0. `charts/symmetry_error` is each run's last logged value: of the torque on Pendulum-v1 (actions in "
+        "[-2, 2]), of the centred logits on Acrobot-v1.",
+    ),
+    "fast": dict(
+        title="CartPole-v1 in the least time on a 2-core CPU",
+        about="One run at a time with both cores; the defaults (4096 envs x 24 steps) are in the first sections.",
+    ),
+    "minatar": dict(
+        title="Pixels: MinAtar Breakout",
+        about="MinAtar Breakout's uint8 [4, 10, 10] frames on a CPU, one thread per run, one run at a time. pqn "
+        "and ppo with MinAtar's network (`--encoder minatar`), and both on the flattened frames (`@mlp`) for "
+        "contrast. pqn runs the PQN code's MinAtar config (purejaxql `pqn_minatar.yaml`: 128 envs x 32 steps, 32 "
+        "minibatches, 2 epochs, lr 5e-4 annealed, epsilon to 0.05 over the first 10%, unscaled rewards) with Adam "
+        "for its RAdam and one more 128-unit layer in the head; ppo the same batch with 8 minibatches, 4 epochs "
+        "and an entropy bonus of 0.01. Episodes are cut at the env's 10,000 steps, not gymnax's 1,000. The "
+        "target, 10, is at or above the MinAtar paper's curves at the same env steps (Young & Tian 2019: at "
+        "500,000 frames, read off its plot, DQN 8.3 and AC(λ=0.8) 7.0; theirs are ε-greedy training returns, "
+        "ours greedy evaluations on 16 envs). The command wrote to `runs/minatar500k`; this folder is a copy.",
+    ),
+    "minatar5": dict(
+        title="Pixels: MinAtar, all five games",
+        about="pqn and ppo with the Breakout flags above, 655,360 env steps each (160 iterations of 128 envs x 32 "
+        "steps); one thread per run, one run at a time, the other core running a Pong run, so the seconds are "
+        "not an idle machine's. No target of our own outside Breakout's 10. The reference is gymnax-blines' PPO "
+        "training log at 639,936 env steps (RobertTLange/gymnax-blines, `agents/<Game>-MinAtar/ppo.pkl`: one "
+        "seed, an MLP on the flattened frames, 64 envs x 128 steps; no Seaquest run), another setting: gymnax's "
+        "MinAtar has no sticky actions (ours, as the `minatar` package's: 0.1) and cuts episodes at 1,000 steps.",
+    ),
+    "pong": dict(
+        title="Atari Pong with CleanRL's settings, on a CPU",
+        about="`envpool:Pong-v5` with CleanRL's `ppo_atari_envpool.py` configuration whole (8 envs x 128 steps, "
+        "4 minibatches, 4 epochs, lr 2.5e-4 annealed over 10M steps, clip 0.1, entropy 0.01, value coefficient "
+        "0.5, gradient clip 0.5, rewards clipped and not normalized, one nature CNN under a Linear policy head and "
+        "a Linear value head: `--shared-encoder --hidden-sizes`; a step is 4 frames), two threads. Eval: 8 whole "
+        "games of the greedy policy (`atari-eval`: game scores) every 51,200 steps; the training return is the "
+        "game score of the training games (the curve CleanRL plots), averaged over each 100,000 steps. The run "
+        "has not reached its budget: it was stopped by SIGTERM and resumed (the pause is not training time), and "
+        "the same command without `--reuse` continues it (`--resume auto`, a checkpoint every 10 minutes). The "
+        "reference is CleanRL's published return at 10M steps (3 seeds).",
+    ),
+    "mujoco": dict(
+        title="gymnasium MuJoCo on a CPU",
+        about='`pip install -e ".[mujoco]"`. td3.py and sac.py at their CPU defaults (32 envs, 2 updates of 512 '
+        "per step); `@n1lr`: with `--n-step 1 --q-lr 1e-3 --policy-lr 1e-3`, the README's td3 and sac lines; "
+        "`@n1`: `--n-step 1` alone. ppo.py with CleanRL's MuJoCo settings (an eval every 25 iterations). The "
+        "target is 90% of the reference, CleanRL's published mean return at 1M steps (3 seeds, returns of the "
+        "training episodes; TD3 and PPO on the v4 tasks, SAC on v2: docs.cleanrl.dev); ours are greedy "
+        "evaluations on 10 (td3, sac) or 8 (ppo) episodes. The runs were made once each by the same module "
+        "without `--reuse`, two or three at a time on the 2-core machine beside other work, so the wall minutes "
+        "are a loaded machine's; `--reuse` read them.",
+    ),
+    "mujoco-halfcheetah": dict(
+        title="What moves HalfCheetah-v5",
+        about="One seed each: td3 at its defaults (3-step returns) and, for td3 `--n-step 1` and sac, 4 updates of "
+        "256 per step instead of 2 of 512 (`@n1u4`, `@u4`: the same transitions sampled per env step, twice the "
+        "gradient steps), beside the first seed of the section above.",
+    ),
+}
+# Why an experiment takes the flags it does, printed under the tables of every folder that has it.
+NOTES = {
+    "ppo:MountainCarContinuous-v0": "`--gamma 0.999 --init-log-std 0.5`: the goal lies hundreds of steps away for a "
+    "policy that has just found it. At gamma 0.99 it is discounted to under 1% (0.99^500 = 0.007), its signal drowns "
+    "under the immediate action costs, and the policy settles on standing still (an eval return of -0.0). A longer "
+    "discount keeps what is found; a wider start to the exploration noise lets every seed find it. Both belong to "
+    "this task's long horizon, so they are the task's flags, not the script's defaults (rsl_rl's locomotion "
+    "settings: gamma 0.99, initial std 1).",
+    "ppo_lstm:CartPole-v1@finetune": "`--learning-rate 1e-5 --lr-schedule constant --ent-coef 0`: the student's "
+    "critic is new, its advantages are noise at first, and PPO's steps on them walk the policy off what it was "
+    "taught; small steps keep it while the critic learns.",
+    "distill:Pendulum-v1@masked-lstm": "256 envs, 5 epochs of 8 minibatches, learning rate 2e-3: at the defaults "
+    "(4096 envs, 2 epochs of 4) a student's 13 iterations are about 100 gradient steps.",
+    "td3:gym:Hopper-v5@n1lr": "`--n-step 1`: the CPU defaults keep every transition (1M slots over 32 envs), so "
+    "most replayed 3-step returns follow the actions of older, noisier policies, uncorrected; on Hopper, where a "
+    "noisy action makes the hopper fall, that is a pessimistic target (FastTD3's 3-step returns run with thousands "
+    "of envs, whose replay turns over quickly). `--q-lr 1e-3 --policy-lr 1e-3` (Fujimoto et al.'s first TD3 "
+    "setting): the CPU defaults take 16x fewer gradient steps per env step than CleanRL's scripts, so each may be "
+    "larger; the learning rate costs nothing per step.",
+}
+# The README's summary: (folder, experiment) per script and env, the setting a reader would run first.
+HEADLINES = [
+    ("ppo-cap", "ppo:CartPole-v1"),
+    ("ppo-cap", "ppo:Acrobot-v1"),
+    ("ppo-cap", "ppo:Pendulum-v1"),
+    ("ppo-cap", "ppo:MountainCarContinuous-v0"),
+    (".", "pqn:CartPole-v1"),
+    (".", "pqn:Acrobot-v1"),
+    (".", "td3:Pendulum-v1"),
+    (".", "sac:Pendulum-v1"),
+    ("recurrent", "ppo_lstm:CartPole-v1@masked"),
+    ("recurrent", "ppo_lstm:Pendulum-v1@masked"),
+    ("distill", "distill:CartPole-v1@masked-lstm"),
+    ("distill-pendulum", "distill:Pendulum-v1@masked-lstm"),
+    ("rnd", "ppo_rnd:MountainCarContinuous-v0"),
+    ("minatar", "pqn:MinAtar/Breakout-v1"),
+    ("minatar", "ppo:MinAtar/Breakout-v1"),
+    ("pong", "ppo:envpool:Pong-v5"),
+    ("mujoco", "td3:gym:HalfCheetah-v5@n1lr"),
+    ("mujoco", "sac:gym:HalfCheetah-v5@n1lr"),
+    ("mujoco", "ppo:gym:HalfCheetah-v5"),
+]
+DOCUMENT = COMMITTED / "README.md"  # the results document, written whole from every committed learning.json
+README = ROOT / "README.md"  # its summary goes between these markers
+MARKERS = ("<!-- results:begin -->", "<!-- results:end -->")
+INDEX_COMMAND = "python -m tests.benchmarks.learning --report tests/benchmarks/results --update-committed"
+
+
+def report_lines(report: dict, figure_names: list[str], prefix: str = "") -> list[str]:
+    """A report's text: its command, the hardware, its tables, the notes of its experiments, and links to the
+    figures named (paths under `prefix`)."""
+    records, machine, specs = report["runs"], report["machine"], report["experiments"]
+    experiments, seeds = list(specs), sorted({r["seed"] for r in records})
+    lines = [
+        f"`{report['command']}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
+        f"{report['jobs']} run(s) at a time with {report.get('threads', 1)} thread(s) each):",
+        "",
+        *table(records, experiments, seeds, specs),
+    ]
+    if extra := at_steps_table(records, experiments, specs):
+        lines += [
+            "",
+            "Eval return at env steps: each seed's mean over its evaluations from 0.8 x the step to the first at or "
+            "after it; mean ± std over seeds (each seed's, in seed order):",
+            "",
+            *extra,
+        ]
+    if extra := train_table(records, experiments, specs):
+        lines += [
+            "",
+            "Training return (charts/episodic_return: the mean of the values logged in each bin of env steps, "
+            "here the bin ending at the step; the curve CleanRL plots), mean ± std over seeds (each seed's):",
+            "",
+            *extra,
+        ]
+    if extra := goal_table(records, experiments, specs):
+        lines += ["", "Env steps until the policy first reached the goal in an evaluation:", "", *extra]
+    if extra := symmetry_table(records, experiments):
+        lines += ["", "The policy's asymmetry (ppo `--symmetry`), each seed's last logged value:", "", *extra]
+    for name in experiments:
+        if name in NOTES:
+            lines += ["", f"`{name}`: {NOTES[name]}"]
+    for name in figure_names:
+        lines += ["", f"![{Path(name).stem}]({prefix}{name})"]
+    return lines
+
+
+def write_report(report: dict, out: Path, draw: bool = True) -> None:
+    """learning.md (the command, the hardware, the tables) and, with `draw`, the figures, from a report; without
+    `draw` it links the figures already in `out`."""
+    names = [name for name in FIGURES if (out / name).exists()]
+    if draw:
+        try:
+            names = [
+                path.name for path in figures(report["runs"], list(report["experiments"]), out, report["experiments"])
+            ]
+        except ImportError:
+            names = None
+    lines = report_lines(report, names or [])
+    if names is None:
+        lines += ["", '(no figures: matplotlib is missing: pip install -e ".[plot]")']
+    (out / "learning.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def committed_reports() -> list[tuple[str, dict]]:
+    """(folder, report) of every committed learning.json, folder relative to the results ('.' for their root), in
+    FOLDERS' order, then the others by name."""
+    found = {
+        path.parent.relative_to(COMMITTED).as_posix(): json.loads(path.read_text())
+        for path in sorted(COMMITTED.rglob("learning.json"))
+    }
+    order = [f for f in FOLDERS if f in found] + sorted(f for f in found if f not in FOLDERS)
+    return [(folder, found[folder]) for folder in order]
+
+
+def title_of(folder: str) -> str:
+    return FOLDERS.get(folder, {}).get("title", folder)
+
+
+def anchor(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
+
+
+def summary_table(reports: list[tuple[str, dict]], link: str) -> list[str]:
+    """One row per HEADLINES entry: seeds, target, seeds at it and the median env steps to it, the eval return of
+    the last fifth of the runs, the published reference, and a link to its section (`link` + anchor)."""
+    found = dict(reports)
+    rows = [
+        "| script | env | seeds | target | at target | env steps to target, median "
+        "| eval return, last fifth, mean ± std over seeds | reference | section |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for folder, name in HEADLINES:
+        if folder not in found or name not in found[folder]["experiments"]:
+            continue
+        report = found[folder]
+        algo, env_id, label = split_name(name)
+        spec = spec_of(name, report["experiments"])
+        runs = [r for r in report["runs"] if r["name"] == name and r.get("curve", {}).get("returns")]
+        hit = [r["steps_to_target"] for r in runs if r["steps_to_target"] is not None]
+        late = [late_mean(r["curve"]["steps"], r["curve"]["returns"], r["curve"]["steps"][-1]) for r in runs]
+        target = spec.get("target", math.inf)
+        reference = spec.get("reference")
+        rows.append(
+            f"| {algo} | {env_cell(env_id, label)} | {len(runs)} "
+            f"| {fmt(target, 'g') if math.isfinite(target) else '-'} "
+            f"| {f'{len(hit)}/{len(runs)}' if math.isfinite(target) else '-'} "
+            f"| {fmt(statistics.median(hit)) if hit else '-'} | {mean_std(late)} "
+            f"| {fmt(reference, ',.0f' if abs(reference or 0) >= 100 else ',.2f')} "
+            f"| [{folder if folder != '.' else 'results'}]({link}#{anchor(title_of(folder))}) |"
+        )
+    return rows
+
+
+def results_document(reports: list[tuple[str, dict]]) -> str:
+    """The results document: how to read and redo it, the summary, then one section per committed folder."""
+    lines = [
+        "# Learning results",
+        "",
+        f"<!-- written whole by `{INDEX_COMMAND}` from the learning.json of every folder here; edit "
+        "tests/benchmarks/learning.py, not this file -->",
+        "",
+        "Every figure here is the output of `python -m tests.benchmarks.learning` (tests/benchmarks/learning.py), "
+        "run with the command shown in its section; each folder holds that command's `learning.json` (every "
+        "run's evaluation curve and summary), `learning.md` (its tables) and figures. A section was measured at "
+        "the date it shows, with the code of that day: where a later change is known to have moved its rows, "
+        "the section says so.",
+        "",
+        "How to read the tables:",
+        "",
+        "- seeds: the runs that finished (one per seed); at target: how many of them reached the target in an "
+        "evaluation; env steps and training seconds to the target count up to the first such evaluation (median "
+        "and range over the seeds that reached it). Training seconds start at the training loop (after start-up "
+        "and compilation) and include the evaluations.",
+        f"- eval return, last fifth: each seed's mean over its evaluations in the last fifth of its env steps "
+        f"(from {1 - WINDOW:g} x the steps of its last evaluation), then mean ± std over the seeds. One evaluation "
+        "(a few greedy episodes) swings from the next by more than the seeds differ; the mean of the last fifth "
+        "does not. A run stopped at its target (`--stop-at-target`) ends at the evaluation that reached it, so its "
+        "last fifth also holds the evaluations before. Best eval return: each seed's highest single evaluation (what "
+        "`best.pt` was saved for).",
+        "- figures: eval return against env steps and against training seconds, the mean over the seeds as a "
+        "line and their min-max as a band.",
+        "",
+        "To run them yourself, name a directory of your own (the runs' outputs go to its `runs/`):",
+        "",
+        "```bash",
+        "python -m tests.benchmarks.learning --experiments ppo:CartPole-v1 --seeds 1 2 --out runs/cartpole",
+        "python -m tests.benchmarks.learning --report runs/cartpole/learning.json   # its tables and figures again",
+        "```",
+        "",
+        "The command refuses an `--out` (or a `--report`) inside tests/benchmarks/results/ without "
+        "`--update-committed`; with it, it also rewrites this document and the README's summary from every "
+        f"committed learning.json (`{INDEX_COMMAND} --no-figures` rewrites the text alone).",
+        "",
+        "## Summary",
+        "",
+        *summary_table(reports, ""),
+    ]
+    for folder, report in reports:
+        about = FOLDERS.get(folder, {}).get("about")
+        names = [name for name in FIGURES if (COMMITTED / folder / name).exists()]
+        prefix = "" if folder == "." else f"{folder}/"
+        lines += ["", f"## {title_of(folder)}", "", f"Folder: [`{prefix or './'}`]({prefix or './'})."]
+        lines += ["", about] if about else []
+        lines += ["", *report_lines(report, names, prefix)]
+    return "\n".join(lines) + "\n"
+
+
+def readme_block(reports: list[tuple[str, dict]]) -> str:
+    """The README's results summary, between its markers."""
+    document = "tests/benchmarks/results/README.md"  # DOCUMENT, as the README links it
+    lines = [
+        MARKERS[0],
+        f"<!-- written by `{INDEX_COMMAND}`; edit tests/benchmarks/learning.py, not this block -->",
+        "",
+        f"Learning on a CPU, each script at the settings its section gives; every figure, command and curve "
+        f"is in [{document}]({document}). The eval return is each seed's mean over its evaluations in the "
+        "last fifth of its env steps, then mean ± std over the seeds.",
+        "",
+        *summary_table(reports, document),
+        MARKERS[1],
+    ]
+    return "\n".join(lines)
+
+
+def with_readme_block(text: str, block: str) -> str:
+    """The README's text with the block between its markers replaced (the markers must be there, once each)."""
+    begin, end = text.index(MARKERS[0]), text.index(MARKERS[1]) + len(MARKERS[1])
+    return text[:begin] + block + text[end:]
+
+
+def write_index() -> None:
+    """The results document and the README's summary, from every committed learning.json."""
+    reports = committed_reports()
+    DOCUMENT.write_text(results_document(reports))
+    text = README.read_text()
+    if MARKERS[0] in text and MARKERS[1] in text:
+        README.write_text(with_readme_block(text, readme_block(reports)))
+    print(f"wrote {DOCUMENT} and the summary in {README} from {len(reports)} results folders")
+
+
+def report_paths(names: list[str]) -> list[Path]:
+    """Each learning.json named, or found under a directory named."""
+    paths = []
+    for name in map(Path, names):
+        paths += sorted(name.rglob("learning.json")) if name.is_dir() else [name]
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -765,11 +1169,21 @@ def main(argv: list[str] | None = None) -> int:
         "the learning.json's directory)",
     )
     parser.add_argument("--runs-dir", default=None, help="directory of the runs' own outputs (default: OUT/runs)")
-    parser.add_argument("--report", default=None, help="no runs: write the table and figures of a learning.json again")
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        default=None,
+        help="no runs: write the tables and figures of learning.json files again (a directory: every learning.json "
+        "under it)",
+    )
+    parser.add_argument(
+        "--no-figures", action="store_true", help="with --report: the text alone, linking the figures already there"
+    )
     parser.add_argument(
         "--update-committed",
         action="store_true",
-        help=f"allow writing into {COMMITTED.relative_to(ROOT)}/, the results the README shows",
+        help="allow writing into tests/benchmarks/results/, the results the README shows (and rewrite "
+        "the results document and the README's summary from them)",
     )
     parser.add_argument(
         "--stop-at-target",
@@ -785,19 +1199,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.out is None and not args.report:
         parser.error("--out DIR is required: the directory of the JSON, the table and the figures (e.g. runs/results)")
-    out = Path(args.out) if args.out is not None else Path(args.report).parent
-    if is_committed(out) and not args.update_committed:
-        parser.error(
-            f"{out} holds the committed results that the README shows; name another --out, or pass "
-            "--update-committed to rewrite them"
-        )
     if args.report:
-        report = json.loads(Path(args.report).read_text())
-        names = list(report["experiments"])
-        seeds = sorted({r["seed"] for r in report["runs"]})
-        out.mkdir(parents=True, exist_ok=True)
-        write_report(report, names, seeds, out, report.get("threads", 1))
+        paths = report_paths(args.report)
+        if not paths:
+            parser.error(f"no learning.json in {' '.join(args.report)}")
+        if args.out is not None and len(paths) > 1:
+            parser.error(
+                f"--out takes one learning.json; {len(paths)} were named: leave --out out to write each beside its own"
+            )
+        outs = [Path(args.out) if args.out is not None else path.parent for path in paths]
+    else:
+        outs = [Path(args.out)]
+    for out in outs:
+        if is_committed(out) and not args.update_committed:
+            parser.error(
+                f"{out} holds the committed results that the README shows; name another --out, or pass "
+                "--update-committed to rewrite them"
+            )
+    if args.report:
+        for path, out in zip(paths, outs):
+            out.mkdir(parents=True, exist_ok=True)
+            write_report(json.loads(path.read_text()), out, draw=not args.no_figures)
+        if any(is_committed(out) for out in outs):
+            write_index()
         return 0
+    out = outs[0]
     unknown = [e for e in args.experiments if e not in EXPERIMENTS and ":" not in e]
     if unknown:
         parser.error(f"unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)} (or any script:env)")
@@ -870,7 +1296,9 @@ def main(argv: list[str] | None = None) -> int:
         "runs": records,
     }
     (out / "learning.json").write_text(json.dumps(report, indent=1))
-    write_report(report, args.experiments, args.seeds, out, threads)
+    write_report(report, out)
+    if is_committed(out):
+        write_index()
     return 0 if all("error" not in r for r in records) else 1
 
 
@@ -878,38 +1306,6 @@ def is_committed(path: Path) -> bool:
     """Whether path is tests/benchmarks/results/ or inside it."""
     path = path.resolve()
     return path == COMMITTED or COMMITTED in path.parents
-
-
-def write_report(report: dict, experiments: list[str], seeds: list[int], out: Path, threads: int) -> None:
-    """learning.md (the command, the hardware, the table) and the figures, from a report."""
-    records, machine = report["runs"], report["machine"]
-    lines = [
-        f"`{report['command']}` ({report['date']}, {machine_label(machine)}, torch {machine['torch']}, "
-        f"{report['jobs']} run(s) at a time with {threads} thread(s) each):",
-        "",
-        *table(records, experiments, seeds),
-    ]
-    if extra := at_steps_table(records, experiments):
-        lines += ["", "Eval return at env steps, mean ± std over seeds (each seed's, in seed order):", "", *extra]
-    if extra := train_table(records, experiments):
-        lines += [
-            "",
-            "Training return (charts/episodic_return: the mean of the values logged in each bin of env steps, "
-            "here the bin ending at the step; the curve CleanRL plots), mean ± std over seeds (each seed's):",
-            "",
-            *extra,
-        ]
-    if extra := goal_table(records, experiments):
-        lines += ["", "Env steps until the policy first reached the goal in an evaluation:", "", *extra]
-    if extra := symmetry_table(records, experiments):
-        lines += ["", "The policy's asymmetry (ppo `--symmetry`), each seed's last logged value:", "", *extra]
-    try:
-        for path in figures(records, experiments, out):
-            lines += ["", f"![{path.stem}]({path.name})"]
-    except ImportError:
-        lines += ["", '(no figures: matplotlib is missing: pip install -e ".[plot]")']
-    (out / "learning.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":
