@@ -24,9 +24,10 @@ import pytest
 import torch
 
 import common.checkpoint
+import common.lock
 import common.run
 from common.checkpoint import load_checkpoint
-from common.run import LOCK, LOCK_STALE_SECONDS, lock_error
+from common.lock import LOCK, LOCK_STALE_SECONDS, lock_error
 from tests.helpers import ROOT, Job, run, subprocess_env
 from tests.test_scripts import cli_args, scalars, train, units
 
@@ -114,7 +115,7 @@ def test_a_lock_is_live_while_its_process_runs_or_its_other_hosts_heartbeat_is_f
     assert lock_error(run_dir) is None  # a lost node: silent past the limit
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        started = common.run._process(live.pid)[1]
+        started = common.lock._process(live.pid)[1]
         write_lock(run_dir, age=LOCK_STALE_SECONDS + 5, pid=live.pid, started=started)
         assert lock_error(run_dir).startswith(f"error: another process trains {run_dir}: pid {live.pid} on host ")
         if started is not None:  # /proc tells the start time: the same pid started at another time is another process
