@@ -36,7 +36,12 @@ from tests.helpers import printed_summary
 from tests.host_sync import RecordHostSyncsByOwner
 
 ROOT = Path(__file__).resolve().parents[1]
-requires_mjlab = pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason="needs mjlab")
+_skip_without_mjlab = pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason="needs mjlab")
+
+
+def requires_mjlab(test):
+    """Skipped without mjlab; marked `sims`, so .ci/run's sims lane runs it and fails if it skips."""
+    return pytest.mark.sims(_skip_without_mjlab(test))
 
 
 # --------------------------------------------------------------------------------------------
