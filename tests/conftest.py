@@ -1,9 +1,40 @@
 """Under pytest-xdist (`-n 2`, the README's test command) each worker takes one torch thread: the
-workers already share the cores, and two threads each would only contend for them."""
+workers already share the cores, and two threads each would only contend for them.
+
+Tests marked `sims` need a real simulator (ale-py, envpool, mjlab) and skip without it. With
+REQUIRE_SIMULATORS=1 (.ci/run's sims lane, where all three are installed) such a skip, or a test
+module skipped at import, is a failure instead: a simulator that stopped installing or importing
+must not pass CI as a row of skips."""
 
 import os
 
+import pytest
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+REQUIRE_SIMULATORS = os.environ.get("REQUIRE_SIMULATORS") == "1"
+
+
+def _as_failure(report, what: str) -> None:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"{what} skipped, but REQUIRE_SIMULATORS=1: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    sims = item.get_closest_marker("sims") is not None
+    if REQUIRE_SIMULATORS and sims and report.skipped and not hasattr(report, "wasxfail"):
+        _as_failure(report, item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_SIMULATORS and report.skipped and isinstance(collector, pytest.Module):
+        _as_failure(report, collector.nodeid)

@@ -591,6 +591,7 @@ def test_mjlab_benchmark_stops_with_the_cause_without_mjlab(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.sims
 @pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason="needs mjlab")
 def test_mjlab_benchmark_smoke(tmp_path, capsys):
     """tests/benchmarks/mjlab.py end to end on CPU at tiny sizes: every row measured, the table printed."""

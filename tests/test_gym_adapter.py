@@ -502,6 +502,7 @@ def _atari_reference(env_id: str, seed: int, preprocess: bool) -> gym.Env:
     return gym.wrappers.FrameStackObservation(PressFireAndUp(env), 4)
 
 
+@pytest.mark.sims
 @pytest.mark.parametrize("preset", [None, "atari-eval"])
 def test_atari_frames_are_gymnasiums_as_uint8_images(preset):
     """Without a preset, ALE's [210, 160, 3] frames come channel-first; with "atari-eval", the frames of
@@ -532,6 +533,7 @@ def test_atari_frames_are_gymnasiums_as_uint8_images(preset):
     envs.close()
 
 
+@pytest.mark.sims
 def test_one_channel_frames_get_a_channel_axis():
     pytest.importorskip("ale_py")
     envs = make_env("gym:ALE/Pong-v5", 2, seed=1, env_kwargs={"obs_type": "grayscale"})
@@ -542,6 +544,7 @@ def test_one_channel_frames_get_a_channel_axis():
     envs.close()
 
 
+@pytest.mark.sims
 def test_atari_preset_ends_an_episode_at_a_lost_life_and_clips_rewards():
     """ "atari": a lost life ends the episode while the game goes on (the next episode starts with a
     life less, not with a new game); "atari-eval": the episode is the whole game."""
@@ -562,6 +565,7 @@ def test_atari_preset_ends_an_episode_at_a_lost_life_and_clips_rewards():
     assert lives_after_end == {"atari": 4, "atari-eval": 5}, lives_after_end
 
 
+@pytest.mark.sims
 def test_fire_reset_presses_fire_then_up_after_every_reset_of_a_fire_game():
     """Breakout waits for FIRE: the preset's resets (a new game, or the next life) press FIRE then UP
     (actions 1, 2), a game ending in those presses is reset again; the game is then in play."""
@@ -598,6 +602,7 @@ def test_fire_reset_presses_fire_then_up_after_every_reset_of_a_fire_game():
     envs.close()
 
 
+@pytest.mark.sims
 def test_atari_errors_are_clear(monkeypatch):
     pytest.importorskip("ale_py")
     with pytest.raises(ValueError, match="preset"):

@@ -9,8 +9,9 @@ Two halves:
   registered rsl_rl config through the stand-in's task registry, and ppo.py's --symmetry on it;
 - with real mjlab (skipped when it is not installed): the same equalities on
   Mjlab-Cartpole-Balance (5-dim actor and critic observations, 1 action), the contract, and PPO
-  end to end. On CPU, MuJoCo Warp compiles its kernels on first use (about a minute, cached on
-  disk afterwards), then a step of a few envs takes milliseconds.
+  end to end; on the G1 velocity task, the adapter against mjlab's own rsl_rl wrapper (RslRlVecEnvWrapper,
+  what mjlab's train.py trains on) for the same actions. On CPU, MuJoCo Warp compiles its kernels on
+  first use (about a minute, cached on disk afterwards), then a step of a few envs takes milliseconds.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ from tests.helpers import printed_summary
 from tests.host_sync import RecordHostSyncsByOwner
 
 ROOT = Path(__file__).resolve().parents[1]
-requires_mjlab = pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason="needs mjlab")
+_skip_without_mjlab = pytest.mark.skipif(importlib.util.find_spec("mjlab") is None, reason="needs mjlab")
+
+
+def requires_mjlab(test):
+    """Skipped without mjlab; marked `sims`, so .ci/run's sims lane runs it and fails if it skips."""
+    return pytest.mark.sims(_skip_without_mjlab(test))
 
 
 # --------------------------------------------------------------------------------------------
@@ -796,3 +802,140 @@ def test_ppo_runs_mjlab_with_asymmetric_critic(tmp_path):
     checkpoint = torch.load(summary["checkpoints"]["last"], weights_only=True)
     assert "critic_obs_rms.mean" in checkpoint["model"]  # the critic read the task's "critic" group
     assert checkpoint["model"]["critic.0.weight"].shape[1] == 5
+
+
+# --------------------------------------------------------------------------------------------
+# against mjlab's own rsl_rl wrapper (what mjlab's train.py trains on)
+# --------------------------------------------------------------------------------------------
+G1 = "Mjlab-Velocity-Flat-Unitree-G1"
+
+
+def g1_falls_soon(corruption: bool = True):
+    """A `configure` hook: the fall limit lowered from the task's, so that robots under random actions fall
+    within a few steps, at different steps; `corruption=False` turns off the observation noise."""
+
+    def configure(cfg):
+        cfg.terminations["fell_over"].params["limit_angle"] = 0.1
+        if not corruption:
+            for group in cfg.observations.values():
+                group.enable_corruption = False
+
+    return configure
+
+
+def g1_start(env, command_timers: bool = True) -> None:
+    """Four envs near their time limit (so that episodes are also truncated, at different steps), two not;
+    with `command_timers`, three twist commands run out of time inside the window."""
+    limit = env.max_episode_length
+    env.episode_length_buf[:] = torch.tensor([limit - 2, limit - 4, limit - 6, limit - 8, 0, 3])
+    timers = [0.06, 0.1, 0.2, 5.0, 5.0, 0.04] if command_timers else [5.0] * 6
+    env.command_manager.get_term("twist").time_left[:] = torch.tensor(timers)
+
+
+def adapter_and_wrapper_steps(final_obs: str, configure, start, n: int = 6, steps: int = 12):
+    """The same G1 task, seed, start and actions through the adapter (make_env) and through mjlab's
+    RslRlVecEnvWrapper with the task's clip_actions: per step (ours, the wrapper's), obs as plain dicts, and the
+    critic group's terms as [(name, first column, end column)]."""
+    import mjlab.tasks  # noqa: F401
+    from mjlab.envs import ManagerBasedRlEnv
+    from mjlab.rl import RslRlVecEnvWrapper
+    from mjlab.tasks.registry import load_env_cfg, load_rl_cfg
+
+    from common.envs import make_env
+    from common.envs.mjlab_adapter import sim_seed
+
+    actions = torch.randn(steps, n, 29, generator=torch.Generator().manual_seed(0))
+    envs = make_env(f"mjlab:{G1}", n, seed=1, final_obs=final_obs, configure=configure)
+    try:
+        envs.reset(seed=9)
+        start(envs.env)
+        ours = adapter_flow(envs, actions)
+    finally:
+        envs.close()
+
+    cfg = load_env_cfg(G1)
+    configure(cfg)
+    cfg.scene.num_envs, cfg.seed = n, sim_seed(1)  # the seeds the adapter hands mjlab
+    wrapper = RslRlVecEnvWrapper(ManagerBasedRlEnv(cfg, device="cpu"), clip_actions=load_rl_cfg(G1).clip_actions)
+    try:
+        # the raw env's reset, as the adapter's: the wrapper's get_observations() would draw the noise again
+        raw, _ = wrapper.unwrapped.reset(seed=sim_seed(9))
+        start(wrapper.unwrapped)
+        manager, column, critic_terms = wrapper.unwrapped.observation_manager, 0, []
+        for name, shape in zip(manager.active_terms["critic"], manager.group_obs_term_dim["critic"], strict=True):
+            critic_terms.append((name, column, column + int(np.prod(shape))))
+            column += int(np.prod(shape))
+        before = {"policy": raw["actor"].clone(), "critic": raw["critic"].clone()}
+        theirs = []
+        for action in actions:
+            obs, reward, dones, extras = wrapper.step(action)
+            after = {"policy": obs["actor"].clone(), "critic": obs["critic"].clone()}
+            theirs.append(
+                {
+                    "obs": after,
+                    "obs_before": before,
+                    "reward": reward.clone(),
+                    "dones": dones.clone(),
+                    "time_outs": extras["time_outs"].clone(),
+                }
+            )
+            before = after
+    finally:
+        wrapper.close()
+    return ours, theirs, critic_terms
+
+
+def assert_same_transitions(ours: list[dict], theirs: list[dict]) -> None:
+    """Rewards, dones (terminated | truncated), time_outs (truncated) and the policy observations equal."""
+    for t, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert torch.equal(a["reward"], b["reward"]), f"step {t}: reward"
+        assert torch.equal((a["terminated"] | a["truncated"]).to(b["dones"].dtype), b["dones"]), f"step {t}: dones"
+        assert torch.equal(a["truncated"], b["time_outs"].bool()), f"step {t}: time_outs"
+        assert torch.equal(a["obs"]["policy"], b["obs"]["policy"]), f"step {t}: policy observation"
+
+
+def assert_falls_and_time_limits(ours: list[dict]) -> None:
+    terminated = torch.stack([s["terminated"] for s in ours])
+    truncated = torch.stack([s["truncated"] for s in ours])
+    assert terminated.any() and truncated.any() and not (terminated | truncated).all(dim=1).any()
+    assert not (terminated | truncated)[0].any()  # a first step where no episode ends
+
+
+@requires_mjlab
+def test_mjlab_pre_step_is_what_mjlabs_rsl_rl_wrapper_gives():
+    """final_obs="pre_step" against mjlab's RslRlVecEnvWrapper on the G1 velocity task, with observation noise,
+    command timers running out, falls and time limits at different steps: bit for bit the wrapper's policy
+    ("actor") and critic observations, rewards, dones and time_outs, and as final_obs of a finished env the
+    wrapper's observation before the step (what rsl_rl bootstraps a time-out from)."""
+    ours, theirs, _ = adapter_and_wrapper_steps("pre_step", g1_falls_soon(), g1_start)
+    assert_falls_and_time_limits(ours)
+    assert_same_transitions(ours, theirs)
+    for t, (a, b) in enumerate(zip(ours, theirs)):
+        done = (a["terminated"] | a["truncated"])[:, None]
+        for key in ("policy", "critic"):
+            assert torch.equal(a["obs"][key], b["obs"][key]), f"step {t}: {key} observation"
+            expected = torch.where(done, b["obs_before"][key], b["obs"][key])
+            assert torch.equal(a["final_obs"][key], expected), f"step {t}: final_obs[{key!r}]"
+
+
+@requires_mjlab
+def test_mjlab_terminal_takes_the_same_transitions_as_mjlabs_rsl_rl_wrapper():
+    """final_obs="terminal" (the default) against the same wrapper: its final observations are its own (the
+    true last ones, see the explicit reset flow tests), and on a step where an episode ends mjlab's random
+    draws come in another order (the extra observation pass before the reset), so here without observation
+    noise and with no command timer running out: rewards, dones, time_outs and policy observations equal at
+    every step, the critic's too but for its foot contact terms on steps where an episode ends: those read the
+    contact sensor, which differs there as it does between mjlab's own auto-reset and its explicit reset flow."""
+    ours, theirs, critic_terms = adapter_and_wrapper_steps(
+        "terminal", g1_falls_soon(corruption=False), lambda env: g1_start(env, command_timers=False)
+    )
+    assert_falls_and_time_limits(ours)
+    assert_same_transitions(ours, theirs)
+    contact = [(a, b) for name, a, b in critic_terms if name in ("foot_contact", "foot_contact_forces")]
+    assert len(contact) == 2 and critic_terms[-1][2] == theirs[0]["obs"]["critic"].shape[1]
+    unaffected = torch.ones(critic_terms[-1][2], dtype=torch.bool)
+    for a, b in contact:
+        unaffected[a:b] = False
+    for t, (a, b) in enumerate(zip(ours, theirs)):
+        columns = unaffected if (a["terminated"] | a["truncated"]).any() else slice(None)
+        assert torch.equal(a["obs"]["critic"][:, columns], b["obs"]["critic"][:, columns]), f"step {t}: critic"
