@@ -14,6 +14,8 @@ import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
 from typing import Annotated, Literal
 
+from common import settings
+
 
 # ----------------------------------------------------------------------------------------------
 # Numeric flags: each flag that has a valid range declares it beside its default, and the run checks
@@ -94,6 +96,9 @@ class RunArgs:
 
     env_id: str = "CartPole-v1"
     """environment id: a built-in env (CartPole-v1, Pendulum-v1, ...) or an adapter prefix (gym:..., mjlab:...)"""
+    settings: str | None = None
+    """named settings of the script (listed at the end of --help) under the flags given; default: the set of the env
+    id's family (gym MuJoCo, Atari, MinAtar, mjlab tasks) where the script has one, else builtin (the plain defaults)"""
     num_envs: Annotated[int, Ge(1)] = 4096
     """parallel environments per process (per GPU)"""
     env_kwargs: str | None = None
@@ -228,7 +233,12 @@ def parse_args(args_class, argv: list[str] | None = None):
     bounds = declared_bounds(args_class)
 
     def flag(f):  # a field of args_class as a group's: its type with its docstring (and range) as the help, its default
-        default = field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
+        if f.name in values:
+            default = field(default=values[f.name])
+        elif f.default is not MISSING:
+            default = field(default=f.default)
+        else:
+            default = field(default_factory=f.default_factory)
         help = docs.get(f.name, "") + (f" [{', '.join(map(str, bounds[f.name]))}]" if f.name in bounds else "")
         return f.name, typing.Annotated[hints[f.name], tyro.conf.arg(help=help)], default
 
@@ -238,6 +248,18 @@ def parse_args(args_class, argv: list[str] | None = None):
     run_names = set(RunArgs.__dataclass_fields__)
     module = sys.modules.get(args_class.__module__)
     algo = script_name(args_class, getattr(module, "ALGO", "algorithm"))
+    argv = sys.argv[1:] if argv is None else argv
+    check_flag_names(argv, {f.name for f in fields(args_class)})
+    # the named set for this env id: its values are the defaults the command line's flags override
+    sets = getattr(module, "SETTINGS", None) or {}
+    name, values, origin, untranslated = settings.resolve(
+        sets,
+        algo,
+        flag_value(argv, "env_id") or args_class.env_id,
+        flag_value(argv, "settings"),
+        {f.name for f in fields(args_class)},
+    )
+    values["settings"] = name
     cli = make_dataclass(
         "CommandLine",
         [
@@ -246,10 +268,12 @@ def parse_args(args_class, argv: list[str] | None = None):
         ],
     )
     description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
-    argv = sys.argv[1:] if argv is None else argv
-    check_flag_names(argv, {f.name for f in fields(args_class)})
+    if sets:
+        description = f"{description or ''}\n\n{settings.describe(sets, asdict(args_class()))}".strip()
     parsed = tyro.cli(cli, args=argv, description=description)
     args = args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))
+    args._settings = values  # the defaults this run's flags override (given_flags)
+    args._settings_origin = (origin if args.settings == name else "--settings", untranslated)
     # the flags the command line names, also where a value equals its default (given_flags); an
     # attribute of this instance, not a field, so no class name is compared (a copy may rename Args)
     names = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
@@ -257,6 +281,17 @@ def parse_args(args_class, argv: list[str] | None = None):
         n[3:] if n.startswith("no_") and n[3:] in args_class.__dataclass_fields__ else n for n in names
     }
     return args
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value the command line gives flag `name` (--env-id X or --env-id=X; the last one wins), or None."""
+    flag, value = "--" + name.replace("_", "-"), None
+    for i, token in enumerate(argv):
+        if token == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(flag + "="):
+            value = token.split("=", 1)[1]
+    return value
 
 
 def script_name(args_class, algo: str) -> str:
@@ -297,8 +332,8 @@ def check_flag_names(argv: list[str], names: set[str]) -> None:
 def given_flags(args) -> set[str]:
     """The flags this run was given: those its command line names (parse_args), and any flag whose
     value is not its default. A checkpoint supplies the others (open_run)."""
-    defaults = type(args)()
-    given = {f.name for f in fields(args) if getattr(args, f.name) != getattr(defaults, f.name)}
+    defaults = {**asdict(type(args)()), **getattr(args, "_settings", {})}  # a named set's values are defaults
+    given = {f.name for f in fields(args) if getattr(args, f.name) != defaults[f.name]}
     return given | getattr(args, "_command_line", set())
 
 
@@ -318,6 +353,8 @@ def take_flags_from(run, checkpoint: dict) -> None:
             f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}"
         )
     taken = []
+    if "settings" not in run.given and saved.get("settings") is not None:  # the set the run was started with
+        args.settings, args._settings_origin = saved["settings"], ("the run's, with its values from its checkpoint", [])
     run.foreign_flags = {name: value for name, value in saved.items() if not hasattr(args, name)}
     if run.foreign_flags:  # another script's run (--resume-other-script): its flags stay in its config and checkpoints
         kept = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in run.foreign_flags.items())

@@ -1,0 +1,328 @@
+"""Named settings (common.settings, each script's SETTINGS): the set chosen by the env id's family or --settings,
+the flags given over it, --help, config.json and --resume, a copy of a script, mjlab tasks' rsl_rl configs, the
+threads chosen on a busy CPU, and the learning experiments' short flags against the long ones the results used."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from common import settings
+from common.args import given_flags, parse_args
+from tests import fake_mjlab
+from tests.helpers import ROOT, load_script
+
+SCRIPTS = ["ppo", "ppo_lstm", "ppo_rnd", "distill", "pqn", "td3", "sac"]
+
+
+@pytest.mark.parametrize(
+    "env_id, family",
+    [
+        ("gym:Hopper-v5", "mujoco"),
+        ("gym:HalfCheetah-v4", "mujoco"),
+        ("envpool:Walker2d-v4", "mujoco"),
+        ("envpool:Pong-v5", "atari"),
+        ("gym:ALE/Breakout-v5", "atari"),
+        ("MinAtar/Breakout-v1", "minatar"),
+        ("mjlab:Mjlab-Velocity-Flat-Unitree-G1", "task"),
+        ("MountainCarContinuous-v0", "mountaincar"),
+        ("gym:MountainCarContinuous-v0", "mountaincar"),
+        ("CartPole-v1", None),
+        ("gym:CartPole-v1", None),
+        ("Pendulum-v1", None),
+    ],
+)
+def test_the_family_of_an_env_id(env_id, family):
+    assert settings.family(env_id) == family
+
+
+def test_the_family_set_is_the_default_and_every_flag_given_wins():
+    td3 = load_script("td3")
+    args = parse_args(td3.Args, ["--env-id", "gym:Hopper-v5"])
+    assert args.settings == "mujoco"
+    assert (args.num_envs, args.batch_size, args.n_step, args.q_lr, args.policy_lr) == (32, 512, 1, 1e-3, 1e-3)
+    assert (args.num_eval_envs, args.eval_interval) == (10, 1563)
+    assert given_flags(args) == {"env_id"}  # the set's values are defaults: a checkpoint's win over them on resume
+
+    args = parse_args(td3.Args, ["--env-id", "gym:Hopper-v5", "--n-step", "3", "--q-lr=3e-4"])
+    assert (args.n_step, args.q_lr, args.policy_lr, args.settings) == (3, 3e-4, 1e-3, "mujoco")
+    assert given_flags(args) == {"env_id", "n_step", "q_lr"}
+
+    plain = parse_args(td3.Args, ["--env-id", "gym:Hopper-v5", "--settings", "builtin"])
+    assert plain.settings == "builtin" and asdict(plain) == {
+        **asdict(td3.Args(env_id="gym:Hopper-v5")),
+        "settings": "builtin",
+    }
+    assert parse_args(td3.Args, []).settings == "builtin"  # Pendulum-v1: no set for its family
+
+
+def test_settings_picks_a_set_for_another_family_and_an_unknown_name_is_one_line():
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "CartPole-v1", "--settings", "minatar"])
+    assert (args.settings, args.num_envs, args.encoder) == ("minatar", 128, "minatar")
+    with pytest.raises(SystemExit, match=r"^error: --settings atari: td3.py has builtin, mujoco; see --help$"):
+        parse_args(load_script("td3").Args, ["--settings", "atari"])
+
+
+def test_a_set_that_names_a_flag_the_script_lacks_stops_with_one_line(monkeypatch):
+    td3 = load_script("td3")
+    monkeypatch.setitem(td3.SETTINGS, "mujoco", {**td3.SETTINGS["mujoco"], "clip_coef": 0.1})
+    with pytest.raises(SystemExit, match=r"^error: SETTINGS\['mujoco'\] of td3.py sets --clip-coef, which td3.py"):
+        parse_args(td3.Args, ["--env-id", "gym:Hopper-v5"])
+
+
+def test_ppo_mujoco_is_cleanrl_ppo_continuous_action():
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "gym:Hopper-v5", "--total-timesteps", "1000000"])
+    expected = dict(
+        settings="mujoco",
+        num_envs=1,
+        num_steps=2048,
+        num_minibatches=32,
+        update_epochs=10,
+        learning_rate=3e-4,
+        lr_schedule="linear",
+        clip_coef=0.2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        obs_norm=True,
+        reward_norm=True,
+        hidden_sizes=(64, 64),
+        activation="tanh",
+        init_log_std=0.0,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_vloss=True,
+        adv_norm="minibatch",
+    )
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
+def test_ppo_atari_is_cleanrl_ppo_atari_envpool():
+    """python algos/ppo.py --env-id envpool:Pong-v5 starts with CleanRL's Atari agent and settings (resolved without
+    envpool: the set is chosen from the id)."""
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "envpool:Pong-v5"])
+    expected = dict(
+        settings="atari",
+        env_kwargs='{"preset": "atari"}',
+        total_timesteps=10_000_000,
+        num_envs=8,
+        num_steps=128,
+        num_minibatches=4,
+        update_epochs=4,
+        learning_rate=2.5e-4,
+        lr_schedule="linear",
+        clip_coef=0.1,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        reward_norm=False,
+        encoder="nature",
+        shared_encoder=True,
+        hidden_sizes=(),
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_vloss=True,
+    )
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_lists_every_set_with_its_values(script, capsys):
+    module = load_script(script)
+    with pytest.raises(SystemExit) as exit:
+        parse_args(module.Args, ["--help"])
+    assert exit.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--settings" in out and "named settings" in out
+    for name, values in module.SETTINGS.items():
+        assert f"{name} (" in out
+        if isinstance(values, dict):
+            changed = [settings.as_flag(k, v) for k, v in values.items() if v != getattr(module.Args(), k)]
+            assert " ".join(changed) in out
+
+
+def test_a_copy_of_a_script_gets_its_sets(tmp_path):
+    copy = tmp_path / "algos" / "ppo_settings_copy.py"
+    copy.parent.mkdir()
+    copy.write_text((ROOT / "algos" / "ppo.py").read_text())
+    module = load_script("ppo_settings_copy", copy)
+    args = parse_args(module.Args, ["--env-id", "gym:Hopper-v5"])
+    assert (args.settings, args.num_steps, args.num_minibatches) == ("mujoco", 2048, 32)
+
+
+def run_parsed(module, argv: list[str], monkeypatch):
+    """main() of `argv` as the command line gives it, on one thread (OMP_NUM_THREADS set: choose_threads keeps off)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return module.main(parse_args(module.Args, argv))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_config_records_the_set_and_resume_keeps_its_values_whatever_the_set_has_become(tmp_path, monkeypatch, capsys):
+    ppo = load_script("ppo")
+    argv = [
+        "--env-id",
+        "MountainCarContinuous-v0",
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "8",
+        "--num-minibatches",
+        "2",
+        "--eval-interval",
+        "0",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path),
+        "--run-name",
+        "car",
+    ]
+    run_parsed(ppo, [*argv, "--total-timesteps", "32"], monkeypatch)
+    assert "settings mountaincar (for MountainCarContinuous-v0" in capsys.readouterr().out  # the start line
+    config = json.loads((tmp_path / "car" / "config.json").read_text())
+    assert (config["settings"], config["gamma"], config["init_log_std"]) == ("mountaincar", 0.999, 0.5)
+
+    monkeypatch.setitem(ppo.SETTINGS, "mountaincar", dict(gamma=0.9, init_log_std=0.0))  # the set changed since
+    args = parse_args(ppo.Args, [*argv, "--total-timesteps", "64", "--resume", "auto"])
+    assert (args.gamma, args.init_log_std) == (0.9, 0.0)  # until the checkpoint is read
+    summary = run_parsed(ppo, [*argv, "--total-timesteps", "64", "--resume", "auto"], monkeypatch)
+    assert summary["global_step"] == 64
+    config = json.loads((tmp_path / "car" / "config.json").read_text())
+    assert (config["settings"], config["gamma"], config["init_log_std"]) == ("mountaincar", 0.999, 0.5)
+    assert "--gamma 0.999 --init-log-std 0.5" in capsys.readouterr().out  # "from the checkpoint: ..."
+
+
+# --------------------------------------------------------------------------------------------
+# mjlab tasks: their rsl_rl runner config
+# --------------------------------------------------------------------------------------------
+def test_a_mjlab_task_brings_its_rsl_rl_config_and_names_what_has_no_flag(monkeypatch):
+    fake_mjlab.install(monkeypatch)
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "mjlab:Fake-Point-Tuned", "--learning-rate", "1e-4"])
+    expected = dict(
+        settings="task",
+        num_steps=12,
+        hidden_sizes=(32, 16),
+        activation="elu",
+        obs_norm=True,
+        init_log_std=round(math.log(0.5), 6),
+        learning_rate=1e-4,  # given: it wins
+        lr_schedule="constant",
+        desired_kl=0.02,
+        update_epochs=3,
+        num_minibatches=2,
+        clip_coef=0.3,
+        gamma=0.98,
+        gae_lambda=0.9,
+        vf_coef=0.7,
+        ent_coef=0.002,
+        max_grad_norm=0.8,
+        clip_vloss=False,
+        adv_norm="batch",
+    )
+    assert {k: getattr(args, k) for k in expected} == expected
+    untranslated = args._settings_origin[1]
+    assert any("critic hidden dims (64, 32)" in u for u in untranslated)
+    assert any("optimizer='adamw'" in u for u in untranslated)
+    assert len(untranslated) == 2
+
+    mirrored = parse_args(ppo.Args, ["--env-id", "mjlab:Fake-Point-Symmetric"])
+    assert mirrored.symmetry == "augmentation"
+    lstm = parse_args(load_script("ppo_lstm").Args, ["--env-id", "mjlab:Fake-Point-Symmetric"])
+    assert any("symmetry_cfg" in u for u in lstm._settings_origin[1])  # ppo_lstm.py has no --symmetry: named
+
+
+def test_a_mjlab_run_says_what_its_task_config_has_that_the_script_cannot_take(monkeypatch, tmp_path, capsys):
+    fake_mjlab.install(monkeypatch)
+    ppo = load_script("ppo")
+    argv = ["--env-id", "mjlab:Fake-Point-Tuned", "--num-envs", "4", "--total-timesteps", "48", "--eval-interval", "0"]
+    summary = run_parsed(ppo, [*argv, "--device", "cpu", "--no-progress", "--output-dir", str(tmp_path)], monkeypatch)
+    out = capsys.readouterr().out
+    assert summary["global_step"] == 48  # 4 envs x the task's 12 steps per env
+    line = next(line for line in out.splitlines() if line.startswith("settings task: no flag here for"))
+    assert "critic hidden dims" in line and "optimizer" in line
+    assert "settings task (for mjlab:Fake-Point-Tuned" in out
+
+
+def test_isaac_lab_spelling_and_rnd_cfg_translate_too():
+    """rsl_rl 2-3 / Isaac Lab's runner config as a dict (its config-to-dict form): one policy config, empirical
+    normalization, the RND config for ppo_rnd.py (named, not dropped, for ppo.py)."""
+    cfg = {
+        "num_steps_per_env": 24,
+        "empirical_normalization": True,
+        "policy": {
+            "actor_hidden_dims": [512, 256, 128],
+            "critic_hidden_dims": [512, 256, 128],
+            "activation": "elu",
+            "init_noise_std": 1.0,
+        },
+        "algorithm": {
+            "learning_rate": 1e-3,
+            "schedule": "adaptive",
+            "entropy_coef": 0.01,
+            "rnd_cfg": {
+                "weight": 0.5,
+                "learning_rate": 1e-3,
+                "predictor_hidden_dims": [32],
+                "target_hidden_dims": [32],
+                "num_outputs": 8,
+                "state_normalization": True,
+                "reward_normalization": False,
+                "weight_schedule": {"mode": "step"},
+            },
+        },
+    }
+    ppo, ppo_rnd = load_script("ppo"), load_script("ppo_rnd")
+    fields = {f for f in ppo.Args.__dataclass_fields__}
+    values, untranslated = settings.translate_rsl_rl(cfg, fields)
+    assert values == dict(
+        num_steps=24,
+        hidden_sizes=(512, 256, 128),
+        activation="elu",
+        obs_norm=True,
+        init_log_std=0.0,
+        lr_schedule="adaptive",
+        learning_rate=1e-3,
+        ent_coef=0.01,
+    )
+    assert untranslated == ["rnd_cfg (ppo_rnd.py's RND)"]
+    values, untranslated = settings.translate_rsl_rl(cfg, set(ppo_rnd.Args.__dataclass_fields__))
+    assert (values["rnd_weight"], values["rnd_hidden_sizes"], values["rnd_num_outputs"]) == (0.5, (32,), 8)
+    assert (values["rnd_state_norm"], values["rnd_reward_norm"]) == (True, False)
+    assert untranslated == ["rnd_cfg.weight_schedule={'mode': 'step'} (--rnd-weight-final)"]
+
+
+# --------------------------------------------------------------------------------------------
+# threads
+# --------------------------------------------------------------------------------------------
+def test_threads_follow_the_free_cores_unless_omp_num_threads_is_set(monkeypatch):
+    import os
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (4.6, 4.7, 4.8))
+        line = settings.choose_threads()
+        assert torch.get_num_threads() == 1 and "1 of 2 cores" in line and "4.6" in line
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+        assert settings.choose_threads() is None and torch.get_num_threads() == 2  # an idle machine: torch's own
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        monkeypatch.setattr(os, "getloadavg", lambda: (4.6, 4.7, 4.8))
+        assert settings.choose_threads() is None and torch.get_num_threads() == 2  # the user's choice
+    finally:
+        torch.set_num_threads(threads)
