@@ -10,11 +10,10 @@ seeds derived from --seed (`derive_seed`).
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
 from typing import Annotated, Literal
-
-from common import settings
 
 
 # ----------------------------------------------------------------------------------------------
@@ -196,6 +195,96 @@ RUN_FLAGS = {f for f in RunArgs.__dataclass_fields__} - CONTINUED_FLAGS
 
 
 # ----------------------------------------------------------------------------------------------
+# Named settings: each script's SETTINGS (name -> {flag: value}, or a function (env_id, fields) -> (values, what has
+# no flag)), right after its Args. With no --settings the set named after the env id's family (FAMILIES) is taken
+# where the script has one, else builtin: the plain defaults, which every script has without declaring it. The set's
+# values become the command line's defaults (parse_args), so every flag given wins, and a checkpoint's win on resume.
+# ----------------------------------------------------------------------------------------------
+BUILTIN = "builtin"
+
+MUJOCO_TASKS = (
+    "Ant|HalfCheetah|Hopper|Humanoid|HumanoidStandup|InvertedDoublePendulum|InvertedPendulum|Pusher|Reacher|Swimmer"
+    "|Walker2d"
+)
+# family -> (what it holds, whether an env id belongs to it); the first that matches is the env id's family
+FAMILIES = {
+    "task": ("mjlab tasks: their registered rsl_rl runner config", lambda env_id: env_id.startswith("mjlab:")),
+    "mujoco": (
+        "gymnasium / envpool MuJoCo on CPU simulators",
+        lambda env_id: re.fullmatch(rf"(gym|envpool):({MUJOCO_TASKS})-v\d+", env_id) is not None,
+    ),
+    "minatar": ("MinAtar games", lambda env_id: env_id.split(":")[-1].startswith("MinAtar/")),
+    "atari": (
+        "Atari games (envpool, gym:ALE/)",
+        lambda env_id: (
+            env_id.startswith(("envpool:", "gym:ALE/"))
+            and re.match(r"[A-Z][A-Za-z]*-v5$", env_id.split(":")[-1].removeprefix("ALE/")) is not None
+        ),
+    ),
+    "mountaincar": (
+        "MountainCarContinuous: a goal hundreds of steps away",
+        lambda env_id: env_id.split(":")[-1].startswith("MountainCarContinuous-"),
+    ),
+}
+
+
+def family(env_id: str) -> str | None:
+    """The family of `env_id` (a key of FAMILIES), or None."""
+    return next((name for name, (_, belongs) in FAMILIES.items() if belongs(env_id)), None)
+
+
+def resolve_settings(settings: dict, script: str, env_id: str, name: str | None, fields: set[str]):
+    """(name, {flag: value}, where they come from, the fields of a task config that have no flag) for `env_id`:
+    the set `name` (--settings), else the one of its family, else builtin (no values)."""
+    names = [BUILTIN, *settings]
+    if name is not None and name not in names:
+        raise SystemExit(f"error: --settings {name}: {script}.py has {', '.join(names)}; see --help")
+    if name is None:
+        own = family(env_id)
+        name = own if own in settings else BUILTIN
+        origin = f"for {env_id} ({FAMILIES[own][0]})" if name != BUILTIN else "the plain defaults"
+        if name != BUILTIN:
+            origin += "; --settings builtin for the plain defaults"
+    else:
+        origin = "--settings"
+    values, untranslated = settings.get(name, {}), []
+    if callable(values):
+        values, untranslated = values(env_id, fields)
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise SystemExit(
+            f"error: SETTINGS[{name!r}] of {script}.py sets {', '.join('--' + n.replace('_', '-') for n in unknown)}, "
+            f"which {script}.py does not have; fix the set or run with --settings builtin"
+        )
+    return name, dict(values), origin, untranslated
+
+
+def describe_settings(settings: dict, defaults: dict) -> str:
+    """The --help text of the sets: each one's flags with their values, the script's defaults beside them."""
+    lines = ["named settings (--settings NAME; default: the env id's family's, else builtin, the defaults):"]
+    for name, values in settings.items():
+        what = FAMILIES[name][0] if name in FAMILIES else "chosen with --settings only"
+        if callable(values):
+            lines.append(f"  {name} ({what})")
+            continue
+        flags = " ".join(f"{as_flag(k, v)}" for k, v in values.items() if v != defaults.get(k, object()))
+        lines.append(f"  {name} ({what}): {flags or 'the defaults'}")
+    return "\n".join(lines)
+
+
+def as_flag(name: str, value) -> str:
+    """The command-line spelling of one flag's value: --n-step 1, --no-reward-norm, --hidden-sizes 64 64."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + name.replace("_", "-")
+    if isinstance(value, (tuple, list)):
+        return f"{flag} {' '.join(map(str, value))}".rstrip()
+    if isinstance(value, str) and (not value or any(c in value for c in " {}\"'")):
+        return f"{flag} '{value}'"
+    return f"{flag} {value}"
+
+
+# ----------------------------------------------------------------------------------------------
 # The command line: the algorithm's flags first, then the run's, in two groups of --help
 # ----------------------------------------------------------------------------------------------
 def field_docs(cls) -> dict[str, str]:
@@ -252,7 +341,7 @@ def parse_args(args_class, argv: list[str] | None = None):
     check_flag_names(argv, {f.name for f in fields(args_class)})
     # the named set for this env id: its values are the defaults the command line's flags override
     sets = getattr(module, "SETTINGS", None) or {}
-    name, values, origin, untranslated = settings.resolve(
+    name, values, origin, untranslated = resolve_settings(
         sets,
         algo,
         flag_value(argv, "env_id") or args_class.env_id,
@@ -269,7 +358,7 @@ def parse_args(args_class, argv: list[str] | None = None):
     )
     description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
     if sets:
-        description = f"{description or ''}\n\n{settings.describe(sets, asdict(args_class()))}".strip()
+        description = f"{description or ''}\n\n{describe_settings(sets, asdict(args_class()))}".strip()
     parsed = tyro.cli(cli, args=argv, description=description)
     args = args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))
     args._settings = values  # the defaults this run's flags override (given_flags)

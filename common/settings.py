@@ -1,106 +1,15 @@
-"""Named settings: each script's `SETTINGS` (name -> {flag: value}), the set chosen for an env id, and the threads.
+"""Named settings' values that come from elsewhere: a mjlab task's registered rsl_rl runner config, translated field by
+field (`rsl_rl_settings`, a script's `task` set); and the torch threads a run takes on a busy CPU (`choose_threads`).
 
-A script declares its sets right after its Args; `parse_args` (common.args) resolves one and makes its values the
-defaults of the command line, so every flag the user gives wins over them:
-
-    SETTINGS = {
-        "mujoco": dict(num_envs=1, num_steps=2048, ...),     # a dict of Args fields
-        "task": rsl_rl_settings,                             # or a function (env_id, fields) -> (values, untranslated)
-    }
-
-With no --settings, the set named after the env id's family (`FAMILIES`) is taken when the script has one, else
-`builtin`: the script's plain defaults, which every script has without declaring it. The chosen name lands in
---settings (so config.json and the checkpoints record it beside the resolved values); --help lists every set.
+The sets themselves are each script's `SETTINGS`, right after its Args (name -> {flag: value}, or a function of the env
+id such as `rsl_rl_settings`); common.args chooses one by the env id's family (`FAMILIES`) or --settings and makes its
+values the defaults of the command line, so every flag given wins over them.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
-
-BUILTIN = "builtin"
-
-MUJOCO_TASKS = (
-    "Ant|HalfCheetah|Hopper|Humanoid|HumanoidStandup|InvertedDoublePendulum|InvertedPendulum|Pusher|Reacher|Swimmer"
-    "|Walker2d"
-)
-# family -> (what it holds, whether an env id belongs to it); the first that matches is the env id's family
-FAMILIES = {
-    "task": ("mjlab tasks: their registered rsl_rl runner config", lambda env_id: env_id.startswith("mjlab:")),
-    "mujoco": (
-        "gymnasium / envpool MuJoCo on CPU simulators",
-        lambda env_id: re.fullmatch(rf"(gym|envpool):({MUJOCO_TASKS})-v\d+", env_id) is not None,
-    ),
-    "minatar": ("MinAtar games", lambda env_id: env_id.split(":")[-1].startswith("MinAtar/")),
-    "atari": (
-        "Atari games (envpool, gym:ALE/)",
-        lambda env_id: (
-            env_id.startswith(("envpool:", "gym:ALE/"))
-            and re.match(r"[A-Z][A-Za-z]*-v5$", env_id.split(":")[-1].removeprefix("ALE/")) is not None
-        ),
-    ),
-    "mountaincar": (
-        "MountainCarContinuous: a goal hundreds of steps away",
-        lambda env_id: env_id.split(":")[-1].startswith("MountainCarContinuous-"),
-    ),
-}
-
-
-def family(env_id: str) -> str | None:
-    """The family of `env_id` (a key of FAMILIES), or None."""
-    return next((name for name, (_, belongs) in FAMILIES.items() if belongs(env_id)), None)
-
-
-def resolve(settings: dict, script: str, env_id: str, name: str | None, fields: set[str]):
-    """(name, {flag: value}, where they come from, the fields of a task config that have no flag) for `env_id`:
-    the set `name` (--settings), else the one of its family, else builtin (no values)."""
-    names = [BUILTIN, *settings]
-    if name is not None and name not in names:
-        raise SystemExit(f"error: --settings {name}: {script}.py has {', '.join(names)}; see --help")
-    if name is None:
-        own = family(env_id)
-        name = own if own in settings else BUILTIN
-        origin = f"for {env_id} ({FAMILIES[own][0]})" if name != BUILTIN else "the plain defaults"
-        if name != BUILTIN:
-            origin += "; --settings builtin for the plain defaults"
-    else:
-        origin = "--settings"
-    values, untranslated = settings.get(name, {}), []
-    if callable(values):
-        values, untranslated = values(env_id, fields)
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise SystemExit(
-            f"error: SETTINGS[{name!r}] of {script}.py sets {', '.join('--' + n.replace('_', '-') for n in unknown)}, "
-            f"which {script}.py does not have; fix the set or run with --settings builtin"
-        )
-    return name, dict(values), origin, untranslated
-
-
-def describe(settings: dict, defaults: dict) -> str:
-    """The --help text of the sets: each one's flags with their values, the script's defaults beside them."""
-    lines = ["named settings (--settings NAME; default: the env id's family's, else builtin, the defaults):"]
-    for name, values in settings.items():
-        what = FAMILIES[name][0] if name in FAMILIES else "chosen with --settings only"
-        if callable(values):
-            lines.append(f"  {name} ({what})")
-            continue
-        flags = " ".join(f"{as_flag(k, v)}" for k, v in values.items() if v != defaults.get(k, object()))
-        lines.append(f"  {name} ({what}): {flags or 'the defaults'}")
-    return "\n".join(lines)
-
-
-def as_flag(name: str, value) -> str:
-    """The command-line spelling of one flag's value: --n-step 1, --no-reward-norm, --hidden-sizes 64 64."""
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return flag if value else "--no-" + name.replace("_", "-")
-    if isinstance(value, (tuple, list)):
-        return f"{flag} {' '.join(map(str, value))}".rstrip()
-    if isinstance(value, str) and (not value or any(c in value for c in " {}\"'")):
-        return f"{flag} '{value}'"
-    return f"{flag} {value}"
 
 
 # ----------------------------------------------------------------------------------------------

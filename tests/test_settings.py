@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from common import settings
-from common.args import given_flags, parse_args
+from common import args as common_args
+from common.args import as_flag, given_flags, parse_args
 from tests import fake_mjlab
 from tests.helpers import ROOT, load_script
 
@@ -37,7 +38,7 @@ SCRIPTS = ["ppo", "ppo_lstm", "ppo_rnd", "distill", "pqn", "td3", "sac"]
     ],
 )
 def test_the_family_of_an_env_id(env_id, family):
-    assert settings.family(env_id) == family
+    assert common_args.family(env_id) == family
 
 
 def test_the_family_set_is_the_default_and_every_flag_given_wins():
@@ -144,7 +145,7 @@ def test_help_lists_every_set_with_its_values(script, capsys):
     for name, values in module.SETTINGS.items():
         assert f"{name} (" in out
         if isinstance(values, dict):
-            changed = [settings.as_flag(k, v) for k, v in values.items() if v != getattr(module.Args(), k)]
+            changed = [as_flag(k, v) for k, v in values.items() if v != getattr(module.Args(), k)]
             assert " ".join(changed) in out
 
 
