@@ -242,7 +242,7 @@ def resolve_settings(settings: dict, script: str, env_id: str, name: str | None,
     if name is None:
         own = family(env_id)
         name = own if own in settings else BUILTIN
-        origin = f"for {env_id} ({FAMILIES[own][0]})" if name != BUILTIN else "the plain defaults"
+        origin = f"for {env_id}, {FAMILIES[own][0]}" if name != BUILTIN else "the plain defaults"
         if name != BUILTIN:
             origin += "; --settings builtin for the plain defaults"
     else:
@@ -442,8 +442,14 @@ def take_flags_from(run, checkpoint: dict) -> None:
             f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}"
         )
     taken = []
-    if "settings" not in run.given and saved.get("settings") is not None:  # the set the run was started with
-        args.settings, args._settings_origin = saved["settings"], ("the run's, with its values from its checkpoint", [])
+    if "settings" not in run.given and saved.get("settings") not in (None, args.settings):
+        # the set the run was started with (the command line named no env, or another family's): the checkpoint has
+        # its values of the algorithm's flags; the run flags it sets (evaluation sizes) come from it as it is now
+        values = getattr(sys.modules.get(type(args).__module__), "SETTINGS", {}).get(saved["settings"], {})
+        for name, value in ({} if callable(values) else values).items():
+            if name in RUN_FLAGS and name not in run.given:
+                setattr(args, name, value)
+        args.settings, args._settings_origin = saved["settings"], ("the run's, its values from its checkpoint", [])
     run.foreign_flags = {name: value for name, value in saved.items() if not hasattr(args, name)}
     if run.foreign_flags:  # another script's run (--resume-other-script): its flags stay in its config and checkpoints
         kept = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in run.foreign_flags.items())

@@ -22,8 +22,8 @@ def rsl_rl_settings(env_id: str, fields: set[str]):
         from mjlab.tasks.registry import load_rl_cfg
 
         rl_cfg = load_rl_cfg(task)
-    except ImportError:
-        return {}, ["mjlab is not installed: its tasks' configs cannot be read"]
+    except ImportError:  # make_env says how to install it
+        return {}, []
     except (KeyError, ValueError):  # an unknown task: make_env names the registered ones
         return {}, []
     return translate_rsl_rl(rl_cfg, fields)

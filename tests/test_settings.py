@@ -171,37 +171,31 @@ def run_parsed(module, argv: list[str], monkeypatch):
 
 def test_config_records_the_set_and_resume_keeps_its_values_whatever_the_set_has_become(tmp_path, monkeypatch, capsys):
     ppo = load_script("ppo")
-    argv = [
-        "--env-id",
-        "MountainCarContinuous-v0",
-        "--num-envs",
-        "4",
-        "--num-steps",
-        "8",
-        "--num-minibatches",
-        "2",
-        "--eval-interval",
-        "0",
-        "--device",
-        "cpu",
-        "--no-progress",
-        "--output-dir",
-        str(tmp_path),
-        "--run-name",
-        "car",
-    ]
-    run_parsed(ppo, [*argv, "--total-timesteps", "32"], monkeypatch)
+    monkeypatch.setitem(ppo.SETTINGS, "mountaincar", {**ppo.SETTINGS["mountaincar"], "num_eval_envs": 3})
+    sizes = ["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "2", "--device", "cpu", "--no-progress"]
+    where = ["--output-dir", str(tmp_path), "--run-name", "car"]
+    argv = ["--env-id", "MountainCarContinuous-v0", "--total-timesteps", "32", "--eval-interval", "2", *sizes, *where]
+    run_parsed(ppo, argv, monkeypatch)
     assert "settings mountaincar (for MountainCarContinuous-v0" in capsys.readouterr().out  # the start line
     config = json.loads((tmp_path / "car" / "config.json").read_text())
     assert (config["settings"], config["gamma"], config["init_log_std"]) == ("mountaincar", 0.999, 0.5)
+    assert config["num_eval_envs"] == 3
 
-    monkeypatch.setitem(ppo.SETTINGS, "mountaincar", dict(gamma=0.9, init_log_std=0.0))  # the set changed since
-    args = parse_args(ppo.Args, [*argv, "--total-timesteps", "64", "--resume", "auto"])
-    assert (args.gamma, args.init_log_std) == (0.9, 0.0)  # until the checkpoint is read
-    summary = run_parsed(ppo, [*argv, "--total-timesteps", "64", "--resume", "auto"], monkeypatch)
+    # the set changed since; the run resumed without its env id (parsed with the builtin set of ppo's default env)
+    monkeypatch.setitem(ppo.SETTINGS, "mountaincar", dict(gamma=0.9, init_log_std=0.0, num_eval_envs=3))
+    resume = ["--resume", "auto", "--total-timesteps", "64", "--eval-interval", "2", *sizes, *where]
+    args = parse_args(ppo.Args, resume)
+    assert (args.settings, args.gamma, args.num_eval_envs) == ("builtin", 0.99, 128)  # until the checkpoint is read
+    summary = run_parsed(ppo, resume, monkeypatch)
     assert summary["global_step"] == 64
     config = json.loads((tmp_path / "car" / "config.json").read_text())
-    assert (config["settings"], config["gamma"], config["init_log_std"]) == ("mountaincar", 0.999, 0.5)
+    assert (config["settings"], config["env_id"], config["gamma"], config["init_log_std"]) == (
+        "mountaincar",
+        "MountainCarContinuous-v0",
+        0.999,
+        0.5,
+    )
+    assert config["num_eval_envs"] == 3  # a run flag of the run's set, not of the set the command line resolved
     assert "--gamma 0.999 --init-log-std 0.5" in capsys.readouterr().out  # "from the checkpoint: ..."
 
 
