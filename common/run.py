@@ -88,13 +88,11 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     given = given_flags(args)
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     cuda = info.device.type == "cuda"
-    threads = settings.choose_threads() if from_command_line(args) else None  # not inside another program
-    untranslated = getattr(args, "_settings_origin", ("", []))[1]
-    for line in [threads] + (
-        [f"settings {args.settings}: no flag here for {'; '.join(untranslated)}"] if untranslated else []
-    ):
-        if line and info.is_main:
-            print(line, flush=True)
+    notes = [settings.choose_threads() if from_command_line(args) else None]  # not for a run inside another program
+    if untranslated := getattr(args, "_settings_origin", ("", []))[1]:
+        notes.append(f"settings {args.settings}: the task's config has no flag here for {'; '.join(untranslated)}")
+    for line in filter(None, notes) if info.is_main else ():
+        print(line, flush=True)
     for name, (on_cuda, elsewhere) in {"log_interval": (1, 1), **(device_defaults or {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, on_cuda if cuda else elsewhere)

@@ -246,7 +246,9 @@ def test_a_mjlab_run_says_what_its_task_config_has_that_the_script_cannot_take(m
     summary = run_parsed(ppo, [*argv, "--device", "cpu", "--no-progress", "--output-dir", str(tmp_path)], monkeypatch)
     out = capsys.readouterr().out
     assert summary["global_step"] == 48  # 4 envs x the task's 12 steps per env
-    line = next(line for line in out.splitlines() if line.startswith("settings task: no flag here for"))
+    line = next(
+        line for line in out.splitlines() if line.startswith("settings task: the task's config has no flag here for")
+    )
     assert "critic hidden dims" in line and "optimizer" in line
     assert "settings task (for mjlab:Fake-Point-Tuned" in out
 
