@@ -373,13 +373,12 @@ def parse_args(args_class, argv: list[str] | None = None):
 
 
 def flag_value(argv: list[str], name: str) -> str | None:
-    """The value the command line gives flag `name` (--env-id X or --env-id=X; the last one wins), or None."""
-    flag, value = "--" + name.replace("_", "-"), None
+    """The value the command line gives flag `name` (--env-id X, --env-id=X, --env_id X; the last one wins), or None."""
+    value = None
     for i, token in enumerate(argv):
-        if token == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif token.startswith(flag + "="):
-            value = token.split("=", 1)[1]
+        given, equals, after = token[2:].partition("=")
+        if token.startswith("--") and given.replace("-", "_") == name:
+            value = after if equals else (argv[i + 1] if i + 1 < len(argv) else None)
     return value
 
 

@@ -59,6 +59,12 @@ def test_the_family_set_is_the_default_and_every_flag_given_wins():
         "settings": "builtin",
     }
     assert parse_args(td3.Args, []).settings == "builtin"  # Pendulum-v1: no set for its family
+    for spelling in (
+        ["--env-id=gym:Hopper-v5"],
+        ["--env_id", "gym:Hopper-v5"],
+        ["--env-id", "x", "--env-id", "gym:Hopper-v5"],
+    ):
+        assert parse_args(td3.Args, spelling).settings == "mujoco"
 
 
 def test_settings_picks_a_set_for_another_family_and_an_unknown_name_is_one_line():
