@@ -110,6 +110,11 @@ class Args(RunArgs):
     """clip normalized observations to [-obs_clip, obs_clip]"""
 
 
+# Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
+# None measured for distillation yet (its teacher's task decides): only builtin, the defaults above.
+SETTINGS = {}
+
+
 # ----------------------------------------------------------------------------------------------
 # Networks: one Policy class for the student and the teacher
 # ----------------------------------------------------------------------------------------------

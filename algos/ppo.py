@@ -47,6 +47,7 @@ from common.run import (
     start_run,
     what_is_due,
 )
+from common.settings import rsl_rl_settings  # noqa: E402
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo"
@@ -117,6 +118,71 @@ class Args(RunArgs):
     """
     mirror_loss_coef: Annotated[float, Ge(0)] = 1.0
     """weight of the mirror loss (rsl_rl's mirror_loss_coeff)"""
+
+
+# Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
+SETTINGS = {
+    # CleanRL's ppo_continuous_action.py: 1 env x 2048 steps, 32 minibatches, 10 epochs, Adam 3e-4 annealed to 0,
+    # clip 0.2, no entropy bonus, value coefficient 0.5, gradient clip 0.5, observations and rewards normalized and
+    # clipped at 10, 64-64 tanh, log-std 0; an evaluation every 51,200 steps on 8 envs
+    "mujoco": dict(
+        num_envs=1,
+        num_steps=2048,
+        num_minibatches=32,
+        update_epochs=10,
+        learning_rate=3e-4,
+        lr_schedule="linear",
+        clip_coef=0.2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        obs_norm=True,
+        reward_norm=True,
+        hidden_sizes=(64, 64),
+        activation="tanh",
+        init_log_std=0.0,
+        num_eval_envs=8,
+        eval_interval=25,
+    ),
+    # CleanRL's ppo_atari_envpool.py: 8 envs x 128 steps, 4 minibatches, 4 epochs, Adam 2.5e-4 annealed over its 10M
+    # steps, clip 0.1, entropy 0.01, value coefficient 0.5, gradient clip 0.5, rewards clipped (the atari preset) and
+    # not normalized; its agent: one nature CNN under two linear heads; an evaluation on 8 games every 50 iterations
+    "atari": dict(
+        env_kwargs='{"preset": "atari"}',
+        total_timesteps=10_000_000,
+        num_envs=8,
+        num_steps=128,
+        num_minibatches=4,
+        update_epochs=4,
+        learning_rate=2.5e-4,
+        lr_schedule="linear",
+        clip_coef=0.1,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        reward_norm=False,
+        encoder="nature",
+        shared_encoder=True,
+        hidden_sizes=(),
+        num_eval_envs=8,
+        eval_interval=50,
+    ),
+    # the README's MinAtar table: 128 envs x 32 steps, 8 minibatches, 4 epochs, entropy 0.01, MinAtar's one-conv
+    # network; an evaluation on 16 envs every 10 iterations
+    "minatar": dict(
+        num_envs=128,
+        num_steps=32,
+        num_minibatches=8,
+        update_epochs=4,
+        ent_coef=0.01,
+        encoder="minatar",
+        num_eval_envs=16,
+        eval_interval=10,
+    ),
+    # the goal lies hundreds of steps away: at gamma 0.99 its reward fades under the action costs (README, exploration)
+    "mountaincar": dict(gamma=0.999, init_log_std=0.5),
+    "task": rsl_rl_settings,  # the task's registered rsl_rl runner config, field by field
+}
 
 
 # --- Networks -------------------------------------------------------------------------------

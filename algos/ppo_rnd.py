@@ -52,6 +52,7 @@ from common.run import (  # noqa: E402
     start_run,
     what_is_due,
 )
+from common.settings import rsl_rl_settings  # noqa: E402
 from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
 
 ALGO = "ppo_rnd"
@@ -141,6 +142,34 @@ class Args(RunArgs):
     """normalize RND's input with running statistics of its own, clipped to [-5, 5] (rsl_rl's state_normalization)"""
     rnd_reward_norm: bool = True
     """divide the intrinsic reward by the running std of its discounted return (rsl_rl's reward_normalization)"""
+
+
+# Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
+SETTINGS = {
+    # ppo.py's, CleanRL's ppo_continuous_action.py: 1 env x 2048 steps, 32 minibatches, 10 epochs, Adam 3e-4
+    # annealed to 0, clip 0.2, no entropy bonus, value coefficient 0.5, gradient clip 0.5, observations and rewards
+    # normalized and clipped at 10, 64-64 tanh, log-std 0; an evaluation every 51,200 steps on 8 envs
+    "mujoco": dict(
+        num_envs=1,
+        num_steps=2048,
+        num_minibatches=32,
+        update_epochs=10,
+        learning_rate=3e-4,
+        lr_schedule="linear",
+        clip_coef=0.2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        obs_norm=True,
+        reward_norm=True,
+        hidden_sizes=(64, 64),
+        activation="tanh",
+        init_log_std=0.0,
+        num_eval_envs=8,
+        eval_interval=25,
+    ),
+    "task": rsl_rl_settings,  # the task's registered rsl_rl runner config, field by field
+}
 
 
 # --- networks -----------------------------------------------------------------------------------

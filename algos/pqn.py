@@ -112,6 +112,47 @@ class Args(RunArgs):
     """clip normalized observations to [-obs_clip, obs_clip]"""
 
 
+# Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
+SETTINGS = {
+    # the README's MinAtar table, PQN's own MinAtar config (purejaxql): 128 envs x 32 steps, 32 minibatches, 2 epochs,
+    # Adam 5e-4, epsilon to 0.05 over the first 10%, unscaled rewards, MinAtar's one-conv network and one 128-unit
+    # layer; an evaluation on 16 envs every 10 iterations
+    "minatar": dict(
+        num_envs=128,
+        num_steps=32,
+        num_minibatches=32,
+        learning_rate=5e-4,
+        reward_scale=1.0,
+        exploration_fraction=0.1,
+        hidden_sizes=(128,),
+        encoder="minatar",
+        num_eval_envs=16,
+        eval_interval=10,
+    ),
+    # PQN's own Atari config (CleanRL's pqn_atari_envpool.py): 128 envs x 32 steps, 32 minibatches, 2 epochs, Adam
+    # 2.5e-4 annealed over 10M steps, lambda 0.65, gradient clip 10, epsilon to 0.01 over the first 10%, rewards
+    # clipped (the atari preset) and unscaled; the nature CNN (its Linear with a LayerNorm) under one linear head
+    "atari": dict(
+        env_kwargs='{"preset": "atari"}',
+        total_timesteps=10_000_000,
+        num_envs=128,
+        num_steps=32,
+        num_minibatches=32,
+        update_epochs=2,
+        learning_rate=2.5e-4,
+        anneal_lr=True,
+        q_lambda=0.65,
+        max_grad_norm=10.0,
+        end_e=0.01,
+        exploration_fraction=0.1,
+        reward_scale=1.0,
+        encoder="nature",
+        hidden_sizes=(),
+        num_eval_envs=8,
+    ),
+}
+
+
 # ----------------------------------------------------------------------------------------------
 # Q-network: an MLP with LayerNorm after every hidden Linear (before the activation)
 # ----------------------------------------------------------------------------------------------

@@ -125,6 +125,16 @@ class Args(RunArgs):
     """clip normalized (n-step) rewards to [-reward_clip, reward_clip]"""
 
 
+# Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
+# mujoco: what the README's gymnasium-MuJoCo table used on a CPU (td3@n1lr, sac@n1lr): 32 envs, 2 updates of 512 per
+# env step, 1-step returns and Adam at 1e-3 for the actor and the critics; an evaluation on 10 envs every 50,016 steps.
+SETTINGS = {
+    "mujoco": dict(
+        num_envs=32, batch_size=512, n_step=1, q_lr=1e-3, policy_lr=1e-3, num_eval_envs=10, eval_interval=1563
+    ),
+}
+
+
 # Sizes resolved once the device is known: (on CUDA, elsewhere). The CUDA ones are FastTD3's; on
 # a CPU, where the env steps and the updates share the cores, 32 envs and batches of 512 give 32
 # replayed transitions per env step (the README's MuJoCo command).

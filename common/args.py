@@ -10,6 +10,7 @@ seeds derived from --seed (`derive_seed`).
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
 from typing import Annotated, Literal
@@ -105,6 +106,9 @@ class RunArgs:
 
     env_id: str = "CartPole-v1"
     """environment id: a built-in env (CartPole-v1, Pendulum-v1, ...) or an adapter prefix (gym:..., mjlab:...)"""
+    settings: str | None = None
+    """named settings of the script (listed at the end of --help) under the flags given; default: the set of the env
+    id's family (gym MuJoCo, Atari, MinAtar, mjlab tasks) where the script has one, else builtin (the plain defaults)"""
     num_envs: Annotated[int, Ge(1)] = 4096
     """parallel environments per process (per GPU)"""
     env_kwargs: str | None = None
@@ -202,6 +206,96 @@ RUN_FLAGS = {f for f in RunArgs.__dataclass_fields__} - CONTINUED_FLAGS
 
 
 # ----------------------------------------------------------------------------------------------
+# Named settings: each script's SETTINGS (name -> {flag: value}, or a function (env_id, fields) -> (values, what has
+# no flag)), right after its Args. With no --settings the set named after the env id's family (FAMILIES) is taken
+# where the script has one, else builtin: the plain defaults, which every script has without declaring it. The set's
+# values become the command line's defaults (parse_args), so every flag given wins, and a checkpoint's win on resume.
+# ----------------------------------------------------------------------------------------------
+BUILTIN = "builtin"
+
+MUJOCO_TASKS = (
+    "Ant|HalfCheetah|Hopper|Humanoid|HumanoidStandup|InvertedDoublePendulum|InvertedPendulum|Pusher|Reacher|Swimmer"
+    "|Walker2d"
+)
+# family -> (what it holds, whether an env id belongs to it); the first that matches is the env id's family
+FAMILIES = {
+    "task": ("mjlab tasks: their registered rsl_rl runner config", lambda env_id: env_id.startswith("mjlab:")),
+    "mujoco": (
+        "gymnasium / envpool MuJoCo on CPU simulators",
+        lambda env_id: re.fullmatch(rf"(gym|envpool):({MUJOCO_TASKS})-v\d+", env_id) is not None,
+    ),
+    "minatar": ("MinAtar games", lambda env_id: env_id.split(":")[-1].startswith("MinAtar/")),
+    "atari": (
+        "Atari games (envpool, gym:ALE/)",
+        lambda env_id: (
+            env_id.startswith(("envpool:", "gym:ALE/"))
+            and re.match(r"[A-Z][A-Za-z]*-v5$", env_id.split(":")[-1].removeprefix("ALE/")) is not None
+        ),
+    ),
+    "mountaincar": (
+        "MountainCarContinuous: a goal hundreds of steps away",
+        lambda env_id: env_id.split(":")[-1].startswith("MountainCarContinuous-"),
+    ),
+}
+
+
+def family(env_id: str) -> str | None:
+    """The family of `env_id` (a key of FAMILIES), or None."""
+    return next((name for name, (_, belongs) in FAMILIES.items() if belongs(env_id)), None)
+
+
+def resolve_settings(settings: dict, script: str, env_id: str, name: str | None, fields: set[str]):
+    """(name, {flag: value}, where they come from, the fields of a task config that have no flag) for `env_id`:
+    the set `name` (--settings), else the one of its family, else builtin (no values)."""
+    names = [BUILTIN, *settings]
+    if name is not None and name not in names:
+        raise usage_error(f"error: --settings {name}: {script}.py has {', '.join(names)}; see --help")
+    if name is None:
+        own = family(env_id)
+        name = own if own in settings else BUILTIN
+        origin = f"for {env_id}, {FAMILIES[own][0]}" if name != BUILTIN else "the plain defaults"
+        if name != BUILTIN:
+            origin += "; --settings builtin for the plain defaults"
+    else:
+        origin = "--settings"
+    values, untranslated = settings.get(name, {}), []
+    if callable(values):
+        values, untranslated = values(env_id, fields)
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise SystemExit(
+            f"error: SETTINGS[{name!r}] of {script}.py sets {', '.join('--' + n.replace('_', '-') for n in unknown)}, "
+            f"which {script}.py does not have; fix the set or run with --settings builtin"
+        )
+    return name, dict(values), origin, untranslated
+
+
+def describe_settings(settings: dict, defaults: dict) -> str:
+    """The --help text of the sets: each one's flags with their values, the script's defaults beside them."""
+    lines = ["named settings (--settings NAME; default: the env id's family's, else builtin, the defaults):"]
+    for name, values in settings.items():
+        what = FAMILIES[name][0] if name in FAMILIES else "chosen with --settings only"
+        if callable(values):
+            lines.append(f"  {name} ({what})")
+            continue
+        flags = " ".join(f"{as_flag(k, v)}" for k, v in values.items() if v != defaults.get(k, object()))
+        lines.append(f"  {name} ({what}): {flags or 'the defaults'}")
+    return "\n".join(lines)
+
+
+def as_flag(name: str, value) -> str:
+    """The command-line spelling of one flag's value: --n-step 1, --no-reward-norm, --hidden-sizes 64 64."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + name.replace("_", "-")
+    if isinstance(value, (tuple, list)):
+        return f"{flag} {' '.join(map(str, value))}".rstrip()
+    if isinstance(value, str) and (not value or any(c in value for c in " {}\"'")):
+        return f"{flag} '{value}'"
+    return f"{flag} {value}"
+
+
+# ----------------------------------------------------------------------------------------------
 # The command line: the algorithm's flags first, then the run's, in two groups of --help
 # ----------------------------------------------------------------------------------------------
 def field_docs(cls) -> dict[str, str]:
@@ -239,7 +333,12 @@ def parse_args(args_class, argv: list[str] | None = None):
     bounds = declared_bounds(args_class)
 
     def flag(f):  # a field of args_class as a group's: its type with its docstring (and range) as the help, its default
-        default = field(default=f.default) if f.default is not MISSING else field(default_factory=f.default_factory)
+        if f.name in values:
+            default = field(default=values[f.name])
+        elif f.default is not MISSING:
+            default = field(default=f.default)
+        else:
+            default = field(default_factory=f.default_factory)
         help = docs.get(f.name, "") + (f" [{', '.join(map(str, bounds[f.name]))}]" if f.name in bounds else "")
         return f.name, typing.Annotated[hints[f.name], tyro.conf.arg(help=help)], default
 
@@ -249,6 +348,19 @@ def parse_args(args_class, argv: list[str] | None = None):
     run_names = set(RunArgs.__dataclass_fields__)
     module = sys.modules.get(args_class.__module__)
     algo = script_name(args_class, getattr(module, "ALGO", "algorithm"))
+    argv = sys.argv[1:] if argv is None else argv
+    check_flag_names(argv, {f.name for f in fields(args_class)})
+    check_flag_values(argv, hints)
+    # the named set for this env id: its values are the defaults the command line's flags override
+    sets = getattr(module, "SETTINGS", None) or {}
+    name, values, origin, untranslated = resolve_settings(
+        sets,
+        algo,
+        flag_value(argv, "env_id") or args_class.env_id,
+        flag_value(argv, "settings"),
+        {f.name for f in fields(args_class)},
+    )
+    values["settings"] = name
     cli = make_dataclass(
         "CommandLine",
         [
@@ -257,11 +369,12 @@ def parse_args(args_class, argv: list[str] | None = None):
         ],
     )
     description = (module.__doc__ or "").strip().split("\n\n")[0] if module is not None else None
-    argv = sys.argv[1:] if argv is None else argv
-    check_flag_names(argv, {f.name for f in fields(args_class)})
-    check_flag_values(argv, hints)
+    if sets:
+        description = f"{description or ''}\n\n{describe_settings(sets, asdict(args_class()))}".strip()
     parsed = tyro.cli(cli, args=argv, description=description)
     args = args_class(**asdict(getattr(parsed, algo)), **asdict(parsed.run))
+    args._settings = values  # the defaults this run's flags override (given_flags)
+    args._settings_origin = (origin if args.settings == name else "--settings", untranslated)
     # the flags the command line names, also where a value equals its default (given_flags); an
     # attribute of this instance, not a field, so no class name is compared (a copy may rename Args)
     names = {token[2:].split("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
@@ -269,6 +382,16 @@ def parse_args(args_class, argv: list[str] | None = None):
         n[3:] if n.startswith("no_") and n[3:] in args_class.__dataclass_fields__ else n for n in names
     }
     return args
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value the command line gives flag `name` (--env-id X, --env-id=X, --env_id X; the last one wins), or None."""
+    value = None
+    for i, token in enumerate(argv):
+        given, equals, after = token[2:].partition("=")
+        if token.startswith("--") and given.replace("-", "_") == name:
+            value = after if equals else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
 
 
 def script_name(args_class, algo: str) -> str:
@@ -300,7 +423,7 @@ def check_flag_names(argv: list[str], names: set[str]) -> None:
         close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.6)
         meant = list(dict.fromkeys(initials + close + prefixed))[:3]
         hint = f"; did you mean {' or '.join('--' + n.replace('_', '-') for n in meant)}?" if meant else "; see --help"
-        raise SystemExit(f"error: unknown flag {token.split('=')[0]}{hint}")
+        raise usage_error(f"error: unknown flag {token.split('=')[0]}{hint}")
 
 
 def check_flag_values(argv: list[str], hints: dict) -> None:
@@ -372,8 +495,8 @@ def _bad_values(hint, values: list[str]) -> str | None:
 def given_flags(args) -> set[str]:
     """The flags this run was given: those its command line names (parse_args), and any flag whose
     value is not its default. A checkpoint supplies the others (open_run)."""
-    defaults = type(args)()
-    given = {f.name for f in fields(args) if getattr(args, f.name) != getattr(defaults, f.name)}
+    defaults = {**asdict(type(args)()), **getattr(args, "_settings", {})}  # a named set's values are defaults
+    given = {f.name for f in fields(args) if getattr(args, f.name) != defaults[f.name]}
     return given | getattr(args, "_command_line", set())
 
 
@@ -393,6 +516,14 @@ def take_flags_from(run, checkpoint: dict) -> None:
             f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}"
         )
     taken = []
+    if "settings" not in run.given and saved.get("settings") not in (None, args.settings):
+        # the set the run was started with (the command line named no env, or another family's): the checkpoint has
+        # its values of the algorithm's flags; the run flags it sets (evaluation sizes) come from it as it is now
+        values = getattr(sys.modules.get(type(args).__module__), "SETTINGS", {}).get(saved["settings"], {})
+        for name, value in ({} if callable(values) else values).items():
+            if name in RUN_FLAGS and name not in run.given:
+                setattr(args, name, value)
+        args.settings, args._settings_origin = saved["settings"], ("the run's, its values from its checkpoint", [])
     run.foreign_flags = {name: value for name, value in saved.items() if not hasattr(args, name)}
     if run.foreign_flags:  # another script's run (--resume-other-script): its flags stay in its config and checkpoints
         kept = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in run.foreign_flags.items())

@@ -46,8 +46,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import distributed, video
-from common.args import check_numbers, derive_seed, env_seed, eval_seed, given_flags, script_name, take_flags_from
+from common import distributed, settings, video
+from common.args import (
+    check_numbers,
+    derive_seed,
+    env_seed,
+    eval_seed,
+    from_command_line,
+    given_flags,
+    script_name,
+    take_flags_from,
+)
 from common.capture import check_torch, peak_memory_mb, read_timings, release_graphs
 from common.checkpoint import (
     BEST,
@@ -85,6 +94,11 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     given = given_flags(args)
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     cuda = info.device.type == "cuda"
+    notes = [settings.choose_threads() if from_command_line(args) else None]  # not for a run inside another program
+    if untranslated := getattr(args, "_settings_origin", ("", []))[1]:
+        notes.append(f"settings {args.settings}: the task's config has no flag here for {'; '.join(untranslated)}")
+    for line in filter(None, notes) if info.is_main else ():
+        print(line, flush=True)
     for name, (on_cuda, elsewhere) in {"log_interval": (1, 1), **(device_defaults or {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, on_cuda if cuda else elsewhere)
@@ -327,8 +341,11 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
         else "off"
     )
     copied = f" (a copy of {run.algorithm}.py)" if run.algo != run.algorithm else ""
+    origin = getattr(args, "_settings_origin", ("", []))[0]
+    named = f"settings {args.settings}{f' ({origin})' if origin else ''}; " if args.settings else ""
     print(
         f"{run.algo}{copied} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
+        f"{named}"
         f"{description}; compile {compiling}, CUDA graphs: {graphs or ('on' if args.cudagraphs else 'off')}; "
         f"{iterations_to_run(run)} to step {run.final_step:,}; "
         f"run dir {run.run_dir}",

@@ -408,17 +408,80 @@ class FakeSymmetryCfg:
 
 @dataclass
 class FakeAlgorithmCfg:
+    """mjlab 1.6's RslRlPpoAlgorithmCfg, its fields None where a task's config leaves them out."""
+
     symmetry_cfg: FakeSymmetryCfg | None = None
+    learning_rate: float | None = None
+    schedule: str | None = None
+    desired_kl: float | None = None
+    num_learning_epochs: int | None = None
+    num_mini_batches: int | None = None
+    clip_param: float | None = None
+    gamma: float | None = None
+    lam: float | None = None
+    value_loss_coef: float | None = None
+    entropy_coef: float | None = None
+    max_grad_norm: float | None = None
+    use_clipped_value_loss: bool | None = None
+    normalize_advantage_per_mini_batch: bool | None = None
+    optimizer: str = "adam"
+
+
+@dataclass
+class FakeModelCfg:
+    """mjlab 1.6's RslRlModelCfg (rsl_rl 5: the actor and the critic each a model config)."""
+
+    hidden_dims: tuple[int, ...] = (128, 128, 128)
+    activation: str = "elu"
+    obs_normalization: bool = False
+    distribution_cfg: dict | None = None
+    rnn_type: str | None = None
+    cnn_cfg: dict | None = None
 
 
 @dataclass
 class FakeRunnerCfg:
     clip_actions: float | None = None
     algorithm: FakeAlgorithmCfg = field(default_factory=FakeAlgorithmCfg)
+    num_steps_per_env: int | None = None
+    actor: FakeModelCfg | None = None
+    critic: FakeModelCfg | None = None
+
+
+# A task's own PPO config, as mjlab 1.6 registers one (the G1 velocity task's shape): every field ppo.py has a flag
+# for set away from ppo.py's defaults, critic dims that differ from the actor's and an optimizer ppo.py lacks (two
+# fields it cannot take)
+TUNED = FakeRunnerCfg(
+    num_steps_per_env=12,
+    actor=FakeModelCfg(
+        hidden_dims=(32, 16),
+        activation="elu",
+        obs_normalization=True,
+        distribution_cfg={"class_name": "GaussianDistribution", "init_std": 0.5, "std_type": "scalar"},
+    ),
+    critic=FakeModelCfg(hidden_dims=(64, 32), activation="elu", obs_normalization=True),
+    algorithm=FakeAlgorithmCfg(
+        learning_rate=5e-4,
+        schedule="fixed",
+        desired_kl=0.02,
+        num_learning_epochs=3,
+        num_mini_batches=2,
+        clip_param=0.3,
+        gamma=0.98,
+        lam=0.9,
+        value_loss_coef=0.7,
+        entropy_coef=0.002,
+        max_grad_norm=0.8,
+        use_clipped_value_loss=False,
+        normalize_advantage_per_mini_batch=False,
+        optimizer="adamw",
+    ),
+)
 
 
 TASKS = {
     "Fake-Point": (FakeEnvCfg(), FakeRunnerCfg()),
+    "Fake-Point-Tuned": (FakeEnvCfg(), TUNED),
     "Fake-Point-Symmetric": (
         FakeEnvCfg(),
         FakeRunnerCfg(

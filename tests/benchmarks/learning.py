@@ -56,21 +56,9 @@ from tests.benchmarks.bench import machine_info, machine_label  # noqa: E402
 
 COMMITTED = ROOT / "tests" / "benchmarks" / "results"  # the results the README shows
 
-MINATAR = ["--num-envs", "128", "--num-steps", "32", "--num-eval-envs", "16", "--eval-interval", "10"]
-PQN_MINATAR = [
-    "--num-minibatches",
-    "32",
-    "--learning-rate",
-    "5e-4",
-    "--reward-scale",
-    "1.0",
-    "--exploration-fraction",
-    "0.1",
-    "--hidden-sizes",
-    "128",
-]
-PPO_MINATAR = ["--num-minibatches", "8", "--update-epochs", "4", "--ent-coef", "0.01"]
-# script:env[@label] -> target eval return, env-step budget, extra flags (the defaults otherwise); `after`:
+# script:env[@label] -> target eval return, env-step budget, extra flags over the script's named settings for the env
+# (common.settings: its family's set, else its defaults; tests/test_settings.py checks that each gives the Args the
+# long flags of the committed results gave); `after`:
 # (experiment, flag, checkpoint): a run starts from the checkpoint of that experiment's run of the same seed, given
 # with the flag (--teacher, --init-from); that run goes first and is not stopped at its target
 MASKED = '{"mask_velocity": true}'
@@ -82,11 +70,9 @@ EXPERIMENTS = {
     # The goal lies hundreds of steps away for a policy that has just found it: at gamma 0.99 it is
     # discounted to under 1% (0.99**500), its signal drowns under the immediate action costs, and the
     # policy settles on standing still. A longer discount keeps it; a wider start to the exploration
-    # noise lets every seed find it.
-    "ppo:MountainCarContinuous-v0": dict(
-        target=90.0, budget=3_000_000, flags=["--gamma", "0.999", "--init-log-std", "0.5"]
-    ),
-    "ppo:MountainCarContinuous-v0@defaults": dict(target=90.0, budget=3_000_000, flags=[]),
+    # noise lets every seed find it: ppo's mountaincar settings (--gamma 0.999 --init-log-std 0.5).
+    "ppo:MountainCarContinuous-v0": dict(target=90.0, budget=3_000_000, flags=[]),
+    "ppo:MountainCarContinuous-v0@defaults": dict(target=90.0, budget=3_000_000, flags=["--settings", "builtin"]),
     # Exploration: RND's intrinsic reward (algos/ppo_rnd.py) against ppo alone, both at their defaults (gamma 0.99,
     # where
     # the goal's reward fades under the action costs); the targets are gymnasium's reward thresholds
@@ -197,20 +183,12 @@ EXPERIMENTS = {
     # the Atari DQN CNN's 8x8/4 kernel does not fit 10x10 frames), on a CPU. pqn takes the PQN code's MinAtar
     # config (purejaxql: 128 envs x 32 steps, 32 minibatches, 2 epochs, lr 5e-4, epsilon to 0.05 over the first 10%,
     # unscaled rewards), except Adam for RAdam and the head's one extra 128-unit layer; ppo the MinAtar-sized
-    # batch with a larger entropy bonus. @mlp: the same settings on the flattened frames, for contrast.
-    # The target is not from the papers: see the README (Pixels).
-    "pqn:MinAtar/Breakout-v1": dict(
-        target=10.0, budget=500_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "minatar"]
-    ),
-    "pqn:MinAtar/Breakout-v1@mlp": dict(
-        target=10.0, budget=500_000, flags=[*MINATAR, *PQN_MINATAR, "--encoder", "mlp"]
-    ),
-    "ppo:MinAtar/Breakout-v1": dict(
-        target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "minatar"]
-    ),
-    "ppo:MinAtar/Breakout-v1@mlp": dict(
-        target=10.0, budget=500_000, flags=[*MINATAR, *PPO_MINATAR, "--encoder", "mlp"]
-    ),
+    # batch with a larger entropy bonus: the scripts' minatar settings. @mlp: the same settings on the flattened
+    # frames, for contrast. The target is not from the papers: see the README (Pixels).
+    "pqn:MinAtar/Breakout-v1": dict(target=10.0, budget=500_000, flags=[]),
+    "pqn:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=["--encoder", "mlp"]),
+    "ppo:MinAtar/Breakout-v1": dict(target=10.0, budget=500_000, flags=[]),
+    "ppo:MinAtar/Breakout-v1@mlp": dict(target=10.0, budget=500_000, flags=["--encoder", "mlp"]),
 }
 # MinAtar's five games, pqn and ppo with the Breakout settings above, no target of our own (Breakout's 10 aside): the
 # eval return at env steps beside the one published figure readable near this budget, gymnax-blines' PPO log
@@ -220,52 +198,22 @@ EXPERIMENTS = {
 MINATAR_BUDGET = 655_360
 GYMNAX_PPO = {"Asterix": 1.62, "Breakout": 15.45, "Freeway": 28.16, "SpaceInvaders": 30.37}
 for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"):
-    for algo, flags in (("pqn", PQN_MINATAR), ("ppo", PPO_MINATAR)):
+    for algo in ("pqn", "ppo"):
         name = f"{algo}:MinAtar/{game}-v1"
-        base = EXPERIMENTS.get(
-            name, dict(target=math.inf, budget=MINATAR_BUDGET, flags=[*MINATAR, *flags, "--encoder", "minatar"])
-        )  # Breakout's kept
+        base = EXPERIMENTS.get(name, dict(target=math.inf, budget=MINATAR_BUDGET, flags=[]))  # Breakout's kept
         EXPERIMENTS[name] = dict(
             base,
             at_steps=(100_000, 250_000, 500_000, 639_936),
             reference=GYMNAX_PPO.get(game) if algo == "ppo" else None,
             reference_at=639_936,
         )
-# Atari Pong with CleanRL's ppo_atari_envpool.py settings (8 envs x 128 steps, 4 minibatches, 4 epochs, lr 2.5e-4
-# annealed over its 10M steps, clip 0.1, entropy 0.01, value coefficient 0.5, gradient clip 0.5, rewards clipped and not
-# normalized; its agent: one nature CNN under two linear heads; steps are agent steps, 4 frames each). Eval: 8 games at
-# every 51,200 steps. On a CPU it takes hours: a checkpoint every 10 minutes and --resume auto, so the same command,
-# stopped (SIGTERM: the run writes last.pt and its summary) and run again with --reuse left out, goes on where it
-# stopped. The reference is CleanRL's table (docs/benchmark/ppo_atari_envpool.md: 3 seeds at 10M steps).
-CLEANRL_ATARI = [
-    "--env-kwargs",
-    '{"preset": "atari"}',
-    "--encoder",
-    "nature",
-    "--num-envs",
-    "8",
-    "--num-steps",
-    "128",
-    "--num-minibatches",
-    "4",
-    "--update-epochs",
-    "4",
-    "--learning-rate",
-    "2.5e-4",
-    "--lr-schedule",
-    "linear",
-    "--clip-coef",
-    "0.1",
-    "--ent-coef",
-    "0.01",
-    "--vf-coef",
-    "0.5",
-    "--max-grad-norm",
-    "0.5",
-    "--no-reward-norm",
-    "--shared-encoder",
-    "--hidden-sizes",
-]  # no hidden layers: the heads on the encoder's 512 features
+# Atari Pong with CleanRL's ppo_atari_envpool.py settings, ppo's atari settings (8 envs x 128 steps, 4 minibatches, 4
+# epochs, lr 2.5e-4 annealed over its 10M steps, clip 0.1, entropy 0.01, value coefficient 0.5, gradient clip 0.5,
+# rewards clipped and not normalized; its agent: one nature CNN under two linear heads; steps are agent steps, 4 frames
+# each). Eval: 8 games at every 51,200 steps. On a CPU it takes hours: a checkpoint every 10 minutes and --resume auto,
+# so the same command, stopped (SIGTERM: the run writes last.pt and its summary) and run again with --reuse left out,
+# goes on where it stopped. The reference is CleanRL's table (docs/benchmark/ppo_atari_envpool.md: 3 seeds at 10M
+# steps).
 EXPERIMENTS["ppo:envpool:Pong-v5"] = dict(
     target=math.inf,
     budget=10_000_000,
@@ -273,61 +221,22 @@ EXPERIMENTS["ppo:envpool:Pong-v5"] = dict(
     reference_at=10_000_000,
     train_bin=100_000,
     at_steps=(500_000, 1_000_000, 2_500_000, 10_000_000),
-    flags=[
-        *CLEANRL_ATARI,
-        "--num-eval-envs",
-        "8",
-        "--eval-interval",
-        "50",
-        "--save-interval-seconds",
-        "600",
-        "--resume",
-        "auto",
-    ],
+    flags=["--save-interval-seconds", "600", "--resume", "auto"],
 )
-# gymnasium MuJoCo on a CPU, the README's commands (td3/sac at their CPU defaults: 32 envs, 2 updates of 512 per
-# step). The target is 90% of CleanRL's published mean return at 1M steps (3 seeds, training episodic returns; td3 and
-# ppo on the v4 tasks, sac on v2: docs/rl-algorithms/td3.md, sac.md and ppo.md of vwxyzjn/cleanrl); the at-steps table
-# gives each
-# seed's eval return at 100k/250k/500k/1M beside it.
+# gymnasium MuJoCo on a CPU at the scripts' mujoco settings: td3/sac 32 envs, 2 updates of 512 per step, 1-step
+# returns, Adam at 1e-3 (the @n1lr rows), an eval on 10 envs every 50,016 steps; ppo with CleanRL's
+# ppo_continuous_action.py settings but 8 envs x 256 steps for its 1 x 2048 (the same batch), an eval on 8 envs every
+# 51,200 steps. The target is 90% of CleanRL's published mean return at 1M steps (3 seeds, training episodic returns;
+# td3 and ppo on the v4 tasks, sac on v2: docs/rl-algorithms/td3.md, sac.md and ppo.md of vwxyzjn/cleanrl); the
+# at-steps table gives each seed's eval return at 100k/250k/500k/1M beside it.
 CLEANRL = {
     "td3": {"Hopper-v5": 3134.61, "HalfCheetah-v5": 9583.22, "Walker2d-v5": 4057.59},
     "sac": {"Hopper-v5": 2310.46, "HalfCheetah-v5": 9634.89, "Walker2d-v5": 3591.45},
     "ppo": {"HalfCheetah-v5": 1442.64},
 }
-OFF_POLICY_MUJOCO = [
-    "--device",
-    "cpu",
-    "--num-eval-envs",
-    "10",
-    "--eval-interval",
-    "1563",
-]  # an eval every 50,016 steps
-PPO_MUJOCO = [
-    "--num-envs",
-    "8",
-    "--num-steps",
-    "256",
-    "--num-minibatches",
-    "32",
-    "--update-epochs",
-    "10",
-    "--learning-rate",
-    "3e-4",
-    "--lr-schedule",
-    "linear",
-    "--ent-coef",
-    "0",
-    "--vf-coef",
-    "0.5",
-    "--max-grad-norm",
-    "0.5",
-    "--reward-norm",
-    "--num-eval-envs",
-    "8",
-    "--eval-interval",
-    "25",
-]  # an eval every 51,200 steps
+OFF_POLICY_MUJOCO = ["--device", "cpu"]
+BUILTIN_LR = ["--q-lr", "3e-4", "--policy-lr", "3e-4"]  # the GPU-sized defaults' learning rates, for the rows below
+PPO_MUJOCO = ["--num-envs", "8", "--num-steps", "256"]
 AT_STEPS = (100_000, 250_000, 500_000, 1_000_000)
 for algo, tasks in CLEANRL.items():
     for task, published in tasks.items():
@@ -336,31 +245,31 @@ for algo, tasks in CLEANRL.items():
             budget=1_000_000,
             reference=published,
             at_steps=AT_STEPS,
-            flags=PPO_MUJOCO if algo == "ppo" else OFF_POLICY_MUJOCO,
+            flags=PPO_MUJOCO if algo == "ppo" else [*OFF_POLICY_MUJOCO, "--n-step", "3", *BUILTIN_LR],
         )
 # td3 on Hopper-v5 at its defaults (3-step returns) sat at 330-400 from 100k to 300k steps (seed 1); with --n-step 1
 # it rose to 810 by 300k (the README's gymnasium-MuJoCo paragraph: what else was measured). sac@n1, seed 1, was
 # stopped at 450k steps (1,065 there; sac at its defaults: 2,763).
 for name in [f"td3:gym:{task}" for task in CLEANRL["td3"]] + ["sac:gym:Hopper-v5"]:
-    EXPERIMENTS[f"{name}@n1"] = dict(EXPERIMENTS[name], flags=[*OFF_POLICY_MUJOCO, "--n-step", "1"])
+    EXPERIMENTS[f"{name}@n1"] = dict(EXPERIMENTS[name], flags=[*OFF_POLICY_MUJOCO, *BUILTIN_LR])
 # HalfCheetah-v5 below 90% at the CPU defaults (seed 1 at 1M: td3@n1 7,025, sac 7,863): twice the gradient steps on
 # the same transitions sampled per env step (4 updates of 256 for 2 of 512), and td3 with its default 3-step returns.
 FOUR_UPDATES = ["--num-updates", "4", "--batch-size", "256"]
 EXPERIMENTS["td3:gym:HalfCheetah-v5@n1u4"] = dict(
-    EXPERIMENTS["td3:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, "--n-step", "1", *FOUR_UPDATES]
+    EXPERIMENTS["td3:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, *BUILTIN_LR, *FOUR_UPDATES]
 )
 EXPERIMENTS["sac:gym:HalfCheetah-v5@u4"] = dict(
-    EXPERIMENTS["sac:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, *FOUR_UPDATES]
+    EXPERIMENTS["sac:gym:HalfCheetah-v5"], flags=[*OFF_POLICY_MUJOCO, "--n-step", "3", *BUILTIN_LR, *FOUR_UPDATES]
 )
 # td3@n1 with Adam at 1e-3 for the actor and the critics (Fujimoto et al.'s first TD3 setting) where the CPU defaults
 # take
 # 16x fewer gradient steps per env step than CleanRL's script: a larger step for each, at no cost per step. The same
-# flags for sac; td3@n1lr and sac@n1lr are the README's gymnasium-MuJoCo lines.
+# flags for sac; td3@n1lr and sac@n1lr are the README's gymnasium-MuJoCo lines, and the scripts' mujoco settings.
 for algo in ("td3", "sac"):
     for task in CLEANRL[algo]:
         EXPERIMENTS[f"{algo}:gym:{task}@n1lr"] = dict(
             EXPERIMENTS[f"{algo}:gym:{task}"],
-            flags=[*OFF_POLICY_MUJOCO, "--n-step", "1", "--q-lr", "1e-3", "--policy-lr", "1e-3"],
+            flags=OFF_POLICY_MUJOCO,
         )
 
 

@@ -1,0 +1,877 @@
+"""Named settings (common.settings, each script's SETTINGS): the set chosen by the env id's family or --settings,
+the flags given over it, --help, config.json and --resume, a copy of a script, mjlab tasks' rsl_rl configs, the
+threads chosen on a busy CPU, and the learning experiments' short flags against the long ones the results used."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from common import settings
+from common import args as common_args
+from common.args import as_flag, given_flags, parse_args
+from tests import fake_mjlab
+from tests.helpers import ROOT, load_script
+
+SCRIPTS = ["ppo", "ppo_lstm", "ppo_rnd", "distill", "pqn", "td3", "sac"]
+
+
+@pytest.mark.parametrize(
+    "env_id, family",
+    [
+        ("gym:Hopper-v5", "mujoco"),
+        ("gym:HalfCheetah-v4", "mujoco"),
+        ("envpool:Walker2d-v4", "mujoco"),
+        ("envpool:Pong-v5", "atari"),
+        ("gym:ALE/Breakout-v5", "atari"),
+        ("MinAtar/Breakout-v1", "minatar"),
+        ("mjlab:Mjlab-Velocity-Flat-Unitree-G1", "task"),
+        ("MountainCarContinuous-v0", "mountaincar"),
+        ("gym:MountainCarContinuous-v0", "mountaincar"),
+        ("CartPole-v1", None),
+        ("gym:CartPole-v1", None),
+        ("Pendulum-v1", None),
+    ],
+)
+def test_the_family_of_an_env_id(env_id, family):
+    assert common_args.family(env_id) == family
+
+
+def test_the_family_set_is_the_default_and_every_flag_given_wins():
+    td3 = load_script("td3")
+    args = parse_args(td3.Args, ["--env-id", "gym:Hopper-v5"])
+    assert args.settings == "mujoco"
+    assert (args.num_envs, args.batch_size, args.n_step, args.q_lr, args.policy_lr) == (32, 512, 1, 1e-3, 1e-3)
+    assert (args.num_eval_envs, args.eval_interval) == (10, 1563)
+    assert given_flags(args) == {"env_id"}  # the set's values are defaults: a checkpoint's win over them on resume
+
+    args = parse_args(td3.Args, ["--env-id", "gym:Hopper-v5", "--n-step", "3", "--q-lr=3e-4"])
+    assert (args.n_step, args.q_lr, args.policy_lr, args.settings) == (3, 3e-4, 1e-3, "mujoco")
+    assert given_flags(args) == {"env_id", "n_step", "q_lr"}
+
+    plain = parse_args(td3.Args, ["--env-id", "gym:Hopper-v5", "--settings", "builtin"])
+    assert plain.settings == "builtin" and asdict(plain) == {
+        **asdict(td3.Args(env_id="gym:Hopper-v5")),
+        "settings": "builtin",
+    }
+    assert parse_args(td3.Args, []).settings == "builtin"  # Pendulum-v1: no set for its family
+    for spelling in (
+        ["--env-id=gym:Hopper-v5"],
+        ["--env_id", "gym:Hopper-v5"],
+        ["--env-id", "x", "--env-id", "gym:Hopper-v5"],
+    ):
+        assert parse_args(td3.Args, spelling).settings == "mujoco"
+
+
+def test_settings_picks_a_set_for_another_family_and_an_unknown_name_is_one_line():
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "CartPole-v1", "--settings", "minatar"])
+    assert (args.settings, args.num_envs, args.encoder) == ("minatar", 128, "minatar")
+    with pytest.raises(SystemExit, match=r"^error: --settings atari: td3.py has builtin, mujoco; see --help$"):
+        parse_args(load_script("td3").Args, ["--settings", "atari"])
+
+
+def test_a_set_that_names_a_flag_the_script_lacks_stops_with_one_line(monkeypatch):
+    td3 = load_script("td3")
+    monkeypatch.setitem(td3.SETTINGS, "mujoco", {**td3.SETTINGS["mujoco"], "clip_coef": 0.1})
+    with pytest.raises(SystemExit, match=r"^error: SETTINGS\['mujoco'\] of td3.py sets --clip-coef, which td3.py"):
+        parse_args(td3.Args, ["--env-id", "gym:Hopper-v5"])
+
+
+def test_ppo_mujoco_is_cleanrl_ppo_continuous_action():
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "gym:Hopper-v5", "--total-timesteps", "1000000"])
+    expected = dict(
+        settings="mujoco",
+        num_envs=1,
+        num_steps=2048,
+        num_minibatches=32,
+        update_epochs=10,
+        learning_rate=3e-4,
+        lr_schedule="linear",
+        clip_coef=0.2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        obs_norm=True,
+        reward_norm=True,
+        hidden_sizes=(64, 64),
+        activation="tanh",
+        init_log_std=0.0,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_vloss=True,
+        adv_norm="minibatch",
+    )
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
+def test_ppo_atari_is_cleanrl_ppo_atari_envpool():
+    """python algos/ppo.py --env-id envpool:Pong-v5 starts with CleanRL's Atari agent and settings (resolved without
+    envpool: the set is chosen from the id)."""
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "envpool:Pong-v5"])
+    expected = dict(
+        settings="atari",
+        env_kwargs='{"preset": "atari"}',
+        total_timesteps=10_000_000,
+        num_envs=8,
+        num_steps=128,
+        num_minibatches=4,
+        update_epochs=4,
+        learning_rate=2.5e-4,
+        lr_schedule="linear",
+        clip_coef=0.1,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        reward_norm=False,
+        encoder="nature",
+        shared_encoder=True,
+        hidden_sizes=(),
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_vloss=True,
+    )
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_lists_every_set_with_its_values(script, capsys):
+    module = load_script(script)
+    with pytest.raises(SystemExit) as exit:
+        parse_args(module.Args, ["--help"])
+    assert exit.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--settings" in out and "named settings" in out
+    for name, values in module.SETTINGS.items():
+        assert f"{name} (" in out
+        if isinstance(values, dict):
+            changed = [as_flag(k, v) for k, v in values.items() if v != getattr(module.Args(), k)]
+            assert " ".join(changed) in out
+
+
+def test_a_copy_of_a_script_gets_its_sets(tmp_path):
+    copy = tmp_path / "algos" / "ppo_settings_copy.py"
+    copy.parent.mkdir()
+    copy.write_text((ROOT / "algos" / "ppo.py").read_text())
+    module = load_script("ppo_settings_copy", copy)
+    args = parse_args(module.Args, ["--env-id", "gym:Hopper-v5"])
+    assert (args.settings, args.num_steps, args.num_minibatches) == ("mujoco", 2048, 32)
+
+
+def run_parsed(module, argv: list[str], monkeypatch):
+    """main() of `argv` as the command line gives it, on one thread (OMP_NUM_THREADS set: choose_threads keeps off)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return module.main(parse_args(module.Args, argv))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_config_records_the_set_and_resume_keeps_its_values_whatever_the_set_has_become(tmp_path, monkeypatch, capsys):
+    ppo = load_script("ppo")
+    monkeypatch.setitem(ppo.SETTINGS, "mountaincar", {**ppo.SETTINGS["mountaincar"], "num_eval_envs": 3})
+    sizes = ["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "2", "--device", "cpu", "--no-progress"]
+    where = ["--output-dir", str(tmp_path), "--run-name", "car"]
+    argv = ["--env-id", "MountainCarContinuous-v0", "--total-timesteps", "32", "--eval-interval", "2", *sizes, *where]
+    run_parsed(ppo, argv, monkeypatch)
+    assert "settings mountaincar (for MountainCarContinuous-v0" in capsys.readouterr().out  # the start line
+    config = json.loads((tmp_path / "car" / "config.json").read_text())
+    assert (config["settings"], config["gamma"], config["init_log_std"]) == ("mountaincar", 0.999, 0.5)
+    assert config["num_eval_envs"] == 3
+
+    # the set changed since; the run resumed without its env id (parsed with the builtin set of ppo's default env)
+    monkeypatch.setitem(ppo.SETTINGS, "mountaincar", dict(gamma=0.9, init_log_std=0.0, num_eval_envs=3))
+    resume = ["--resume", "auto", "--total-timesteps", "64", "--eval-interval", "2", *sizes, *where]
+    args = parse_args(ppo.Args, resume)
+    assert (args.settings, args.gamma, args.num_eval_envs) == ("builtin", 0.99, 128)  # until the checkpoint is read
+    summary = run_parsed(ppo, resume, monkeypatch)
+    assert summary["global_step"] == 64
+    config = json.loads((tmp_path / "car" / "config.json").read_text())
+    assert (config["settings"], config["env_id"], config["gamma"], config["init_log_std"]) == (
+        "mountaincar",
+        "MountainCarContinuous-v0",
+        0.999,
+        0.5,
+    )
+    assert config["num_eval_envs"] == 3  # a run flag of the run's set, not of the set the command line resolved
+    assert "--gamma 0.999 --init-log-std 0.5" in capsys.readouterr().out  # "from the checkpoint: ..."
+
+
+# --------------------------------------------------------------------------------------------
+# mjlab tasks: their rsl_rl runner config
+# --------------------------------------------------------------------------------------------
+def test_a_mjlab_task_brings_its_rsl_rl_config_and_names_what_has_no_flag(monkeypatch):
+    fake_mjlab.install(monkeypatch)
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "mjlab:Fake-Point-Tuned", "--learning-rate", "1e-4"])
+    expected = dict(
+        settings="task",
+        num_steps=12,
+        hidden_sizes=(32, 16),
+        activation="elu",
+        obs_norm=True,
+        init_log_std=round(math.log(0.5), 6),
+        learning_rate=1e-4,  # given: it wins
+        lr_schedule="constant",
+        desired_kl=0.02,
+        update_epochs=3,
+        num_minibatches=2,
+        clip_coef=0.3,
+        gamma=0.98,
+        gae_lambda=0.9,
+        vf_coef=0.7,
+        ent_coef=0.002,
+        max_grad_norm=0.8,
+        clip_vloss=False,
+        adv_norm="batch",
+    )
+    assert {k: getattr(args, k) for k in expected} == expected
+    untranslated = args._settings_origin[1]
+    assert any("critic hidden dims (64, 32)" in u for u in untranslated)
+    assert any("optimizer='adamw'" in u for u in untranslated)
+    assert len(untranslated) == 2
+
+    mirrored = parse_args(ppo.Args, ["--env-id", "mjlab:Fake-Point-Symmetric"])
+    assert mirrored.symmetry == "augmentation"
+    lstm = parse_args(load_script("ppo_lstm").Args, ["--env-id", "mjlab:Fake-Point-Symmetric"])
+    assert any("symmetry_cfg" in u for u in lstm._settings_origin[1])  # ppo_lstm.py has no --symmetry: named
+
+
+def test_a_mjlab_run_says_what_its_task_config_has_that_the_script_cannot_take(monkeypatch, tmp_path, capsys):
+    fake_mjlab.install(monkeypatch)
+    ppo = load_script("ppo")
+    argv = ["--env-id", "mjlab:Fake-Point-Tuned", "--num-envs", "4", "--total-timesteps", "48", "--eval-interval", "0"]
+    summary = run_parsed(ppo, [*argv, "--device", "cpu", "--no-progress", "--output-dir", str(tmp_path)], monkeypatch)
+    out = capsys.readouterr().out
+    assert summary["global_step"] == 48  # 4 envs x the task's 12 steps per env
+    line = next(
+        line for line in out.splitlines() if line.startswith("settings task: the task's config has no flag here for")
+    )
+    assert "critic hidden dims" in line and "optimizer" in line
+    assert "settings task (for mjlab:Fake-Point-Tuned" in out
+
+
+def test_isaac_lab_spelling_and_rnd_cfg_translate_too():
+    """rsl_rl 2-3 / Isaac Lab's runner config as a dict (its config-to-dict form): one policy config, empirical
+    normalization, the RND config for ppo_rnd.py (named, not dropped, for ppo.py)."""
+    cfg = {
+        "num_steps_per_env": 24,
+        "empirical_normalization": True,
+        "policy": {
+            "actor_hidden_dims": [512, 256, 128],
+            "critic_hidden_dims": [512, 256, 128],
+            "activation": "elu",
+            "init_noise_std": 1.0,
+        },
+        "algorithm": {
+            "learning_rate": 1e-3,
+            "schedule": "adaptive",
+            "entropy_coef": 0.01,
+            "rnd_cfg": {
+                "weight": 0.5,
+                "learning_rate": 1e-3,
+                "predictor_hidden_dims": [32],
+                "target_hidden_dims": [32],
+                "num_outputs": 8,
+                "state_normalization": True,
+                "reward_normalization": False,
+                "weight_schedule": {"mode": "step"},
+            },
+        },
+    }
+    ppo, ppo_rnd = load_script("ppo"), load_script("ppo_rnd")
+    fields = {f for f in ppo.Args.__dataclass_fields__}
+    values, untranslated = settings.translate_rsl_rl(cfg, fields)
+    assert values == dict(
+        num_steps=24,
+        hidden_sizes=(512, 256, 128),
+        activation="elu",
+        obs_norm=True,
+        init_log_std=0.0,
+        lr_schedule="adaptive",
+        learning_rate=1e-3,
+        ent_coef=0.01,
+    )
+    assert untranslated == ["rnd_cfg (ppo_rnd.py's RND)"]
+    values, untranslated = settings.translate_rsl_rl(cfg, set(ppo_rnd.Args.__dataclass_fields__))
+    assert (values["rnd_weight"], values["rnd_hidden_sizes"], values["rnd_num_outputs"]) == (0.5, (32,), 8)
+    assert (values["rnd_state_norm"], values["rnd_reward_norm"]) == (True, False)
+    assert untranslated == ["rnd_cfg.weight_schedule={'mode': 'step'} (--rnd-weight-final)"]
+
+
+# --------------------------------------------------------------------------------------------
+# threads
+# --------------------------------------------------------------------------------------------
+def test_threads_follow_the_free_cores_unless_omp_num_threads_is_set(monkeypatch):
+    import os
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (4.6, 4.7, 4.8))
+        line = settings.choose_threads()
+        assert torch.get_num_threads() == 1 and "1 of 2 cores" in line and "4.6" in line
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+        assert settings.choose_threads() is None and torch.get_num_threads() == 2  # an idle machine: torch's own
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        monkeypatch.setattr(os, "getloadavg", lambda: (4.6, 4.7, 4.8))
+        assert settings.choose_threads() is None and torch.get_num_threads() == 2  # the user's choice
+    finally:
+        torch.set_num_threads(threads)
+
+
+# --------------------------------------------------------------------------------------------
+# the learning experiments: their short flags give the Args the committed results ran with
+# --------------------------------------------------------------------------------------------
+# Each experiment's flags as the committed results ran them, over the scripts' plain defaults (before named settings).
+OLD_FLAGS = {
+    "ppo:CartPole-v1": [],
+    "ppo:Acrobot-v1": [],
+    "ppo:Pendulum-v1": [],
+    "ppo:MountainCarContinuous-v0": ["--gamma", "0.999", "--init-log-std", "0.5"],
+    "ppo:MountainCarContinuous-v0@defaults": [],
+    "ppo_rnd:MountainCarContinuous-v0": [],
+    "ppo:MountainCar-v0": [],
+    "ppo_rnd:MountainCar-v0": [],
+    "ppo_rnd:MountainCar-v0@decay": ["--rnd-weight-final", "0", "--rnd-weight-steps", "0", "488"],
+    "ppo:Pendulum-v1@log": ["--symmetry", "log"],
+    "ppo:Pendulum-v1@augmentation": ["--symmetry", "augmentation"],
+    "ppo:Pendulum-v1@mirror-loss": ["--symmetry", "mirror-loss"],
+    "ppo:Acrobot-v1@log": ["--symmetry", "log"],
+    "ppo:Acrobot-v1@augmentation": ["--symmetry", "augmentation"],
+    "ppo:Acrobot-v1@mirror-loss": ["--symmetry", "mirror-loss"],
+    "pqn:CartPole-v1": [],
+    "pqn:Acrobot-v1": [],
+    "td3:Pendulum-v1": [],
+    "sac:Pendulum-v1": [],
+    "ppo_lstm:CartPole-v1@masked": ["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"],
+    "ppo:CartPole-v1@masked": ["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"],
+    "ppo_lstm:Pendulum-v1@masked": ["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"],
+    "ppo:Pendulum-v1@masked": ["--env-kwargs", '{"mask_velocity": true}', "--no-asymmetric-critic"],
+    "ppo_lstm:CartPole-v1": [],
+    "ppo_lstm:Pendulum-v1": [],
+    "ppo:CartPole-v1@teacher": ["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"],
+    "distill:CartPole-v1@masked-lstm": [
+        "--env-kwargs",
+        '{"mask_velocity": true}',
+        "--num-envs",
+        "256",
+        "--num-steps",
+        "32",
+        "--eval-interval",
+        "2",
+    ],
+    "distill:CartPole-v1@masked-mlp": [
+        "--env-kwargs",
+        '{"mask_velocity": true}',
+        "--num-envs",
+        "256",
+        "--num-steps",
+        "32",
+        "--eval-interval",
+        "2",
+        "--cell",
+        "none",
+    ],
+    "ppo_lstm:CartPole-v1@finetune": [
+        "--env-kwargs",
+        '{"mask_velocity": true}',
+        "--num-envs",
+        "256",
+        "--num-steps",
+        "32",
+        "--eval-interval",
+        "1",
+        "--learning-rate",
+        "1e-5",
+        "--lr-schedule",
+        "constant",
+        "--ent-coef",
+        "0",
+    ],
+    "ppo:Pendulum-v1@teacher": [],
+    "distill:Pendulum-v1@masked-lstm": [
+        "--env-kwargs",
+        '{"mask_velocity": true}',
+        "--num-envs",
+        "256",
+        "--update-epochs",
+        "5",
+        "--num-minibatches",
+        "8",
+        "--learning-rate",
+        "2e-3",
+        "--eval-interval",
+        "4",
+    ],
+    "ppo:CartPole-v1@fast": ["--num-envs", "256", "--num-steps", "32", "--eval-interval", "4"],
+    "pqn:MinAtar/Breakout-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "32",
+        "--learning-rate",
+        "5e-4",
+        "--reward-scale",
+        "1.0",
+        "--exploration-fraction",
+        "0.1",
+        "--hidden-sizes",
+        "128",
+        "--encoder",
+        "minatar",
+    ],
+    "pqn:MinAtar/Breakout-v1@mlp": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "32",
+        "--learning-rate",
+        "5e-4",
+        "--reward-scale",
+        "1.0",
+        "--exploration-fraction",
+        "0.1",
+        "--hidden-sizes",
+        "128",
+        "--encoder",
+        "mlp",
+    ],
+    "ppo:MinAtar/Breakout-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "8",
+        "--update-epochs",
+        "4",
+        "--ent-coef",
+        "0.01",
+        "--encoder",
+        "minatar",
+    ],
+    "ppo:MinAtar/Breakout-v1@mlp": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "8",
+        "--update-epochs",
+        "4",
+        "--ent-coef",
+        "0.01",
+        "--encoder",
+        "mlp",
+    ],
+    "pqn:MinAtar/Asterix-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "32",
+        "--learning-rate",
+        "5e-4",
+        "--reward-scale",
+        "1.0",
+        "--exploration-fraction",
+        "0.1",
+        "--hidden-sizes",
+        "128",
+        "--encoder",
+        "minatar",
+    ],
+    "ppo:MinAtar/Asterix-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "8",
+        "--update-epochs",
+        "4",
+        "--ent-coef",
+        "0.01",
+        "--encoder",
+        "minatar",
+    ],
+    "pqn:MinAtar/Freeway-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "32",
+        "--learning-rate",
+        "5e-4",
+        "--reward-scale",
+        "1.0",
+        "--exploration-fraction",
+        "0.1",
+        "--hidden-sizes",
+        "128",
+        "--encoder",
+        "minatar",
+    ],
+    "ppo:MinAtar/Freeway-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "8",
+        "--update-epochs",
+        "4",
+        "--ent-coef",
+        "0.01",
+        "--encoder",
+        "minatar",
+    ],
+    "pqn:MinAtar/Seaquest-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "32",
+        "--learning-rate",
+        "5e-4",
+        "--reward-scale",
+        "1.0",
+        "--exploration-fraction",
+        "0.1",
+        "--hidden-sizes",
+        "128",
+        "--encoder",
+        "minatar",
+    ],
+    "ppo:MinAtar/Seaquest-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "8",
+        "--update-epochs",
+        "4",
+        "--ent-coef",
+        "0.01",
+        "--encoder",
+        "minatar",
+    ],
+    "pqn:MinAtar/SpaceInvaders-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "32",
+        "--learning-rate",
+        "5e-4",
+        "--reward-scale",
+        "1.0",
+        "--exploration-fraction",
+        "0.1",
+        "--hidden-sizes",
+        "128",
+        "--encoder",
+        "minatar",
+    ],
+    "ppo:MinAtar/SpaceInvaders-v1": [
+        "--num-envs",
+        "128",
+        "--num-steps",
+        "32",
+        "--num-eval-envs",
+        "16",
+        "--eval-interval",
+        "10",
+        "--num-minibatches",
+        "8",
+        "--update-epochs",
+        "4",
+        "--ent-coef",
+        "0.01",
+        "--encoder",
+        "minatar",
+    ],
+    "ppo:envpool:Pong-v5": [
+        "--env-kwargs",
+        '{"preset": "atari"}',
+        "--encoder",
+        "nature",
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "128",
+        "--num-minibatches",
+        "4",
+        "--update-epochs",
+        "4",
+        "--learning-rate",
+        "2.5e-4",
+        "--lr-schedule",
+        "linear",
+        "--clip-coef",
+        "0.1",
+        "--ent-coef",
+        "0.01",
+        "--vf-coef",
+        "0.5",
+        "--max-grad-norm",
+        "0.5",
+        "--no-reward-norm",
+        "--shared-encoder",
+        "--hidden-sizes",
+        "--num-eval-envs",
+        "8",
+        "--eval-interval",
+        "50",
+        "--save-interval-seconds",
+        "600",
+        "--resume",
+        "auto",
+    ],
+    "td3:gym:Hopper-v5": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563"],
+    "td3:gym:HalfCheetah-v5": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563"],
+    "td3:gym:Walker2d-v5": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563"],
+    "sac:gym:Hopper-v5": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563"],
+    "sac:gym:HalfCheetah-v5": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563"],
+    "sac:gym:Walker2d-v5": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563"],
+    "ppo:gym:HalfCheetah-v5": [
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "256",
+        "--num-minibatches",
+        "32",
+        "--update-epochs",
+        "10",
+        "--learning-rate",
+        "3e-4",
+        "--lr-schedule",
+        "linear",
+        "--ent-coef",
+        "0",
+        "--vf-coef",
+        "0.5",
+        "--max-grad-norm",
+        "0.5",
+        "--reward-norm",
+        "--num-eval-envs",
+        "8",
+        "--eval-interval",
+        "25",
+    ],
+    "td3:gym:Hopper-v5@n1": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563", "--n-step", "1"],
+    "td3:gym:HalfCheetah-v5@n1": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--n-step",
+        "1",
+    ],
+    "td3:gym:Walker2d-v5@n1": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563", "--n-step", "1"],
+    "sac:gym:Hopper-v5@n1": ["--device", "cpu", "--num-eval-envs", "10", "--eval-interval", "1563", "--n-step", "1"],
+    "td3:gym:HalfCheetah-v5@n1u4": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--n-step",
+        "1",
+        "--num-updates",
+        "4",
+        "--batch-size",
+        "256",
+    ],
+    "sac:gym:HalfCheetah-v5@u4": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--num-updates",
+        "4",
+        "--batch-size",
+        "256",
+    ],
+    "td3:gym:Hopper-v5@n1lr": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--n-step",
+        "1",
+        "--q-lr",
+        "1e-3",
+        "--policy-lr",
+        "1e-3",
+    ],
+    "td3:gym:HalfCheetah-v5@n1lr": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--n-step",
+        "1",
+        "--q-lr",
+        "1e-3",
+        "--policy-lr",
+        "1e-3",
+    ],
+    "td3:gym:Walker2d-v5@n1lr": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--n-step",
+        "1",
+        "--q-lr",
+        "1e-3",
+        "--policy-lr",
+        "1e-3",
+    ],
+    "sac:gym:Hopper-v5@n1lr": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--n-step",
+        "1",
+        "--q-lr",
+        "1e-3",
+        "--policy-lr",
+        "1e-3",
+    ],
+    "sac:gym:HalfCheetah-v5@n1lr": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--n-step",
+        "1",
+        "--q-lr",
+        "1e-3",
+        "--policy-lr",
+        "1e-3",
+    ],
+    "sac:gym:Walker2d-v5@n1lr": [
+        "--device",
+        "cpu",
+        "--num-eval-envs",
+        "10",
+        "--eval-interval",
+        "1563",
+        "--n-step",
+        "1",
+        "--q-lr",
+        "1e-3",
+        "--policy-lr",
+        "1e-3",
+    ],
+}
+
+
+def resolved(module, argv: list[str]) -> dict:
+    """The Args a command line gives, with the sizes a CPU run resolves (DEVICE_DEFAULTS) and without the set's name."""
+    args = parse_args(module.Args, argv)
+    for name, (_, elsewhere) in getattr(module, "DEVICE_DEFAULTS", {}).items():
+        if getattr(args, name) is None and args.device == "cpu":
+            setattr(args, name, elsewhere)
+    return {k: v for k, v in asdict(args).items() if k != "settings"}
+
+
+def test_every_experiment_had_long_flags():
+    from tests.benchmarks.learning import EXPERIMENTS
+
+    assert set(EXPERIMENTS) == set(OLD_FLAGS)
+
+
+@pytest.mark.parametrize("name", sorted(OLD_FLAGS))
+def test_an_experiments_short_flags_give_the_args_its_long_flags_gave(name):
+    from tests.benchmarks.learning import EXPERIMENTS, split_name
+
+    algo, env_id, _ = split_name(name)
+    module = load_script(algo)
+    common = ["--env-id", env_id, "--seed", "1", "--total-timesteps", str(EXPERIMENTS[name]["budget"])]
+    short = resolved(module, [*common, *EXPERIMENTS[name]["flags"]])
+    long = resolved(module, ["--settings", "builtin", *common, *OLD_FLAGS[name]])
+    assert short == long
