@@ -467,7 +467,7 @@ def _bad_values(hint, values: list[str]) -> str | None:
         kind = members[0]
         noun = "an integer" if kind is int else "a number"
         if count != 1:
-            noun = f"{'one or more' if count is None else count} {'integers' if kind is int else 'numbers'}"
+            noun = f"{'any number of' if count is None else count} {'integers' if kind is int else 'numbers'}"
     elif count == 1 and members != (bool,) and all(m is bool or typing.get_origin(m) is Literal for m in members):
         kind = [str(c) for m in members for c in ((True, False) if m is bool else typing.get_args(m))]
         noun = f"one of {', '.join(kind)}"
@@ -483,7 +483,7 @@ def _bad_values(hint, values: list[str]) -> str | None:
             return False
         return True
 
-    if (count is None and not values) or (count is not None and len(values) != count):
+    if count is not None and len(values) != count:  # tuple[int, ...] may be empty: `--hidden-sizes` alone, no layers
         return f"{noun}, got {len(values) or 'none'}"
     bad = next((word for word in values if not accepted(word)), None)
     return None if bad is None else f"{noun}, got {bad!r}"

@@ -30,7 +30,7 @@ SCRIPTS = sorted(path.stem for path in (ROOT / "algos").glob("*.py"))
 
 
 def flag_type(hint):
-    """(int, float or the choices as words, how many words the flag takes: 1, 2, ... or None for one or more), or
+    """(int, float or the choices as words, how many words the flag takes: 1, 2, ... or None for any number), or
     None for a flag that is neither a number, numbers nor a choice."""
     if typing.get_origin(hint) is Annotated:
         hint = typing.get_args(hint)[0]
@@ -80,8 +80,8 @@ def generated_cases(args_class) -> list[tuple[str, list[str], object]]:
         cases.append((flag, ["abc"] * (count or 1), None))
         if kind is int:
             cases.append((flag, ["1.5"] * (count or 1), None))
-        if count != 1:  # one number short (none for a flag of one or more)
-            cases.append((flag, ["1"] * ((count or 1) - 1), None))
+        if count is not None and count != 1:  # one number short (a flag of any number of them may have none)
+            cases.append((flag, ["1"] * (count - 1), None))
     return cases
 
 
