@@ -98,8 +98,8 @@ def copy(tmp_path_factory):
     sys.modules.pop("ppo_ema", None)
 
 
-def own_state(run_dir: Path) -> torch.Tensor:
-    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["state"]["adv_ema"]
+def own_state(run_dir: Path, name: str = "adv_ema") -> torch.Tensor:
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["state"][name]
 
 
 def test_a_copy_with_new_flags_a_statistic_and_state_compiles_as_it_runs_eagerly(copy, tmp_path, capfd):
@@ -410,63 +410,147 @@ def test_a_flag_the_script_lacks_names_the_flags_meant(monkeypatch, capsys):
     assert parse_args(ppo.Args, ["--learning-rate", "3e-4", "--no-track"]).learning_rate == 3e-4
 
 
+# The README's copy, `cp algos/ppo.py algos/ppo_myidea.py` and an idea of 20+ lines: PPO's adaptive KL penalty
+# (Schulman et al. 2017, sec. 4) added to the clipped loss. Two flags with declared ranges, the coefficient a 0-d
+# tensor adapted in place after each minibatch and held in the checkpoint, the penalty logged as losses/kl_penalty.
+README_COPY = [
+    (
+        "class Args(RunArgs):\n",
+        "class Args(RunArgs):\n"
+        "    kl_coef: Annotated[float, Ge(0)] = 0.2\n"
+        '    """initial coefficient of the KL penalty added to the loss (0: no penalty)"""\n'
+        "    kl_target: Annotated[float, Gt(0)] = 0.01\n"
+        '    """the KL the penalty\'s coefficient adapts to: doubled above 1.5x it, halved below it / 1.5"""\n',
+    ),
+    (
+        "# --- The PPO loss of a minibatch, with rsl_rl's symmetry",
+        "def adapt_kl_coef(kl_coef: torch.Tensor, kl: torch.Tensor, kl_target: float) -> None:\n"
+        '    """The PPO paper\'s adaptive KL penalty, in place on the device: the coefficient doubled when the KL is\n'
+        "    above 1.5x the target, halved below the target / 1.5, kept in [0, 100]; a 0-d tensor in the checkpoint,\n"
+        '    so that a resumed run goes on with the coefficient it had."""\n'
+        "    factor = torch.where(kl > 1.5 * kl_target, 2.0, torch.where(kl < kl_target / 1.5, 0.5, 1.0))\n"
+        "    kl_coef.copy_((kl_coef * factor).clamp(0.0, 100.0))\n"
+        "\n"
+        "\n"
+        "# --- The PPO loss of a minibatch, with rsl_rl's symmetry",
+    ),
+    (
+        "def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):",
+        "def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None, kl_coef=None):",
+    ),
+    (
+        "    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n",
+        "    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n"
+        "    # the KL penalty: the k3 estimate of KL(old || new), with its gradient, weighed by its coefficient\n"
+        "    kl = ((ratio[:b] - 1) - logratio[:b]).mean()\n"
+        "    kl_penalty = kl_coef * kl if kl_coef is not None else torch.zeros_like(kl)\n"
+        "    loss = loss + kl_penalty\n",
+    ),
+    ('        "clipfrac": clipfrac,\n', '        "clipfrac": clipfrac,\n        "kl_penalty": kl_penalty.detach(),\n'),
+    (
+        "    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length\n",
+        "    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length\n"
+        "    kl_coef = torch.tensor(args.kl_coef, device=device)  # the KL penalty's coefficient, adapted in place\n",
+    ),
+    (
+        'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer}',
+        'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer, "kl_coef": kl_coef}',
+    ),
+    (
+        "        loss, losses = ppo_loss(agent, mb, args, output_mirror)\n",
+        "        loss, losses = ppo_loss(agent, mb, args, output_mirror, kl_coef)\n",
+    ),
+    (
+        "        optimizer.step()\n",
+        "        optimizer.step()\n"
+        "        # the ranks' mean KL of this minibatch adapts the coefficient (the same on every rank)\n"
+        '        adapt_kl_coef(kl_coef, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.kl_target)\n',
+    ),
+]
+# The tests that find the scripts in algos/ (by glob, or parametrized over what they find), run on the copy there:
+# the per-script ones where the copy is a parameter (-k ppo_myidea), the rest whole (they read all of algos/)
+PER_SCRIPT_TESTS = [
+    "tests/test_scripts.py",  # the contract (its SCRIPTS: found by glob)
+    "tests/test_flags.py",  # bad flag values, generated from each script's Args (by glob)
+    "tests/test_settings.py",  # --help lists each script's named settings (by glob)
+    "tests/test_device_kernels.py",  # no device-dispatched kernel in a compiled function (test_scripts' SCRIPTS)
+    "tests/test_layout.py",  # the size budget of the originals (by glob; a copy is exempt)
+    "tests/test_flag_parity.py",  # the PPO family's flags: ppo.py against the listed originals, never a copy
+]
+
+
 def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
-    """A fresh checkout (algos/, tests/, pyproject.toml; common/ as installed), then the README's copy:
-    `cp algos/ppo.py algos/ppo_myidea.py`, a flag with a declared range and a logged statistic. Every
-    contract test of tests/test_scripts.py runs on it with ppo's tiny settings, as it would in the
-    README's test command, but for the torchrun faults, videos and the compiled runs of other capture
-    layouts, which run ppo's code paths unchanged (ppo's own tests run them)."""
+    """A fresh checkout (algos/, common/, tests/, pyproject.toml), then the README's copy:
+    `cp algos/ppo.py algos/ppo_myidea.py` and 20+ lines of an idea in it (README_COPY: a KL penalty with two
+    flags of declared ranges, a coefficient adapted in place and checkpointed, a logged statistic). Every test
+    of the suite that finds the scripts in algos/ runs on it as the README's test command would run it
+    (PER_SCRIPT_TESTS: the contract, the generated bad flag values, --help's settings, the device-kernel guard,
+    the layout and the flag parity of the originals, which hold a copy to no size budget and compare no copy
+    with ppo.py), but for what runs ppo's code paths unchanged at a cost of minutes, which ppo's own runs check:
+    the torchrun faults and two-process resume (SIGTERM, SIGKILL), videos, and the compiled runs of the other
+    capture layouts; tests/test_bench.py's gpu_check test (every script's iterations and torchrun again) is
+    left out for the same reason, its CPU checks of a captured function are among the contract's."""
+    import difflib
     import shutil
 
-    for part in ("algos", "tests"):
+    for part in ("algos", "common", "tests"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    text = (tmp_path / "algos" / "ppo.py").read_text()
-    for anchor, replacement in [
-        (
-            "class Args(RunArgs):\n",
-            "class Args(RunArgs):\n    adv_clip: Annotated[float, Gt(0)] = 5.0\n"
-            '    """advantages clipped to [-adv_clip, adv_clip] after normalization"""\n',
-        ),
-        (
-            "    pg_loss = torch.max(-adv * ratio, ",
-            "    adv = adv.clamp(-args.adv_clip, args.adv_clip)\n    pg_loss = torch.max(-adv * ratio, ",
-        ),
-        (
-            '{"explained_variance": explained_variance}',
-            '{"explained_variance": explained_variance, "adv_abs": advantages.abs().mean()}',
-        ),
-    ]:
+    original = (tmp_path / "algos" / "ppo.py").read_text()
+    text = original
+    for anchor, replacement in README_COPY:
         assert text.count(anchor) == 1, f"the README's copy no longer applies to algos/ppo.py: {anchor!r}"
         text = text.replace(anchor, replacement)
+    added = [line for line in difflib.unified_diff(original.splitlines(), text.splitlines(), n=0) if line[:1] == "+"]
+    assert len(added) - 1 >= 20, f"the README's copy is an idea of 20+ lines, not {len(added) - 1}"
     (tmp_path / "algos" / "ppo_myidea.py").write_text(text)
-    env = dict(subprocess_env(), PYTHONPATH=str(tmp_path))
+    env = dict(subprocess_env(), PYTHONPATH=str(tmp_path))  # its common/, not one installed from elsewhere
     # compiled against eager in the plain layout only: the other layouts compile ppo's code, which ppo's own runs check
     others = [
         f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[ppo_myidea-{i}]"
         for i in range(1, 5)
     ]
+    costly = "not sigterm and not sigkill and not video and not two_process"
     result = run(
         [
             sys.executable,
             "-m",
             "pytest",
             "-q",
+            "-rA",
             "-p",
             "no:cacheprovider",
             "-p",
             "no:xdist",
-            "tests/test_scripts.py",
+            *PER_SCRIPT_TESTS,
             "-k",
-            "every_script or (ppo_myidea and not sigterm and not sigkill and not video and not two_process)",
+            f"test_layout or test_flag_parity or every_script or (ppo_myidea and {costly})",
             *others,
         ],
-        timeout=900,
+        timeout=1200,
         env=env,
         cwd=tmp_path,
     )
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
     assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]
+    passed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PASSED ")]
+    for tests in PER_SCRIPT_TESTS:  # each file ran, on the copy where the copy is a parameter
+        assert any(test.startswith(f"{tests}::") for test in passed), (tests, result.stdout[-4000:])
+    for tests in PER_SCRIPT_TESTS[:4]:
+        assert any(test.startswith(f"{tests}::") and "ppo_myidea" in test for test in passed), (tests, passed)
+    assert (
+        "tests/test_flags.py::test_every_bad_numeric_or_choice_flag_value_of_every_script_is_a_one_line_usage_error"
+        in passed
+    )
+    # and the idea is live: its coefficient adapted in place and checkpointed, its penalty logged
+    try:
+        idea = load_script("ppo_myidea", tmp_path / "algos" / "ppo_myidea.py")
+        run_main(idea, **PLAIN, output_dir=str(tmp_path / "idea"), total_timesteps=2 * ITERATION)
+    finally:
+        sys.modules.pop("ppo_myidea", None)
+    kl_coef = own_state(tmp_path / "idea" / "run", "kl_coef")
+    assert kl_coef.shape == () and kl_coef != torch.tensor(0.2) and 0 < kl_coef <= 100, kl_coef  # --kl-coef: 0.2
+    assert len(scalars(tmp_path / "idea" / "run")["losses/kl_penalty"]) == 2
 
 
 def test_dynamos_notice_of_a_profiler_range_is_dropped_and_its_other_warnings_are_not(caplog):

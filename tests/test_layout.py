@@ -1,14 +1,27 @@
 """The project's shape, as the design states it: `common/` imports in one direction (no circle, counting the imports
 made for type hints and inside functions), the run record at its bottom, and every algorithm one file a reader
-takes in at once."""
+takes in at once: a budget in characters for the original scripts, none for a researcher's copy."""
 
 import ast
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_SCRIPT_LINES = 500
+TARGET_CHARACTERS = 25_000  # the budget of an original script, the size of a file read at one sitting
+# Each original script's size today, in characters: its ceiling. The ceilings only come down, toward the target: a
+# script made shorter gets its new size here, one that grows fails below. A new original is held to the target.
+CEILINGS = {
+    "distill": 30_893,
+    "ppo": 34_187,
+    "ppo_lstm": 33_750,
+    "ppo_rnd": 38_009,
+    "pqn": 24_399,
+    "sac": 28_505,
+    "td3": 29_595,
+}
 
 
 def module_name(path: Path) -> str:
@@ -90,7 +103,55 @@ def test_run_record_is_taken_from_below_run():
     assert common.run.Run is common.record.Run
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "algos").glob("*.py")))
-def test_every_script_fits_in_500_lines(script):
-    lines = len((ROOT / "algos" / script).read_text().splitlines())
-    assert lines <= MAX_SCRIPT_LINES, f"algos/{script} has {lines} lines (at most {MAX_SCRIPT_LINES})"
+def original_scripts(algos: Path) -> dict[str, int]:
+    """Each original script in `algos` (a file whose stem is the `ALGO = "..."` it declares) -> its size in
+    characters. A copy (`cp algos/ppo.py algos/ppo_myidea.py` keeps `ALGO = "ppo"`) is left out: it is a researcher's
+    file, held to the contract tests and to nothing else."""
+    sizes = {}
+    for path in sorted(algos.glob("*.py")):
+        text = path.read_text()
+        declared = re.search(r'^ALGO = "(\w+)"', text, re.M)
+        if declared and declared.group(1) == path.stem:
+            sizes[path.stem] = len(text)
+    return sizes
+
+
+def over_budget(algos: Path, ceilings: dict[str, int]) -> dict[str, str]:
+    """The original scripts in `algos` larger than their ceiling (the target for one without), each with its size."""
+    return {
+        script: f"{size:,} characters, more than {ceilings.get(script, TARGET_CHARACTERS):,}"
+        for script, size in original_scripts(algos).items()
+        if size > ceilings.get(script, TARGET_CHARACTERS)
+    }
+
+
+def test_no_original_script_grows():
+    sizes = original_scripts(ROOT / "algos")
+    assert set(CEILINGS) <= set(sizes), f"a ceiling for a script that is gone: {sorted(set(CEILINGS) - set(sizes))}"
+    assert over_budget(ROOT / "algos", CEILINGS) == {}, "make it shorter (the ceilings only come down)"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the open budget target: every original script within 25,000 characters (CEILINGS come down toward it); "
+    "when this passes, remove this marker and CEILINGS",
+)
+def test_every_original_script_is_within_25k_characters():
+    assert over_budget(ROOT / "algos", {}) == {}
+
+
+def test_a_copy_is_held_to_no_budget(tmp_path):
+    """A copy in algos/ of 30,000 characters and more (ppo.py and a long idea in it) is no original: neither check
+    counts it, while an original grown past its ceiling, or a new original past the target, is named."""
+    algos = tmp_path / "algos"
+    algos.mkdir()
+    ppo = (ROOT / "algos" / "ppo.py").read_text()
+    idea = "".join(f"# line {i} of a long idea\n" for i in range(1_500))
+    (algos / "ppo.py").write_text(ppo)
+    (algos / "ppo_myidea.py").write_text(ppo + idea)
+    assert len((algos / "ppo_myidea.py").read_text()) > 30_000
+    assert list(original_scripts(algos)) == ["ppo"]
+    assert over_budget(algos, {"ppo": len(ppo)}) == {}
+    (algos / "ppo_big.py").write_text(ppo.replace('ALGO = "ppo"', 'ALGO = "ppo_big"') + idea)  # renamed: an original
+    shutil.copy(algos / "ppo_myidea.py", algos / "ppo.py")
+    assert set(over_budget(algos, {"ppo": len(ppo)})) == {"ppo", "ppo_big"}

@@ -17,7 +17,7 @@ from common.args import as_flag, given_flags, parse_args
 from tests import fake_mjlab
 from tests.helpers import ROOT, load_script
 
-SCRIPTS = ["ppo", "ppo_lstm", "ppo_rnd", "distill", "pqn", "td3", "sac"]
+SCRIPTS = sorted(path.stem for path in (ROOT / "algos").glob("*.py"))  # a copy in algos/ among them
 
 
 @pytest.mark.parametrize(
