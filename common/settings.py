@@ -59,6 +59,9 @@ def translate_rsl_rl(rl_cfg, fields: set[str]) -> tuple[dict, list[str]]:
         activations = {_get(actor, "activation"), _get(critic, "activation")} - {None}
         norm = {_get(actor, "obs_normalization"), _get(critic, "obs_normalization")} - {None}
         init_std = _get(_get(actor, "distribution_cfg"), "init_std")
+        std_type = _get(_get(actor, "distribution_cfg"), "std_type")
+        if std_type not in (None, "log"):  # same initial noise, another parameter learned: named, not dropped
+            untranslated.append(f"actor std_type={std_type!r} (a learned log-std here)")
         for model, name in ((actor, "actor"), (critic, "critic")):
             for extra in ("rnn_type", "cnn_cfg"):
                 if _get(model, extra) is not None:

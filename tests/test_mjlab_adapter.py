@@ -939,3 +939,53 @@ def test_mjlab_terminal_takes_the_same_transitions_as_mjlabs_rsl_rl_wrapper():
     for t, (a, b) in enumerate(zip(ours, theirs)):
         columns = unaffected if (a["terminated"] | a["truncated"]).any() else slice(None)
         assert torch.equal(a["obs"]["critic"][:, columns], b["obs"]["critic"][:, columns]), f"step {t}: critic"
+
+
+# --------------------------------------------------------------------------------------------
+# the `task` settings: the task's registered rsl_rl runner config, as mjlab's train.py reads it
+# --------------------------------------------------------------------------------------------
+@requires_mjlab
+@pytest.mark.parametrize("task", ["Mjlab-Velocity-Flat-Unitree-G1", "Mjlab-Velocity-Flat-Unitree-Go1"])
+@pytest.mark.parametrize("script", ["ppo", "ppo_rnd", "ppo_lstm"])
+def test_task_settings_are_the_registered_rsl_rl_config(task, script):
+    """`--env-id mjlab:<task>` alone resolves to the task's registered runner config (load_rl_cfg), field by field,
+    read here from mjlab's own config objects; what has no flag is named at start."""
+    import math
+
+    import mjlab.tasks  # noqa: F401  (registers the tasks)
+    from mjlab.tasks.registry import load_rl_cfg
+
+    from common.args import parse_args
+    from tests.helpers import load_script
+
+    cfg = load_rl_cfg(task)
+    actor, algorithm = cfg.actor, cfg.algorithm
+    assert tuple(cfg.critic.hidden_dims) == tuple(actor.hidden_dims)  # else named at start, not checked here
+    args = parse_args(load_script(script).Args, ["--env-id", f"mjlab:{task}"])
+    expected = dict(
+        settings="task",
+        num_steps=cfg.num_steps_per_env,
+        hidden_sizes=tuple(actor.hidden_dims),
+        activation=actor.activation,
+        obs_norm=actor.obs_normalization,
+        init_log_std=round(math.log(actor.distribution_cfg["init_std"]), 6),
+        learning_rate=algorithm.learning_rate,
+        lr_schedule={"fixed": "constant"}.get(algorithm.schedule, algorithm.schedule),
+        desired_kl=algorithm.desired_kl,
+        update_epochs=algorithm.num_learning_epochs,
+        num_minibatches=algorithm.num_mini_batches,
+        clip_coef=algorithm.clip_param,
+        gamma=algorithm.gamma,
+        gae_lambda=algorithm.lam,
+        vf_coef=algorithm.value_loss_coef,
+        ent_coef=algorithm.entropy_coef,
+        max_grad_norm=algorithm.max_grad_norm,
+        clip_vloss=algorithm.use_clipped_value_loss,
+        adv_norm="minibatch" if algorithm.normalize_advantage_per_mini_batch else "batch",
+    )
+    assert {k: getattr(args, k) for k in expected} == expected
+    # every other field of these configs has its flag; the std's parameterization is named at start
+    std_type = actor.distribution_cfg.get("std_type")
+    assert args._settings_origin[1] == (
+        [] if std_type in (None, "log") else [f"actor std_type={std_type!r} (a learned log-std here)"]
+    )
