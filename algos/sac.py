@@ -4,9 +4,10 @@
     python algos/sac.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
 Top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob, Agent) -> the critic, actor
-and temperature losses and update steps -> the updates of an iteration -> train (setup, then the loop: act and
-store -> updates -> log, eval, save). An iteration is one vectorised step of every env followed by `--num-updates`
-gradient updates on large replay batches. Continuous actions. The wiring shared with td3.py: common/offpolicy.py.
+and temperature losses and update steps -> the iteration's functions -> train (setup, then the loop: act and store
+-> updates -> log, eval, save). An iteration is one step of every env (`--num-envs` per process) followed by
+`--num-updates` gradient updates on large replay batches. Continuous actions. The wiring shared with td3.py:
+common/offpolicy.py.
 References: Haarnoja et al. 2018 (SAC, and "SAC algorithms and applications": automatic entropy tuning);
 Fujimoto et al. 2018 (clipped double Q); Seo et al. 2025 (FastTD3 / FastSAC).
 """
@@ -42,20 +43,9 @@ from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
 from common.nets import EnsembleLinear, mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
-from common.offpolicy import (  # noqa: E402
-    act_and_step,
-    action_bounds,
-    actor_schedule,
-    agent_and_twin,
-    described,
-    fold_and_ready,
-    log_eval_save,
-    new_stats,
-    obs_dims,
-    replay_capacity,
-    replay_ready,
-    store,
-)
+from common.offpolicy import act_and_step, action_bounds, actor_schedule, agent_and_twin  # noqa: E402
+from common.offpolicy import described, fold_and_ready, log_eval_save, new_stats, obs_dims  # noqa: E402
+from common.offpolicy import replay_capacity, replay_ready, store  # noqa: E402
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run  # noqa: E402
 from common.stats import add_to  # noqa: E402
 
@@ -291,10 +281,9 @@ def check_args(args: Args) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# One iteration: collect (act, env step, replay write) -> update, each a function of tensors that
-# live as long as the run, so that on CUDA each is captured whole in one graph. The host picks
-# WHICH function runs (random actions before --learning-starts, the phase of the actor's schedule);
-# nothing on the host changes what one does. `stats` gathers, by name, what the logs read every --log-interval.
+# One iteration: collect (act, env step, replay write) -> update, each a function of tensors that live as long as
+# the run, so that on CUDA each is captured whole in one graph. The host only picks WHICH one runs (random actions
+# before --learning-starts, the phase of the actor's schedule). `stats` gathers what the logs read, by name.
 # ----------------------------------------------------------------------------------------------
 def update(sample, critic_step, actor_step, stats: dict, num_updates: int, actor_at: tuple[int, ...]) -> None:
     """num_updates critic steps, each on a fresh batch (`sample()`), and an actor step after the critic
@@ -306,7 +295,6 @@ def update(sample, critic_step, actor_step, stats: dict, num_updates: int, actor
             add_to(stats["actor"], actor_step(batch))
 
 
-# ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     run = start_run(args, ALGO, device_defaults=DEVICE_DEFAULTS)
     with closing(run):  # on any exit, an error included: graphs released, then the process group left
@@ -351,7 +339,7 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, agent_inference)
 
     # --- the iteration's functions: act and store (the policy's action, or a uniform one before
-    # --learning-starts), an n-step batch, a critic step, an actor step, the updates of an iteration ---
+    # --learning-starts), an n-step batch, the critic's and the actor's steps, the updates of an iteration ---
     stats = new_stats(device)
     acting = agent_inference.act
     policy_step = lambda obs: act_and_step(envs, agent_inference, acting, args.bf16, obs)
@@ -365,9 +353,9 @@ def train(run, args: Args) -> dict:
     actor_at, phases = actor_schedule(args.num_updates, args.policy_frequency)
     update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)
 
-    # --- compile and capture (--compile / --cudagraphs): the names above rebound to their compiled and captured
-    # forms, which the functions that call them use. A built-in env steps inside the graph: act, env step and
-    # replay write are one. An adapter's simulator cannot be captured: it steps eagerly after the acting step. ---
+    # --- compile and capture (--compile / --cudagraphs): the names above rebound, so their callers use the new forms.
+    # A built-in env steps inside the graph (act, env step and replay write are one); an adapter's simulator cannot
+    # be captured, and steps eagerly after the captured acting. ---
     whole_step = getattr(envs, "capturable", False)
     if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
         policy_step = compiled(run, policy_step)
