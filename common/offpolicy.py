@@ -1,19 +1,22 @@
-"""The wiring td3.py and sac.py share around their algorithm: the checks of a replay run's flags and action
-space, the agent and its acting twin, the step of every env and its replay write, the update schedule's
-phases, the normalizers' folds of the learning-starts phase, and the loop's log, evaluation and save.
+"""The wiring td3.py and sac.py share around their algorithm: the checks of a replay run's flags and action space,
+the agent's acting twin, the step of every env and its replay write, the phases of the actor's schedule, the
+normalizers' folds up to the first update, and the loop's log, evaluation and save.
 
-    capacity = replay_capacity(args)                      # slots per env, checked against --n-step
-    low, high = action_bounds(envs, args, "td3")          # a bounded Box, for a tanh policy
-    agent, agent_inference = agent_and_twin(make, device) # weights broadcast; a grad-free twin sharing them
+    capacity = replay_capacity(args)                        # slots per env, checked against --n-step
+    low, high = action_bounds(envs, args, ALGO)             # a bounded Box, which a tanh policy is scaled to
+    obs_dim, critic_dim = obs_dims(next_obs, args, "td3.py")
+    agent, agent_inference = agent_and_twin(lambda: Agent(...), device)
     action, next_obs, reward, terminated, truncated, info = act_and_step(envs, agent, policy, bf16, obs)
     next_obs, done = store(run, buffer, ep_stats, stats, obs, action, next_obs, reward, terminated, truncated, info)
     actor_at, phases = actor_schedule(num_updates, policy_frequency)
-    description, graphs = described(args, capacity, whole_step, phases)     # the start line's words
+    description, graphs = described(args, capacity, whole_step, phases)   # the start line's words
+    ready = replay_ready(run, buffer)                       # before the loop; in it:
     ready = fold_and_ready(run, buffer, counters, obs_normalizers, reward_normalizer, ready)
     if log_eval_save(run, final_iteration, stats, updates, eval_envs, agent_inference, state, next_obs): break
 
-The networks, losses, targets, the acting policy and the update steps stay in the scripts; what is here
-takes them as arguments and changes nothing a copy of a script defines.
+The networks, losses, targets, the acting policy and the update steps stay in the scripts: what is here takes
+them as arguments. The scripts import these names (tests/benchmarks/gpu_check.py wraps a script's
+`log_eval_save`, where its host reads start), and compile and capture in their own body.
 """
 
 from __future__ import annotations
