@@ -3,15 +3,13 @@
     torchrun --nproc-per-node 8 algos/sac.py --env-id <task> --num-envs 1024 --batch-size 32768
     python algos/sac.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
-The file, top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob,
-Agent) -> the critic, actor and temperature losses -> the checks of flags that go together
--> main and train (setup, then the loop: act and store -> updates -> log -> eval/save). An iteration is
-one vectorised step of every env followed by `--num-updates` gradient updates on large replay
-batches. The run around it (run directory, checkpoints, torchrun, evaluation, logging) is
-common/. `--num-envs` is per process, `--total-timesteps` counts env steps of all
-processes. Continuous actions only (use ppo.py or pqn.py for discrete ones).
-References: Haarnoja et al. 2018 (SAC, and "SAC algorithms and applications": automatic
-entropy tuning); Fujimoto et al. 2018 (clipped double Q); Seo et al. 2025 (FastTD3 / FastSAC).
+Top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob, Agent) -> the critic, actor
+and temperature losses and update steps -> the iteration's functions -> train (setup, then the loop: act and store
+-> updates -> log, eval, save). An iteration is one step of every env (`--num-envs` per process) followed by
+`--num-updates` gradient updates on large replay batches. Continuous actions. The wiring shared with td3.py:
+common/offpolicy.py.
+References: Haarnoja et al. 2018 (SAC, and "SAC algorithms and applications": automatic entropy tuning);
+Fujimoto et al. 2018 (clipped double Q); Seo et al. 2025 (FastTD3 / FastSAC).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import gymnasium as gym
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
@@ -41,21 +39,15 @@ from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
-from common.checkpoint import TrainingState, restore, save  # noqa: E402
-from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import EnsembleLinear, mlp, vector_size  # noqa: E402
+from common.checkpoint import TrainingState, restore  # noqa: E402
+from common.evaluation import eval_only  # noqa: E402
+from common.nets import EnsembleLinear, mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
-from common.run import (  # noqa: E402
-    begin_training,
-    checkpoints_to_write,
-    closing,
-    finish,
-    make_envs,
-    open_run,
-    start_run,
-    what_is_due,
-)
-from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common.offpolicy import act_and_step, action_bounds, actor_schedule, agent_and_twin  # noqa: E402
+from common.offpolicy import described, fold_and_ready, log_eval_save, new_stats, obs_dims  # noqa: E402
+from common.offpolicy import replay_capacity, replay_ready, store  # noqa: E402
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run  # noqa: E402
+from common.stats import add_to  # noqa: E402
 
 ALGO = "sac"
 
@@ -125,17 +117,15 @@ class Args(RunArgs):
 
 
 # Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
-# mujoco: what the README's gymnasium-MuJoCo table used on a CPU (td3@n1lr, sac@n1lr): 32 envs, 2 updates of 512 per
-# env step, 1-step returns and Adam at 1e-3 for the actor and the critics; an evaluation on 10 envs every 50,016 steps.
+# mujoco: gymnasium MuJoCo on a CPU: 1-step returns and Adam at 1e-3 for the actor and the critics (td3.py's set).
 SETTINGS = {
     "mujoco": dict(
         num_envs=32, batch_size=512, n_step=1, q_lr=1e-3, policy_lr=1e-3, num_eval_envs=10, eval_interval=1563
     ),
 }
 
-# Sizes resolved once the device is known: (on CUDA, elsewhere). The CUDA ones are FastTD3's; on
-# a CPU, where the env steps and the updates share the cores, 32 envs and batches of 512 give 32
-# replayed transitions per env step (the README's MuJoCo command).
+# Sizes resolved once the device is known: (on CUDA, elsewhere). The CUDA ones are FastTD3's; a CPU, where the env
+# steps and the updates share the cores, takes fewer envs and smaller batches.
 DEVICE_DEFAULTS = {"num_envs": (1024, 32), "batch_size": (32768, 512)}
 
 NUM_CRITICS = 2  # clipped double Q (the minimum of the two)
@@ -281,16 +271,8 @@ def actor_step(
     return {"actor_loss": loss.detach(), "alpha": alpha, "entropy": -logp.detach().mean()}
 
 
-# ----------------------------------------------------------------------------------------------
-# Flags that cannot work together (the replay's n-step batches and statistics: common/buffer.py)
-# ----------------------------------------------------------------------------------------------
-def check_args(args: Args, batch_size: int, capacity: int) -> None:
+def check_args(args: Args) -> None:
     """Flags that cannot work together: a clear error before anything runs (each flag alone: common.args)."""
-    if capacity < args.n_step:
-        raise SystemExit(
-            f"error: --buffer-size {args.buffer_size} gives {capacity} slots per env for {args.num_envs} envs, "
-            f"fewer than --n-step {args.n_step}; raise --buffer-size to at least {args.n_step * args.num_envs}"
-        )
     if args.alpha <= 0 or args.log_std_min >= args.log_std_max:
         raise SystemExit(
             f"error: need --alpha > 0 and --log-std-min < --log-std-max, got {args.alpha}, {args.log_std_min}, "
@@ -299,56 +281,10 @@ def check_args(args: Args, batch_size: int, capacity: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# One iteration: collect (act, env step, replay write) -> update, each a function of tensors that
-# live as long as the run, so that on CUDA each is captured whole in one graph. The host picks
-# WHICH function runs (random actions before --learning-starts, the phase of the actor's schedule);
-# nothing on the host changes what one does. `stats` gathers, by name, what the logs read every --log-interval.
+# One iteration: collect (act, env step, replay write) -> update, each a function of tensors that live as long as
+# the run, so that on CUDA each is captured whole in one graph. The host only picks WHICH one runs (random actions
+# before --learning-starts, the phase of the actor's schedule). `stats` gathers what the logs read, by name.
 # ----------------------------------------------------------------------------------------------
-def act_and_step(envs, agent: Agent, policy, bf16: bool, obs: TensorDict):
-    """An action in [-1, 1] from `policy(obs)`, or uniform ones (the warm-up) when `policy` is None,
-    and one step of every env with it, scaled to the env's bounds."""
-    device = agent.action_scale.device
-    if policy is None:
-        action = torch.rand(envs.num_envs, agent.action_scale.shape[0], device=device) * 2 - 1
-    else:
-        # no autocast cache: a captured acting step must cast the weights itself at every replay
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
-            action = policy(obs)
-    return action, *envs.step(agent.to_env(action))
-
-
-def collect(
-    run, step, buffer: ReplayBuffer, ep_stats: torch.Tensor, stats: dict, args: Args, obs: TensorDict
-) -> TensorDict:
-    """Act and step (`step`), write the transition into the replay buffer (its device half: the caller
-    advances the host copy), and add the episode statistics and the non-finite counts to `stats`. No host
-    read. Returns the next observation."""
-    action, next_obs, reward, terminated, truncated, info = step(obs)
-    done = terminated | truncated
-    # The true next observation: the final one where the episode ended (next_obs has reset).
-    real_next_obs = torch.where(done, info["final_obs"], next_obs)
-    buffer.write(
-        TensorDict(
-            {
-                "obs": obs,
-                "actions": action,
-                "rewards": reward.float(),
-                "terminated": terminated,
-                "truncated": truncated,
-                "next_obs": real_next_obs,
-            },
-            batch_size=[args.num_envs],
-        )
-    )
-    episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=stats["episodes"])
-    add_to(
-        stats["nonfinite"],
-        {"observations": (~torch.isfinite(real_next_obs["policy"])).sum(), "rewards": (~torch.isfinite(reward)).sum()},
-    )
-    record_env_log(run, info)
-    return next_obs
-
-
 def update(sample, critic_step, actor_step, stats: dict, num_updates: int, actor_at: tuple[int, ...]) -> None:
     """num_updates critic steps, each on a fresh batch (`sample()`), and an actor step after the critic
     steps `actor_at`; their statistics, by name, into stats."""
@@ -359,7 +295,6 @@ def update(sample, critic_step, actor_step, stats: dict, num_updates: int, actor
             add_to(stats["actor"], actor_step(batch))
 
 
-# ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     run = start_run(args, ALGO, device_defaults=DEVICE_DEFAULTS)
     with closing(run):  # on any exit, an error included: graphs released, then the process group left
@@ -368,42 +303,23 @@ def main(args: Args) -> dict:
 
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
-    device, batch_size = run.device, args.batch_size
-    capacity = args.buffer_size // args.num_envs  # slots per env
-    check_args(args, batch_size, capacity)
+    device, capacity = run.device, replay_capacity(args)  # replay slots per env
+    check_args(args)
     steps_per_iteration = args.num_envs * run.world_size
     total_steps = max(args.total_timesteps, steps_per_iteration)  # at least one iteration
     envs, eval_envs = make_envs(run, gym.spaces.Box, hint="use algos/ppo.py or algos/pqn.py for discrete actions")
-    space = envs.single_action_space
-    if not space.is_bounded():
-        raise SystemExit(
-            f"error: {ALGO}.py scales a tanh policy to the action bounds, but {args.env_id}'s action space {space} is "
-            "unbounded"
-        )
+    low, high = action_bounds(envs, args, ALGO)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
 
-    # --- agent, optimizers, normalizers, replay buffer ---
-    obs_dim, act_dim = vector_size(next_obs, "policy", "sac.py"), space.shape[0]
-    critic_dim = (
-        vector_size(next_obs, "critic", "sac.py") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    )
-    target_entropy = -float(act_dim) if args.target_entropy is None else args.target_entropy
-    low, high = (torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high))
-    agent = Agent(obs_dim, critic_dim, low, high, args).to(device)
-    distributed.broadcast_module(agent)  # identical initial weights (and targets) on every rank
-    # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the loop.
-    agent_inference = Agent(obs_dim, critic_dim, low, high, args).to(device)
-    from_module(agent).data.to_module(agent_inference)
+    # --- agent (and its grad-free twin for acting), optimizers, normalizers, replay buffer ---
+    obs_dim, critic_dim = obs_dims(next_obs, args, "sac.py")
+    target_entropy = -float(low.shape[0]) if args.target_entropy is None else args.target_entropy  # -act_dim
+    agent, agent_inference = agent_and_twin(lambda: Agent(obs_dim, critic_dim, low, high, args), device)
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.policy_lr, capturable=device.type == "cuda")
     q_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.q_lr, capturable=device.type == "cuda")
     alpha_optimizer = torch.optim.Adam([agent.log_alpha], lr=args.q_lr, capturable=device.type == "cuda")
-    optimizers = {"actor": actor_optimizer, "critic": q_optimizer, "alpha": alpha_optimizer}
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
-    obs_normalizers = {
-        group: m
-        for group, m in (("policy", agent.obs_rms), ("critic", agent.critic_obs_rms))
-        if isinstance(m, RunningMeanStd)
-    }  # what the replay's statistics feed
+    obs_normalizers = {"policy": agent.obs_rms, "critic": agent.critic_obs_rms}  # what the replay's statistics feed
     buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
@@ -411,7 +327,7 @@ def train(run, args: Args) -> dict:
     counters = {"update_count": 0, "last_fold": 0}  # critic updates so far; iteration of the last normalizer update
     state = TrainingState(
         agent,
-        optimizers,
+        {"actor": actor_optimizer, "critic": q_optimizer, "alpha": alpha_optimizer},
         envs,
         shared={"reward_normalizer": reward_normalizer, "counters": counters},
         per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns},
@@ -423,35 +339,23 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, agent_inference)
 
     # --- the iteration's functions: act and store (the policy's action, or a uniform one before
-    # --learning-starts), a critic step, an actor step, an n-step batch, the updates of an iteration ---
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "critic": {}, "actor": {}, "nonfinite": {}}
+    # --learning-starts), an n-step batch, the critic's and the actor's steps, the updates of an iteration ---
+    stats = new_stats(device)
     acting = agent_inference.act
-    policy_step = lambda obs: act_and_step(envs, agent_inference, acting, args.bf16, obs)  # noqa: E731
-    random_step = lambda obs: act_and_step(envs, agent_inference, None, False, obs)  # noqa: E731 (uniform actions)
-    collect_with = lambda step: lambda obs: collect(run, step, buffer, ep_stats, stats, args, obs)  # noqa: E731
-    critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)  # noqa: E731
-    actor_fn = lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)  # noqa: E731
-    sample = lambda: buffer.sample_targets(  # noqa: E731 (an n-step batch with normalized observations)
-        args.batch_size,
-        args.n_step,
-        args.gamma,
-        agent.normalize,
-        reward_normalizer.normalize if args.reward_norm else None,
-    )
-    # The actor steps after every policy_frequency-th critic step of the run: which steps of an iteration
-    # those are depends on its phase (critic steps before it, mod policy_frequency). One update function
-    # per phase, each captured whole: a single one when num_updates is a multiple of policy_frequency.
-    actor_at = {
-        p: tuple(i for i in range(args.num_updates) if (p + i + 1) % args.policy_frequency == 0)
-        for p in range(args.policy_frequency)
-    }
-    phases = args.policy_frequency // math.gcd(args.num_updates, args.policy_frequency)
-    update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)  # noqa: E731
+    policy_step = lambda obs: act_and_step(envs, agent_inference, acting, args.bf16, obs)
+    random_step = lambda obs: act_and_step(envs, agent_inference, None, False, obs)  # uniform actions
+    collect_with = lambda step: lambda obs: store(run, buffer, ep_stats, stats, obs, *step(obs))[0]
+    normalize_rewards = reward_normalizer.normalize if args.reward_norm else None
+    sample = lambda: buffer.sample_targets(args.batch_size, args.n_step, args.gamma, agent.normalize, normalize_rewards)
+    critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)
+    actor_fn = lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)
+    # The actor steps after every policy_frequency-th critic step of the run: one update function per phase.
+    actor_at, phases = actor_schedule(args.num_updates, args.policy_frequency)
+    update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)
 
-    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged (the names
-    # above are rebound to their compiled and captured forms, which the functions that call them use) ---
-    # A built-in env steps inside the graph: act, env step and replay write are one. An adapter's
-    # simulator cannot be captured: its step runs eagerly after the captured acting step.
+    # --- compile and capture (--compile / --cudagraphs): the names above rebound, so their callers use the new forms.
+    # A built-in env steps inside the graph (act, env step and replay write are one); an adapter's simulator cannot
+    # be captured, and steps eagerly after the captured acting. ---
     whole_step = getattr(envs, "capturable", False)
     if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
         policy_step = compiled(run, policy_step)
@@ -464,25 +368,9 @@ def train(run, args: Args) -> dict:
         phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
         for phase, at in actor_at.items()
     }
-    graphs = (
-        "off"
-        if not args.cudagraphs
-        else (
-            f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all "
-            f"{args.num_updates} "
-            f"updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of the actor's "
-            "schedule)"
-        )
-    )
-    critic_updates = actor_updates = 0
-    ready = lambda: len(buffer) >= args.n_step and len(buffer) * steps_per_iteration >= args.learning_starts  # noqa: E731
-    was_ready = ready()
-    begin_training(
-        run,
-        f"{args.num_updates} updates of batch {batch_size} per step; {capacity} buffer slots per env",
-        steps_per_iteration,
-        graphs,
-    )
+    description, graphs = described(args, capacity, whole_step, phases)
+    begin_training(run, description, steps_per_iteration, graphs)
+    ready, updates = replay_ready(run, buffer), {"critic": 0, "actor": 0}  # updates since the last log
     # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1
@@ -493,50 +381,18 @@ def train(run, args: Args) -> dict:
         buffer.advance_host()  # the write ran on the device (a graph replay runs no Python)
         run.global_step += steps_per_iteration
 
-        # --- normalizer statistics: every log interval and before the first update ---
-        is_ready = ready()
-        if run.iteration % args.log_interval == 0 or (is_ready and not was_ready):
-            buffer.fold_into(
-                min(run.iteration - counters["last_fold"], len(buffer)),
-                obs_normalizers,
-                reward_normalizer if args.reward_norm else None,
-            )
-            counters["last_fold"] = run.iteration
-        was_ready = is_ready
-
-        # --- updates: num_updates critic steps, the actor every policy_frequency-th ---
-        if is_ready:
+        # --- normalizer statistics (every log interval and as the updates start), then the updates ---
+        ready = fold_and_ready(run, buffer, counters, obs_normalizers, reward_normalizer, ready)
+        if ready:  # num_updates critic steps, the actor (and the temperature) every policy_frequency-th
             phase = counters["update_count"] % args.policy_frequency
             with timed(run, "update"):
                 update_fn[phase]()
             counters["update_count"] += args.num_updates
-            critic_updates += args.num_updates
-            actor_updates += len(actor_at[phase])
+            updates["critic"] += args.num_updates
+            updates["actor"] += len(actor_at[phase])
 
-        # --- once per log interval (and before evals and saves): one host read ---
-        due = what_is_due(run, final_iteration)
-        if not due.log:
-            continue
-        means = {
-            f"losses/{name}": total / updates
-            for part, updates in (("critic", critic_updates), ("actor", actor_updates))
-            if updates
-            for name, total in stats[part].items()
-        }
-        checks = {
-            **{name: count == 0 for name, count in stats["nonfinite"].items()},
-            **{name: torch.isfinite(total) for part in ("critic", "actor") for name, total in stats[part].items()},
-        }
-        log(run, reduce_iteration(run, episodes=stats["episodes"], means=means, checks=checks))
-        zero_(stats)
-        critic_updates = actor_updates = 0
-
-        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if due.eval:
-            evaluate(run, eval_envs, agent_inference)
-        if names := checkpoints_to_write(run, due):
-            save(run, names, state, next_obs)
-        if run.stop_reason:
+        # --- once per log interval (and before evals and saves): one host read; evaluation, checkpoints, stop ---
+        if log_eval_save(run, final_iteration, stats, updates, eval_envs, agent_inference, state, next_obs):
             break
     return finish(run, agent)
 

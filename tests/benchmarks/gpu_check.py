@@ -141,6 +141,7 @@ ALL_SECTIONS = (*SECTIONS, "speed-quick")
 SPEED_SECTIONS = ("speed", "speed-pendulum", "speed-quick")
 MARKER = "GPU_CHECK_RESULT "
 HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_to_write", "save", "finish", "eval_only")
+HOST_READS += ("log_eval_save",)  # td3.py's and sac.py's log, evaluation and save (common/offpolicy.py)
 SPEED_ROWS = [
     ("speed", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")),
     ("speed", "CartPole-v1", 65536, ("ppo",)),
