@@ -32,10 +32,10 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import timed
+from common.capture import captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import compile_and_capture, evaluate_and_save, graphs_said, log_iteration, minibatch_size
+from common.loop import evaluate_and_save, graphs_said, log_iteration, minibatch_size
 from common.nets import group_mlp, group_shapes, sample
 from common.normalize import RewardNormalizer, observation_normalizer
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
@@ -381,19 +381,8 @@ def targets(
             agent.critic_obs_rms.update(data["obs", "critic"])
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
-    batch = TensorDict(
-        {
-            "obs_n": obs_n,
-            "actions": data["actions"],
-            "logprobs": data["logprobs"],
-            "values": values,
-            "advantages": advantages,
-            "returns": returns,
-            **mirrored,
-        },
-        batch_size=values.shape,
-        device=values.device,
-    )
+    batch = {"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values}
+    batch = TensorDict({**batch, "advantages": advantages, "returns": returns, **mirrored}, values.shape, values.device)
     return batch.reshape(-1), {"explained_variance": explained_variance}, nonfinite_counts
 
 
@@ -519,12 +508,21 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged (the layout: common.loop) ---
-    whole_rollout = getattr(envs, "capturable", False)  # a built-in env steps inside the rollout's graph
-    acting = {"acting": policy_step, "final value": final_value}  # with an adapter: captured alone, stepped between
-    policy_step, final_value, env_step, update_minibatch, targets_fn, rollout_fn, update_fn = compile_and_capture(
-        run, whole_rollout, acting, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
-    )
+    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
+    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
+    # cannot be captured: its step runs eagerly between the captured acting steps.
+    if whole_rollout := getattr(envs, "capturable", False):
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        final_value = captured(run, "final value", compiled(run, final_value))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets, each minibatch captured alone
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
+        update_fn = captured(run, "update", update_fn)
     said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
     begin_training(run, said, global_batch, graphs_said(args, whole_rollout))
     iterations_in_stats = 0

@@ -4,9 +4,8 @@ log of an iteration's statistics, and the evaluation, checkpoints and stop that 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
-from common.capture import captured, compiled
 from common.checkpoint import save
 from common.evaluation import evaluate
 from common.run import Due, checkpoints_to_write
@@ -25,38 +24,6 @@ def minibatch_size(args, batch_size: int) -> int:
             f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
         )
     return batch_size // args.num_minibatches
-
-
-def compile_and_capture(
-    run: Run,
-    whole_rollout: bool,
-    acting: dict[str, Callable],
-    env_step,
-    update_minibatch,
-    targets_fn,
-    rollout_fn,
-    update_fn,
-) -> tuple:
-    """The iteration's functions compiled (--compile) and captured (--cudagraphs), unchanged, returned in the order
-    given (the `acting` functions first) for the script to rebind, so that the functions calling them call these.
-    `whole_rollout` (a built-in env, which steps inside the graph): the env step compiled, the rollout one graph.
-    Otherwise (an adapter's simulator cannot be captured: it steps eagerly between graphs): each `acting` function
-    (name -> the acting step and what else runs at a step) compiled and captured alone. Then the targets and every epoch
-    of the update as one graph (the batch never leaves it); with --target-kl, whose epoch loop reads the KL on the host,
-    the targets and each minibatch update captured alone."""
-    if whole_rollout:
-        env_step = compiled(run, env_step)
-    else:
-        acting = {name: captured(run, name, compiled(run, fn)) for name, fn in acting.items()}
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    alone = getattr(run.args, "target_kl", None) is not None
-    if alone:
-        targets_fn = captured(run, "targets", targets_fn)
-        update_minibatch = captured(run, "minibatch update", update_minibatch)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    if not alone:
-        update_fn = captured(run, "update", update_fn)
-    return (*acting.values(), env_step, update_minibatch, targets_fn, rollout_fn, update_fn)
 
 
 def graphs_said(args, whole_rollout: bool) -> str:
