@@ -3,11 +3,10 @@
     python algos/ppo.py --env-id CartPole-v1 --num-envs 4096
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
-Top to bottom: Args -> Agent -> GAE and the adaptive-KL learning rate -> the PPO loss (with rsl_rl's symmetry) -> an
-iteration as rollout -> targets -> update, two CUDA graphs on a GPU -> main and train (setup, the iteration's functions,
-their compile and capture, the loop). The run around it is in common/. `--num-envs` is per process; `--total-timesteps`
-counts env steps over all processes. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37
-implementation details of PPO"; Rudin et al. 2022 (rsl_rl: adaptive learning rate); Mittal et al. 2024 (symmetry).
+Args -> Agent -> GAE, the adaptive learning rate -> the PPO loss (rsl_rl's symmetry) -> rollout -> targets -> update
+-> train (setup, compile and capture, the loop); the run around it is in common/. `--num-envs` is per process,
+`--total-timesteps` counts env steps over all. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022,
+"The 37 implementation details of PPO"; Rudin et al. 2022 (rsl_rl); Mittal et al. 2024 (symmetry).
 """
 
 from __future__ import annotations
@@ -23,32 +22,25 @@ import torch
 import torch.nn as nn
 from tensordict import TensorDict, from_module
 
+# ruff: noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
     sys.exit(
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed, symmetry  # noqa: E402
-from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
-from common.buffer import RolloutStorage  # noqa: E402
-from common.capture import captured, compiled, timed  # noqa: E402
-from common.checkpoint import TrainingState, restore, save  # noqa: E402
-from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import group_mlp, image_max, observation_shape, sample  # noqa: E402
-from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
-from common.run import (
-    begin_training,
-    checkpoints_to_write,
-    closing,
-    finish,
-    make_envs,
-    open_run,  # noqa: E402
-    start_run,
-    what_is_due,
-)
-from common.settings import rsl_rl_settings  # noqa: E402
-from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common import distributed, symmetry
+from common.args import Ge, Gt, Le, RunArgs, parse_args
+from common.buffer import RolloutStorage
+from common.capture import captured, compiled, timed
+from common.checkpoint import TrainingState, restore
+from common.evaluation import eval_only
+from common.loop import evaluate_and_save, graphs_said, log_iteration, minibatch_size
+from common.nets import group_mlp, group_shapes, sample
+from common.normalize import RewardNormalizer, observation_normalizer
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.settings import rsl_rl_settings
+from common.stats import add_to, episode_sums, nonfinite, record_env_log
 
 ALGO = "ppo"
 
@@ -94,13 +86,11 @@ class Args(RunArgs):
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
     """activation of the hidden layers"""
     encoder: Literal["nature", "impala", "minatar", "mlp"] = "nature"
-    """encoder of image observation groups (uint8 [C, H, W]) before the hidden layers: the Atari DQN CNN,
-    IMPALA's ResNet, MinAtar's one-conv network, or the flattened frames (vector groups go in as they are)"""
+    """encoder of uint8 image groups [C, H, W]: the Atari DQN CNN, IMPALA's ResNet, MinAtar's conv, or flat frames"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
     shared_encoder: bool = False
-    """one image encoder under both heads, trained by both losses (CleanRL's Atari agent); needs the critic to read the
-    policy group"""
+    """one image encoder under both heads, trained by both losses (CleanRL's Atari agent); the critic reads 'policy'"""
     asymmetric_critic: bool = True
     """feed the critic the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
@@ -108,23 +98,20 @@ class Args(RunArgs):
     obs_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
     reward_norm: bool = True
-    """scale rewards by the running std of the discounted return (keeps the value loss O(1), so the global gradient
-    clip does not starve the policy when returns are large)"""
+    """scale rewards by the running std of the discounted return (a value loss of O(1): the gradient clip spares the
+    policy)"""
     reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
     symmetry: Literal["none", "log", "augmentation", "mirror-loss", "both"] = "none"
-    """rsl_rl's, by the env's mirror (data_augmentation): each minibatch with its mirror images, a loss between the
-    actor's output on mirror images and its mirrored output, both, or neither but logging mirror_loss and symmetry_error
-    """
+    """rsl_rl's, by the env's mirror: each minibatch with its mirror images, a loss between the actor's output on mirror
+    images and its mirrored output, both, or neither but logging mirror_loss and symmetry_error"""
     mirror_loss_coef: Annotated[float, Ge(0)] = 1.0
     """weight of the mirror loss (rsl_rl's mirror_loss_coeff)"""
 
 
-# Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
+# Named settings (common.settings): the env id family's unless --settings names another; flags given win.
 SETTINGS = {
-    # CleanRL's ppo_continuous_action.py: 1 env x 2048 steps, 32 minibatches, 10 epochs, Adam 3e-4 annealed to 0,
-    # clip 0.2, no entropy bonus, value coefficient 0.5, gradient clip 0.5, observations and rewards normalized and
-    # clipped at 10, 64-64 tanh, log-std 0; an evaluation every 51,200 steps on 8 envs
+    # CleanRL's ppo_continuous_action.py; an evaluation every 51,200 steps on 8 envs
     "mujoco": dict(
         num_envs=1,
         num_steps=2048,
@@ -144,9 +131,8 @@ SETTINGS = {
         num_eval_envs=8,
         eval_interval=25,
     ),
-    # CleanRL's ppo_atari_envpool.py: 8 envs x 128 steps, 4 minibatches, 4 epochs, Adam 2.5e-4 annealed over its 10M
-    # steps, clip 0.1, entropy 0.01, value coefficient 0.5, gradient clip 0.5, rewards clipped (the atari preset) and
-    # not normalized; its agent: one nature CNN under two linear heads; an evaluation on 8 games every 50 iterations
+    # CleanRL's ppo_atari_envpool.py (rewards clipped by the atari preset; one nature CNN under two linear heads); an
+    # evaluation on 8 games every 50 iterations
     "atari": dict(
         env_kwargs='{"preset": "atari"}',
         total_timesteps=10_000_000,
@@ -167,8 +153,7 @@ SETTINGS = {
         num_eval_envs=8,
         eval_interval=50,
     ),
-    # the README's MinAtar table: 128 envs x 32 steps, 8 minibatches, 4 epochs, entropy 0.01, MinAtar's one-conv
-    # network; an evaluation on 16 envs every 10 iterations
+    # the README's MinAtar table; an evaluation on 16 envs every 10 iterations
     "minatar": dict(
         num_envs=128,
         num_steps=32,
@@ -185,7 +170,7 @@ SETTINGS = {
 }
 
 
-# --- Networks -------------------------------------------------------------------------------
+# --- Networks ---
 class Agent(nn.Module):
     """Actor and critic MLPs and the observation normalizers, so that one state_dict holds all. Discrete spaces get a
     Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std. The critic reads the
@@ -201,16 +186,9 @@ class Agent(nn.Module):
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
         self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
-        self.critic = group_mlp(
-            critic_obs_shape or obs_shape,
-            1,
-            out_gain=1.0,
-            **net,
-            max_value=image_max[1] if critic_obs_shape is not None else image_max[0],
-        )
-        self.shared = (
-            args.shared_encoder
-        )  # the critic's head on the actor's encoder: one module, in both state_dict keys
+        critic_max = image_max[1] if critic_obs_shape is not None else image_max[0]
+        self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, max_value=critic_max, **net)
+        self.shared = args.shared_encoder  # the critic's head on the actor's encoder: one module, both state_dict keys
         if self.shared and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
             raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
         elif self.shared:
@@ -218,13 +196,9 @@ class Agent(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        # Gaussian samples are clipped to the env's bounds on their way to it (the stored action keeps the raw sample)
-        self.register_buffer(
-            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
-        )
-        self.register_buffer(
-            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
-        )
+        for end in ("low", "high"):  # Gaussian samples are clipped to the bounds on their way to the env (stored raw)
+            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
+            self.register_buffer(f"action_{end}", bound, persistent=False)
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -240,9 +214,7 @@ class Agent(nn.Module):
     def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
         return self.distribution(self.actor(policy_obs_n).float())  # float32 even under bf16 autocast
 
-    def distribution(
-        self, out: torch.Tensor
-    ) -> torch.distributions.Distribution:  # out: logits, or the Gaussian's mean
+    def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
@@ -255,15 +227,12 @@ class Agent(nn.Module):
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return (
-            action
-            if self.action_low.numel() == 0
-            else torch.maximum(torch.minimum(action, self.action_high), self.action_low)
-        )
+        if self.action_low.numel() == 0:
+            return action
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
-        """The evaluated (and exported) policy on raw observations: the likeliest action, or the clipped Gaussian
-        mean."""
+        """The evaluated (and exported) policy on raw observations: the likeliest action, or the clipped mean."""
         out = self.actor(self.obs_rms(policy_obs)).float()
         return out.argmax(-1) if self.discrete else self.to_env(out)
 
@@ -275,7 +244,7 @@ class Agent(nn.Module):
         return action, logprob
 
 
-# --- GAE with truncation bootstrapping; the adaptive learning rate --------------------------
+# --- GAE with truncation bootstrapping; the adaptive learning rate ---
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout. A *terminated* episode has no future: no bootstrap. A *truncated* one does:
     its last reward gets gamma * V(final_obs), the true last observation's value, and the lambda-chain stops there.
@@ -296,15 +265,13 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
     """rsl_rl's schedule, in place on the device: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, lr *
-    1.5 below half of it, kept in [1e-5, 5e-3]. rsl_rl's cap, 1e-2, is where a solved task's rate sits (its advantages
-    are noise) and the policy drifts off what it solved (CartPole-v1: eval 495 -> 289, final 457.8 +- 84.3, seeds 1-5);
-    at 5e-3 every seed holds 500 and reaches 475 sooner (median 983,040 steps, not 1,966,080); Pendulum-v1 reaches -200
-    later, ends higher."""
+    1.5 below half of it, kept in [1e-5, 5e-3]: not rsl_rl's cap of 1e-2, where a solved task's rate sits (its
+    advantages are noise) and the policy drifts off what it solved."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
     lr.copy_((lr * factor).clamp(1e-5, 5e-3))
 
 
-# --- The PPO loss of a minibatch, with rsl_rl's symmetry --------------------------------------
+# --- The PPO loss of a minibatch, with rsl_rl's symmetry ---
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     """Clipped surrogate + (clipped) value loss - entropy bonus (+ mirror loss): the loss and what is logged, by name.
     --symmetry (rsl_rl's): the actor also reads the minibatch's mirror images. Augmentation adds them to the surrogate
@@ -352,23 +319,16 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
         mirror_loss = nn.functional.mse_loss(out[b:], output_mirror(out[:b].detach()))
         if args.symmetry in ("mirror-loss", "both"):
             loss = loss + args.mirror_loss_coef * mirror_loss
-        with (
-            torch.no_grad()
-        ):  # mean |pi(m(s)) - m(pi(s))| of the deterministic action (the clipped mean), or the logits
+        with torch.no_grad():  # mean |pi(m(s)) - m(pi(s))| of the deterministic action (the clipped mean), or logits
             act = out if agent.discrete else agent.to_env(out)
-            logged.update(
-                {
-                    "mirror_loss": mirror_loss.detach(),
-                    "charts/symmetry_error": (act[b:] - output_mirror(act[:b])).abs().mean(),
-                }
-            )
+            logged["mirror_loss"] = mirror_loss.detach()
+            logged["charts/symmetry_error"] = (act[b:] - output_mirror(act[:b])).abs().mean()
     return loss, logged
 
 
-# --- One iteration: rollout -> targets -> update ---------------------------------------------
-# Functions of tensors that live as long as the run, so that on CUDA they are compiled and captured whole (one graph
-# for a built-in env's T steps; one for the targets and all epochs and minibatches of the update). `stats` gathers, on
-# the device, what the logs read every --log-interval: the finished episodes, the losses and non-finite counts by name.
+# --- One iteration: rollout -> targets -> update ---
+# Functions of tensors that live as long as the run, so that on CUDA they compile and capture whole. `stats` gathers on
+# the device what the logs read every --log-interval: finished episodes, losses and non-finite counts by name.
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
     for step in range(storage.num_steps):
@@ -392,16 +352,16 @@ def targets(
     """The episode statistics, values, (normalized) rewards and GAE of a rollout, then the observation statistics for
     the next one: the flat batch the update reads (with --symmetry, their mirror images too), logged statistics,
     non-finite counts."""
-    dones = data["terminated"] | data["truncated"]
+    terminated, truncated = data["terminated"], data["truncated"]
+    dones = terminated | truncated
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     mirrored = {}
-    if args.symmetry != "none":  # [T, N, k-1], of the raw observations, then normalized (its mean is not symmetric)
-        images = symmetry.mirror_images(data_augmentation, data["obs"], data["actions"])
-        mirrored["mirrored"] = TensorDict(
-            {"obs_n": agent.normalize(images["obs"]), "actions": images["actions"]}, images.shape
+    if args.symmetry != "none":  # [T, N, k-1]: mirrored raw, then normalized (the normalizer's mean is not symmetric)
+        mirrored["mirrored"] = symmetry.normalized_images(
+            data_augmentation, data["obs"], data["actions"], agent.normalize
         )
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
@@ -411,14 +371,7 @@ def targets(
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
     advantages, returns = compute_advantages(
-        rewards,
-        values,
-        next_value,
-        data["final_values"],
-        data["terminated"],
-        data["truncated"],
-        args.gamma,
-        args.gae_lambda,
+        rewards, values, next_value, data["final_values"], terminated, truncated, args.gamma, args.gae_lambda
     )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -428,19 +381,8 @@ def targets(
             agent.critic_obs_rms.update(data["obs", "critic"])
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
-    batch = TensorDict(
-        {
-            "obs_n": obs_n,
-            "actions": data["actions"],
-            "logprobs": data["logprobs"],
-            "values": values,
-            "advantages": advantages,
-            "returns": returns,
-            **mirrored,
-        },
-        batch_size=values.shape,
-        device=values.device,
-    )
+    batch = {"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values}
+    batch = TensorDict({**batch, "advantages": advantages, "returns": returns, **mirrored}, values.shape, values.device)
     return batch.reshape(-1), {"explained_variance": explained_variance}, nonfinite_counts
 
 
@@ -480,27 +422,14 @@ def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
-    if batch_size % args.num_minibatches != 0:
-        raise SystemExit(
-            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
-            f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
-        )
-    minibatch_size = batch_size // args.num_minibatches
+    minibatch = minibatch_size(args, batch_size)  # or a clear error: it must divide
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    data_augmentation = symmetry.env_mirror(envs, next_obs, args)  # rsl_rl's data_augmentation_func, with --symmetry
-    output_mirror = data_augmentation and symmetry.output_mirror(data_augmentation, envs.single_action_space, device)
-    obs_shape = observation_shape(next_obs, "policy")
-    critic_shape = (
-        observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    )
-    # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
-    image_scale = tuple(
-        image_max(space)
-        for space in (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
-    )
+    # rsl_rl's data_augmentation_func and the mirror of the actor's outputs, with --symmetry
+    data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
+    obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args)  # critic_shape: None without one
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
@@ -531,8 +460,7 @@ def train(run, args: Args) -> dict:
     policy_step = agent_inference.act
 
     def final_value(final_obs: TensorDict) -> torch.Tensor:
-        """V(final_obs), the time-out bootstrap, at the step: stored in place of a second frame (the targets'
-        weights)."""
+        """V(final_obs), the time-out bootstrap, at the step (the targets' weights): stored in place of a frame."""
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             return agent_inference.value(agent_inference.normalize(final_obs))
 
@@ -583,38 +511,22 @@ def train(run, args: Args) -> dict:
     # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
     # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
     # cannot be captured: its step runs eagerly between the captured acting steps.
-    whole_rollout = getattr(envs, "capturable", False)
-    if whole_rollout:
+    if whole_rollout := getattr(envs, "capturable", False):
         env_step = compiled(run, env_step)
     else:
         policy_step = captured(run, "acting", compiled(run, policy_step))
         final_value = captured(run, "final value", compiled(run, final_value))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    if (
-        args.target_kl is not None
-    ):  # the epoch loop reads the KL on the host: targets and each minibatch step captured alone
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets, each minibatch captured alone
         targets_fn = captured(run, "targets", targets_fn)
         update_minibatch = captured(run, "minibatch update", update_minibatch)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
         update_fn = captured(run, "update", update_fn)
-    graphs = (
-        "off"
-        if not args.cudagraphs
-        else (
-            f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
-            f"{'the targets and the whole update' if args.target_kl is None else 'the targets, each minibatch update'}"
-        )
-    )
-    begin_training(
-        run,
-        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)",
-        global_batch,
-        graphs,
-    )
-    iterations_in_stats, storage_said = 0, False
-    # Counted in env steps: a run resumed with another world size still ends at --total-timesteps, its schedule
-    # continuing
+    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
+    begin_training(run, said, global_batch, graphs_said(args, whole_rollout))
+    iterations_in_stats = 0
+    # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * global_batch > total_steps
@@ -623,39 +535,18 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        if not storage_said:  # once the first rollout has laid the storage out (image groups stay uint8 in it)
+        if run.iteration == run.iteration_at_start + 1:  # the first rollout has laid the storage out (images: uint8)
             run.say(storage.describe())
-            storage_said = True
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
         iterations_in_stats += 1
 
-        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
-        if due.log:
-            log(
-                run,
-                reduce_iteration(
-                    run,
-                    episodes=stats["episodes"],
-                    means={
-                        name if "/" in name else f"losses/{name}": total / iterations_in_stats  # charts/symmetry_error
-                        for name, total in stats["losses"].items()
-                    },
-                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                    local={"charts/learning_rate": lr},
-                ),
-            )
-            zero_(stats)
+        if due.log:  # every --log-interval iterations, and before an evaluation or a save: one host read
+            log_iteration(run, stats, iterations_in_stats, local={"charts/learning_rate": lr})
             iterations_in_stats = 0
-
-        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if due.eval:
-            evaluate(run, eval_envs, agent_inference)
-        if names := checkpoints_to_write(run, due):
-            save(run, names, state, next_obs)
-        if run.stop_reason:
+        if evaluate_and_save(run, due, eval_envs, agent_inference, state, next_obs):  # the same on every rank
             break
     return finish(run, agent)
 

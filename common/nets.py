@@ -326,3 +326,17 @@ def sample(d: torch.distributions.Categorical | torch.distributions.Normal) -> t
     draw (multinomial checks its probabilities on the device, with _assert_async)."""
     with torch.no_grad():
         return d.rsample() if isinstance(d, torch.distributions.Normal) else d.sample()
+
+
+def group_shapes(envs, obs, args, terms_refused_by: str | None = None) -> tuple:
+    """(policy shape, critic shape or None, each group's image scale) of an actor-critic's groups, from the env's
+    first observations `obs`: the critic reads the env's "critic" group when it has one and --asymmetric-critic asks for
+    it. A group's image scale is its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's).
+    """
+    critic = args.asymmetric_critic and "critic" in obs.keys()
+    spaces = (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
+    return (
+        observation_shape(obs, "policy", terms_refused_by),
+        observation_shape(obs, "critic") if critic else None,
+        tuple(image_max(space) for space in spaces),
+    )

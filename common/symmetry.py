@@ -68,3 +68,19 @@ def output_mirror(data_augmentation: Callable, action_space: gym.Space, device) 
     n = int(action_space.n)
     columns = data_augmentation(actions=torch.arange(n, device=device))[1][n:].view(-1, n).argsort(-1)  # [k-1, n]
     return lambda out: out[:, columns].transpose(0, 1).flatten(0, 1)
+
+
+def mirrors(envs, obs: TensorDict, args, device) -> tuple[Callable | None, Callable | None]:
+    """The env's mirror (env_mirror) and the mirror of the actor's outputs (output_mirror); (None, None) with
+    --symmetry none."""
+    data_augmentation = env_mirror(envs, obs, args)
+    if data_augmentation is None:
+        return None, None
+    return data_augmentation, output_mirror(data_augmentation, envs.single_action_space, device)
+
+
+def normalized_images(data_augmentation: Callable, obs: TensorDict, actions: torch.Tensor, normalize) -> TensorDict:
+    """The mirror images of a rollout's raw observations and actions, the observations then normalized by `normalize`
+    (after mirroring: a normalizer's mean is not symmetric): {"obs_n", "actions"} of batch [*lead, k-1]."""
+    images = mirror_images(data_augmentation, obs, actions)
+    return TensorDict({"obs_n": normalize(images["obs"]), "actions": images["actions"]}, images.shape)
