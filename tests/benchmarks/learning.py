@@ -1188,7 +1188,11 @@ def main(argv: list[str] | None = None) -> int:
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for phase in sorted({job["depth"] for job in jobs}):  # the runs others start from, then those
             for record in pool.map(run_one, [job for job in jobs if job["depth"] == phase]):
-                status = "failed" if "error" in record else f"steps to target {fmt(record['steps_to_target'])}"
+                if "error" in record:  # the run's own last line says why (an error line, or a traceback's end)
+                    lines = [line for line in record["error"].splitlines() if line.strip()]
+                    status = f"failed (exit {record['returncode']}): {lines[-1] if lines else 'no output'}"
+                else:
+                    status = f"steps to target {fmt(record['steps_to_target'])}"
                 print(f"{record['algo']} {record['env_id']} seed {record['seed']}: {status}", flush=True)
                 records.append(record)
     args.experiments = names
