@@ -179,13 +179,8 @@ class Agent(nn.Module):
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
         self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
-        self.critic = group_mlp(
-            critic_obs_shape or obs_shape,
-            2,
-            out_gain=1.0,
-            **net,
-            max_value=image_max[1] if critic_obs_shape is not None else image_max[0],
-        )
+        critic_max = image_max[1] if critic_obs_shape is not None else image_max[0]
+        self.critic = group_mlp(critic_obs_shape or obs_shape, 2, out_gain=1.0, max_value=critic_max, **net)
         self.shared = args.shared_encoder  # the critic's head on the actor's encoder: one module, in both state_dicts
         if self.shared and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
             raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
@@ -194,13 +189,9 @@ class Agent(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        # Gaussian samples are clipped to the env's bounds on their way to it (the stored action keeps the raw sample)
-        self.register_buffer(
-            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
-        )
-        self.register_buffer(
-            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
-        )
+        for end in ("low", "high"):  # Gaussian samples are clipped to the bounds on their way to the env (stored raw)
+            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
+            self.register_buffer(f"action_{end}", bound, persistent=False)
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -466,9 +457,7 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
-        if (
-            args.target_kl is not None
-        ):  # one host read per epoch, only when asked for (the update is not captured whole)
+        if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
     means = {name: total / num_updates for name, total in loss_sums.items()}
