@@ -28,32 +28,25 @@ import torch
 import torch.nn as nn
 from tensordict import TensorDict, from_module
 
+# ruff: noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
     sys.exit(
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed, symmetry  # noqa: E402
-from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
-from common.buffer import RolloutStorage  # noqa: E402
-from common.capture import captured, compiled, timed  # noqa: E402
-from common.checkpoint import TrainingState, restore, save  # noqa: E402
-from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import group_mlp, image_max, observation_shape, sample  # noqa: E402
-from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
-from common.run import (  # noqa: E402
-    begin_training,
-    checkpoints_to_write,
-    closing,
-    finish,
-    make_envs,
-    open_run,
-    start_run,
-    what_is_due,
-)
-from common.settings import rsl_rl_settings  # noqa: E402
-from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common import distributed, symmetry
+from common.args import Ge, Gt, Le, RunArgs, parse_args
+from common.buffer import RolloutStorage
+from common.capture import captured, compiled, timed
+from common.checkpoint import TrainingState, restore
+from common.evaluation import eval_only
+from common.loop import evaluate_and_save, graphs_said, log_iteration, minibatch_size
+from common.nets import group_mlp, group_shapes, observation_shape, sample
+from common.normalize import RewardNormalizer, observation_normalizer
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.settings import rsl_rl_settings
+from common.stats import add_to, episode_sums, nonfinite, record_env_log
 
 ALGO = "ppo_rnd"
 
@@ -186,13 +179,8 @@ class Agent(nn.Module):
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
         self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
-        self.critic = group_mlp(
-            critic_obs_shape or obs_shape,
-            2,
-            out_gain=1.0,
-            **net,
-            max_value=image_max[1] if critic_obs_shape is not None else image_max[0],
-        )
+        critic_max = image_max[1] if critic_obs_shape is not None else image_max[0]
+        self.critic = group_mlp(critic_obs_shape or obs_shape, 2, out_gain=1.0, max_value=critic_max, **net)
         self.shared = args.shared_encoder  # the critic's head on the actor's encoder: one module, in both state_dicts
         if self.shared and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
             raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
@@ -201,13 +189,9 @@ class Agent(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        # Gaussian samples are clipped to the env's bounds on their way to it (the stored action keeps the raw sample)
-        self.register_buffer(
-            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
-        )
-        self.register_buffer(
-            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
-        )
+        for end in ("low", "high"):  # Gaussian samples are clipped to the bounds on their way to the env (stored raw)
+            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
+            self.register_buffer(f"action_{end}", bound, persistent=False)
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -397,9 +381,8 @@ def targets(
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     mirrored = {}
     if args.symmetry != "none":  # [T, N, k-1], of the raw observations, then normalized (as ppo.py)
-        images = symmetry.mirror_images(data_augmentation, data["obs"], data["actions"])
-        mirrored["mirrored"] = TensorDict(
-            {"obs_n": agent.normalize(images["obs"]), "actions": images["actions"]}, images.shape
+        mirrored["mirrored"] = symmetry.normalized_images(
+            data_augmentation, data["obs"], data["actions"], agent.normalize
         )
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
@@ -474,9 +457,7 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
-        if (
-            args.target_kl is not None
-        ):  # one host read per epoch, only when asked for (the update is not captured whole)
+        if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
     means = {name: total / num_updates for name, total in loss_sums.items()}
@@ -496,27 +477,14 @@ def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
     batch_size = args.num_envs * args.num_steps  # per process
-    if batch_size % args.num_minibatches != 0:
-        raise SystemExit(
-            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
-            f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
-        )
-    minibatch_size = batch_size // args.num_minibatches
+    minibatch = minibatch_size(args, batch_size)  # or a clear error: it must divide
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    data_augmentation = symmetry.env_mirror(envs, next_obs, args)  # rsl_rl's data_augmentation_func, with --symmetry
-    output_mirror = data_augmentation and symmetry.output_mirror(data_augmentation, envs.single_action_space, device)
-    obs_shape = observation_shape(next_obs, "policy")
-    critic_shape = (
-        observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    )
-    # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
-    image_scale = tuple(
-        image_max(space)
-        for space in (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
-    )
+    # rsl_rl's data_augmentation_func and the mirror of the actor's outputs, with --symmetry
+    data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
+    obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args)  # critic_shape: None without one
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
@@ -661,19 +629,9 @@ def train(run, args: Args) -> dict:
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     if args.target_kl is None:  # the targets and every epoch of the update as one graph
         update_fn = captured(run, "update", update_fn)
-    graphs = (
-        "off"
-        if not args.cudagraphs
-        else f"{'the whole rollout' if whole_rollout else 'each acting step'}, "
-        + ("the targets and the whole update" if args.target_kl is None else "the targets, each minibatch update")
-    )
-    begin_training(
-        run,
-        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)",
-        global_batch,
-        graphs,
-    )
-    iterations_in_stats, storage_said = 0, False
+    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
+    begin_training(run, said, global_batch, graphs_said(args, whole_rollout))
+    iterations_in_stats = 0
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -684,40 +642,19 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        if not storage_said:  # once the first rollout has laid the storage out (image groups stay uint8 in it)
+        if run.iteration == run.iteration_at_start + 1:  # the first rollout has laid the storage out (images: uint8)
             run.say(storage.describe())
-            storage_said = True
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
         iterations_in_stats += 1
 
-        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
-        if due.log:
-            log(
-                run,
-                reduce_iteration(
-                    run,
-                    episodes=stats["episodes"],
-                    means={
-                        name if "/" in name else f"{kind}/{name}": total / iterations_in_stats  # charts/symmetry_error
-                        for kind in ("losses", "charts")
-                        for name, total in stats[kind].items()
-                    },
-                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                    local={"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight},
-                ),
-            )
-            zero_(stats)
+        if due.log:  # every --log-interval iterations, and before an evaluation or a save: one host read
+            local = {"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight}
+            log_iteration(run, stats, iterations_in_stats, local, kinds=("losses", "charts"))
             iterations_in_stats = 0
-
-        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if due.eval:
-            evaluate(run, eval_envs, agent_inference)
-        if names := checkpoints_to_write(run, due):
-            save(run, names, state, next_obs)
-        if run.stop_reason:
+        if evaluate_and_save(run, due, eval_envs, agent_inference, state, next_obs):  # the same on every rank
             break
     return finish(run, agent)
 
