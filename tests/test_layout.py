@@ -17,7 +17,7 @@ CEILINGS = {
     "distill": 30_893,
     "ppo": 30_251,
     "ppo_lstm": 33_750,
-    "ppo_rnd": 38_009,
+    "ppo_rnd": 35_872,
     "pqn": 24_399,
     "sac": 22_246,
     "td3": 23_864,
