@@ -140,9 +140,7 @@ SETTINGS = {
 }
 
 
-# ----------------------------------------------------------------------------------------------
-# Networks
-# ----------------------------------------------------------------------------------------------
+# --- Networks ---
 class Agent(nn.Module):
     """A recurrent cell over the normalized policy observations, shared by an actor head and a critic head (one cell
     step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
@@ -161,9 +159,7 @@ class Agent(nn.Module):
             group_encoder(s, args.encoder, m) or nn.Identity() for s, m in zip((obs_shape, critic_obs_shape), image_max)
         )
         obs_dim = getattr(self.encoder, "out_dim", None) or obs_shape[0]  # what the cell reads: features or the vector
-        critic_obs_dim = (
-            None if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
-        )
+        critic_dim = 0 if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
         self.lstm = args.cell == "lstm"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.rnn = (nn.LSTM if self.lstm else nn.GRU)(obs_dim, args.rnn_hidden_size, num_layers=args.rnn_layers)
@@ -171,9 +167,7 @@ class Agent(nn.Module):
             nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
         self.state_shape = ((2 if self.lstm else 1) * args.rnn_layers, args.rnn_hidden_size)  # per env, batch at dim 1
         self.actor = mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
-        self.critic = mlp(
-            args.rnn_hidden_size + (critic_obs_dim or 0), 1, args.hidden_sizes, args.activation, out_gain=1.0
-        )
+        self.critic = mlp(args.rnn_hidden_size + critic_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
@@ -272,9 +266,7 @@ class EvalPolicy(nn.Module):
     recurrent_step = property(lambda self: self.agent.recurrent_step)  # (obs, state) -> (action, next state): exported
 
 
-# ----------------------------------------------------------------------------------------------
-# GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences
-# ----------------------------------------------------------------------------------------------
+# --- GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences ---
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout. A truncated episode's last reward gets gamma * V(final_obs)
     and the lambda-chain stops there; a terminated one gets no bootstrap (Pardo et al., 2018)."""
@@ -329,10 +321,9 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
     }
 
 
-# ----------------------------------------------------------------------------------------------
-# One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
-# run (the hidden states included), so that on CUDA each is compiled and captured whole.
-# ----------------------------------------------------------------------------------------------
+# --- One iteration: rollout -> targets -> update ---
+# Functions of tensors that live as long as the run (the hidden states included), so that on CUDA each is compiled
+# and captured whole.
 def rollout(
     run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
 ):
@@ -360,7 +351,8 @@ def targets(
     """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation statistics for the next
     one. Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by
     name."""
-    dones = data["terminated"] | data["truncated"]
+    terminated, truncated = data["terminated"], data["truncated"]
+    dones = terminated | truncated
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
@@ -372,14 +364,7 @@ def targets(
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
     advantages, returns = compute_advantages(
-        rewards,
-        values,
-        next_value,
-        data["final_values"],
-        data["terminated"],
-        data["truncated"],
-        args.gamma,
-        args.gae_lambda,
+        rewards, values, next_value, data["final_values"], terminated, truncated, args.gamma, args.gae_lambda
     )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -389,19 +374,8 @@ def targets(
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
-    batch = TensorDict(
-        {
-            "obs_n": obs_n,
-            "starts": starts,
-            "actions": data["actions"],
-            "logprobs": data["logprobs"],
-            "values": values,
-            "advantages": advantages,
-            "returns": returns,
-        },
-        batch_size=values.shape,
-        device=values.device,
-    )
+    batch = dict(obs_n=obs_n, starts=starts, actions=data["actions"], logprobs=data["logprobs"], values=values)
+    batch = TensorDict({**batch, "advantages": advantages, "returns": returns}, values.shape, values.device)
     return batch, {"explained_variance": explained_variance}, nonfinite_counts
 
 
@@ -424,7 +398,7 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
     add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
-# ----------------------------------------------------------------------------------------------
+# --- main and train ---
 def main(args: Args) -> dict:
     # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where only its weights are read (rnn_step)
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, torch._dynamo.config.patch(allow_rnn=True):
