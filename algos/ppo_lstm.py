@@ -207,13 +207,11 @@ class Agent(nn.Module):
         return self.critic(out).squeeze(-1).float()
 
     def dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
-        logits_or_mean = self.actor(out).float()  # float32 even under bf16 autocast
+        x = self.actor(out).float()  # the logits or the mean, float32 even under bf16 autocast
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
-            return torch.distributions.Categorical(logits=logits_or_mean, validate_args=False)
-        return torch.distributions.Normal(
-            logits_or_mean, self.log_std.exp().expand_as(logits_or_mean), validate_args=False
-        )
+            return torch.distributions.Categorical(logits=x, validate_args=False)
+        return torch.distributions.Normal(x, self.log_std.exp().expand_as(x), validate_args=False)
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.dist(out)
