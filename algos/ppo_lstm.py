@@ -31,32 +31,25 @@ import torch
 import torch.nn as nn
 from tensordict import TensorDict, from_module
 
+# ruff: noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
     sys.exit(
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed  # noqa: E402
-from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
-from common.buffer import RolloutStorage  # noqa: E402
-from common.capture import captured, compiled, timed  # noqa: E402
-from common.checkpoint import TrainingState, restore, save  # noqa: E402
-from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import group_encoder, image_max, mlp, observation_shape, rnn_step, sample  # noqa: E402
-from common.normalize import RewardNormalizer, observation_normalizer  # noqa: E402
-from common.run import (
-    begin_training,
-    checkpoints_to_write,
-    closing,
-    finish,
-    make_envs,
-    open_run,
-    start_run,
-    what_is_due,
-)  # noqa: E402
-from common.settings import rsl_rl_settings  # noqa: E402
-from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common import distributed
+from common.args import Ge, Gt, Le, RunArgs, parse_args
+from common.buffer import RolloutStorage
+from common.capture import captured, compiled, timed
+from common.checkpoint import TrainingState, restore
+from common.evaluation import eval_only
+from common.loop import evaluate_and_save, log_iteration
+from common.nets import group_encoder, group_shapes, mlp, rnn_step, sample
+from common.normalize import RewardNormalizer, observation_normalizer
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.settings import rsl_rl_settings
+from common.stats import add_to, episode_sums, nonfinite, record_env_log
 
 ALGO = "ppo_lstm"
 
@@ -98,7 +91,7 @@ class Args(RunArgs):
     vf_coef: Annotated[float, Ge(0)] = 1.0
     """value loss coefficient"""
     max_grad_norm: Annotated[float, Gt(0)] = 0.5
-    """global gradient-norm clip (CleanRL's 0.5: at ppo.py's 1.0, one unmasked CartPole seed of five collapsed)"""
+    """global gradient-norm clip (CleanRL's 0.5: at ppo.py's 1.0 a run collapsed)"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64,)
     """hidden layer sizes of the actor and critic heads after the cell"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
@@ -147,9 +140,7 @@ SETTINGS = {
 }
 
 
-# ----------------------------------------------------------------------------------------------
-# Networks
-# ----------------------------------------------------------------------------------------------
+# --- Networks ---
 class Agent(nn.Module):
     """A recurrent cell over the normalized policy observations, shared by an actor head and a critic head (one cell
     step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
@@ -167,12 +158,8 @@ class Agent(nn.Module):
         self.encoder, self.critic_encoder = (
             group_encoder(s, args.encoder, m) or nn.Identity() for s, m in zip((obs_shape, critic_obs_shape), image_max)
         )
-        obs_dim = (
-            self.encoder.out_dim if hasattr(self.encoder, "out_dim") else obs_shape[0]
-        )  # what the cell reads: features or the vector
-        critic_obs_dim = (
-            None if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
-        )
+        obs_dim = getattr(self.encoder, "out_dim", None) or obs_shape[0]  # what the cell reads: features or the vector
+        critic_dim = 0 if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
         self.lstm = args.cell == "lstm"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.rnn = (nn.LSTM if self.lstm else nn.GRU)(obs_dim, args.rnn_hidden_size, num_layers=args.rnn_layers)
@@ -180,20 +167,13 @@ class Agent(nn.Module):
             nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
         self.state_shape = ((2 if self.lstm else 1) * args.rnn_layers, args.rnn_hidden_size)  # per env, batch at dim 1
         self.actor = mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
-        self.critic = mlp(
-            args.rnn_hidden_size + (critic_obs_dim or 0), 1, args.hidden_sizes, args.activation, out_gain=1.0
-        )
+        self.critic = mlp(args.rnn_hidden_size + critic_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        bounded = (
-            isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        )  # Gaussian samples are clipped to them for the env
-        self.register_buffer(
-            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
-        )
-        self.register_buffer(
-            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
-        )
+        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
+        for end in ("low", "high"):  # Gaussian samples are clipped to the bounds on their way to the env (stored raw)
+            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
+            self.register_buffer(f"action_{end}", bound, persistent=False)
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -222,32 +202,25 @@ class Agent(nn.Module):
         return torch.stack(outputs)
 
     def value(self, out: torch.Tensor, obs_n: TensorDict) -> torch.Tensor:
-        x = (
-            torch.cat([out, self.critic_encoder(obs_n["critic"]).to(out.dtype)], -1)
-            if self.critic_key == "critic"
-            else out
-        )
-        return self.critic(x).squeeze(-1).float()
+        if self.critic_key == "critic":
+            out = torch.cat([out, self.critic_encoder(obs_n["critic"]).to(out.dtype)], -1)
+        return self.critic(out).squeeze(-1).float()
 
     def dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
-        logits_or_mean = self.actor(out).float()  # float32 even under bf16 autocast
+        x = self.actor(out).float()  # the logits or the mean, float32 even under bf16 autocast
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
-            return torch.distributions.Categorical(logits=logits_or_mean, validate_args=False)
-        return torch.distributions.Normal(
-            logits_or_mean, self.log_std.exp().expand_as(logits_or_mean), validate_args=False
-        )
+            return torch.distributions.Categorical(logits=x, validate_args=False)
+        return torch.distributions.Normal(x, self.log_std.exp().expand_as(x), validate_args=False)
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.dist(out)
         return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return (
-            torch.maximum(torch.minimum(action, self.action_high), self.action_low)
-            if self.action_low.numel()
-            else action
-        )
+        if self.action_low.numel() == 0:
+            return action
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
 
     def act(self, obs: TensorDict, state: torch.Tensor):
         """One acting step: (sampled action, its log-prob, the value, the next state)."""
@@ -277,9 +250,8 @@ class EvalPolicy(nn.Module):
     def __init__(self, agent: Agent, num_envs: int):
         super().__init__()
         self.agent, self.state_shape = agent, agent.state_shape
-        self.register_buffer(
-            "state", agent.initial_state(num_envs).to(next(agent.parameters()).device), persistent=False
-        )
+        state = agent.initial_state(num_envs).to(next(agent.parameters()).device)
+        self.register_buffer("state", state, persistent=False)
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
         action, state = self.agent.recurrent_step(policy_obs, self.state)
@@ -292,9 +264,7 @@ class EvalPolicy(nn.Module):
     recurrent_step = property(lambda self: self.agent.recurrent_step)  # (obs, state) -> (action, next state): exported
 
 
-# ----------------------------------------------------------------------------------------------
-# GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences
-# ----------------------------------------------------------------------------------------------
+# --- GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences ---
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout. A truncated episode's last reward gets gamma * V(final_obs)
     and the lambda-chain stops there; a terminated one gets no bootstrap (Pardo et al., 2018)."""
@@ -312,7 +282,7 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
     """rsl_rl's schedule in place: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, * 1.5 below half,
-    in [1e-5, 1e-2] (ppo.py's 5e-3 cap left 2 of 5 unmasked CartPole seeds short of 475 in 3M steps here)."""
+    in [1e-5, 1e-2] (ppo.py's 5e-3 cap left runs short of solving)."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
     lr.copy_((lr * factor).clamp(1e-5, 1e-2))
 
@@ -349,10 +319,9 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
     }
 
 
-# ----------------------------------------------------------------------------------------------
-# One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
-# run (the hidden states included), so that on CUDA each is compiled and captured whole.
-# ----------------------------------------------------------------------------------------------
+# --- One iteration: rollout -> targets -> update ---
+# Functions of tensors that live as long as the run (the hidden states included), so that on CUDA each is compiled
+# and captured whole.
 def rollout(
     run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
 ):
@@ -380,7 +349,8 @@ def targets(
     """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation statistics for the next
     one. Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by
     name."""
-    dones = data["terminated"] | data["truncated"]
+    terminated, truncated = data["terminated"], data["truncated"]
+    dones = terminated | truncated
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
@@ -392,14 +362,7 @@ def targets(
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
     advantages, returns = compute_advantages(
-        rewards,
-        values,
-        next_value,
-        data["final_values"],
-        data["terminated"],
-        data["truncated"],
-        args.gamma,
-        args.gae_lambda,
+        rewards, values, next_value, data["final_values"], terminated, truncated, args.gamma, args.gae_lambda
     )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -409,19 +372,8 @@ def targets(
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
-    batch = TensorDict(
-        {
-            "obs_n": obs_n,
-            "starts": starts,
-            "actions": data["actions"],
-            "logprobs": data["logprobs"],
-            "values": values,
-            "advantages": advantages,
-            "returns": returns,
-        },
-        batch_size=values.shape,
-        device=values.device,
-    )
+    batch = dict(obs_n=obs_n, starts=starts, actions=data["actions"], logprobs=data["logprobs"], values=values)
+    batch = TensorDict({**batch, "advantages": advantages, "returns": returns}, values.shape, values.device)
     return batch, {"explained_variance": explained_variance}, nonfinite_counts
 
 
@@ -444,7 +396,7 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
     add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
-# ----------------------------------------------------------------------------------------------
+# --- main and train ---
 def main(args: Args) -> dict:
     # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where only its weights are read (rnn_step)
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, torch._dynamo.config.patch(allow_rnn=True):
@@ -464,17 +416,8 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    obs_shape = observation_shape(
-        next_obs, "policy", "--export of a recurrent policy" if args.export or args.export_best else None
-    )
-    critic_shape = (
-        observation_shape(next_obs, "critic") if args.asymmetric_critic and "critic" in next_obs.keys() else None
-    )
-    # each group's image scale: its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's)
-    image_scale = tuple(
-        image_max(space)
-        for space in (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
-    )
+    refused = "--export of a recurrent policy" if args.export or args.export_best else None
+    obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args, refused)  # critic_shape None without one
     agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
     distributed.broadcast_module(agent)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
@@ -569,17 +512,12 @@ def train(run, args: Args) -> dict:
         end_step = captured(run, "end of step", compiled(run, end_step))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(
-        run, "update", update_fn
-    )  # the targets and every epoch as one graph: the batch never leaves it
-    begin_training(
-        run,
-        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of "
-        f"{args.num_envs // args.num_minibatches}"
-        f" envs x {args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}",
-        global_batch,
-    )
-    iterations_in_stats, storage_said = 0, False
+    # the targets and every epoch as one graph: the batch never leaves it
+    update_fn = captured(run, "update", update_fn)
+    said = f"{args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches} envs x {args.num_steps}"
+    cell = f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
+    begin_training(run, f"batch {global_batch} per iteration ({said} steps per process); {cell}", global_batch)
+    iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * global_batch > total_steps
@@ -588,9 +526,8 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        if not storage_said:  # once the first rollout has laid the storage out (image groups stay uint8 in it)
+        if run.iteration == run.iteration_at_start + 1:  # the first rollout has laid the storage out (images: uint8)
             run.say(storage.describe())
-            storage_said = True
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
@@ -599,25 +536,9 @@ def train(run, args: Args) -> dict:
         # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
         if due.log:
-            log(
-                run,
-                reduce_iteration(
-                    run,
-                    episodes=stats["episodes"],
-                    means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
-                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                    local={"charts/learning_rate": lr},
-                ),
-            )
-            zero_(stats)
+            log_iteration(run, stats, iterations_in_stats, local={"charts/learning_rate": lr})
             iterations_in_stats = 0
-
-        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if due.eval:
-            evaluate(run, eval_envs, eval_policy)
-        if names := checkpoints_to_write(run, due):
-            save(run, names, state, next_obs)
-        if run.stop_reason:
+        if evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs):  # the same on every rank
             break
     return finish(run, agent)
 
