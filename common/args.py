@@ -184,8 +184,8 @@ class RunArgs:
     """show a progress bar on the main process (only on a terminal, never under CI)"""
     compile: bool | Literal["auto"] = "auto"
     """torch.compile the hot functions (acting with the env step, targets, update): True, False, or auto (on CUDA,
-    where it pays for itself within a minute; on a CPU compiling takes a minute or more, 57 s for ppo's functions on
-    a 2-core CPU, and eager is as fast for the small networks a CPU trains)"""
+    where it pays for itself within a minute; on a CPU compiling takes a minute or more, and eager is as fast for
+    the small networks a CPU trains)"""
     cudagraphs: bool | Literal["auto"] = "auto"
     """capture the hot functions in CUDA graphs (a built-in env's whole rollout, the whole update): True, False,
     or auto (on CUDA)"""

@@ -144,8 +144,8 @@ def translate_rsl_rl(rl_cfg, fields: set[str]) -> tuple[dict, list[str]]:
 def choose_threads() -> str | None:
     """Give torch the cores the machine has free (cores less the 1-minute load, at least one), where the user set
     no OMP_NUM_THREADS (torchrun sets it to 1 per process) and the load leaves fewer than torch's default. Returns
-    the start line that says so, or None. On 2 cores under a load of 4.6, ppo's 4,096 CartPole envs step at 8-10k
-    steps/s with torch's 2 threads, 61-63k with 1."""
+    the start line that says so, or None. Why: torch's threads spin while they wait for each other, and on cores
+    that other work keeps busy that wait is most of a step."""
     import torch
 
     if os.environ.get("OMP_NUM_THREADS") or not hasattr(os, "getloadavg"):
