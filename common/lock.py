@@ -155,8 +155,9 @@ def take_lock(run: Run) -> str | None:
             except OSError:
                 pass  # a full or flaky disk: the next beat tries again
 
-    threading.Thread(target=heartbeat_loop, name="run directory lock", daemon=True).start()
-    run.lock = (path, mine, stop)
+    beating = threading.Thread(target=heartbeat_loop, name="run directory lock", daemon=True)
+    beating.start()
+    run.lock = (path, mine, stop, beating)
     return None
 
 
@@ -176,7 +177,10 @@ def release_lock(run: Run) -> None:
     """Stop the heartbeat and remove the lock, if it is still this process's."""
     if run.lock is None:
         return
-    (path, mine, stop), run.lock = run.lock, None
+    (path, mine, stop, beating), run.lock = run.lock, None
     stop.set()
+    # joined, not left to the interpreter's exit: a daemon thread still waking up while the process finalizes can
+    # abort it ("terminate called without an active exception") after everything was written
+    beating.join(timeout=LOCK_HEARTBEAT_SECONDS)
     if _read_lock(path)[0] == mine:
         path.unlink(missing_ok=True)

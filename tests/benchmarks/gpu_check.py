@@ -142,6 +142,7 @@ SPEED_SECTIONS = ("speed", "speed-pendulum", "speed-quick")
 MARKER = "GPU_CHECK_RESULT "
 HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_to_write", "save", "finish", "eval_only")
 HOST_READS += ("log_eval_save",)  # td3.py's and sac.py's log, evaluation and save (common/offpolicy.py)
+HOST_READS += ("log_iteration", "evaluate_and_save")  # the PPO family's (common/loop.py)
 SPEED_ROWS = [
     ("speed", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")),
     ("speed", "CartPole-v1", 65536, ("ppo",)),
