@@ -787,6 +787,7 @@ def test_ppo_runs_mjlab_with_asymmetric_critic(tmp_path):
             "2",
             "--eval-interval",
             "0",
+            "--obs-norm",  # the task's own config may turn it off (its `task` settings): the critic's normalizer shows
             "--output-dir",
             str(tmp_path),
         ],
