@@ -1,6 +1,7 @@
-"""What the PPO-family scripts do around their algorithm, the same in each (ppo.py uses it; ppo_rnd.py and
-ppo_lstm.py write it out): the batch split into minibatches, what the CUDA graphs hold as the start line says it, the
-log of an iteration's statistics, and the evaluation, checkpoints and stop that end an iteration."""
+"""What the PPO-family scripts do around their algorithm, the same in each (ppo.py and ppo_rnd.py use all of it,
+ppo_lstm.py the log and the end of an iteration): the batch split into minibatches, what the CUDA graphs hold as the
+start line says it, the log of an iteration's statistics, and the evaluation, checkpoints and stop that end an
+iteration."""
 
 from __future__ import annotations
 
