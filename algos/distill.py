@@ -429,12 +429,12 @@ def train(run, args: Args) -> dict:
         )
         teacher_state = teacher.initial_state(args.num_envs)
 
-    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    # what the checkpoints hold besides the counters, restored in place
     state = TrainingState(
         student,
         {"adam": optimizer},
         envs,
-        shared={"learning_rate": lr, "teacher": teacher_info},
+        replicated={"learning_rate": lr, "teacher": teacher_info},
         per_rank={"ep_stats": ep_stats, "rnn_state": rnn_state, "teacher_state": teacher_state},
     )
     next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states

@@ -175,23 +175,23 @@ class Agent(nn.Module):
     """Actor and critic MLPs and the observation normalizers, so that one state_dict holds all. Discrete spaces get a
     Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std. The critic reads the
     "critic" group when given. A group's shape is one env's: [D] for vectors; [C, H, W] for uint8 images, through an
-    --encoder (scaled by its group's 1/image_max, never normalized); or a dict term -> shape (common.nets.TermsEncoder).
+    --encoder (divided by its pixel_high, never normalized); or a dict term -> shape (common.nets.TermsEncoder).
     """
 
-    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
+    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
         obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
-        self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=image_max[0], **net)
-        critic_max = image_max[1] if critic_obs_shape is not None else image_max[0]
+        self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=pixel_high[0], **net)
+        critic_max = pixel_high[1] if critic_obs_shape is not None else pixel_high[0]
         self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, max_value=critic_max, **net)
-        self.shared = args.shared_encoder  # the critic's head on the actor's encoder: one module, both state_dict keys
-        if self.shared and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
+        self.shared_encoder = args.shared_encoder  # the critic's head on the actor's encoder (one module)
+        if self.shared_encoder and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
             raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
-        elif self.shared:
+        elif self.shared_encoder:
             self.critic[0] = self.actor[0]
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
@@ -283,7 +283,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
         augmented = symmetry.in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
         obs_n, mb = augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
-        if agent.shared:  # the encoder once, both heads on its features (the critic's on the rows it reads)
+        if agent.shared_encoder:  # the encoder once, both heads on its features (the critic's on the rows it reads)
             features = agent.actor[0](obs_n["policy"])
             out, newvalue = agent.actor[1](features), agent.critic[1](features[: mb.shape[0]]).squeeze(-1)
         else:
@@ -441,12 +441,12 @@ def train(run, args: Args) -> dict:
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
-    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    # what the checkpoints hold besides the counters, restored in place
     state = TrainingState(
         agent,
         {"adam": optimizer},
         envs,
-        shared={"learning_rate": lr, "reward_normalizer": reward_normalizer},
+        replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer},
         per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns},
     )
     next_obs = restore(run, state, next_obs)

@@ -146,17 +146,18 @@ class Agent(nn.Module):
     step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
     observation normalizers: one state_dict holds all. Discrete spaces get a Categorical over logits; Box spaces a
     diagonal Gaussian with a state-independent log-std. A group's shape is one env's: [D] (an int will do) for vectors,
-    [C, H, W] for uint8 images, which an --encoder of their own reads first (scaled inside by 1/image_max, the
+    [C, H, W] for uint8 images, which an --encoder of their own reads first (divided by pixel_high, the
     policy's and the critic's group's own; never normalized), or a dict term -> shape for a group of terms
     (common.nets.TermsEncoder)."""
 
-    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, image_max=(255.0, 255.0)):
+    def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
         obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
         self.encoder, self.critic_encoder = (
-            group_encoder(s, args.encoder, m) or nn.Identity() for s, m in zip((obs_shape, critic_obs_shape), image_max)
+            group_encoder(s, args.encoder, m) or nn.Identity()
+            for s, m in zip((obs_shape, critic_obs_shape), pixel_high)
         )
         obs_dim = getattr(self.encoder, "out_dim", None) or obs_shape[0]  # what the cell reads: features or the vector
         critic_dim = 0 if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
@@ -431,12 +432,12 @@ def train(run, args: Args) -> dict:
     rnn_state = agent.initial_state(args.num_envs).to(device)  # live: every write is in place
     initial_state = torch.zeros_like(rnn_state)  # each env's state at the start of the rollout
 
-    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    # what the checkpoints hold besides the counters, restored in place
     state = TrainingState(
         agent,
         {"adam": optimizer},
         envs,
-        shared={"learning_rate": lr, "reward_normalizer": reward_normalizer},
+        replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer},
         per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state},
     )
     next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states

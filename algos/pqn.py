@@ -42,7 +42,7 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore, save  # noqa: E402
 from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import ACTIVATIONS, group_encoder, image_max, layer_init, observation_shape  # noqa: E402
+from common.nets import ACTIVATIONS, group_encoder, pixel_high, layer_init, observation_shape  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
 from common.run import (  # noqa: E402
     begin_training,
@@ -162,14 +162,14 @@ class QNetwork(nn.Module):
     LayerNorm is what lets PQN drop the target network: it keeps the features bounded, and with
     them the bootstrapped regression from diverging (Gallici et al., 2024). Observations of one env
     are [D] vectors (an int will do) or uint8 [C, H, W] images, which go through an --encoder first
-    (scaled by 1/image_max there, never normalized), or a dict term -> shape (common.nets.TermsEncoder).
+    (scaled by 1/pixel_high there, never normalized), or a dict term -> shape (common.nets.TermsEncoder).
     """
 
-    def __init__(self, obs_shape, num_actions: int, args: Args, image_max: float = 255.0):
+    def __init__(self, obs_shape, num_actions: int, args: Args, pixel_high: float = 255.0):
         super().__init__()
         obs_shape = (obs_shape,) if isinstance(obs_shape, int) else obs_shape
         encoder = group_encoder(
-            obs_shape, args.encoder, image_max, layer_norm=True
+            obs_shape, args.encoder, pixel_high, layer_norm=True
         )  # frames' (or terms') encoder, if any
         layers, last = ([], obs_shape[0]) if encoder is None else ([encoder], encoder.out_dim)
         for h in args.hidden_sizes:
@@ -316,13 +316,11 @@ def train(run, args: Args) -> dict:
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape, num_actions = observation_shape(next_obs, "policy"), int(envs.single_action_space.n)
-    image_scale = image_max(
-        envs.single_observation_space
-    )  # the image groups' scale: their space's high (255 for uint8 frames)
-    qnet = QNetwork(obs_shape, num_actions, args, image_scale).to(device)
+    high = pixel_high(envs.single_observation_space)  # 255 for uint8 frames: the encoder divides by it
+    qnet = QNetwork(obs_shape, num_actions, args, high).to(device)
     distributed.broadcast_module(qnet)  # identical initial weights on every rank
     # Grad-free twin for acting that shares the network's storage: no copies, no autograd in the rollout.
-    qnet_inference = QNetwork(obs_shape, num_actions, args, image_scale).to(device)
+    qnet_inference = QNetwork(obs_shape, num_actions, args, high).to(device)
     from_module(qnet).data.to_module(qnet_inference)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
@@ -334,9 +332,9 @@ def train(run, args: Args) -> dict:
     eps_mean_scale = 1.0 - args.epsilon_spread / 2 if run.world_size * args.num_envs > 1 else 1.0
     epsilon = torch.empty(args.num_envs, device=device)  # one fixed buffer, refilled every iteration
 
-    # what the checkpoints hold besides the counters: saved and restored (in place) from here
+    # what the checkpoints hold besides the counters, restored in place
     state = TrainingState(
-        qnet, {"adam": optimizer}, envs, shared={"learning_rate": lr}, per_rank={"ep_stats": ep_stats}
+        qnet, {"adam": optimizer}, envs, replicated={"learning_rate": lr}, per_rank={"ep_stats": ep_stats}
     )
     next_obs = restore(run, state, next_obs)
     if args.eval_only:

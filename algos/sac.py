@@ -323,13 +323,13 @@ def train(run, args: Args) -> dict:
     buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
-    # --- what the checkpoints hold besides the counters: saved and restored (in place) from here ---
+    # --- what the checkpoints hold besides the counters, restored in place ---
     counters = {"update_count": 0, "last_fold": 0}  # critic updates so far; iteration of the last normalizer update
     state = TrainingState(
         agent,
         {"actor": actor_optimizer, "critic": q_optimizer, "alpha": alpha_optimizer},
         envs,
-        shared={"reward_normalizer": reward_normalizer, "counters": counters},
+        replicated={"reward_normalizer": reward_normalizer, "counters": counters},
         per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns},
         buffer=buffer,
         save_buffer=args.save_buffer,

@@ -1,6 +1,6 @@
 """Checkpoints that survive a kill and load with `torch.load(weights_only=True)`.
 
-    state = TrainingState(model, optimizers, shared={...}, per_rank={...}, envs=envs)  # declared once
+    state = TrainingState(model, optimizers, replicated={...}, per_rank={...}, envs=envs)  # declared once
     next_obs = restore(run, state, next_obs)       # in place, from --resume (or a torchrun restart)
     save(run, names, state, next_obs)              # best.pt / last.pt / step_N.pt of this iteration
 
@@ -34,7 +34,7 @@ from common.export import export_policy
 if TYPE_CHECKING:
     from common.record import Run
 
-# 4: a script's own state in namespaces of its own: TrainingState.shared under "state", each rank's
+# 4: a script's own state in namespaces of its own: TrainingState.replicated under "state", each rank's
 #    TrainingState.per_rank under ranks[r]["state"] (3 had them beside the format's keys; still read)
 # 3: a script's host counters under "counters", a tensor learning rate as a tensor
 # 2: per-rank state (RNG, env, ...) under "ranks", optimizers under "optimizers" (1: "rng", "env", "optimizer")
@@ -328,7 +328,7 @@ class TrainingState:
     `save` writes it and `restore` reads it back in place, so the two never disagree on a name.
 
     - `model`, `optimizers`: the same on every rank; rank 0's are written.
-    - `shared`: {name: object}, the same on every rank: a module or another object with
+    - `replicated`: {name: object}, the same on every rank: a module or another object with
       state_dict/load_state_dict (a normalizer), a tensor (a learning rate, a running statistic:
       filled in place), or a dict of host counters (updated in place). Saved under "state".
     - `per_rank`: {name: tensor} of this rank's envs (episode statistics, partial returns, hidden
@@ -346,7 +346,7 @@ class TrainingState:
     model: torch.nn.Module
     optimizers: dict
     envs: Any
-    shared: dict = field(default_factory=dict)
+    replicated: dict = field(default_factory=dict)
     per_rank: dict = field(default_factory=dict)
     buffer: Any = None
     save_buffer: bool = False
@@ -399,7 +399,7 @@ def export_run_policy(run: Run, out_dir, model: torch.nn.Module, source) -> Path
 def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
     """Write the checkpoints `names` (BEST, LAST, step_N.pt) of this iteration. A collective: every rank calls it.
 
-    Rank 0's model, optimizers and shared state are written; each rank's own state (RNG states, env
+    Rank 0's model, optimizers and replicated state are written; each rank's own state (RNG states, env
     snapshot, `next_obs`, state.per_rank) is gathered to rank 0 as CPU tensors, so that no rank
     rebuilds another's tensors on its GPU. The replay buffer goes into last.pt only. Rank 0 writes
     each file atomically, keeps the newest --keep-checkpoints numbered ones, and exports the policy
@@ -424,7 +424,7 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
             "best_eval_return": run.best_eval_return,
             "model": state.model.state_dict(),
             "optimizers": {k: opt.state_dict() for k, opt in state.optimizers.items()},
-            "state": {k: _to_cpu(_state_of(v)) for k, v in state.shared.items()},
+            "state": {k: _to_cpu(_state_of(v)) for k, v in state.replicated.items()},
         }
         for name in names:
             keep = ranks if name == LAST else [{k: v for k, v in r.items() if k != "buffer"} for r in ranks]
@@ -476,7 +476,7 @@ def restore(run: Run, state: TrainingState, next_obs):
     --init-from, its weights and normalizers (`init_from`). Returns the next observation to act on:
     the checkpoint's where this rank's envs continue, else `next_obs`.
 
-    Model, optimizers and shared state always come back. This rank's RNG states come back when the
+    Model, optimizers and replicated state always come back. This rank's RNG states come back when the
     checkpoint has the run's world size and --num-envs (otherwise its env and RNG streams are
     re-derived from the seed, and the run says so); its env snapshot, next observation and
     per-rank tensors too when the envs can be snapshotted (gym: and mjlab: envs start fresh
@@ -499,7 +499,7 @@ def restore(run: Run, state: TrainingState, next_obs):
             f"error: {run.resume_path} holds networks of another shape than this run builds; it was saved "
             f"with {_saved_network_flags(ckpt, args)}: resume with those ({str(e).splitlines()[0][:120]})"
         ) from None
-    for name, obj in state.shared.items():
+    for name, obj in state.replicated.items():
         if name in ckpt["state"]:  # all of them, but for --eval-only of another script's checkpoint
             _load_into(obj, _to_device(ckpt["state"][name], run.device))
     run.say(f"resumed from {run.resume_path} at iteration {run.iteration}, global step {run.global_step}")
@@ -535,7 +535,7 @@ def restore(run: Run, state: TrainingState, next_obs):
 def _check_own_state(run: Run, state: TrainingState, ckpt: dict) -> None:
     """One line, before anything is loaded, when the checkpoint's own state is not the script's."""
     parts = {
-        "shared": (set(state.shared), set(ckpt["state"])),
+        "replicated": (set(state.replicated), set(ckpt["state"])),
         "per-rank": (set(state.per_rank), set(ckpt["ranks"][0]["state"]) if ckpt["ranks"] else set(state.per_rank)),
     }
     lacks = [f"{n} ({kind})" for kind, (declared, saved) in parts.items() for n in sorted(declared - saved)]
@@ -574,10 +574,10 @@ def init_from(run: Run, state: TrainingState) -> None:
     state.model.load_state_dict(taken, strict=False)
     left = [f"{k}{list(own[k].shape)}" for k in own if k not in taken]
     normalizers = [
-        name for name, obj in state.shared.items() if isinstance(obj, torch.nn.Module) and name in ckpt["state"]
+        name for name, obj in state.replicated.items() if isinstance(obj, torch.nn.Module) and name in ckpt["state"]
     ]
     for name in normalizers:
-        _load_into(state.shared[name], _to_device(ckpt["state"][name], run.device))
+        _load_into(state.replicated[name], _to_device(ckpt["state"][name], run.device))
     run.say(
         f"initialised from {path} ({ckpt['algo']} on {ckpt['env_id']}, global step {ckpt['global_step']:,}): "
         f"{len(taken)} of {len(own)} model tensors"

@@ -192,15 +192,15 @@ def group_encoder(shape, kind: str, max_value: float = 255.0, layer_norm: bool =
     return ImageEncoder(kind, shape, max_value, layer_norm) if shape is not None and len(shape) == 3 else None
 
 
-def image_max(space) -> float:
-    """The scale of one group's images: its space's high (255 for uint8 frames); for a term group (a gymnasium
-    Dict space), the highest of its uint8 image terms' [C, H, W]; 255 for an absent group (None). One group's:
-    a vector group's high (often inf) is no scale for another group's frames."""
+def pixel_high(space) -> float:
+    """The highest pixel value of one group's images, which its encoder divides by: its space's high (255 for uint8
+    frames); for a term group (a gymnasium Dict space), the highest of its uint8 image terms' [C, H, W]; 255 for an
+    absent group (None). One group's: a vector group's high (often inf) says nothing of another group's frames."""
     if space is None:
         return 255.0
     if hasattr(space, "spaces"):
         return max(
-            (image_max(s) for s in space.spaces.values() if str(s.dtype) == "uint8" and len(s.shape) == 3),
+            (pixel_high(s) for s in space.spaces.values() if str(s.dtype) == "uint8" and len(s.shape) == 3),
             default=255.0,
         )
     return float(space.high.max())
@@ -329,14 +329,14 @@ def sample(d: torch.distributions.Categorical | torch.distributions.Normal) -> t
 
 
 def group_shapes(envs, obs, args, terms_refused_by: str | None = None) -> tuple:
-    """(policy shape, critic shape or None, each group's image scale) of an actor-critic's groups, from the env's
+    """(policy shape, critic shape or None, each group's pixel high) of an actor-critic's groups, from the env's
     first observations `obs`: the critic reads the env's "critic" group when it has one and --asymmetric-critic asks for
-    it. A group's image scale is its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's).
+    it. A group's pixel high is its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's).
     """
     critic = args.asymmetric_critic and "critic" in obs.keys()
     spaces = (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
     return (
         observation_shape(obs, "policy", terms_refused_by),
         observation_shape(obs, "critic") if critic else None,
-        tuple(image_max(space) for space in spaces),
+        tuple(pixel_high(space) for space in spaces),
     )

@@ -55,8 +55,8 @@ EDITS = [
         "    adv_ema = torch.zeros((), device=device, dtype=torch.float64)  # the copy's running statistic\n",
     ),
     (
-        'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer}',
-        'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer, "adv_ema": adv_ema}',
+        'replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer}',
+        'replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer, "adv_ema": adv_ema}',
     ),
 ]
 TINY = dict(
@@ -182,13 +182,13 @@ def test_a_copy_resumes_its_own_state_exactly_and_starts_from_the_original_with_
     # meant (--resume-other-script): the original's checkpoint lacks the copy's state, one line and the way on
     with pytest.raises(
         SystemExit,
-        match=rf"^error: {original} .*lacks adv_ema \(shared\), which this script declares;.*"
+        match=rf"^error: {original} .*lacks adv_ema \(replicated\), which this script declares;.*"
         rf"--init-from {original}$",
     ):
         run_main(module, **TINY, output_dir=str(tmp_path / "x"), resume=str(original), resume_other_script=True)
     with pytest.raises(SystemExit, match=r"is a run of ppo_ema.py, not of ppo.py"):
         run_main(ppo, **plain, output_dir=str(tmp_path / "y"), resume=str(out / "eager" / "run"))
-    with pytest.raises(SystemExit, match=r"holds adv_ema \(shared\), which this script does not declare"):
+    with pytest.raises(SystemExit, match=r"holds adv_ema \(replicated\), which this script does not declare"):
         run_main(
             ppo, **plain, output_dir=str(tmp_path / "y"), resume=str(out / "eager" / "run"), resume_other_script=True
         )
@@ -453,8 +453,8 @@ README_COPY = [
         "    kl_coef = torch.tensor(args.kl_coef, device=device)  # the KL penalty's coefficient, adapted in place\n",
     ),
     (
-        'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer}',
-        'shared={"learning_rate": lr, "reward_normalizer": reward_normalizer, "kl_coef": kl_coef}',
+        'replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer}',
+        'replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer, "kl_coef": kl_coef}',
     ),
     (
         "        loss, losses = ppo_loss(agent, mb, args, output_mirror)\n",

@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from common.buffer import ReplayBuffer, RolloutStorage, bytes_per_transition
-from common.nets import ImageEncoder, TermsEncoder, group_mlp, image_max, observation_shape, vector_size
+from common.nets import ImageEncoder, TermsEncoder, group_mlp, pixel_high, observation_shape, vector_size
 from common.normalize import RunningMeanStd, TermsNormalizer, Unnormalized, observation_normalizer
 from common.stats import nonfinite
 from tests.helpers import load_script, run_main
@@ -484,7 +484,7 @@ def test_each_group_scales_its_images_by_its_own_spaces_high(algo, tmp_path, mon
     )
     encoders = [m for agent in built for m in agent.modules() if isinstance(m, ImageEncoder)]
     assert encoders and all(e.scale == 1 / 255 for e in encoders), [e.scale for e in encoders]
-    assert image_max(None) == 255.0 and image_max(gym.spaces.Box(0, 1, (2, 6, 6), np.uint8)) == 1.0
+    assert pixel_high(None) == 255.0 and pixel_high(gym.spaces.Box(0, 1, (2, 6, 6), np.uint8)) == 1.0
 
 
 @pytest.mark.parametrize("kind, frame", [("minatar", (4, 10, 10)), ("nature", (4, 36, 36))])
@@ -537,11 +537,11 @@ def test_a_shared_encoder_is_one_module_under_both_heads_and_learns_catch(tmp_pa
         device="cpu",
     )
     loss, logged = ppo.ppo_loss(agent, mb, args)
-    agent.shared = False  # the same module called twice, as the separate networks are
+    agent.shared_encoder = False  # the same module called twice, as the separate networks are
     loss_apart, logged_apart = ppo.ppo_loss(agent, mb, args)
     torch.testing.assert_close(loss, loss_apart)
     torch.testing.assert_close(logged["value_loss"], logged_apart["value_loss"])
-    agent.shared = True
+    agent.shared_encoder = True
     loss.backward()
     value_only = ppo.Agent((2, 6, 6), None, gym.spaces.Discrete(3), args)
     value_only.value(TensorDict({"policy": obs}, batch_size=[16])).sum().backward()

@@ -281,7 +281,7 @@ def test_a_shared_encoder_is_one_module_under_the_policy_and_both_value_heads(tm
         device="cpu",
     )
     loss, logged = ppo_rnd.ppo_loss(agent, mb, args)
-    agent.shared = False  # the same module called twice, as separate networks are
+    agent.shared_encoder = False  # the same module called twice, as separate networks are
     loss_apart, logged_apart = ppo_rnd.ppo_loss(agent, mb, args)
     torch.testing.assert_close(loss, loss_apart)
     torch.testing.assert_close(logged["value_loss"], logged_apart["value_loss"])

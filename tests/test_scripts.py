@@ -615,7 +615,7 @@ def without_flags_and_clocks(ckpt: dict) -> dict:
 
 def assert_runs_alike(eager_dir: Path, compiled_dir: Path, rtol: float = 1e-4, atol: float = 1e-5) -> None:
     """Two runs of one script computed the same, up to float rounding: every value of their last.pt
-    (model, optimizers, the script's own shared and per-rank state, RNG, env state, replay buffers,
+    (model, optimizers, the script's own replicated and per-rank state, RNG, env state, replay buffers,
     counters; all but the flags) and every logged scalar but the clocks, at the same steps."""
     a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (eager_dir, compiled_dir))
     a, b = without_flags_and_clocks(a), without_flags_and_clocks(b)
