@@ -433,6 +433,13 @@ def spec_of(name: str, specs: dict | None) -> dict:
     return (specs or {}).get(name) or EXPERIMENTS.get(name) or {}
 
 
+def shown_flags(name: str, spec: dict) -> list[str]:
+    """The flags a table shows beside an experiment's env: its flags today (over the script's named settings for the
+    env), which tests/test_settings.py proves give the Args of the long flags its committed runs recorded; a run of
+    an experiment no longer in EXPERIMENTS shows what it recorded."""
+    return EXPERIMENTS[name]["flags"] if name in EXPERIMENTS else spec.get("flags", [])
+
+
 def env_cell(env_id: str, label: str) -> str:
     return f"{env_id}{'@' + label if label else ''}"
 
@@ -456,7 +463,7 @@ def table(records: list[dict], experiments: list[str], seeds: list[int], specs: 
         failed = len([r for r in records if r["name"] == name]) - len(runs)
         spec = spec_of(name, specs)
         budgets = sorted({r["budget"] for r in records if r["name"] == name})
-        flags = f" `{' '.join(spec['flags'])}`" if spec.get("flags") else ""
+        flags = f" `{shlex.join(shown)}`" if (shown := shown_flags(name, spec)) else ""
         target = fmt(spec.get("target"), "g") if math.isfinite(spec.get("target", math.inf)) else "-"
         rows.append(
             f"| {algo} | {env_id}{flags} | {target} | {', '.join(fmt(b) for b in budgets)} | {len(runs)}"
@@ -983,6 +990,11 @@ def results_document(reports: list[tuple[str, dict]]) -> str:
         "does not. A run stopped at its target (`--stop-at-target`) ends at the evaluation that reached it, so its "
         "last fifth also holds the evaluations before. Best eval return: each seed's highest single evaluation (what "
         "`best.pt` was saved for).",
+        "- flags: beside an env, the flags of the experiment over the script's named settings for that env (its "
+        "family's set: `mujoco`, `minatar`, `atari`...; `--help` lists them). One run of a row is `python "
+        "algos/SCRIPT.py --env-id ENV --seed N --total-timesteps BUDGET` and those flags. Runs recorded before the "
+        "named settings existed hold the long flags they ran with (their learning.json); tests/test_settings.py "
+        "proves each experiment's flags give the same Args.",
         "- figures: eval return against env steps and against training seconds, the mean over the seeds as a "
         "line and their min-max as a band.",
         "",
