@@ -117,7 +117,7 @@ class Args(RunArgs):
 
 
 # Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
-# mujoco: gymnasium MuJoCo on a CPU: 1-step returns and Adam at 1e-3 for the actor and the critics (td3.py's set).
+# mujoco: gymnasium MuJoCo on a CPU: 1-step returns and Adam at 1e-3 for the actor and the critics (as td3.py's).
 SETTINGS = {
     "mujoco": dict(
         num_envs=32, batch_size=512, n_step=1, q_lr=1e-3, policy_lr=1e-3, num_eval_envs=10, eval_interval=1563

@@ -53,8 +53,7 @@ class Args(RunArgs):
     env_id: str = "Pendulum-v1"
     """environment id with a continuous (Box) action space: a built-in env or an adapter prefix (gym:..., mjlab:...)"""
     num_envs: int | None = None
-    """envs per process; default 1024 on CUDA, 32 elsewhere (a CPU runs the updates too: fewer envs, more updates per
-    env step)"""
+    """envs per process; default 1024 on CUDA, 32 elsewhere"""
     total_timesteps: int = 10_000_000
     save_interval: int = 2000
     save_buffer: bool = False
@@ -119,15 +118,23 @@ class Args(RunArgs):
 
 
 # Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
-# mujoco: gymnasium MuJoCo on a CPU: 1-step returns and Adam at 1e-3 for the actor and the critics (Fujimoto et al.).
+# mujoco: gymnasium MuJoCo on a CPU: 1-step returns, Adam at 1e-3 (Fujimoto et al.), 4 updates of 256 per step (the
+# samples of 2 of 512, twice the gradient steps: the replay of few envs turns over slowly, each step may learn more).
 SETTINGS = {
     "mujoco": dict(
-        num_envs=32, batch_size=512, n_step=1, q_lr=1e-3, policy_lr=1e-3, num_eval_envs=10, eval_interval=1563
+        num_envs=32,
+        batch_size=256,
+        num_updates=4,
+        n_step=1,
+        q_lr=1e-3,
+        policy_lr=1e-3,
+        num_eval_envs=10,
+        eval_interval=1563,
     ),
 }
 
 # Sizes resolved once the device is known: (on CUDA, elsewhere). The CUDA ones are FastTD3's; a CPU, where the env
-# steps and the updates share the cores, takes fewer envs and smaller batches.
+# steps and the updates share the cores, takes fewer envs (more updates per env step) and smaller batches.
 DEVICE_DEFAULTS = {"num_envs": (1024, 32), "batch_size": (32768, 512)}
 
 NUM_CRITICS = 2  # clipped double Q
@@ -325,8 +332,8 @@ def main(args: Args) -> dict:
 
 
 def train(run, args: Args) -> dict:
-    open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
-    device, capacity = run.device, replay_capacity(args)  # replay slots per env
+    open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes)
+    device, capacity = run.device, replay_capacity(args)  # slots per env
     check_args(args)
     steps_per_iteration = args.num_envs * run.world_size
     total_steps = max(args.total_timesteps, steps_per_iteration)  # at least one iteration
@@ -340,7 +347,7 @@ def train(run, args: Args) -> dict:
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.policy_lr, capturable=device.type == "cuda")
     q_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.q_lr, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
-    obs_normalizers = {"policy": agent.obs_rms, "critic": agent.critic_obs_rms}  # what the replay's statistics feed
+    obs_normalizers = {"policy": agent.obs_rms, "critic": agent.critic_obs_rms}  # fed by the replay's statistics
     buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
     noise_std = draw_noise_std(args, device)
@@ -375,11 +382,10 @@ def train(run, args: Args) -> dict:
     actor_at, phases = actor_schedule(args.num_updates, args.policy_frequency)
     update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)
 
-    # --- compile and capture (--compile / --cudagraphs): the names above rebound, so their callers use the new forms.
-    # A built-in env steps inside the graph (act, env step and replay write are one); an adapter's simulator cannot
-    # be captured, and steps eagerly after the captured acting. ---
+    # --- compile and capture (--compile / --cudagraphs): the names above rebound. A built-in env steps inside the
+    # graph (act, env step and replay write are one); an adapter's simulator steps eagerly after the captured acting.
     whole_step = getattr(envs, "capturable", False)
-    if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
+    if whole_step:  # the policy's step compiled with the env's (not the random warm-up's)
         policy_step = compiled(run, policy_step)
     else:
         acting = captured(run, "acting", compiled(run, acting))
@@ -393,7 +399,7 @@ def train(run, args: Args) -> dict:
     description, graphs = described(args, capacity, whole_step, phases)
     begin_training(run, description, steps_per_iteration, graphs)
     ready, updates = replay_ready(run, buffer), {"critic": 0, "actor": 0}  # updates since the last log
-    # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
+    # In env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * steps_per_iteration > total_steps

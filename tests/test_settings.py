@@ -46,7 +46,8 @@ def test_the_family_set_is_the_default_and_every_flag_given_wins():
     td3 = load_script("td3")
     args = parse_args(td3.Args, ["--env-id", "gym:Hopper-v5"])
     assert args.settings == "mujoco"
-    assert (args.num_envs, args.batch_size, args.n_step, args.q_lr, args.policy_lr) == (32, 512, 1, 1e-3, 1e-3)
+    assert (args.num_envs, args.batch_size, args.num_updates, args.n_step) == (32, 256, 4, 1)
+    assert (args.q_lr, args.policy_lr) == (1e-3, 1e-3)
     assert (args.num_eval_envs, args.eval_interval) == (10, 1563)
     assert given_flags(args) == {"env_id"}  # the set's values are defaults: a checkpoint's win over them on resume
 
@@ -490,10 +491,18 @@ def resolved(module, argv: list[str]) -> dict:
     return {k: v for k, v in asdict(args).items() if k != "settings"}
 
 
-def test_every_experiment_had_long_flags():
-    from tests.benchmarks.learning import EXPERIMENTS
+# Experiments first run with the named settings: what their committed runs recorded is their flags of today.
+NEW_EXPERIMENTS = {"td3:gym:Hopper-v5@500k"}
 
-    assert set(EXPERIMENTS) == set(OLD_FLAGS)
+
+def test_every_experiment_had_long_flags_or_ran_with_the_settings():
+    from tests.benchmarks.learning import COMMITTED, EXPERIMENTS
+
+    assert set(EXPERIMENTS) == set(OLD_FLAGS) | NEW_EXPERIMENTS and not set(OLD_FLAGS) & NEW_EXPERIMENTS
+    for path in COMMITTED.rglob("learning.json"):
+        for name, spec in json.loads(path.read_text())["experiments"].items():
+            if name in NEW_EXPERIMENTS:
+                assert spec["flags"] == EXPERIMENTS[name]["flags"], f"{path}: {name} ran with other flags"
 
 
 @pytest.mark.parametrize("name", sorted(OLD_FLAGS))
