@@ -175,9 +175,8 @@ SETTINGS = {
 class Agent(nn.Module):
     """Actor and critic MLPs and the observation normalizers, so that one state_dict holds all. Discrete spaces get a
     Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std. The critic reads the
-    "critic" group when given. A group's shape is one env's: [D] for vectors; [C, H, W] for uint8 images, through an
-    --encoder (divided by its pixel_high, never normalized); or a dict term -> shape (common.nets.TermsEncoder).
-    """
+    "critic" group when given. A group's shape is one env's (common.nets.group_mlp): an image group is never
+    normalized."""
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
@@ -321,8 +320,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
 
 
 # --- One iteration: rollout -> targets -> update ---
-# Functions of tensors that live as long as the run, so that on CUDA they compile and capture whole. `stats` gathers on
-# the device what the logs read every --log-interval: finished episodes, losses and non-finite counts by name.
+# Functions of tensors that live as long as the run, so that on CUDA they compile and capture whole.
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
     for step in range(storage.num_steps):
@@ -416,7 +414,6 @@ def train(run, args: Args) -> dict:
     minibatch, global_batch, total_steps = iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    # rsl_rl's data_augmentation_func and the mirror of the actor's outputs, with --symmetry
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
     obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args)  # critic_shape: None without one
     # the same initial weights on every rank, and a grad-free twin for acting that shares the agent's storage

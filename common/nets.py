@@ -243,6 +243,13 @@ def observation_shape(obs, group: str, terms_refused_by: str | None = None):
     return _term_shape(x, f"group {group!r}")
 
 
+def chosen_group_shape(obs, group: str, flag: str, env_id: str):
+    """observation_shape of the group a flag chooses (`flag group`), or a one-line error naming the env's groups."""
+    if group not in obs.keys():
+        raise SystemExit(f"error: {flag} {group}: {env_id} has only {', '.join(obs.keys())}")
+    return observation_shape(obs, group)
+
+
 def vector_size(obs, group: str, script: str) -> int:
     """D of a vector group [N, D], for the scripts whose networks take vectors only; an image group or a group
     of terms stops with a clear error (`script` names the script)."""
