@@ -350,11 +350,8 @@ def targets(
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    mirrored = {}
-    if args.symmetry != "none":  # [T, N, k-1]: mirrored raw, then normalized (the normalizer's mean is not symmetric)
-        mirrored["mirrored"] = symmetry.normalized_images(
-            data_augmentation, data["obs"], data["actions"], agent.normalize
-        )
+    # --symmetry: the mirror images, mirrored raw, then normalized (the normalizer's mean is not symmetric)
+    mirrored = symmetry.rollout_images(args, data_augmentation, data["obs"], data["actions"], agent.normalize)
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
         next_value = agent.value(agent.normalize(next_obs))

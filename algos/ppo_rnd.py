@@ -362,11 +362,8 @@ def targets(
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     nonfinite_counts["intrinsic_rewards"] = nonfinite(data["int_rewards"])
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    mirrored = {}
-    if args.symmetry != "none":  # [T, N, k-1], of the raw observations, then normalized (as ppo.py)
-        mirrored["mirrored"] = symmetry.normalized_images(
-            data_augmentation, data["obs"], data["actions"], agent.normalize
-        )
+    # --symmetry: the mirror images, mirrored raw, then normalized (the normalizer's mean is not symmetric)
+    mirrored = symmetry.rollout_images(args, data_augmentation, data["obs"], data["actions"], agent.normalize)
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
     rewards, int_rewards = data["rewards"], data["int_rewards"]
