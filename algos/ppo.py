@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 import gymnasium as gym
 import torch
 import torch.nn as nn
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 
 # ruff: noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -35,10 +35,11 @@ from common.buffer import RolloutStorage
 from common.capture import captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import evaluate_and_save, graphs_said, log_iteration, minibatch_size
-from common.nets import group_mlp, group_shapes, sample
+from common.loop import begin_iterations, evaluate_and_save, iteration_sizes, iteration_stats, log_iteration
+from common.nets import agent_and_twin, clip_to_bounds, group_mlp, group_shapes, register_action_bounds, sample
+from common.nets import share_encoder
 from common.normalize import RewardNormalizer, observation_normalizer
-from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.run import closing, finish, make_envs, open_run, start_run, what_is_due
 from common.settings import rsl_rl_settings
 from common.stats import add_to, episode_sums, nonfinite, record_env_log
 
@@ -174,9 +175,8 @@ SETTINGS = {
 class Agent(nn.Module):
     """Actor and critic MLPs and the observation normalizers, so that one state_dict holds all. Discrete spaces get a
     Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std. The critic reads the
-    "critic" group when given. A group's shape is one env's: [D] for vectors; [C, H, W] for uint8 images, through an
-    --encoder (divided by its pixel_high, never normalized); or a dict term -> shape (common.nets.TermsEncoder).
-    """
+    "critic" group when given. A group's shape is one env's (common.nets.group_mlp): an image group is never
+    normalized."""
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
@@ -189,16 +189,11 @@ class Agent(nn.Module):
         critic_max = pixel_high[1] if critic_obs_shape is not None else pixel_high[0]
         self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, max_value=critic_max, **net)
         self.shared_encoder = args.shared_encoder  # the critic's head on the actor's encoder (one module)
-        if self.shared_encoder and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
-            raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
-        elif self.shared_encoder:
-            self.critic[0] = self.actor[0]
+        if self.shared_encoder:
+            share_encoder(self.actor, self.critic, critic_obs_shape)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        for end in ("low", "high"):  # Gaussian samples are clipped to the bounds on their way to the env (stored raw)
-            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
-            self.register_buffer(f"action_{end}", bound, persistent=False)
+        register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -227,9 +222,7 @@ class Agent(nn.Module):
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        if self.action_low.numel() == 0:
-            return action
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        return clip_to_bounds(action, self.action_low, self.action_high)
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
         """The evaluated (and exported) policy on raw observations: the likeliest action, or the clipped mean."""
@@ -327,8 +320,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
 
 
 # --- One iteration: rollout -> targets -> update ---
-# Functions of tensors that live as long as the run, so that on CUDA they compile and capture whole. `stats` gathers on
-# the device what the logs read every --log-interval: finished episodes, losses and non-finite counts by name.
+# Functions of tensors that live as long as the run, so that on CUDA they compile and capture whole.
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
     for step in range(storage.num_steps):
@@ -358,11 +350,8 @@ def targets(
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    mirrored = {}
-    if args.symmetry != "none":  # [T, N, k-1]: mirrored raw, then normalized (the normalizer's mean is not symmetric)
-        mirrored["mirrored"] = symmetry.normalized_images(
-            data_augmentation, data["obs"], data["actions"], agent.normalize
-        )
+    # --symmetry: the mirror images, mirrored raw, then normalized (the normalizer's mean is not symmetric)
+    mirrored = symmetry.rollout_images(args, data_augmentation, data["obs"], data["actions"], agent.normalize)
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values = agent.value(obs_n)
         next_value = agent.value(agent.normalize(next_obs))
@@ -400,9 +389,7 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
-        if (
-            args.target_kl is not None
-        ):  # one host read per epoch, only when asked for (the update is not captured whole)
+        if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
     means = {name: total / num_updates for name, total in loss_sums.items()}
@@ -421,20 +408,15 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    batch_size = args.num_envs * args.num_steps  # per process
-    minibatch = minibatch_size(args, batch_size)  # or a clear error: it must divide
-    global_batch = batch_size * run.world_size
-    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
+    minibatch, global_batch, total_steps = iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    # rsl_rl's data_augmentation_func and the mirror of the actor's outputs, with --symmetry
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
     obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args)  # critic_shape: None without one
-    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
-    distributed.broadcast_module(agent)  # identical initial weights on every rank
-    # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
-    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
-    from_module(agent).data.to_module(agent_inference)
+    # the same initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
+    agent, agent_inference = agent_and_twin(
+        lambda: Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale), device
+    )
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
@@ -454,7 +436,7 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, agent_inference)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
+    stats = iteration_stats(device)  # what the log reads, gathered on the device: episodes, losses, non-finite counts
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     policy_step = agent_inference.act
@@ -523,8 +505,7 @@ def train(run, args: Args) -> dict:
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
         update_fn = captured(run, "update", update_fn)
-    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
-    begin_training(run, said, global_batch, graphs_said(args, whole_rollout))
+    begin_iterations(run, global_batch, minibatch, whole_rollout)
     iterations_in_stats = 0
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:

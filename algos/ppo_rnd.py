@@ -26,7 +26,7 @@ from typing import Annotated, Literal
 import gymnasium as gym
 import torch
 import torch.nn as nn
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 
 # ruff: noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -41,10 +41,11 @@ from common.buffer import RolloutStorage
 from common.capture import captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import evaluate_and_save, graphs_said, log_iteration, minibatch_size
-from common.nets import group_mlp, group_shapes, observation_shape, sample
+from common.loop import begin_iterations, evaluate_and_save, iteration_sizes, iteration_stats, log_iteration
+from common.nets import agent_and_twin, clip_to_bounds, group_mlp, group_shapes, register_action_bounds, sample
+from common.nets import chosen_group_shape, share_encoder
 from common.normalize import RewardNormalizer, observation_normalizer
-from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.run import closing, finish, make_envs, open_run, start_run, what_is_due
 from common.settings import rsl_rl_settings
 from common.stats import add_to, episode_sums, nonfinite, record_env_log
 
@@ -96,8 +97,7 @@ class Args(RunArgs):
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
     shared_encoder: bool = False
-    """one image encoder under the policy and both value heads, trained by both losses (CleanRL's Atari RND agent);
-    needs the critic to read the policy group"""
+    """one image encoder under the policy and both value heads, trained by both losses; the critic reads 'policy'"""
     asymmetric_critic: bool = True
     """feed the critic the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
@@ -109,8 +109,7 @@ class Args(RunArgs):
     reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
     symmetry: Literal["none", "log", "augmentation", "mirror-loss", "both"] = "none"
-    """rsl_rl's, by the env's mirror (data_augmentation), as ppo.py's: mirror images of each minibatch, a mirror loss,
-    both, or neither but logging mirror_loss and symmetry_error"""
+    """ppo.py's (rsl_rl's, by the env's mirror): augmentation, a mirror loss, both, or neither but logging them"""
     mirror_loss_coef: Annotated[float, Ge(0)] = 1.0
     """weight of the mirror loss (rsl_rl's mirror_loss_coeff)"""
     rnd_weight: Annotated[float, Ge(0)] = 1.0
@@ -139,9 +138,7 @@ class Args(RunArgs):
 
 # Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
 SETTINGS = {
-    # ppo.py's, CleanRL's ppo_continuous_action.py: 1 env x 2048 steps, 32 minibatches, 10 epochs, Adam 3e-4
-    # annealed to 0, clip 0.2, no entropy bonus, value coefficient 0.5, gradient clip 0.5, observations and rewards
-    # normalized and clipped at 10, 64-64 tanh, log-std 0; an evaluation every 51,200 steps on 8 envs
+    # ppo.py's, CleanRL's ppo_continuous_action.py; an evaluation every 51,200 steps on 8 envs
     "mujoco": dict(
         num_envs=1,
         num_steps=2048,
@@ -165,7 +162,7 @@ SETTINGS = {
 }
 
 
-# --- networks -----------------------------------------------------------------------------------
+# --- Networks: ppo.py's, with two value heads; RND and its weight's schedule ---
 class Agent(nn.Module):
     """ppo.py's actor and critic (two outputs: the extrinsic and the intrinsic value) with the observation normalizers.
     A group's shape is one env's: [D], [C, H, W] for uint8 images (an --encoder's, never normalized), or term -> shape.
@@ -181,17 +178,12 @@ class Agent(nn.Module):
         self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=pixel_high[0], **net)
         critic_max = pixel_high[1] if critic_obs_shape is not None else pixel_high[0]
         self.critic = group_mlp(critic_obs_shape or obs_shape, 2, out_gain=1.0, max_value=critic_max, **net)
-        self.shared_encoder = args.shared_encoder  # the critic's head on the actor's encoder (one module)
-        if self.shared_encoder and (critic_obs_shape is not None or not isinstance(self.actor[-1], nn.Sequential)):
-            raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
-        elif self.shared_encoder:
-            self.critic[0] = self.actor[0]
+        self.shared_encoder = args.shared_encoder  # the critic's heads on the actor's encoder (one module)
+        if self.shared_encoder:
+            share_encoder(self.actor, self.critic, critic_obs_shape)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        for end in ("low", "high"):  # Gaussian samples are clipped to the bounds on their way to the env (stored raw)
-            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
-            self.register_buffer(f"action_{end}", bound, persistent=False)
+        register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -221,9 +213,7 @@ class Agent(nn.Module):
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        if self.action_low.numel() == 0:
-            return action
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        return clip_to_bounds(action, self.action_low, self.action_high)
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
         """The evaluated (and exported) policy on raw observations: the mode, clipped to the action bounds."""
@@ -265,9 +255,7 @@ def rnd_weight_at(env_steps: int, args: Args) -> float:
     return args.rnd_weight + (args.rnd_weight_final - args.rnd_weight) * done
 
 
-# ----------------------------------------------------------------------------------------------
-# GAE with truncation bootstrapping, the adaptive learning rate, the PPO loss (ppo.py's, two value heads)
-# ----------------------------------------------------------------------------------------------
+# --- GAE with truncation bootstrapping, the adaptive learning rate, the PPO loss (ppo.py's, two value heads) ---
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout; a truncated episode's last reward gets gamma * V(final_obs) (ppo.py)."""
     bootstrap = truncated & ~terminated
@@ -341,10 +329,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     return loss, logged
 
 
-# ----------------------------------------------------------------------------------------------
-# One iteration: rollout -> targets -> update, compiled and captured whole on CUDA (ppo.py). `stats` gathers, on
-# the device, what the logs read every --log-interval: finished episodes, losses and charts, non-finite counts.
-# ----------------------------------------------------------------------------------------------
+# --- One iteration: rollout -> targets -> update, compiled and captured whole on CUDA (ppo.py) ---
 def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
     """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
     for step in range(storage.num_steps):
@@ -370,20 +355,15 @@ def targets(
     """Episode statistics, values, (normalized) rewards and GAE of a rollout, extrinsic and intrinsic, then the
     observation statistics for the next one. Returns the flat batch, the logged statistics (losses/, charts/),
     non-finite counts."""
-    dones = data["terminated"] | data["truncated"]
+    terminated, truncated = data["terminated"], data["truncated"]
+    dones = terminated | truncated
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
-    nonfinite_counts = {
-        "observations": nonfinite(data["obs", "policy"]),
-        "rewards": nonfinite(data["rewards"]),
-        "intrinsic_rewards": nonfinite(data["int_rewards"]),
-    }
+    nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
+    nonfinite_counts["intrinsic_rewards"] = nonfinite(data["int_rewards"])
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
-    mirrored = {}
-    if args.symmetry != "none":  # [T, N, k-1], of the raw observations, then normalized (as ppo.py)
-        mirrored["mirrored"] = symmetry.normalized_images(
-            data_augmentation, data["obs"], data["actions"], agent.normalize
-        )
+    # --symmetry: the mirror images, mirrored raw, then normalized (the normalizer's mean is not symmetric)
+    mirrored = symmetry.rollout_images(args, data_augmentation, data["obs"], data["actions"], agent.normalize)
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
         values, next_value = agent.value(obs_n), agent.value(agent.normalize(next_obs))  # [T, N, 2], [N, 2]
     rewards, int_rewards = data["rewards"], data["int_rewards"]
@@ -394,25 +374,12 @@ def targets(
     if args.rnd_reward_norm:
         reward_normalizers[1].update(int_rewards, never)
         int_rewards = reward_normalizers[1].normalize(int_rewards)
+    final_values, no_bootstrap = data["final_values"], torch.zeros_like(int_rewards)
     adv_ext, ret_ext = compute_advantages(
-        rewards,
-        values[..., 0],
-        next_value[..., 0],
-        data["final_values"],
-        data["terminated"],
-        data["truncated"],
-        args.gamma,
-        args.gae_lambda,
+        rewards, values[..., 0], next_value[..., 0], final_values, terminated, truncated, args.gamma, args.gae_lambda
     )
     adv_int, ret_int = compute_advantages(
-        int_rewards,
-        values[..., 1],
-        next_value[..., 1],
-        torch.zeros_like(int_rewards),
-        never,
-        never,
-        args.rnd_gamma,
-        args.gae_lambda,
+        int_rewards, values[..., 1], next_value[..., 1], no_bootstrap, never, never, args.rnd_gamma, args.gae_lambda
     )
     advantages, returns = adv_ext + rnd_weight * adv_int, torch.stack((ret_ext, ret_int), -1)
     if args.adv_norm == "batch":
@@ -425,20 +392,9 @@ def targets(
     rnd.obs_rms.update(data["obs", args.rnd_obs_group])
     var_y = ret_ext.var()
     explained_variance = torch.where(var_y > 0, 1 - (ret_ext - values[..., 0]).var() / var_y, torch.nan)
-    batch = TensorDict(
-        {
-            "obs_n": obs_n,
-            "rnd_obs_n": rnd_obs_n,
-            "actions": data["actions"],
-            "logprobs": data["logprobs"],
-            "values": values,
-            "advantages": advantages,
-            "returns": returns,
-            **mirrored,
-        },
-        batch_size=dones.shape,
-        device=values.device,
-    )
+    batch = {"obs_n": obs_n, "rnd_obs_n": rnd_obs_n, "actions": data["actions"], "logprobs": data["logprobs"]}
+    batch = {**batch, "values": values, "advantages": advantages, "returns": returns, **mirrored}
+    batch = TensorDict(batch, dones.shape, values.device)
     charts = {"intrinsic_reward": (rnd_weight * int_rewards).mean()}  # as the advantage weighs it
     return batch.reshape(-1), {"explained_variance": explained_variance}, charts, nonfinite_counts
 
@@ -476,39 +432,26 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    batch_size = args.num_envs * args.num_steps  # per process
-    minibatch = minibatch_size(args, batch_size)  # or a clear error: it must divide
-    global_batch = batch_size * run.world_size
-    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
+    minibatch, global_batch, total_steps = iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    # rsl_rl's data_augmentation_func and the mirror of the actor's outputs, with --symmetry
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
     obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args)  # critic_shape: None without one
-    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
-    distributed.broadcast_module(agent)  # identical initial weights on every rank
-    # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
-    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
-    from_module(agent).data.to_module(agent_inference)
+    # the same initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
+    agent, agent_inference = agent_and_twin(
+        lambda: Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale), device
+    )
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
-    if args.rnd_obs_group not in next_obs.keys():
-        raise SystemExit(
-            f"error: --rnd-obs-group {args.rnd_obs_group}: {args.env_id} has only {', '.join(next_obs.keys())}"
-        )
-    rnd_shape = observation_shape(next_obs, args.rnd_obs_group)
-    rnd, rnd_inference = (RND(rnd_shape, args, image_scale[args.rnd_obs_group == "critic"]).to(device) for _ in "12")
-    distributed.broadcast_module(rnd)  # one random target and one predictor on every rank
-    from_module(rnd).data.to_module(rnd_inference)  # the grad-free twin the rollout reads, as agent_inference
-    rnd_optimizer = torch.optim.Adam(
-        rnd.predictor.parameters(),
-        lr=torch.tensor(args.rnd_learning_rate, device=device),
-        eps=1e-5,
-        capturable=device.type == "cuda",
-    )
+    rnd_shape = chosen_group_shape(next_obs, args.rnd_obs_group, "--rnd-obs-group", args.env_id)
+    rnd_high = image_scale[args.rnd_obs_group == "critic"]
+    # one random target and one predictor on every rank, and the grad-free twin the rollout reads
+    rnd, rnd_inference = agent_and_twin(lambda: RND(rnd_shape, args, rnd_high), device)
+    rnd_lr = torch.tensor(args.rnd_learning_rate, device=device)
+    rnd_optimizer = torch.optim.Adam(rnd.predictor.parameters(), lr=rnd_lr, eps=1e-5, capturable=device.type == "cuda")
     # not clipped: the raw scale would be lost (the intrinsic advantage is weighed against the extrinsic one)
     int_normalizer = RewardNormalizer(args.num_envs, args.rnd_gamma, clip=None).to(device)
     rnd_weight = torch.tensor(args.rnd_weight, device=device)  # set from the schedule every iteration
@@ -535,12 +478,7 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, agent_inference)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {
-        "episodes": torch.zeros(3, device=device, dtype=torch.float64),
-        "losses": {},
-        "charts": {},
-        "nonfinite": {},
-    }
+    stats = iteration_stats(device, kinds=("losses", "charts"))  # what the log reads, gathered on the device
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     policy_step = agent_inference.act
@@ -550,11 +488,9 @@ def train(run, args: Args) -> dict:
         the intrinsic reward, the novelty of the state reached (the true last one where an episode ended)."""
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             final_value = agent_inference.value(agent_inference.normalize(final_obs))[..., 0]
-        return final_value, torch.where(
-            done,
-            rnd_inference.novelty(final_obs, args.rnd_obs_group),
-            rnd_inference.novelty(next_obs, args.rnd_obs_group),
-        )
+        group = args.rnd_obs_group
+        novelty = torch.where(done, rnd_inference.novelty(final_obs, group), rnd_inference.novelty(next_obs, group))
+        return final_value, novelty
 
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
@@ -594,17 +530,9 @@ def train(run, args: Args) -> dict:
         return rollout(run, env_step, obs, storage)
 
     def targets_fn(obs: TensorDict):
+        normalizers = (reward_normalizer, int_normalizer)
         return targets(
-            agent,
-            rnd,
-            (reward_normalizer, int_normalizer),
-            rnd_weight,
-            storage.data,
-            obs,
-            data_augmentation,
-            ep_stats,
-            stats["episodes"],
-            args,
+            agent, rnd, normalizers, rnd_weight, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args
         )
 
     def update_fn(obs: TensorDict) -> None:
@@ -616,8 +544,7 @@ def train(run, args: Args) -> dict:
         update(update_minibatch, batch, lr, stats, args)
 
     # --- compile and capture (--compile / --cudagraphs), as ppo.py: one rollout graph with a built-in env ---
-    whole_rollout = getattr(envs, "capturable", False)
-    if whole_rollout:
+    if whole_rollout := getattr(envs, "capturable", False):
         env_step = compiled(run, env_step)
     else:
         policy_step = captured(run, "acting", compiled(run, policy_step))
@@ -629,8 +556,7 @@ def train(run, args: Args) -> dict:
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     if args.target_kl is None:  # the targets and every epoch of the update as one graph
         update_fn = captured(run, "update", update_fn)
-    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
-    begin_training(run, said, global_batch, graphs_said(args, whole_rollout))
+    begin_iterations(run, global_batch, minibatch, whole_rollout)
     iterations_in_stats = 0
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:

@@ -1,15 +1,17 @@
 """What the PPO-family scripts do around their algorithm, the same in each (ppo.py and ppo_rnd.py use all of it,
-ppo_lstm.py the log and the end of an iteration): the batch split into minibatches, what the CUDA graphs hold as the
-start line says it, the log of an iteration's statistics, and the evaluation, checkpoints and stop that end an
-iteration."""
+ppo_lstm.py the log and the end of an iteration): the sizes of an iteration and its batch split into minibatches,
+the statistics an iteration gathers on the device, the start line (what the CUDA graphs hold), the log of an
+iteration's statistics, and the evaluation, checkpoints and stop that end an iteration."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from common.checkpoint import save
 from common.evaluation import evaluate
-from common.run import Due, checkpoints_to_write
+from common.run import Due, begin_training, checkpoints_to_write
 from common.stats import log, reduce_iteration, zero_
 
 if TYPE_CHECKING:
@@ -25,6 +27,31 @@ def minibatch_size(args, batch_size: int) -> int:
             f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
         )
     return batch_size // args.num_minibatches
+
+
+def iteration_sizes(run: Run) -> tuple[int, int, int]:
+    """(minibatch per process, global batch, total env steps) of a run: an iteration is num_envs * num_steps env steps
+    per process (the batch, split into --num-minibatches: a one-line error when it does not divide) and the global
+    batch over all ranks; the run goes on to --total-timesteps, counted in env steps over all ranks, at least one
+    iteration."""
+    args = run.args
+    batch_size = args.num_envs * args.num_steps
+    global_batch = batch_size * run.world_size
+    return minibatch_size(args, batch_size), global_batch, max(args.total_timesteps, global_batch)
+
+
+def iteration_stats(device, kinds: tuple[str, ...] = ("losses",)) -> dict:
+    """What an iteration's compiled functions gather on the device for the log (log_iteration reads it every
+    --log-interval): "episodes", the finished episodes' sums (common.stats.episode_sums); one dict of named sums per
+    kind (a loss returns a dict: common.stats.add_to); "nonfinite", the counts of the NaN guard, by name."""
+    return {"episodes": torch.zeros(3, device=device, dtype=torch.float64), **{k: {} for k in kinds}, "nonfinite": {}}
+
+
+def begin_iterations(run: Run, global_batch: int, minibatch: int, whole_rollout: bool) -> None:
+    """begin_training with the PPO family's start line: the batch, its minibatches and what the CUDA graphs hold."""
+    args = run.args
+    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
+    begin_training(run, said, global_batch, graphs_said(args, whole_rollout))
 
 
 def graphs_said(args, whole_rollout: bool) -> str:

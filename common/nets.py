@@ -1,14 +1,20 @@
 """Network pieces the scripts share: an MLP (with PPO's orthogonal initialisation, or the layers' own),
-the ensemble layer of td3.py's and sac.py's critics, and the encoders of image observation groups and of
-groups of terms."""
+the ensemble layer of td3.py's and sac.py's critics, the encoders of image observation groups and of
+groups of terms, an encoder shared by two heads, the action bounds an agent clips to, and the grad-free twin
+an agent acts through."""
 
 from __future__ import annotations
 
 import math
 
+from typing import Callable
+
+import gymnasium as gym
 import torch
 import torch.nn as nn
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, from_module
+
+from common import distributed
 
 
 ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU, "silu": nn.SiLU}
@@ -237,6 +243,13 @@ def observation_shape(obs, group: str, terms_refused_by: str | None = None):
     return _term_shape(x, f"group {group!r}")
 
 
+def chosen_group_shape(obs, group: str, flag: str, env_id: str):
+    """observation_shape of the group a flag chooses (`flag group`), or a one-line error naming the env's groups."""
+    if group not in obs.keys():
+        raise SystemExit(f"error: {flag} {group}: {env_id} has only {', '.join(obs.keys())}")
+    return observation_shape(obs, group)
+
+
 def vector_size(obs, group: str, script: str) -> int:
     """D of a vector group [N, D], for the scripts whose networks take vectors only; an image group or a group
     of terms stops with a clear error (`script` names the script)."""
@@ -266,6 +279,42 @@ def group_mlp(
     if encoder is None:
         return mlp(shape[0], out_dim, hidden, activation, out_gain=out_gain)
     return nn.Sequential(encoder, mlp(encoder.out_dim, out_dim, hidden, activation, out_gain=out_gain))
+
+
+def share_encoder(actor: nn.Module, critic: nn.Module, critic_obs_shape) -> None:
+    """--shared-encoder: the critic's head on the actor's encoder, one module trained by both losses (CleanRL's Atari
+    agent), in place; a one-line error where there is no encoder (a vector group) or the critic reads a group of its
+    own."""
+    if critic_obs_shape is not None or not isinstance(actor[-1], nn.Sequential):
+        raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
+    critic[0] = actor[0]
+
+
+def register_action_bounds(agent: nn.Module, action_space: gym.Space) -> None:
+    """`agent.action_low` and `agent.action_high`: a bounded Box's bounds, which its Gaussian samples are clipped to on
+    their way to the env (the rollout stores them raw); empty for any other space. Non-persistent buffers: the action
+    space gives them, a checkpoint does not hold them."""
+    bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
+    for end in ("low", "high"):
+        bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
+        agent.register_buffer(f"action_{end}", bound, persistent=False)
+
+
+def clip_to_bounds(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """`action` clipped to [low, high] (register_action_bounds' buffers); as it is where they are empty."""
+    if low.numel() == 0:
+        return action
+    return torch.maximum(torch.minimum(action, high), low)
+
+
+def agent_and_twin(make: Callable[[], nn.Module], device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """`make()` on `device` with rank 0's weights on every rank, and a grad-free twin for acting that shares its
+    storage: no copies, no autograd in the rollout (the twin sees every update at once)."""
+    agent = make().to(device)
+    distributed.broadcast_module(agent)
+    twin = make().to(device)
+    from_module(agent).data.to_module(twin)
+    return agent, twin
 
 
 def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

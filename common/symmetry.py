@@ -84,3 +84,11 @@ def normalized_images(data_augmentation: Callable, obs: TensorDict, actions: tor
     (after mirroring: a normalizer's mean is not symmetric): {"obs_n", "actions"} of batch [*lead, k-1]."""
     images = mirror_images(data_augmentation, obs, actions)
     return TensorDict({"obs_n": normalize(images["obs"]), "actions": images["actions"]}, images.shape)
+
+
+def rollout_images(args, data_augmentation: Callable | None, obs: TensorDict, actions: torch.Tensor, normalize) -> dict:
+    """What a rollout's batch holds of its mirror images: {"mirrored": normalized_images(...)} of batch [T, N, k-1]
+    with --symmetry (any mode: "log" measures the mirror loss on them), {} without."""
+    if args.symmetry == "none":
+        return {}
+    return {"mirrored": normalized_images(data_augmentation, obs, actions, normalize)}
