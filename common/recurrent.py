@@ -1,0 +1,97 @@
+"""The recurrent-cell plumbing that ppo_lstm.py and distill.py share around their algorithm (the cell's step, the
+replay of the update and the loop stay in the scripts):
+
+    rnn = recurrent_cell(args.cell, in_dim, args.rnn_hidden_size, args.rnn_layers)  # orthogonal weights, zero biases
+    state_shape = state_shape_of(rnn)          # (rows, hidden) of one env's hidden state
+    envs_per_minibatch = env_minibatches(args)  # or a one-line error where --num-minibatches does not divide --num-envs
+    carry_over(rnn_state, next_state, done)    # the live state moves on, zeroed for the episodes that ended
+    starts = episode_starts(dones)             # where the update's replay zeroes the state, as the rollout did
+    eval_policy = EvalPolicy(policy, num_eval_envs)  # one hidden state per eval env (common/evaluation.py)
+    with closing(start_run(...)) as run, allow_rnn(): ...
+
+The hidden state of a batch of envs is one tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h
+rows, then the c rows; the layout of common.nets.rnn_step), the batch at dim 1: a minibatch of envs is `state[:, envs]`,
+and the exported policy takes it so (common/export.py). The rollout writes the live state in place (a built-in env's
+rollout stays one CUDA graph), copies it at the rollout's start and zeroes the rows of every env whose episode ended
+before the next step reads them; the update replays each env's rollout as one sequence from that copy (truncated BPTT
+over --num-steps), zeroing it at the episode starts as the rollout did. Minibatches are sets of envs with all their
+steps. Checkpoints hold each rank's hidden states: a resume is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def recurrent_cell(cell: str, input_size: int, hidden_size: int, layers: int) -> nn.LSTM | nn.GRU:
+    """An nn.LSTM (`cell` "lstm") or nn.GRU of `layers` layers with orthogonal weights and zero biases (CleanRL). The
+    scripts step it with common.nets.rnn_step, never through the module's fused kernels."""
+    rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(input_size, hidden_size, num_layers=layers)
+    for name, p in rnn.named_parameters():
+        nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
+    return rnn
+
+
+def state_shape_of(rnn: nn.LSTM | nn.GRU | None) -> tuple[int, int]:
+    """(rows, hidden) of one env's hidden state: k * layers rows (k = 2 for an LSTM: h, then c) of the cell's hidden
+    size; without a cell (None) no rows, of size 1."""
+    if rnn is None:
+        return 0, 1
+    return (2 if isinstance(rnn, nn.LSTM) else 1) * rnn.num_layers, rnn.hidden_size
+
+
+def env_minibatches(args) -> int:
+    """Envs per minibatch: a minibatch is a set of envs with their whole sequences, so --num-minibatches divides
+    --num-envs, or a one-line error before anything runs."""
+    if args.num_envs % args.num_minibatches != 0:
+        raise SystemExit(
+            f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
+            f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
+        )
+    return args.num_envs // args.num_minibatches
+
+
+def carry_over(live: torch.Tensor, next_state: torch.Tensor, done: torch.Tensor) -> None:
+    """The live hidden states [rows, N, H] move on to `next_state` in place, zeroed for the envs whose episode ended
+    (done [N]) before the next step reads them."""
+    live.copy_(next_state * ~done.unsqueeze(-1))
+
+
+def episode_starts(dones: torch.Tensor) -> torch.Tensor:
+    """Where an episode starts in a [T, N] rollout of `dones`: the step after each done, where the update's replay
+    zeroes the state as the rollout did (never step 0: the rollout's copy of the state was zeroed already)."""
+    return torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])
+
+
+def allow_rnn():
+    """A context in which dynamo traces a function that reads an nn.LSTM/nn.GRU: without allow_rnn it stops at the
+    module (a graph break) even where only its weights are read (rnn_step)."""
+    return torch._dynamo.config.patch(allow_rnn=True)
+
+
+class EvalPolicy(nn.Module):
+    """A recurrent policy as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes, in place, one
+    hidden state per eval env; `reset_state(done)` zeroes those whose episode ended (after every step). `policy` has
+    `recurrent_step(obs, state) -> (action, next state)`, which is exported, and `state_shape`; it is held under
+    `name`, by which the exported programs name its weights (model.<name>.rnn.weight_ih_l0, ...)."""
+
+    def __init__(self, policy: nn.Module, num_envs: int, name: str = "policy"):
+        super().__init__()
+        self.name, self.state_shape = name, policy.state_shape
+        self.add_module(name, policy)
+        device = next(policy.parameters()).device
+        state = torch.zeros(self.state_shape[0], num_envs, self.state_shape[1], device=device)
+        self.register_buffer("state", state, persistent=False)
+
+    @property
+    def recurrent_step(self):
+        return getattr(self, self.name).recurrent_step
+
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
+        action, state = self.recurrent_step(policy_obs, self.state)
+        self.state.copy_(state)
+        return action
+
+    def reset_state(self, done: torch.Tensor) -> None:
+        self.state.mul_(~done.unsqueeze(-1))
