@@ -52,10 +52,10 @@ from common.loop import evaluate_and_save, log_iteration
 from common.nets import mlp, rnn_step, vector_size
 from common.normalize import observation_normalizer
 from common.offpolicy import agent_and_twin
-from common.recurrent import EvalPolicy, allow_rnn, carry_over, env_minibatches, episode_starts, recurrent_cell
-from common.recurrent import state_shape_of
+from common.recurrent import EvalPolicy, add_update_means, allow_rnn, carry_over, env_minibatches, episode_starts
+from common.recurrent import recurrent_cell, rollout_episodes, state_shape_of, with_game_score
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
-from common.stats import add_to, episode_sums, record_env_log
+from common.stats import add_to, record_env_log
 from common.teacher import note_teacher, teacher_checkpoint, teacher_group
 
 ALGO = "distill"
@@ -111,9 +111,7 @@ class Args(RunArgs):
 SETTINGS = {}
 
 
-# ----------------------------------------------------------------------------------------------
-# Networks: one Policy class for the student and the teacher
-# ----------------------------------------------------------------------------------------------
+# --- Networks: one Policy class for the student and the teacher ---
 class Policy(nn.Module):
     """An actor: normalized observations -> (a recurrent cell ->) an MLP head -> logits (Discrete) or the mean
     action (Box). Its tensors are named as ppo_lstm.py's Agent names them (rnn.*, actor.*, obs_rms.*), and as
@@ -198,37 +196,22 @@ def load_teacher(path: str, obs_dim: int, group: str, space: gym.Space, env_id: 
     and the file's sha256; a checkpoint that is not a teacher of the task stops in one line (common/teacher.py)."""
     ckpt, digest = teacher_checkpoint(path, obs_dim, group, space, env_id, TEACHERS)
     a = ckpt["args"]
-    cell = a.get("cell", "none")
-    teacher = Policy(
-        obs_dim,
-        space,
-        cell,
-        a.get("rnn_hidden_size", 1),
-        a.get("rnn_layers", 1),
-        tuple(a["hidden_sizes"]),
-        a["activation"],
-        a["obs_norm"],
-        a["obs_clip"],
-    )
+    sizes = a.get("rnn_hidden_size", 1), a.get("rnn_layers", 1), tuple(a["hidden_sizes"])
+    teacher = Policy(obs_dim, space, a.get("cell", "none"), *sizes, a["activation"], a["obs_norm"], a["obs_clip"])
     actor = {k: v for k, v in ckpt["model"].items() if k in teacher.state_dict()}
     teacher.load_state_dict(actor)  # strict: all of the actor
     return teacher.to(device).eval().requires_grad_(False), digest
 
 
-# ----------------------------------------------------------------------------------------------
-# The loss of a minibatch of sequences
-# ----------------------------------------------------------------------------------------------
+# --- The loss of a minibatch of sequences ---
 def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Args):
     """The student replays the minibatch's sequences from their initial hidden states; Discrete: KL(teacher ||
     student) of the action distributions; Box: mse or huber of the student's mean to the teacher's action.
     Returns the loss and what is logged of it, by name (losses/<name>)."""
     head = student.actor(student.replay(mb["obs_n"], state, mb["starts"])).float()
     if student.discrete:
-        loss = (
-            F.kl_div(head.log_softmax(-1), mb["teacher"].log_softmax(-1), log_target=True, reduction="none")
-            .sum(-1)
-            .mean()
-        )
+        kl = F.kl_div(head.log_softmax(-1), mb["teacher"].log_softmax(-1), log_target=True, reduction="none")
+        loss = kl.sum(-1).mean()
         agreement = (head.argmax(-1) == mb["teacher"].argmax(-1)).float().mean()
     else:
         loss = (F.mse_loss if args.loss == "mse" else F.huber_loss)(head, mb["teacher"])
@@ -237,10 +220,9 @@ def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Arg
     return loss, {"distill_loss": loss.detach(), "agreement": agreement.detach()}
 
 
-# ----------------------------------------------------------------------------------------------
-# One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
-# run (the hidden states included), so that on CUDA each is compiled and captured whole.
-# ----------------------------------------------------------------------------------------------
+# --- One iteration: rollout -> targets -> update ---
+# Functions of tensors that live as long as the run (the hidden states included), so that on CUDA each is compiled
+# and captured whole.
 def rollout(
     run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
 ):
@@ -259,10 +241,7 @@ def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes:
     """The episode statistics of a rollout, its observations normalized as the student acted on them, then
     the observation statistics for the next one. Returns the [T, N] batch of sequences the update reads
     and the rollout's counts of non-finite values, by name."""
-    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(
-        ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", data["dones"]), sums=episodes
-    )
+    rollout_episodes(data, data["dones"], ep_stats, episodes)  # the logged returns: the game's score where reported
     nonfinite = {
         name: (~torch.isfinite(data[key])).sum()
         for name, key in (("observations", "obs"), ("rewards", "rewards"), ("teacher", "teacher"))
@@ -288,12 +267,10 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, sta
             envs = perm[start : start + envs_per_minibatch]
             add_to(loss_sums, update_minibatch(batch[:, envs], initial_state[:, envs]))
             num_updates += 1
-    means = {name: total / num_updates for name, total in loss_sums.items()}
-    add_to(stats["losses"], means)
-    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+    add_update_means(stats, loss_sums, num_updates)
 
 
-# ----------------------------------------------------------------------------------------------
+# --- main and train ---
 def main(args: Args) -> dict:
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, allow_rnn():  # dynamo traces the cell
         return train(run, args)  # on any exit, an error included: graphs released, then the process group left
@@ -309,15 +286,8 @@ def train(run, args: Args) -> dict:
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     space, discrete = envs.single_action_space, isinstance(envs.single_action_space, gym.spaces.Discrete)
-    student_args = (
-        args.cell,
-        args.rnn_hidden_size,
-        args.rnn_layers,
-        args.hidden_sizes,
-        args.activation,
-        args.obs_norm,
-        args.obs_clip,
-    )
+    sizes = args.rnn_hidden_size, args.rnn_layers, args.hidden_sizes
+    student_args = (args.cell, *sizes, args.activation, args.obs_norm, args.obs_clip)
     obs_dim = vector_size(next_obs, "policy", "distill.py")  # the student's input
     # rank 0's initial weights on every rank, and a grad-free twin for acting that shares the student's storage
     student, student_inference = agent_and_twin(lambda: Policy(obs_dim, space, *student_args), device)
@@ -388,8 +358,7 @@ def train(run, args: Args) -> dict:
             "rewards": reward.float(),
             "dones": terminated | truncated,
         }
-        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
-            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        transition = with_game_score(transition, info)  # Atari: the game's score is what is logged
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):

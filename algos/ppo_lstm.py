@@ -45,11 +45,11 @@ from common.loop import evaluate_and_save, log_iteration
 from common.nets import group_encoder, group_shapes, mlp, rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
 from common.offpolicy import agent_and_twin
-from common.recurrent import EvalPolicy, allow_rnn, carry_over, env_minibatches, episode_starts, recurrent_cell
-from common.recurrent import state_shape_of
+from common.recurrent import EvalPolicy, add_update_means, allow_rnn, carry_over, env_minibatches, episode_starts
+from common.recurrent import recurrent_cell, rollout_episodes, state_shape_of, with_game_score
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
 from common.settings import rsl_rl_settings
-from common.stats import add_to, episode_sums, nonfinite, record_env_log
+from common.stats import add_to, nonfinite, record_env_log
 
 ALGO = "ppo_lstm"
 
@@ -325,8 +325,7 @@ def targets(
     name."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
+    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where reported
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
@@ -365,9 +364,7 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
-    means = {name: total / num_updates for name, total in loss_sums.items()}
-    add_to(stats["losses"], means)
-    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+    add_update_means(stats, loss_sums, num_updates)
 
 
 # --- main and train ---
@@ -442,8 +439,7 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
-        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
-            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        transition = with_game_score(transition, info)  # Atari: the game's score is what is logged
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):

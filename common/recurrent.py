@@ -1,11 +1,14 @@
-"""The recurrent-cell plumbing that ppo_lstm.py and distill.py share around their algorithm (the cell's step, the
-replay of the update and the loop stay in the scripts):
+"""What ppo_lstm.py and distill.py share around their algorithm: the recurrent cell's plumbing and the rollout's
+bookkeeping (the cell's step, the replay of the update, the losses and the loop stay in the scripts):
 
     rnn = recurrent_cell(args.cell, in_dim, args.rnn_hidden_size, args.rnn_layers)  # orthogonal weights, zero biases
     state_shape = state_shape_of(rnn)          # (rows, hidden) of one env's hidden state
     envs_per_minibatch = env_minibatches(args)  # or a one-line error where --num-minibatches does not divide --num-envs
     carry_over(rnn_state, next_state, done)    # the live state moves on, zeroed for the episodes that ended
+    transition = with_game_score(transition, info)  # Atari: the game's reward and end beside a life's
+    rollout_episodes(data, dones, ep_stats, episodes)  # the finished episodes' sums, the game's score where reported
     starts = episode_starts(dones)             # where the update's replay zeroes the state, as the rollout did
+    add_update_means(stats, loss_sums, num_updates)  # an update's mean losses and their NaN guard
     eval_policy = EvalPolicy(policy, num_eval_envs)  # one hidden state per eval env (common/evaluation.py)
     with closing(start_run(...)) as run, allow_rnn(): ...
 
@@ -22,6 +25,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from tensordict import TensorDict
+
+from common.stats import add_to, episode_sums
 
 
 def recurrent_cell(cell: str, input_size: int, hidden_size: int, layers: int) -> nn.LSTM | nn.GRU:
@@ -62,6 +68,29 @@ def episode_starts(dones: torch.Tensor) -> torch.Tensor:
     """Where an episode starts in a [T, N] rollout of `dones`: the step after each done, where the update's replay
     zeroes the state as the rollout did (never step 0: the rollout's copy of the state was zeroed already)."""
     return torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])
+
+
+def with_game_score(transition: dict, info: dict) -> dict:
+    """Atari: a life is the learner's episode, the game's score is what is logged. Where the env's info has the game's
+    reward and end (Atari's presets), the transition keeps them beside the learner's reward and done."""
+    if "game_over" in info:
+        transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+    return transition
+
+
+def rollout_episodes(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor) -> None:
+    """The sums of the episodes that ended in a [T, N] rollout into `episodes` (common.stats.episode_sums, the running
+    return and length of each env in `ep_stats`): the game's score where the env reports one apart from the learner's
+    rewards (with_game_score), the learner's own returns otherwise."""
+    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
+
+
+def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
+    """The mean over an update's `num_updates` minibatches of each loss summed in `loss_sums`, by name, into
+    stats["losses"], and how many of them are non-finite into stats["nonfinite"] (the NaN guard's "losses")."""
+    means = {name: total / num_updates for name, total in loss_sums.items()}
+    add_to(stats["losses"], means)
+    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
 def allow_rnn():
