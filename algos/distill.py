@@ -52,8 +52,9 @@ from common.loop import evaluate_and_save, log_iteration
 from common.nets import mlp, rnn_step, vector_size
 from common.normalize import observation_normalizer
 from common.offpolicy import agent_and_twin
-from common.recurrent import EvalPolicy, add_update_means, allow_rnn, carry_over, env_minibatches, episode_starts
-from common.recurrent import recurrent_cell, rollout_episodes, state_shape_of, with_game_score
+from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
+from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
+from common.recurrent import with_game_score
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
 from common.stats import add_to, record_env_log
 from common.teacher import note_teacher, teacher_checkpoint, teacher_group
@@ -396,14 +397,10 @@ def train(run, args: Args) -> dict:
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     # the targets and every epoch as one graph: the batch never leaves it
     update_fn = captured(run, "update", update_fn)
-    student_text = "MLP" if args.cell == "none" else f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
-    begin_training(
-        run,
-        f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r}); student "
-        f"{student_text} reads 'policy'; batch {global_batch} per iteration ({args.num_minibatches} minibatches "
-        f"of {envs_per_minibatch} envs x {args.num_steps} steps per process)",
-        global_batch,
-    )
+    teacher_said = f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r})"
+    student_said = f"student {'MLP' if args.cell == 'none' else cell_said(args)} reads 'policy'"
+    said = f"{teacher_said}; {student_said}; {batch_said(args, global_batch, envs_per_minibatch)}"
+    begin_training(run, said, global_batch)
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1

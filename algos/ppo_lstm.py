@@ -8,7 +8,7 @@ head) -> GAE, the adaptive learning rate, the PPO loss of a minibatch of sequenc
 main and train (setup; the iteration's functions, then one block that compiles and captures them; the loop). Each
 env's hidden state lives through the rollouts, zeroed where its episode ends; the update replays each env's rollout as
 one sequence from the state it started with (truncated BPTT over --num-steps), minibatches being sets of envs with all
-their steps. The state's layout and bookkeeping, and the eval policy with one state per eval env: common/recurrent.py.
+their steps; the state's layout and bookkeeping are common/recurrent.py's.
 Flags as ppo.py's, less those tests/test_flag_parity.py lists with the reason (--symmetry: a hidden state has no
 known mirror image; rsl_rl refuses symmetry with a recurrent policy too).
 References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability);
@@ -45,8 +45,9 @@ from common.loop import evaluate_and_save, log_iteration
 from common.nets import group_encoder, group_shapes, mlp, rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
 from common.offpolicy import agent_and_twin
-from common.recurrent import EvalPolicy, add_update_means, allow_rnn, carry_over, env_minibatches, episode_starts
-from common.recurrent import recurrent_cell, rollout_episodes, state_shape_of, with_game_score
+from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
+from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
+from common.recurrent import with_game_score
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
 from common.settings import rsl_rl_settings
 from common.stats import add_to, nonfinite, record_env_log
@@ -67,7 +68,7 @@ class Args(RunArgs):
     num_steps: Annotated[int, Ge(1)] = 32
     """steps per env per rollout, also the length of the replayed sequences (truncated BPTT)"""
     num_minibatches: Annotated[int, Ge(1)] = 4
-    """minibatches per epoch: each is num_envs / num_minibatches envs with all their num_steps steps"""
+    """minibatches per epoch, each a set of envs with all their steps"""
     update_epochs: Annotated[int, Ge(1)] = 5
     """epochs over the batch per iteration"""
     learning_rate: Annotated[float, Gt(0)] = 1e-3
@@ -75,7 +76,7 @@ class Args(RunArgs):
     lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
-    """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
+    """KL the adaptive schedule aims for (adapt_learning_rate)"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
     gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
@@ -91,7 +92,7 @@ class Args(RunArgs):
     vf_coef: Annotated[float, Ge(0)] = 1.0
     """value loss coefficient"""
     max_grad_norm: Annotated[float, Gt(0)] = 0.5
-    """global gradient-norm clip (CleanRL's 0.5: at ppo.py's 1.0 a run collapsed)"""
+    """global gradient-norm clip (CleanRL's 0.5, tighter than ppo.py's 1.0)"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64,)
     """hidden layer sizes of the actor and critic heads after the cell"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
@@ -143,9 +144,8 @@ class Agent(nn.Module):
     """A recurrent cell over the normalized policy observations, shared by an actor head and a critic head (one cell
     step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
     observation normalizers: one state_dict holds all. Discrete spaces get a Categorical over logits; Box spaces a
-    diagonal Gaussian with a state-independent log-std. A group's shape is one env's: [D] (an int will do) for vectors,
-    [C, H, W] for uint8 images, which an --encoder of their own reads first (divided by the group's own pixel_high;
-    never normalized), or a dict term -> shape for a group of terms (common.nets.TermsEncoder)."""
+    diagonal Gaussian with a state-independent log-std. A group's shape is one env's (an int will do for [D]); images
+    and groups of terms are read by an --encoder of their own first (common.nets.group_encoder), never normalized."""
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
@@ -180,15 +180,13 @@ class Agent(nn.Module):
         return TensorDict({"policy": self.obs_rms(obs["policy"]), **critic}, batch_size=obs.batch_size)
 
     def memory(self, policy_obs_n: torch.Tensor, state: torch.Tensor):
-        """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state), without
-        the module's fused kernel, which dispatches to another on each device (common.nets.rnn_step): the graph
-        compiled on a CPU is the GPU's."""
+        """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state), with
+        common.nets.rnn_step (no fused kernel: the graph compiled on a CPU is the GPU's)."""
         return rnn_step(self.rnn, self.encoder(policy_obs_n), state)
 
     def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The cell over sequences [T, B, ...] from `state`, zeroed where an episode starts (starts [T, B]) as the
-        rollout zeroed it: the outputs [T, B, H] the rollout acted on (the same step as acting: equal to float
-        rounding)."""
+        rollout zeroed it: the outputs [T, B, H] the rollout acted on, to float rounding (the same step as acting)."""
         keep, outputs = (~starts).unsqueeze(-1), []
         features = self.encoder(policy_obs_n)  # an image group's frames: every step's in one batch
         for t in range(features.shape[0]):
@@ -231,8 +229,7 @@ class Agent(nn.Module):
         return self.value(self.memory(obs_n["policy"], state)[0], obs_n)
 
     def recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):
-        """The evaluated and exported policy on raw observations: (the greedy action or clipped Gaussian mean, next
-        state)."""
+        """The evaluated and exported policy on raw observations: (greedy action or clipped mean, next state)."""
         out, state = self.memory(self.obs_rms(policy_obs), state)
         out = self.actor(out).float()
         return (out.argmax(-1) if self.discrete else self.to_env(out)), state
@@ -256,7 +253,7 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
     """rsl_rl's schedule in place: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, * 1.5 below half,
-    in [1e-5, 1e-2] (ppo.py's 5e-3 cap left runs short of solving)."""
+    in [1e-5, 1e-2] (a higher cap than ppo.py's 5e-3)."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
     lr.copy_((lr * factor).clamp(1e-5, 1e-2))
 
@@ -299,8 +296,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
 def rollout(
     run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
 ):
-    """storage.num_steps steps of every env, written to storage; the hidden states they start
-    from go to initial_state (the update replays from there). No host sync."""
+    """storage.num_steps steps of every env, written to storage; the hidden states they start from go to
+    initial_state (the update replays from there). No host sync."""
     initial_state.copy_(rnn_state)
     for step in range(storage.num_steps):
         next_obs, transition, info = env_step(next_obs)
@@ -321,8 +318,7 @@ def targets(
     args: Args,
 ):
     """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation statistics for the next
-    one. Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by
-    name."""
+    one. Returns the [T, N] batch of sequences the update reads, the logged statistics and non-finite counts by name."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
     rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where reported
@@ -477,9 +473,7 @@ def train(run, args: Args) -> dict:
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     # the targets and every epoch as one graph: the batch never leaves it
     update_fn = captured(run, "update", update_fn)
-    said = f"{args.num_minibatches} minibatches of {envs_per_minibatch} envs x {args.num_steps}"
-    cell = f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
-    begin_training(run, f"batch {global_batch} per iteration ({said} steps per process); {cell}", global_batch)
+    begin_training(run, f"{batch_said(args, global_batch, envs_per_minibatch)}; {cell_said(args)}", global_batch)
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1

@@ -10,6 +10,7 @@ bookkeeping (the cell's step, the replay of the update, the losses and the loop 
     starts = episode_starts(dones)             # where the update's replay zeroes the state, as the rollout did
     add_update_means(stats, loss_sums, num_updates)  # an update's mean losses and their NaN guard
     eval_policy = EvalPolicy(policy, num_eval_envs)  # one hidden state per eval env (common/evaluation.py)
+    begin_training(run, f"...; {batch_said(args, global_batch, envs_per_minibatch)}; {cell_said(args)}", ...)
     with closing(start_run(...)) as run, allow_rnn(): ...
 
 The hidden state of a batch of envs is one tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h
@@ -91,6 +92,19 @@ def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
     means = {name: total / num_updates for name, total in loss_sums.items()}
     add_to(stats["losses"], means)
     add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+
+
+def batch_said(args, global_batch: int, envs_per_minibatch: int) -> str:
+    """The batch of an iteration as the start line says it: over all ranks, then as minibatches of envs per process."""
+    return (
+        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {envs_per_minibatch} envs x "
+        f"{args.num_steps} steps per process)"
+    )
+
+
+def cell_said(args) -> str:
+    """The cell as the start line says it: its kind, layers x hidden units ("lstm 1x64")."""
+    return f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
 
 
 def allow_rnn():
