@@ -66,8 +66,7 @@ TEACHERS = ("ppo", "ppo_lstm", "distill")  # the algorithms whose actors Policy 
 @dataclass
 class Args(RunArgs):
     teacher: str | None = None
-    """checkpoint of the teacher (ppo.py, ppo_lstm.py, distill.py or a copy of one), loaded frozen with its observation
-    normalizer"""
+    """checkpoint of the teacher (ppo.py, ppo_lstm.py, distill.py or a copy of one), frozen, with its normalizer"""
     teacher_obs: str | None = None
     """observation group the teacher reads: default 'critic' where the env has one (the full state), else 'policy'"""
     teacher_action_prob: Annotated[float, Ge(0), Le(1)] = 0.0
@@ -75,8 +74,7 @@ class Args(RunArgs):
     teacher_action_fraction: Annotated[float, Gt(0), Le(1)] = 0.25
     """fraction of --total-timesteps over which --teacher-action-prob anneals to 0"""
     student_sample: bool = True
-    """Discrete: the student acts by sampling its distribution (the states a PPO fine-tuning of it visits), not by
-    its most likely action (Box: always its mean)"""
+    """Discrete: the student samples its actions (the states its PPO fine-tuning visits), not argmax (Box: its mean)"""
     cell: Literal["none", "lstm", "gru"] = "lstm"
     """the student's recurrent cell (as ppo_lstm.py's), or none: an MLP (as ppo.py's actor)"""
     rnn_hidden_size: Annotated[int, Ge(1)] = 64

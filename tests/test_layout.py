@@ -14,7 +14,7 @@ TARGET_CHARACTERS = 25_000  # the budget of an original script, the size of a fi
 # Each original script's size today, in characters: its ceiling. The ceilings only come down, toward the target: a
 # script made shorter gets its new size here, one that grows fails below. A new original is held to the target.
 CEILINGS = {
-    "distill": 24_815,
+    "distill": 24_745,
     "ppo": 30_251,
     "ppo_lstm": 28_418,
     "ppo_rnd": 35_872,
