@@ -12,18 +12,17 @@ envs (DAgger: it learns on the states its own mistakes lead to; --teacher-action
 early), and after each rollout the student regresses on what the teacher did there: the teacher's deterministic
 action for Box actions (mse or huber on the student's mean), the teacher's distribution for Discrete ones (KL).
 A recurrent student is trained by truncated BPTT over the rollout from the hidden states it started with, zeroed
-at episode starts, as ppo_lstm.py's update does. The student has the module and tensor names of ppo_lstm.py's
-actor (cell lstm/gru) and ppo.py's (cell none), normalizer included: those scripts fine-tune it with --init-from.
-Top to bottom: Args -> Policy (student and teacher alike), EvalPolicy, the teacher's loading -> the loss ->
-rollout -> targets -> update -> main and train (setup; the iteration's functions, then one block that compiles
-and captures them; the loop).
+at episode starts, as ppo_lstm.py's update does (common/recurrent.py). The student has the module and tensor names of
+ppo_lstm.py's actor (cell lstm/gru) and ppo.py's (cell none), normalizer included: those scripts fine-tune it with
+--init-from. Top to bottom: Args -> Policy (student and teacher alike), the teacher's loading (its checks:
+common/teacher.py) -> the loss -> rollout -> targets -> update -> main and train (setup; the iteration's functions,
+then one block that compiles and captures them; the loop).
 References: Ross et al. 2011 (DAgger); Chen et al. 2019 ("Learning by cheating": privileged teachers);
 Rudin et al. 2022 (rsl_rl, whose Distillation runner this follows).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -34,33 +33,31 @@ import gymnasium as gym
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 
+# ruff: noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
     sys.exit(
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed  # noqa: E402
-from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
-from common.buffer import RolloutStorage  # noqa: E402
-from common.capture import captured, compiled, timed  # noqa: E402
-from common.checkpoint import CheckpointError, TrainingState, algorithm_of, load_checkpoint, restore, save  # noqa: E402
-from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import mlp, rnn_step, vector_size  # noqa: E402
-from common.normalize import observation_normalizer  # noqa: E402
-from common.run import (
-    begin_training,
-    checkpoints_to_write,
-    closing,
-    finish,
-    make_envs,
-    open_run,
-    start_run,
-    what_is_due,
-)  # noqa: E402
-from common.stats import add_to, episode_sums, log, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common import distributed
+from common.args import Ge, Gt, Le, RunArgs, parse_args
+from common.buffer import RolloutStorage
+from common.capture import captured, compiled, timed
+from common.checkpoint import TrainingState, restore
+from common.evaluation import eval_only
+from common.loop import evaluate_and_save, log_iteration
+from common.nets import mlp, rnn_step, vector_size
+from common.normalize import observation_normalizer
+from common.offpolicy import agent_and_twin
+from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
+from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
+from common.recurrent import with_game_score
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.stats import add_to, record_env_log
+from common.teacher import note_teacher, teacher_checkpoint, teacher_group
 
 ALGO = "distill"
 TEACHERS = ("ppo", "ppo_lstm", "distill")  # the algorithms whose actors Policy rebuilds by name (a copy of one too)
@@ -69,8 +66,7 @@ TEACHERS = ("ppo", "ppo_lstm", "distill")  # the algorithms whose actors Policy 
 @dataclass
 class Args(RunArgs):
     teacher: str | None = None
-    """checkpoint of the teacher (ppo.py, ppo_lstm.py, distill.py or a copy of one), loaded frozen with its observation
-    normalizer"""
+    """checkpoint of the teacher (ppo.py, ppo_lstm.py, distill.py or a copy of one), frozen, with its normalizer"""
     teacher_obs: str | None = None
     """observation group the teacher reads: default 'critic' where the env has one (the full state), else 'policy'"""
     teacher_action_prob: Annotated[float, Ge(0), Le(1)] = 0.0
@@ -78,8 +74,7 @@ class Args(RunArgs):
     teacher_action_fraction: Annotated[float, Gt(0), Le(1)] = 0.25
     """fraction of --total-timesteps over which --teacher-action-prob anneals to 0"""
     student_sample: bool = True
-    """Discrete: the student acts by sampling its distribution (the states a PPO fine-tuning of it visits), not by
-    its most likely action (Box: always its mean)"""
+    """Discrete: the student samples its actions (the states its PPO fine-tuning visits), not argmax (Box: its mean)"""
     cell: Literal["none", "lstm", "gru"] = "lstm"
     """the student's recurrent cell (as ppo_lstm.py's), or none: an MLP (as ppo.py's actor)"""
     rnn_hidden_size: Annotated[int, Ge(1)] = 64
@@ -115,15 +110,12 @@ class Args(RunArgs):
 SETTINGS = {}
 
 
-# ----------------------------------------------------------------------------------------------
-# Networks: one Policy class for the student and the teacher
-# ----------------------------------------------------------------------------------------------
+# --- Networks: one Policy class for the student and the teacher ---
 class Policy(nn.Module):
     """An actor: normalized observations -> (a recurrent cell ->) an MLP head -> logits (Discrete) or the mean
     action (Box). Its tensors are named as ppo_lstm.py's Agent names them (rnn.*, actor.*, obs_rms.*), and as
     ppo.py's without a cell: those scripts' checkpoints load into it as teachers, and it starts them with
-    --init-from. The hidden state of a batch is [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: h
-    rows, then c rows); without a cell it has no rows."""
+    --init-from. Its hidden state is laid out as common/recurrent.py says; without a cell it has no rows."""
 
     def __init__(
         self,
@@ -139,27 +131,15 @@ class Policy(nn.Module):
     ):
         super().__init__()
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.lstm = cell == "lstm"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        self.rnn = (
-            None
-            if cell == "none"
-            else (nn.LSTM if self.lstm else nn.GRU)(obs_dim, rnn_hidden_size, num_layers=rnn_layers)
-        )
-        for name, p in self.rnn.named_parameters() if self.rnn is not None else ():  # orthogonal weights, zero biases
-            nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
-        rows = 0 if self.rnn is None else (2 if self.lstm else 1) * rnn_layers
-        self.state_shape = (rows, rnn_hidden_size if self.rnn is not None else 1)  # per env, batch at dim 1
-        self.actor = mlp(
-            obs_dim if self.rnn is None else rnn_hidden_size, act_dim, hidden_sizes, activation, out_gain=0.01
-        )
-        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()  # the mean is clipped to them
-        self.register_buffer(
-            "action_low", torch.as_tensor(action_space.low) if bounded else torch.zeros(0), persistent=False
-        )
-        self.register_buffer(
-            "action_high", torch.as_tensor(action_space.high) if bounded else torch.zeros(0), persistent=False
-        )
+        self.rnn = None if cell == "none" else recurrent_cell(cell, obs_dim, rnn_hidden_size, rnn_layers)
+        self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden)
+        head_in = obs_dim if self.rnn is None else rnn_hidden_size
+        self.actor = mlp(head_in, act_dim, hidden_sizes, activation, out_gain=0.01)
+        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
+        for end in ("low", "high"):  # the mean is clipped to the bounds
+            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
+            self.register_buffer(f"action_{end}", bound, persistent=False)
         self.obs_rms = observation_normalizer((obs_dim,), obs_norm, obs_clip)
 
     def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
@@ -183,11 +163,9 @@ class Policy(nn.Module):
         return torch.stack(outputs)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return (
-            torch.maximum(torch.minimum(action, self.action_high), self.action_low)
-            if self.action_low.numel()
-            else action
-        )
+        if self.action_low.numel() == 0:
+            return action
+        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
 
     def action(self, head: torch.Tensor) -> torch.Tensor:  # the deterministic action of the head's output
         return head.argmax(-1) if self.discrete else self.to_env(head)
@@ -197,9 +175,7 @@ class Policy(nn.Module):
         out, state = self.memory(self.obs_rms(policy_obs), state)
         return self.actor(out).float(), state
 
-    def deterministic(
-        self, policy_obs: torch.Tensor
-    ) -> torch.Tensor:  # evaluated and exported: a policy without a cell
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:  # evaluated and exported without a cell
         return self.action(self.actor(self.obs_rms(policy_obs)).float())
 
     def _recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):
@@ -214,93 +190,27 @@ class Policy(nn.Module):
         return self._recurrent_step
 
 
-class EvalPolicy(nn.Module):
-    """A policy with a cell as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes, in place,
-    one hidden state per eval env; `reset_state(done)` zeroes those whose episode ended."""
-
-    def __init__(self, policy: Policy, num_envs: int):
-        super().__init__()
-        self.policy, self.state_shape = policy, policy.state_shape
-        self.register_buffer("state", policy.initial_state(num_envs), persistent=False)
-
-    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
-        action, state = self.policy.recurrent_step(policy_obs, self.state)
-        self.state.copy_(state)
-        return action
-
-    def reset_state(self, done: torch.Tensor) -> None:
-        self.state.mul_(~done.unsqueeze(-1))
-
-    recurrent_step = property(lambda self: self.policy.recurrent_step)
-
-
-def load_teacher(
-    path: str, obs_dim: int, group: str, action_space: gym.Space, env_id: str, device
-) -> tuple[Policy, str]:
-    """The teacher of checkpoint `path` as a frozen Policy on `device` and the file's sha256; a checkpoint that is
-    not a teacher, or whose actor does not fit the env's `group` observations or its actions, stops in one line."""
-    try:
-        ckpt = load_checkpoint(path)
-    except CheckpointError as e:
-        raise SystemExit(f"error: --teacher: {e}") from None
-    # By algorithm, not by the writing script's name: a copy of ppo.py (ppo_mine.py) writes "algo": "ppo_mine" and
-    # "algorithm": "ppo", and its actor is ppo's.
-    algorithm = algorithm_of(ckpt)
-    if algorithm not in TEACHERS:
-        raise SystemExit(
-            f"error: --teacher {path} was written by {ckpt['algo']}.py (algorithm {algorithm}); a teacher "
-            f"comes from {', '.join(f'{t}.py' for t in TEACHERS)} or a copy of one"
-        )
-    a, model = ckpt["args"], ckpt["model"]
-    cell = a.get("cell", "none")
-    first = model["rnn.weight_ih_l0" if cell != "none" else "actor.0.weight"]
-    last = model[
-        max((k for k in model if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))
-    ]
-    discrete = isinstance(action_space, gym.spaces.Discrete)
-    space = f"Discrete({action_space.n})" if discrete else f"Box{list(action_space.shape)}"
-    other_kind = algorithm != "distill" and ("log_std" in model) == discrete  # ppo's Gaussians have a log_std
-    if (
-        first.shape[1] != obs_dim
-        or last.shape[0] != (int(action_space.n) if discrete else action_space.shape[0])
-        or other_kind
-    ):
-        raise SystemExit(
-            f"error: --teacher {path} ({ckpt['algo']} on {ckpt['env_id']}) reads {first.shape[1]} observations "
-            f"and has {last.shape[0]} action outputs{' (Gaussian)' if 'log_std' in model else ''}; {env_id}'s "
-            f"{group!r} observations have {obs_dim} and its actions are {space}: give a teacher of this task "
-            f"(--teacher-obs names the group it reads)"
-        )
-    teacher = Policy(
-        obs_dim,
-        action_space,
-        cell,
-        a.get("rnn_hidden_size", 1),
-        a.get("rnn_layers", 1),
-        tuple(a["hidden_sizes"]),
-        a["activation"],
-        a["obs_norm"],
-        a["obs_clip"],
-    )
-    teacher.load_state_dict({k: v for k, v in model.items() if k in teacher.state_dict()})  # strict: all of the actor
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def load_teacher(path: str, obs_dim: int, group: str, space: gym.Space, env_id: str, device) -> tuple[Policy, str]:
+    """The teacher of checkpoint `path` as a frozen Policy on `device`, rebuilt from the flags it was trained with,
+    and the file's sha256; a checkpoint that is not a teacher of the task stops in one line (common/teacher.py)."""
+    ckpt, digest = teacher_checkpoint(path, obs_dim, group, space, env_id, TEACHERS)
+    a = ckpt["args"]
+    sizes = a.get("rnn_hidden_size", 1), a.get("rnn_layers", 1), tuple(a["hidden_sizes"])
+    teacher = Policy(obs_dim, space, a.get("cell", "none"), *sizes, a["activation"], a["obs_norm"], a["obs_clip"])
+    actor = {k: v for k, v in ckpt["model"].items() if k in teacher.state_dict()}
+    teacher.load_state_dict(actor)  # strict: all of the actor
     return teacher.to(device).eval().requires_grad_(False), digest
 
 
-# ----------------------------------------------------------------------------------------------
-# The loss of a minibatch of sequences
-# ----------------------------------------------------------------------------------------------
+# --- The loss of a minibatch of sequences ---
 def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Args):
     """The student replays the minibatch's sequences from their initial hidden states; Discrete: KL(teacher ||
     student) of the action distributions; Box: mse or huber of the student's mean to the teacher's action.
     Returns the loss and what is logged of it, by name (losses/<name>)."""
     head = student.actor(student.replay(mb["obs_n"], state, mb["starts"])).float()
     if student.discrete:
-        loss = (
-            F.kl_div(head.log_softmax(-1), mb["teacher"].log_softmax(-1), log_target=True, reduction="none")
-            .sum(-1)
-            .mean()
-        )
+        kl = F.kl_div(head.log_softmax(-1), mb["teacher"].log_softmax(-1), log_target=True, reduction="none")
+        loss = kl.sum(-1).mean()
         agreement = (head.argmax(-1) == mb["teacher"].argmax(-1)).float().mean()
     else:
         loss = (F.mse_loss if args.loss == "mse" else F.huber_loss)(head, mb["teacher"])
@@ -309,10 +219,9 @@ def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Arg
     return loss, {"distill_loss": loss.detach(), "agreement": agreement.detach()}
 
 
-# ----------------------------------------------------------------------------------------------
-# One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
-# run (the hidden states included), so that on CUDA each is compiled and captured whole.
-# ----------------------------------------------------------------------------------------------
+# --- One iteration: rollout -> targets -> update ---
+# Functions of tensors that live as long as the run (the hidden states included), so that on CUDA each is compiled
+# and captured whole.
 def rollout(
     run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
 ):
@@ -331,21 +240,15 @@ def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes:
     """The episode statistics of a rollout, its observations normalized as the student acted on them, then
     the observation statistics for the next one. Returns the [T, N] batch of sequences the update reads
     and the rollout's counts of non-finite values, by name."""
-    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(
-        ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", data["dones"]), sums=episodes
-    )
+    rollout_episodes(data, data["dones"], ep_stats, episodes)  # the logged returns: the game's score where reported
     nonfinite = {
         name: (~torch.isfinite(data[key])).sum()
         for name, key in (("observations", "obs"), ("rewards", "rewards"), ("teacher", "teacher"))
     }
     obs_n = student.obs_rms(data["obs"])  # the statistics the student acted with
-    student.obs_rms.update(
-        data["obs"]
-    )  # the next rollout's statistics from this one only (never eval data; off: no-op)
-    starts = torch.cat(
-        [torch.zeros_like(data["dones"][:1]), data["dones"][:-1]]
-    )  # step 0's state was zeroed in the rollout
+    # the next rollout's statistics from this one only (never eval data; off: no-op)
+    student.obs_rms.update(data["obs"])
+    starts = episode_starts(data["dones"])  # where the replay zeroes the state, as the rollout did
     return TensorDict(
         {"obs_n": obs_n, "starts": starts, "teacher": data["teacher"]}, batch_size=starts.shape, device=starts.device
     ), nonfinite
@@ -363,47 +266,31 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, sta
             envs = perm[start : start + envs_per_minibatch]
             add_to(loss_sums, update_minibatch(batch[:, envs], initial_state[:, envs]))
             num_updates += 1
-    means = {name: total / num_updates for name, total in loss_sums.items()}
-    add_to(stats["losses"], means)
-    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+    add_update_means(stats, loss_sums, num_updates)
 
 
-# ----------------------------------------------------------------------------------------------
+# --- main and train ---
 def main(args: Args) -> dict:
-    # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where only its weights are read (rnn_step)
-    with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, torch._dynamo.config.patch(allow_rnn=True):
+    with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, allow_rnn():  # dynamo traces the cell
         return train(run, args)  # on any exit, an error included: graphs released, then the process group left
 
 
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags, --teacher among them, it takes)
     device = run.device
-    if args.num_envs % args.num_minibatches != 0:
-        raise SystemExit(
-            f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
-            f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
-        )
+    envs_per_minibatch = env_minibatches(args)  # or a clear error: they must divide
     global_batch = args.num_envs * args.num_steps * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     space, discrete = envs.single_action_space, isinstance(envs.single_action_space, gym.spaces.Discrete)
-    student_args = (
-        args.cell,
-        args.rnn_hidden_size,
-        args.rnn_layers,
-        args.hidden_sizes,
-        args.activation,
-        args.obs_norm,
-        args.obs_clip,
-    )
+    sizes = args.rnn_hidden_size, args.rnn_layers, args.hidden_sizes
+    student_args = (args.cell, *sizes, args.activation, args.obs_norm, args.obs_clip)
     obs_dim = vector_size(next_obs, "policy", "distill.py")  # the student's input
-    student = Policy(obs_dim, space, *student_args).to(device)
-    distributed.broadcast_module(student)  # identical initial weights on every rank
-    # Grad-free twin for acting that shares the student's storage: no copies, no autograd in the rollout.
-    student_inference = Policy(obs_dim, space, *student_args).to(device)
-    from_module(student).data.to_module(student_inference)
+    # rank 0's initial weights on every rank, and a grad-free twin for acting that shares the student's storage
+    student, student_inference = agent_and_twin(lambda: Policy(obs_dim, space, *student_args), device)
+    # one hidden state per eval env
     eval_policy = EvalPolicy(student_inference, args.num_eval_envs) if args.cell != "none" else student_inference
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place
     optimizer = torch.optim.Adam(student.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
@@ -411,22 +298,11 @@ def train(run, args: Args) -> dict:
     rnn_state = student.initial_state(args.num_envs)  # live: every write is in place
     initial_state = torch.zeros_like(rnn_state)  # each env's state at the start of the rollout
     teacher_info = {"path": str(args.teacher), "sha256": None}  # of the teacher file, in the checkpoints and summary
-    teacher_key = args.teacher_obs or ("critic" if "critic" in next_obs.keys() else "policy")
     teacher_state = torch.zeros(0, args.num_envs, 1, device=device)  # a recurrent teacher's memory (no rows: an MLP's)
     if not args.eval_only:  # --eval-only evaluates the student alone: no teacher needed
-        if args.teacher is None:
-            raise SystemExit(
-                "error: --teacher PATH is required: a checkpoint of ppo.py or ppo_lstm.py trained on the task "
-                "(with its full state, e.g. the env's 'critic' observations)"
-            )
-        if teacher_key not in next_obs.keys():
-            raise SystemExit(
-                f"error: --teacher-obs {teacher_key}: {args.env_id} has the observation groups "
-                f"{', '.join(next_obs.keys())}"
-            )
-        teacher, digest = load_teacher(
-            args.teacher, next_obs[teacher_key].shape[-1], teacher_key, space, args.env_id, device
-        )
+        teacher_key = teacher_group(args, next_obs)  # the group it reads, or a clear error
+        teacher_dim = next_obs[teacher_key].shape[-1]
+        teacher, digest = load_teacher(args.teacher, teacher_dim, teacher_key, space, args.env_id, device)
         teacher_state = teacher.initial_state(args.num_envs)
 
     # what the checkpoints hold besides the counters, restored in place
@@ -440,11 +316,7 @@ def train(run, args: Args) -> dict:
     next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states
     if args.eval_only:
         return eval_only(run, eval_envs, eval_policy)
-    if teacher_info["sha256"] not in (None, digest):
-        run.say(
-            f"notice: --teacher {args.teacher} is not the file the checkpoint's run distilled from (sha256 differs)"
-        )
-    teacher_info.update(path=str(Path(args.teacher).resolve()), sha256=digest)
+    note_teacher(run, teacher_info, args.teacher, digest)  # a notice where a resumed run's teacher file changed
     teacher_prob = torch.tensor(args.teacher_action_prob, device=device)  # annealed in place
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
@@ -471,8 +343,8 @@ def train(run, args: Args) -> dict:
 
     def end_step(student_next: torch.Tensor, teacher_next: torch.Tensor, done: torch.Tensor) -> None:
         """The hidden states move on, zeroed in place for the envs whose episode ended."""
-        rnn_state.copy_(student_next * ~done.unsqueeze(-1))
-        teacher_state.copy_(teacher_next * ~done.unsqueeze(-1))
+        carry_over(rnn_state, student_next, done)
+        carry_over(teacher_state, teacher_next, done)
 
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
@@ -485,8 +357,7 @@ def train(run, args: Args) -> dict:
             "rewards": reward.float(),
             "dones": terminated | truncated,
         }
-        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
-            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        transition = with_game_score(transition, info)  # Atari: the game's score is what is logged
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):
@@ -522,17 +393,12 @@ def train(run, args: Args) -> dict:
         end_step = captured(run, "end of step", compiled(run, end_step))
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(
-        run, "update", update_fn
-    )  # the targets and every epoch as one graph: the batch never leaves it
-    student_text = "MLP" if args.cell == "none" else f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
-    begin_training(
-        run,
-        f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r}); student "
-        f"{student_text} reads 'policy'; batch {global_batch} per iteration ({args.num_minibatches} minibatches "
-        f"of {args.num_envs // args.num_minibatches} envs x {args.num_steps} steps per process)",
-        global_batch,
-    )
+    # the targets and every epoch as one graph: the batch never leaves it
+    update_fn = captured(run, "update", update_fn)
+    teacher_said = f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r})"
+    student_said = f"student {'MLP' if args.cell == 'none' else cell_said(args)} reads 'policy'"
+    said = f"{teacher_said}; {student_said}; {batch_said(args, global_batch, envs_per_minibatch)}"
+    begin_training(run, said, global_batch)
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -550,28 +416,12 @@ def train(run, args: Args) -> dict:
             update_fn()  # targets, then the epochs
         iterations_in_stats += 1
 
-        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
-        if due.log:
-            log(
-                run,
-                reduce_iteration(
-                    run,
-                    episodes=stats["episodes"],
-                    means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
-                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                    local={"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob},
-                ),
-            )
-            zero_(stats)
+        if due.log:  # every --log-interval iterations, and before an evaluation or a save: one host read
+            local = {"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob}
+            log_iteration(run, stats, iterations_in_stats, local=local)
             iterations_in_stats = 0
-
-        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if due.eval:
-            evaluate(run, eval_envs, eval_policy)
-        if names := checkpoints_to_write(run, due):
-            save(run, names, state, next_obs)
-        if run.stop_reason:
+        if evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs):  # the same on every rank
             break
     return finish(run, student, {"teacher": dict(teacher_info)})
 

@@ -4,14 +4,11 @@
     torchrun --nproc-per-node 8 algos/ppo_lstm.py --env-id Pendulum-v1 --env-kwargs '{"mask_velocity": true}'
 
 algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor and a critic
-head; EvalPolicy: one hidden state per eval env) -> GAE, the adaptive learning rate, the PPO loss of a minibatch of
-sequences -> rollout -> targets -> update -> main and train (setup; the iteration's functions, then one block that
-compiles and captures them; the loop). The hidden state of every env is one tensor [k * rnn_layers, num_envs,
-rnn_hidden_size] (k = 2 for an LSTM: h rows, then c rows): the rollout writes it in place (a built-in env's rollout
-stays one CUDA graph), copies it at the rollout's start and zeroes the rows of every env whose episode ended before
-the next step reads them; the update replays each env's rollout as one sequence from that copy (truncated BPTT over
---num-steps), zeroing it at the episode starts as the rollout did; minibatches are sets of envs with all their
-steps. Checkpoints hold each rank's hidden states: resume is exact.
+head) -> GAE, the adaptive learning rate, the PPO loss of a minibatch of sequences -> rollout -> targets -> update ->
+main and train (setup; the iteration's functions, then one block that compiles and captures them; the loop). Each
+env's hidden state lives through the rollouts, zeroed where its episode ends; the update replays each env's rollout as
+one sequence from the state it started with (truncated BPTT over --num-steps), minibatches being sets of envs with all
+their steps; the state's layout and bookkeeping are common/recurrent.py's.
 Flags as ppo.py's, less those tests/test_flag_parity.py lists with the reason (--symmetry: a hidden state has no
 known mirror image; rsl_rl refuses symmetry with a recurrent policy too).
 References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability);
@@ -29,7 +26,7 @@ from typing import Annotated, Literal
 import gymnasium as gym
 import torch
 import torch.nn as nn
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 
 # ruff: noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -47,9 +44,13 @@ from common.evaluation import eval_only
 from common.loop import evaluate_and_save, log_iteration
 from common.nets import group_encoder, group_shapes, mlp, rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
+from common.offpolicy import agent_and_twin
+from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
+from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
+from common.recurrent import with_game_score
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
 from common.settings import rsl_rl_settings
-from common.stats import add_to, episode_sums, nonfinite, record_env_log
+from common.stats import add_to, nonfinite, record_env_log
 
 ALGO = "ppo_lstm"
 
@@ -67,7 +68,7 @@ class Args(RunArgs):
     num_steps: Annotated[int, Ge(1)] = 32
     """steps per env per rollout, also the length of the replayed sequences (truncated BPTT)"""
     num_minibatches: Annotated[int, Ge(1)] = 4
-    """minibatches per epoch: each is num_envs / num_minibatches envs with all their num_steps steps"""
+    """minibatches per epoch, each a set of envs with all their steps"""
     update_epochs: Annotated[int, Ge(1)] = 5
     """epochs over the batch per iteration"""
     learning_rate: Annotated[float, Gt(0)] = 1e-3
@@ -75,7 +76,7 @@ class Args(RunArgs):
     lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
-    """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
+    """KL the adaptive schedule aims for (adapt_learning_rate)"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
     gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
@@ -91,7 +92,7 @@ class Args(RunArgs):
     vf_coef: Annotated[float, Ge(0)] = 1.0
     """value loss coefficient"""
     max_grad_norm: Annotated[float, Gt(0)] = 0.5
-    """global gradient-norm clip (CleanRL's 0.5: at ppo.py's 1.0 a run collapsed)"""
+    """global gradient-norm clip (CleanRL's 0.5, tighter than ppo.py's 1.0)"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64,)
     """hidden layer sizes of the actor and critic heads after the cell"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
@@ -114,9 +115,7 @@ class Args(RunArgs):
 
 # Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
 SETTINGS = {
-    # ppo.py's, CleanRL's ppo_continuous_action.py: 1 env x 2048 steps, 32 minibatches, 10 epochs, Adam 3e-4
-    # annealed to 0, clip 0.2, no entropy bonus, value coefficient 0.5, gradient clip 0.5, observations and rewards
-    # normalized and clipped at 10, 64 tanh after the LSTM, log-std 0; an evaluation every 51,200 steps on 8 envs
+    # ppo.py's: CleanRL's ppo_continuous_action.py (its 64 tanh units after the cell); an evaluation every 51,200 steps
     "mujoco": dict(
         num_envs=1,
         num_steps=2048,
@@ -145,10 +144,8 @@ class Agent(nn.Module):
     """A recurrent cell over the normalized policy observations, shared by an actor head and a critic head (one cell
     step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
     observation normalizers: one state_dict holds all. Discrete spaces get a Categorical over logits; Box spaces a
-    diagonal Gaussian with a state-independent log-std. A group's shape is one env's: [D] (an int will do) for vectors,
-    [C, H, W] for uint8 images, which an --encoder of their own reads first (divided by pixel_high, the
-    policy's and the critic's group's own; never normalized), or a dict term -> shape for a group of terms
-    (common.nets.TermsEncoder)."""
+    diagonal Gaussian with a state-independent log-std. A group's shape is one env's (an int will do for [D]); images
+    and groups of terms are read by an --encoder of their own first (common.nets.group_encoder), never normalized."""
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
@@ -161,12 +158,9 @@ class Agent(nn.Module):
         )
         obs_dim = getattr(self.encoder, "out_dim", None) or obs_shape[0]  # what the cell reads: features or the vector
         critic_dim = 0 if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
-        self.lstm = args.cell == "lstm"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        self.rnn = (nn.LSTM if self.lstm else nn.GRU)(obs_dim, args.rnn_hidden_size, num_layers=args.rnn_layers)
-        for name, p in self.rnn.named_parameters():  # orthogonal weights, zero biases (CleanRL)
-            nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
-        self.state_shape = ((2 if self.lstm else 1) * args.rnn_layers, args.rnn_hidden_size)  # per env, batch at dim 1
+        self.rnn = recurrent_cell(args.cell, obs_dim, args.rnn_hidden_size, args.rnn_layers)
+        self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden): common/recurrent.py
         self.actor = mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
         self.critic = mlp(args.rnn_hidden_size + critic_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
         if not self.discrete:
@@ -186,15 +180,13 @@ class Agent(nn.Module):
         return TensorDict({"policy": self.obs_rms(obs["policy"]), **critic}, batch_size=obs.batch_size)
 
     def memory(self, policy_obs_n: torch.Tensor, state: torch.Tensor):
-        """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state). The
-        module's step as matmuls and pointwise ops on its own weights (common.nets.rnn_step: no fused RNN kernel,
-        which would dispatch to another kernel on each device), so the graph compiled on a CPU is the GPU's."""
+        """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state), with
+        common.nets.rnn_step (no fused kernel: the graph compiled on a CPU is the GPU's)."""
         return rnn_step(self.rnn, self.encoder(policy_obs_n), state)
 
     def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The cell over sequences [T, B, ...] from `state`, zeroed where an episode starts (starts [T, B]) as the
-        rollout zeroed it: the outputs [T, B, H] the rollout acted on (the same step as acting: equal to float
-        rounding)."""
+        rollout zeroed it: the outputs [T, B, H] the rollout acted on, to float rounding (the same step as acting)."""
         keep, outputs = (~starts).unsqueeze(-1), []
         features = self.encoder(policy_obs_n)  # an image group's frames: every step's in one batch
         for t in range(features.shape[0]):
@@ -237,32 +229,10 @@ class Agent(nn.Module):
         return self.value(self.memory(obs_n["policy"], state)[0], obs_n)
 
     def recurrent_step(self, policy_obs: torch.Tensor, state: torch.Tensor):
-        """The evaluated and exported policy on raw observations: (the greedy action or clipped Gaussian mean, next
-        state)."""
+        """The evaluated and exported policy on raw observations: (greedy action or clipped mean, next state)."""
         out, state = self.memory(self.obs_rms(policy_obs), state)
         out = self.actor(out).float()
         return (out.argmax(-1) if self.discrete else self.to_env(out)), state
-
-
-class EvalPolicy(nn.Module):
-    """The deterministic policy as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes, in
-    place, one hidden state per eval env; `reset_state(done)` zeroes those whose episode ended (after every step)."""
-
-    def __init__(self, agent: Agent, num_envs: int):
-        super().__init__()
-        self.agent, self.state_shape = agent, agent.state_shape
-        state = agent.initial_state(num_envs).to(next(agent.parameters()).device)
-        self.register_buffer("state", state, persistent=False)
-
-    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
-        action, state = self.agent.recurrent_step(policy_obs, self.state)
-        self.state.copy_(state)
-        return action
-
-    def reset_state(self, done: torch.Tensor) -> None:
-        self.state.mul_(~done.unsqueeze(-1))
-
-    recurrent_step = property(lambda self: self.agent.recurrent_step)  # (obs, state) -> (action, next state): exported
 
 
 # --- GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences ---
@@ -283,7 +253,7 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
 
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
     """rsl_rl's schedule in place: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, * 1.5 below half,
-    in [1e-5, 1e-2] (ppo.py's 5e-3 cap left runs short of solving)."""
+    in [1e-5, 1e-2] (a higher cap than ppo.py's 5e-3)."""
     factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
     lr.copy_((lr * factor).clamp(1e-5, 1e-2))
 
@@ -326,8 +296,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
 def rollout(
     run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
 ):
-    """storage.num_steps steps of every env, written to storage; the hidden states they start
-    from go to initial_state (the update replays from there). No host sync."""
+    """storage.num_steps steps of every env, written to storage; the hidden states they start from go to
+    initial_state (the update replays from there). No host sync."""
     initial_state.copy_(rnn_state)
     for step in range(storage.num_steps):
         next_obs, transition, info = env_step(next_obs)
@@ -348,12 +318,10 @@ def targets(
     args: Args,
 ):
     """The episode statistics, (normalized) rewards and GAE of a rollout, then the observation statistics for the next
-    one. Returns the [T, N] batch of sequences the update reads, the logged statistics and the non-finite counts, by
-    name."""
+    one. Returns the [T, N] batch of sequences the update reads, the logged statistics and non-finite counts by name."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
+    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where reported
     nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
@@ -372,7 +340,7 @@ def targets(
         agent.critic_obs_rms.update(data["obs", "critic"])
     var_y = returns.var()
     explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
-    starts = torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])  # step 0's state was zeroed in the rollout
+    starts = episode_starts(dones)  # where the replay zeroes the state, as the rollout did
     batch = dict(obs_n=obs_n, starts=starts, actions=data["actions"], logprobs=data["logprobs"], values=values)
     batch = TensorDict({**batch, "advantages": advantages, "returns": returns}, values.shape, values.device)
     return batch, {"explained_variance": explained_variance}, nonfinite_counts
@@ -392,26 +360,19 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
-    means = {name: total / num_updates for name, total in loss_sums.items()}
-    add_to(stats["losses"], means)
-    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+    add_update_means(stats, loss_sums, num_updates)
 
 
 # --- main and train ---
 def main(args: Args) -> dict:
-    # allow_rnn: dynamo stops at an nn.LSTM/nn.GRU (a graph break) even where only its weights are read (rnn_step)
-    with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, torch._dynamo.config.patch(allow_rnn=True):
+    with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, allow_rnn():  # dynamo traces the cell
         return train(run, args)  # on any exit, an error included: graphs released, then the process group left
 
 
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    if args.num_envs % args.num_minibatches != 0:
-        raise SystemExit(
-            f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
-            f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
-        )
+    envs_per_minibatch = env_minibatches(args)  # or a clear error: they must divide
     global_batch = args.num_envs * args.num_steps * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
@@ -419,12 +380,10 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     refused = "--export of a recurrent policy" if args.export or args.export_best else None
     obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args, refused)  # critic_shape None without one
-    agent = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
-    distributed.broadcast_module(agent)  # identical initial weights on every rank
-    # Grad-free twin for acting that shares the agent's storage: no copies, no autograd in the rollout.
-    agent_inference = Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale).to(device)
-    from_module(agent).data.to_module(agent_inference)
-    eval_policy = EvalPolicy(agent_inference, args.num_eval_envs)
+    space = envs.single_action_space
+    # rank 0's initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
+    agent, agent_inference = agent_and_twin(lambda: Agent(obs_shape, critic_shape, space, args, image_scale), device)
+    eval_policy = EvalPolicy(agent_inference, args.num_eval_envs, "agent")  # one hidden state per eval env
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
@@ -458,7 +417,7 @@ def train(run, args: Args) -> dict:
         reset), as the rollout would have had the episode gone on: its value is V of the episode's true next step."""
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
             final_value = agent_inference.value_from(final_obs, state)
-        rnn_state.copy_(state * ~done.unsqueeze(-1))
+        carry_over(rnn_state, state, done)
         return final_value
 
     def env_step(obs: TensorDict):
@@ -476,8 +435,7 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
-        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
-            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+        transition = with_game_score(transition, info)  # Atari: the game's score is what is logged
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):
@@ -515,9 +473,7 @@ def train(run, args: Args) -> dict:
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     # the targets and every epoch as one graph: the batch never leaves it
     update_fn = captured(run, "update", update_fn)
-    said = f"{args.num_minibatches} minibatches of {args.num_envs // args.num_minibatches} envs x {args.num_steps}"
-    cell = f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
-    begin_training(run, f"batch {global_batch} per iteration ({said} steps per process); {cell}", global_batch)
+    begin_training(run, f"{batch_said(args, global_batch, envs_per_minibatch)}; {cell_said(args)}", global_batch)
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -534,9 +490,8 @@ def train(run, args: Args) -> dict:
             update_fn(next_obs)  # targets, then the epochs
         iterations_in_stats += 1
 
-        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
         due = what_is_due(run, final_iteration)
-        if due.log:
+        if due.log:  # every --log-interval iterations, and before an evaluation or a save: one host read
             log_iteration(run, stats, iterations_in_stats, local={"charts/learning_rate": lr})
             iterations_in_stats = 0
         if evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs):  # the same on every rank

@@ -358,6 +358,7 @@ def test_a_recurrent_students_export_carries_its_state(tmp_path):
     student = distill.Policy(3, gym.spaces.Box(-2.0, 2.0, (1,)), "lstm", 8, 1, (64,), "tanh", True, 10.0)
     student.load_state_dict(saved["model"])
     program = load_exported_program(tmp_path / "export" / "policy.pt2")
+    assert "model.policy.rnn.weight_ih_l0" in program.state_dict()  # the names the script's own EvalPolicy gave
     state = expected_state = student.initial_state(5)
     for obs in torch.randn(4, 5, 3, generator=torch.Generator().manual_seed(0)):
         with torch.no_grad():

@@ -306,6 +306,8 @@ def test_exported_policy_runs_episodes_as_the_script_evaluates(tmp_path):
     with torch.no_grad():
         expected, script_returns = exported_episodes(agent.recurrent_step, env, 7, 2, (rows, hidden))
         program = load_exported_program(out / "policy.pt2")  # no deprecation notice
+        # the weights keep their names (common.recurrent.EvalPolicy holds the agent as `agent`, as the script's did)
+        assert "model.agent.rnn.weight_ih_l0" in program.state_dict()
         got_pt2, pt2_returns = exported_episodes(program, env, 7, 2, (rows, hidden))
     onnx = onnxruntime.InferenceSession(str(out / "policy.onnx"))
 

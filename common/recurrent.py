@@ -1,0 +1,140 @@
+"""What ppo_lstm.py and distill.py share around their algorithm: the recurrent cell's plumbing and the rollout's
+bookkeeping (the cell's step, the replay of the update, the losses and the loop stay in the scripts):
+
+    rnn = recurrent_cell(args.cell, in_dim, args.rnn_hidden_size, args.rnn_layers)  # orthogonal weights, zero biases
+    state_shape = state_shape_of(rnn)          # (rows, hidden) of one env's hidden state
+    envs_per_minibatch = env_minibatches(args)  # or a one-line error where --num-minibatches does not divide --num-envs
+    carry_over(rnn_state, next_state, done)    # the live state moves on, zeroed for the episodes that ended
+    transition = with_game_score(transition, info)  # Atari: the game's reward and end beside a life's
+    rollout_episodes(data, dones, ep_stats, episodes)  # the finished episodes' sums, the game's score where reported
+    starts = episode_starts(dones)             # where the update's replay zeroes the state, as the rollout did
+    add_update_means(stats, loss_sums, num_updates)  # an update's mean losses and their NaN guard
+    eval_policy = EvalPolicy(policy, num_eval_envs)  # one hidden state per eval env (common/evaluation.py)
+    begin_training(run, f"...; {batch_said(args, global_batch, envs_per_minibatch)}; {cell_said(args)}", ...)
+    with closing(start_run(...)) as run, allow_rnn(): ...
+
+The hidden state of a batch of envs is one tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h
+rows, then the c rows; the layout of common.nets.rnn_step), the batch at dim 1: a minibatch of envs is `state[:, envs]`,
+and the exported policy takes it so (common/export.py). The rollout writes the live state in place (a built-in env's
+rollout stays one CUDA graph), copies it at the rollout's start and zeroes the rows of every env whose episode ended
+before the next step reads them; the update replays each env's rollout as one sequence from that copy (truncated BPTT
+over --num-steps), zeroing it at the episode starts as the rollout did. Minibatches are sets of envs with all their
+steps. Checkpoints hold each rank's hidden states: a resume is exact.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from tensordict import TensorDict
+
+from common.stats import add_to, episode_sums
+
+
+def recurrent_cell(cell: str, input_size: int, hidden_size: int, layers: int) -> nn.LSTM | nn.GRU:
+    """An nn.LSTM (`cell` "lstm") or nn.GRU of `layers` layers with orthogonal weights and zero biases (CleanRL). The
+    scripts step it with common.nets.rnn_step, never through the module's fused kernels."""
+    rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(input_size, hidden_size, num_layers=layers)
+    for name, p in rnn.named_parameters():
+        nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
+    return rnn
+
+
+def state_shape_of(rnn: nn.LSTM | nn.GRU | None) -> tuple[int, int]:
+    """(rows, hidden) of one env's hidden state: k * layers rows (k = 2 for an LSTM: h, then c) of the cell's hidden
+    size; without a cell (None) no rows, of size 1."""
+    if rnn is None:
+        return 0, 1
+    return (2 if isinstance(rnn, nn.LSTM) else 1) * rnn.num_layers, rnn.hidden_size
+
+
+def env_minibatches(args) -> int:
+    """Envs per minibatch: a minibatch is a set of envs with their whole sequences, so --num-minibatches divides
+    --num-envs, or a one-line error before anything runs."""
+    if args.num_envs % args.num_minibatches != 0:
+        raise SystemExit(
+            f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
+            f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
+        )
+    return args.num_envs // args.num_minibatches
+
+
+def carry_over(live: torch.Tensor, next_state: torch.Tensor, done: torch.Tensor) -> None:
+    """The live hidden states [rows, N, H] move on to `next_state` in place, zeroed for the envs whose episode ended
+    (done [N]) before the next step reads them."""
+    live.copy_(next_state * ~done.unsqueeze(-1))
+
+
+def episode_starts(dones: torch.Tensor) -> torch.Tensor:
+    """Where an episode starts in a [T, N] rollout of `dones`: the step after each done, where the update's replay
+    zeroes the state as the rollout did (never step 0: the rollout's copy of the state was zeroed already)."""
+    return torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])
+
+
+def with_game_score(transition: dict, info: dict) -> dict:
+    """Atari: a life is the learner's episode, the game's score is what is logged. Where the env's info has the game's
+    reward and end (Atari's presets), the transition keeps them beside the learner's reward and done."""
+    if "game_over" in info:
+        transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+    return transition
+
+
+def rollout_episodes(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor) -> None:
+    """The sums of the episodes that ended in a [T, N] rollout into `episodes` (common.stats.episode_sums, the running
+    return and length of each env in `ep_stats`): the game's score where the env reports one apart from the learner's
+    rewards (with_game_score), the learner's own returns otherwise."""
+    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
+
+
+def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
+    """The mean over an update's `num_updates` minibatches of each loss summed in `loss_sums`, by name, into
+    stats["losses"], and how many of them are non-finite into stats["nonfinite"] (the NaN guard's "losses")."""
+    means = {name: total / num_updates for name, total in loss_sums.items()}
+    add_to(stats["losses"], means)
+    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+
+
+def batch_said(args, global_batch: int, envs_per_minibatch: int) -> str:
+    """The batch of an iteration as the start line says it: over all ranks, then as minibatches of envs per process."""
+    return (
+        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {envs_per_minibatch} envs x "
+        f"{args.num_steps} steps per process)"
+    )
+
+
+def cell_said(args) -> str:
+    """The cell as the start line says it: its kind, layers x hidden units ("lstm 1x64")."""
+    return f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
+
+
+def allow_rnn():
+    """A context in which dynamo traces a function that reads an nn.LSTM/nn.GRU: without allow_rnn it stops at the
+    module (a graph break) even where only its weights are read (rnn_step)."""
+    return torch._dynamo.config.patch(allow_rnn=True)
+
+
+class EvalPolicy(nn.Module):
+    """A recurrent policy as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes, in place, one
+    hidden state per eval env; `reset_state(done)` zeroes those whose episode ended (after every step). `policy` has
+    `recurrent_step(obs, state) -> (action, next state)`, which is exported, and `state_shape`; it is held under
+    `name`, by which the exported programs name its weights (model.<name>.rnn.weight_ih_l0, ...)."""
+
+    def __init__(self, policy: nn.Module, num_envs: int, name: str = "policy"):
+        super().__init__()
+        self.name, self.state_shape = name, policy.state_shape
+        self.add_module(name, policy)
+        device = next(policy.parameters()).device
+        state = torch.zeros(self.state_shape[0], num_envs, self.state_shape[1], device=device)
+        self.register_buffer("state", state, persistent=False)
+
+    @property
+    def recurrent_step(self):
+        return getattr(self, self.name).recurrent_step
+
+    def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
+        action, state = self.recurrent_step(policy_obs, self.state)
+        self.state.copy_(state)
+        return action
+
+    def reset_state(self, done: torch.Tensor) -> None:
+        self.state.mul_(~done.unsqueeze(-1))

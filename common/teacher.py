@@ -1,0 +1,84 @@
+"""The teacher of a distillation (algos/distill.py), around the script's own networks: the observation group it reads,
+its checkpoint checked against the task before anything runs, and the record of which file taught (path and sha256,
+in the student's checkpoints and summary).
+
+    group = teacher_group(args, next_obs)                      # --teacher-obs or the env's full state; or an error
+    ckpt, digest = teacher_checkpoint(path, obs_dim, group, action_space, env_id, TEACHERS)
+    note_teacher(run, teacher_info, args.teacher, digest)      # after the resume: a notice if the file changed
+
+The script rebuilds the teacher's actor from `ckpt` with its own network class (by the tensors' names) and freezes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import gymnasium as gym
+
+from common.checkpoint import CheckpointError, algorithm_of, load_checkpoint
+
+if TYPE_CHECKING:
+    from common.record import Run
+
+
+def teacher_group(args, obs) -> str:
+    """The observation group the teacher reads: --teacher-obs, or "critic" where the env has one (the full state), else
+    "policy". Training without --teacher, or with a group the env does not have, stops in one line."""
+    group = args.teacher_obs or ("critic" if "critic" in obs.keys() else "policy")
+    if args.teacher is None:
+        raise SystemExit(
+            "error: --teacher PATH is required: a checkpoint of ppo.py or ppo_lstm.py trained on the task "
+            "(with its full state, e.g. the env's 'critic' observations)"
+        )
+    if group not in obs.keys():
+        raise SystemExit(
+            f"error: --teacher-obs {group}: {args.env_id} has the observation groups {', '.join(obs.keys())}"
+        )
+    return group
+
+
+def teacher_checkpoint(
+    path: str, obs_dim: int, group: str, action_space: gym.Space, env_id: str, teachers: tuple[str, ...]
+) -> tuple[dict, str]:
+    """The checkpoint at `path` and the file's sha256, where it is a teacher: written by one of the algorithms
+    `teachers` (or a copy of one), its actor reading the `obs_dim` observations of the env's `group` and acting in
+    `action_space` (a Gaussian's log_std for a Box, none for Discrete; a distilled student has none for either).
+    Anything else stops in one line."""
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError as e:
+        raise SystemExit(f"error: --teacher: {e}") from None
+    # By algorithm, not by the writing script's name: a copy of ppo.py (ppo_mine.py) writes "algo": "ppo_mine" and
+    # "algorithm": "ppo", and its actor is ppo's.
+    algorithm = algorithm_of(ckpt)
+    if algorithm not in teachers:
+        raise SystemExit(
+            f"error: --teacher {path} was written by {ckpt['algo']}.py (algorithm {algorithm}); a teacher "
+            f"comes from {', '.join(f'{t}.py' for t in teachers)} or a copy of one"
+        )
+    model = ckpt["model"]
+    first = model["rnn.weight_ih_l0" if ckpt["args"].get("cell", "none") != "none" else "actor.0.weight"]
+    head = [k for k in model if k.startswith("actor.") and k.endswith(".weight")]
+    last = model[max(head, key=lambda k: int(k.split(".")[1]))]  # the actor's output layer
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    space = f"Discrete({action_space.n})" if discrete else f"Box{list(action_space.shape)}"
+    other_kind = algorithm != "distill" and ("log_std" in model) == discrete  # ppo's Gaussians have a log_std
+    outputs = int(action_space.n) if discrete else action_space.shape[0]
+    if first.shape[1] != obs_dim or last.shape[0] != outputs or other_kind:
+        raise SystemExit(
+            f"error: --teacher {path} ({ckpt['algo']} on {ckpt['env_id']}) reads {first.shape[1]} observations "
+            f"and has {last.shape[0]} action outputs{' (Gaussian)' if 'log_std' in model else ''}; {env_id}'s "
+            f"{group!r} observations have {obs_dim} and its actions are {space}: give a teacher of this task "
+            f"(--teacher-obs names the group it reads)"
+        )
+    return ckpt, hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def note_teacher(run: Run, info: dict, path: str, digest: str) -> None:
+    """The teacher's file (resolved path, sha256) into `info`, which the checkpoints and the summary keep; a run
+    resumed with another file than the one it distilled from says so first."""
+    if info["sha256"] not in (None, digest):
+        run.say(f"notice: --teacher {path} is not the file the checkpoint's run distilled from (sha256 differs)")
+    info.update(path=str(Path(path).resolve()), sha256=digest)
