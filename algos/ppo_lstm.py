@@ -42,9 +42,8 @@ from common.capture import captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.loop import evaluate_and_save, log_iteration
-from common.nets import group_encoder, group_shapes, mlp, rnn_step, sample
+from common.nets import agent_and_twin, group_encoder, group_shapes, mlp, rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
-from common.offpolicy import agent_and_twin
 from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
 from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
 from common.recurrent import with_game_score

@@ -41,9 +41,9 @@ from common.buffer import ReplayBuffer  # noqa: E402
 from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
-from common.nets import EnsembleLinear, mlp  # noqa: E402
+from common.nets import EnsembleLinear, agent_and_twin, mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
-from common.offpolicy import act_and_step, action_bounds, actor_schedule, agent_and_twin  # noqa: E402
+from common.offpolicy import act_and_step, action_bounds, actor_schedule  # noqa: E402
 from common.offpolicy import described, fold_and_ready, log_eval_save, new_stats, obs_dims  # noqa: E402
 from common.offpolicy import replay_capacity, replay_ready, store  # noqa: E402
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run  # noqa: E402

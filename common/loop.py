@@ -1,7 +1,7 @@
 """What the PPO-family scripts do around their algorithm, the same in each (ppo.py and ppo_rnd.py use all of it,
-ppo_lstm.py the log and the end of an iteration): the sizes of an iteration and its batch split into minibatches,
-the statistics an iteration gathers on the device, the start line (what the CUDA graphs hold), the log of an
-iteration's statistics, and the evaluation, checkpoints and stop that end an iteration."""
+ppo_lstm.py and distill.py the log and the end of an iteration): the sizes of an iteration and its batch split into
+minibatches, the statistics an iteration gathers on the device, the start line (what the CUDA graphs hold), the log
+of an iteration's statistics, and the evaluation, checkpoints and stop that end an iteration."""
 
 from __future__ import annotations
 

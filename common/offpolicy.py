@@ -1,11 +1,10 @@
 """The wiring td3.py and sac.py share around their algorithm: the checks of a replay run's flags and action space,
-the agent's acting twin, the step of every env and its replay write, the phases of the actor's schedule, the
+the step of every env and its replay write, the phases of the actor's schedule, the
 normalizers' folds up to the first update, and the loop's log, evaluation and save.
 
     capacity = replay_capacity(args)                        # slots per env, checked against --n-step
     low, high = action_bounds(envs, args, ALGO)             # a bounded Box, which a tanh policy is scaled to
     obs_dim, critic_dim = obs_dims(next_obs, args, "td3.py")
-    agent, agent_inference = agent_and_twin(lambda: Agent(...), device)
     action, next_obs, reward, terminated, truncated, info = act_and_step(envs, agent, policy, bf16, obs)
     next_obs, done = store(run, buffer, ep_stats, stats, obs, action, next_obs, reward, terminated, truncated, info)
     actor_at, phases = actor_schedule(num_updates, policy_frequency)
@@ -22,12 +21,11 @@ them as arguments. The scripts import these names (tests/benchmarks/gpu_check.py
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 
-from common import distributed
 from common.checkpoint import save
 from common.evaluation import evaluate
 from common.nets import vector_size
@@ -68,16 +66,6 @@ def obs_dims(obs: TensorDict, args, script: str) -> tuple[int, int | None]:
     the env provides one; else None: the critics take the policy's)."""
     critic = args.asymmetric_critic and "critic" in obs.keys()
     return vector_size(obs, "policy", script), vector_size(obs, "critic", script) if critic else None
-
-
-def agent_and_twin(make: Callable[[], torch.nn.Module], device: torch.device):
-    """`make()` on `device` with rank 0's weights on every rank (targets included), and a grad-free twin for
-    acting that shares the agent's storage: no copies, no autograd in the loop."""
-    agent = make().to(device)
-    distributed.broadcast_module(agent)
-    twin = make().to(device)
-    from_module(agent).data.to_module(twin)
-    return agent, twin
 
 
 def act_and_step(envs, agent, policy, bf16: bool, obs: TensorDict):
