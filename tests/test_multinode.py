@@ -1,5 +1,5 @@
 """Several torchrun agents on this machine, each one "node": rendezvous, a node that dies, a node
-that joins, preemption of one node, a fault on one rank, and the steps of the README's SLURM script.
+that joins, preemption of one node, a fault on one rank, and the steps of the SLURM script in docs/cluster.md.
 
 Every agent runs `--nproc-per-node 1` with c10d rendezvous on a loopback port (gloo, CPU); the
 first one started hosts the rendezvous store (`is_host=1`), as the first node of a cluster does.
@@ -304,7 +304,7 @@ def test_an_error_on_one_rank_ends_every_rank_and_keeps_last_pt(algo, fault, tmp
 
 
 # --------------------------------------------------------------------------------------------
-# 5. the README's SLURM script, step by step
+# 5. the SLURM script of docs/cluster.md, step by step
 # --------------------------------------------------------------------------------------------
 PKILL_SHIM = '''#!{python}
 """pkill -SIG -f PATTERN, confined to the processes of this test (they carry SBATCH_TEST in their environment)."""
@@ -329,14 +329,14 @@ sys.exit(hit)
 '''
 
 
-def readme_sbatch_script() -> str:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def sbatch_script() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
     start = readme.index("#!/bin/bash\n#SBATCH")
     return readme[start : readme.index("```", start)]
 
 
-def test_readme_sbatch_script_forwards_usr1_requeues_and_resumes(tmp_path):
-    """The README's sbatch script, run by bash as SLURM would run it on the batch node (one node
+def test_the_sbatch_script_forwards_usr1_requeues_and_resumes(tmp_path):
+    """The sbatch script of docs/cluster.md, run by bash as SLURM would run it on the batch node (one node
     here), with scontrol and srun stubbed: SIGUSR1 to the batch shell (--signal=B:USR1) goes
     through the trap to the training workers, which save and exit 0; torchrun survives it; the
     summary's stop reason makes the script requeue the job; the requeued run (the same script,
@@ -346,7 +346,7 @@ def test_readme_sbatch_script_forwards_usr1_requeues_and_resumes(tmp_path):
     time limits are whole minutes and --signal is delivered with up to a minute's delay, so one
     preempt-and-requeue cycle would take minutes. What the script itself does is run here."""
     port = free_port()
-    script = readme_sbatch_script()
+    script = sbatch_script()
     tiny = (
         "--num-envs 16 --num-steps 8 --num-minibatches 2 --device cpu --no-progress --num-eval-envs 4 "
         "--eval-interval 0 --hidden-sizes 32 32 --total-timesteps 25600"
@@ -356,7 +356,7 @@ def test_readme_sbatch_script_forwards_usr1_requeues_and_resumes(tmp_path):
         ('"$head:29400"', f'"$head:{port}"'),
         ("--save-interval-seconds 900", f"--save-interval-seconds 900 {tiny}"),
     ]:
-        assert old in script, f"the README's sbatch script changed: {old!r} not found"
+        assert old in script, f"the sbatch script of docs/cluster.md changed: {old!r} not found"
         script = script.replace(old, new)
     (tmp_path / "train.sbatch").write_text(script)
     bin_dir = tmp_path / "bin"
