@@ -412,10 +412,10 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
-    obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args)  # critic_shape: None without one
+    obs_shape, critic_shape, pixel_highs = group_shapes(envs, next_obs, args)  # critic_shape: None without one
     # the same initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
     agent, agent_inference = agent_and_twin(
-        lambda: Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale), device
+        lambda: Agent(obs_shape, critic_shape, envs.single_action_space, args, pixel_highs), device
     )
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.

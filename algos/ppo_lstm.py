@@ -378,10 +378,10 @@ def train(run, args: Args) -> dict:
 
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     refused = "--export of a recurrent policy" if args.export or args.export_best else None
-    obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args, refused)  # critic_shape None without one
+    obs_shape, critic_shape, pixel_highs = group_shapes(envs, next_obs, args, refused)  # critic_shape None without one
     space = envs.single_action_space
     # rank 0's initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
-    agent, agent_inference = agent_and_twin(lambda: Agent(obs_shape, critic_shape, space, args, image_scale), device)
+    agent, agent_inference = agent_and_twin(lambda: Agent(obs_shape, critic_shape, space, args, pixel_highs), device)
     eval_policy = EvalPolicy(agent_inference, args.num_eval_envs, "agent")  # one hidden state per eval env
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")

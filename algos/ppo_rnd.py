@@ -436,10 +436,10 @@ def train(run, args: Args) -> dict:
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
-    obs_shape, critic_shape, image_scale = group_shapes(envs, next_obs, args)  # critic_shape: None without one
+    obs_shape, critic_shape, pixel_highs = group_shapes(envs, next_obs, args)  # critic_shape: None without one
     # the same initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
     agent, agent_inference = agent_and_twin(
-        lambda: Agent(obs_shape, critic_shape, envs.single_action_space, args, image_scale), device
+        lambda: Agent(obs_shape, critic_shape, envs.single_action_space, args, pixel_highs), device
     )
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
@@ -447,7 +447,7 @@ def train(run, args: Args) -> dict:
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
     rnd_shape = chosen_group_shape(next_obs, args.rnd_obs_group, "--rnd-obs-group", args.env_id)
-    rnd_high = image_scale[args.rnd_obs_group == "critic"]
+    rnd_high = pixel_highs[args.rnd_obs_group == "critic"]
     # one random target and one predictor on every rank, and the grad-free twin the rollout reads
     rnd, rnd_inference = agent_and_twin(lambda: RND(rnd_shape, args, rnd_high), device)
     rnd_lr = torch.tensor(args.rnd_learning_rate, device=device)
