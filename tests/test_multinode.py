@@ -230,6 +230,16 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     )
 
 
+# The torchrun agents' own log lines (glog format: "E1127 18:56:42.145000 PID file:line] ..."). When the agent that
+# hosts the rendezvous store leaves first, the other agent's exit barrier logs a DistNetworkError with its traceback
+# there and still exits 0: torch elastic's teardown, not the run's. The scripts never write such lines.
+AGENT_LOG = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d\.\d+ .*$", re.MULTILINE)
+
+
+def without_agent_log(text: str) -> str:
+    return AGENT_LOG.sub("", text)
+
+
 # --------------------------------------------------------------------------------------------
 # 4. preemption of one node
 # --------------------------------------------------------------------------------------------
@@ -255,7 +265,7 @@ def test_sigusr1_to_one_node_stops_every_rank_and_a_relaunch_resumes(algo, tmp_p
     assert stopped["world_size"] == 2 and stopped["params_in_sync"] is True  # finish() is a collective: same iteration
     state = checkpoint(tmp_path)
     assert state["global_step"] == stopped["global_step"] and len(state["ranks"]) == 2
-    assert "Traceback" not in a.output() + b.output()
+    assert "Traceback" not in without_agent_log(a.output() + b.output())
 
     second = clusters(tmp_path / "2", args, nnodes="2", rdzv_id="slurm-job-7", step_seconds=0.01)
     (tmp_path / "2").mkdir()
@@ -409,7 +419,7 @@ def run_sbatch_twice(sbatch, tmp_path: Path, run_dir: Path):
     os.kill(first.proc.pid, signal.SIGUSR1)  # --signal=B:USR1@120: to the batch shell only
     assert first.finish(timeout=60) == 0, first.output()[-4000:]
     out = first.output()
-    assert "preempt: saving" in out and "Traceback" not in out, out[-4000:]
+    assert "preempt: saving" in out and "Traceback" not in without_agent_log(out), out[-4000:]
     stopped = summary_of(tmp_path / "runs", "ppo-4242")
     assert stopped["stop_reason"] == "signal:SIGUSR1" and stopped["global_step"] < 25600, stopped
     assert checkpoint(tmp_path / "runs", run_name="ppo-4242")["global_step"] == stopped["global_step"]
