@@ -49,7 +49,7 @@ from common.capture import captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.loop import evaluate_and_save, log_iteration
-from common.nets import agent_and_twin, mlp, rnn_step, vector_size
+from common.nets import agent_and_twin, clip_to_bounds, mlp, register_action_bounds, rnn_step, vector_size
 from common.normalize import observation_normalizer
 from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
 from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
@@ -135,10 +135,7 @@ class Policy(nn.Module):
         self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden)
         head_in = obs_dim if self.rnn is None else rnn_hidden_size
         self.actor = mlp(head_in, act_dim, hidden_sizes, activation, out_gain=0.01)
-        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        for end in ("low", "high"):  # the mean is clipped to the bounds
-            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
-            self.register_buffer(f"action_{end}", bound, persistent=False)
+        register_action_bounds(self, action_space)  # the mean is clipped to them on its way to the env
         self.obs_rms = observation_normalizer((obs_dim,), obs_norm, obs_clip)
 
     def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
@@ -162,9 +159,7 @@ class Policy(nn.Module):
         return torch.stack(outputs)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        if self.action_low.numel() == 0:
-            return action
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        return clip_to_bounds(action, self.action_low, self.action_high)
 
     def action(self, head: torch.Tensor) -> torch.Tensor:  # the deterministic action of the head's output
         return head.argmax(-1) if self.discrete else self.to_env(head)

@@ -42,7 +42,8 @@ from common.capture import captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.loop import evaluate_and_save, log_iteration
-from common.nets import agent_and_twin, group_encoder, group_shapes, mlp, rnn_step, sample
+from common.nets import agent_and_twin, clip_to_bounds, group_encoder, group_shapes, mlp, register_action_bounds
+from common.nets import rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
 from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
 from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
@@ -164,10 +165,7 @@ class Agent(nn.Module):
         self.critic = mlp(args.rnn_hidden_size + critic_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
-        for end in ("low", "high"):  # Gaussian samples are clipped to the bounds on their way to the env (stored raw)
-            bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
-            self.register_buffer(f"action_{end}", bound, persistent=False)
+        register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
@@ -210,9 +208,7 @@ class Agent(nn.Module):
         return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        if self.action_low.numel() == 0:
-            return action
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
+        return clip_to_bounds(action, self.action_low, self.action_high)
 
     def act(self, obs: TensorDict, state: torch.Tensor):
         """One acting step: (sampled action, its log-prob, the value, the next state)."""
