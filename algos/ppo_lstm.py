@@ -38,17 +38,16 @@ if importlib.util.find_spec("common") is None:
 from common import distributed
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import captured, compiled, timed
+from common.capture import timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import evaluate_and_save, log_iteration
-from common.nets import agent_and_twin, clip_to_bounds, group_encoder, group_shapes, mlp, register_action_bounds
-from common.nets import rnn_step, sample
+from common.loop import iteration_stats
+from common.nets import agent_and_twin, clip_to_bounds, group_encoder, mlp, register_action_bounds, rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
-from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
-from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
-from common.recurrent import with_game_score
-from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.recurrent import EvalPolicy, add_update_means, allow_rnn, begin_recurrent, carry_over, compiled_and_captured
+from common.recurrent import end_iteration, episode_starts, hidden_states, recurrent_cell, recurrent_envs
+from common.recurrent import recurrent_sizes, rollout_episodes, say_storage, state_shape_of, with_game_score
+from common.run import closing, finish, open_run, start_run
 from common.settings import rsl_rl_settings
 from common.stats import add_to, nonfinite, record_env_log
 
@@ -168,9 +167,6 @@ class Agent(nn.Module):
         register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
-
-    def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
-        return torch.zeros(self.state_shape[0], batch, self.state_shape[1])
 
     def normalize(self, obs: TensorDict) -> TensorDict:
         critic = {"critic": self.critic_obs_rms(obs["critic"])} if self.critic_key == "critic" else {}
@@ -367,14 +363,8 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    envs_per_minibatch = env_minibatches(args)  # or a clear error: they must divide
-    global_batch = args.num_envs * args.num_steps * run.world_size
-    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
-    envs, eval_envs = make_envs(run)
-
-    next_obs, _ = envs.reset()  # the seeds make_envs gave them
-    refused = "--export of a recurrent policy" if args.export or args.export_best else None
-    obs_shape, critic_shape, pixel_highs = group_shapes(envs, next_obs, args, refused)  # critic_shape None without one
+    envs_per_minibatch, global_batch, total_steps = recurrent_sizes(run)  # or a clear error: the envs must divide
+    envs, eval_envs, next_obs, (obs_shape, critic_shape, pixel_highs) = recurrent_envs(run)  # critic_shape: or None
     space = envs.single_action_space
     # rank 0's initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
     agent, agent_inference = agent_and_twin(lambda: Agent(obs_shape, critic_shape, space, args, pixel_highs), device)
@@ -383,8 +373,8 @@ def train(run, args: Args) -> dict:
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
-    rnn_state = agent.initial_state(args.num_envs).to(device)  # live: every write is in place
-    initial_state = torch.zeros_like(rnn_state)  # each env's state at the start of the rollout
+    # the live hidden states (every write in place), and each env's at the start of the rollout
+    rnn_state, initial_state = hidden_states(agent.state_shape, args.num_envs, device)
 
     # what the checkpoints hold besides the counters, restored in place
     state = TrainingState(
@@ -399,7 +389,7 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, eval_policy)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
+    stats = iteration_stats(device)  # what the log reads, gathered on the device: episodes, losses, non-finite counts
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     def policy_step(obs: TensorDict):  # no autocast cache: a captured step casts the weights at every replay
@@ -456,19 +446,12 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, initial_state, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
-    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator cannot
-    # be captured: its step runs eagerly between the captured acting and end-of-step functions.
-    if whole_rollout := getattr(envs, "capturable", False):
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        end_step = captured(run, "end of step", compiled(run, end_step))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    # the targets and every epoch as one graph: the batch never leaves it
-    update_fn = captured(run, "update", update_fn)
-    begin_training(run, f"{batch_said(args, global_batch, envs_per_minibatch)}; {cell_said(args)}", global_batch)
+    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged (common/recurrent.py) ---
+    fns = policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
+    policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn = compiled_and_captured(
+        run, envs, *fns
+    )
+    begin_recurrent(run, global_batch, envs_per_minibatch)  # the start line: the batch, the cell
     iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -478,18 +461,18 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        if run.iteration == run.iteration_at_start + 1:  # the first rollout has laid the storage out (images: uint8)
-            run.say(storage.describe())
+        say_storage(run, storage)  # once, after the first rollout
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
         iterations_in_stats += 1
 
-        due = what_is_due(run, final_iteration)
-        if due.log:  # every --log-interval iterations, and before an evaluation or a save: one host read
-            log_iteration(run, stats, iterations_in_stats, local={"charts/learning_rate": lr})
-            iterations_in_stats = 0
-        if evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs):  # the same on every rank
+        # the log (one host read), the evaluation and checkpoints that are due; whether the run stops (every rank)
+        local = {"charts/learning_rate": lr}
+        stop, iterations_in_stats = end_iteration(
+            run, final_iteration, stats, iterations_in_stats, local, eval_envs, eval_policy, state, next_obs
+        )
+        if stop:
             break
     return finish(run, agent)
 

@@ -28,6 +28,10 @@ import torch
 import torch.nn as nn
 from tensordict import TensorDict
 
+from common.capture import captured, compiled
+from common.loop import evaluate_and_save, log_iteration
+from common.nets import group_shapes
+from common.run import begin_training, make_envs, what_is_due
 from common.stats import add_to, episode_sums
 
 
@@ -57,6 +61,37 @@ def env_minibatches(args) -> int:
             f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
         )
     return args.num_envs // args.num_minibatches
+
+
+def recurrent_sizes(run) -> tuple[int, int, int]:
+    """(envs per minibatch, global batch, total env steps) of a recurrent run: a minibatch is a set of envs with their
+    whole sequences (env_minibatches: a one-line error when they do not divide), an iteration is num_envs * num_steps
+    env steps per process and the global batch is over all ranks; the run goes on to --total-timesteps, counted in env
+    steps over all ranks, at least one iteration."""
+    args = run.args
+    envs_per_minibatch = env_minibatches(args)
+    global_batch = args.num_envs * args.num_steps * run.world_size
+    return envs_per_minibatch, global_batch, max(args.total_timesteps, global_batch)
+
+
+def recurrent_envs(run) -> tuple:
+    """(training envs, eval envs, the first observations, the groups' shapes) of this rank (common.run.make_envs;
+    the envs reset with the seeds make_envs gave them). The shapes are common.nets.group_shapes' (policy shape,
+    critic shape or None, each group's pixel high); a policy group of terms is refused where --export or
+    --export-best would export the recurrent policy."""
+    args = run.args
+    envs, eval_envs = make_envs(run)
+    next_obs, _ = envs.reset()
+    refused = "--export of a recurrent policy" if args.export or args.export_best else None
+    return envs, eval_envs, next_obs, group_shapes(envs, next_obs, args, refused)
+
+
+def hidden_states(state_shape: tuple[int, int], num_envs: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rollout's two hidden states of `num_envs` envs, zero (an episode's start), laid out as this module says:
+    the live state, which the rollout writes in place (a captured graph reads it where it is), and each env's state at
+    the start of the rollout, which the update replays from."""
+    live = torch.zeros(state_shape[0], num_envs, state_shape[1], device=device)
+    return live, torch.zeros_like(live)
 
 
 def carry_over(live: torch.Tensor, next_state: torch.Tensor, done: torch.Tensor) -> None:
@@ -94,6 +129,28 @@ def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
     add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
+def say_storage(run, storage) -> None:
+    """The rollout storage's line (its bytes per transition, each field's dtype and shape), once: after this process's
+    first rollout, which has laid the storage out (images: uint8)."""
+    if run.iteration == run.iteration_at_start + 1:
+        run.say(storage.describe())
+
+
+def end_iteration(
+    run, final_iteration: bool, stats: dict, iterations: int, local: dict, eval_envs, eval_policy, state, next_obs
+) -> tuple[bool, int]:
+    """The end of an iteration, the same decisions on every rank (common.run.what_is_due): the log of the `iterations`
+    in `stats` since the last one, every --log-interval iterations and before an evaluation or a save (one host read;
+    common.loop.log_iteration, with `local`, rank 0's, e.g. the learning rate), then the evaluation and the
+    checkpoints that are due (common.loop.evaluate_and_save). Returns whether the run stops here and the iterations
+    left in `stats` (0 after a log). A collective."""
+    due = what_is_due(run, final_iteration)
+    if due.log:
+        log_iteration(run, stats, iterations, local=local)
+        iterations = 0
+    return evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs), iterations
+
+
 def batch_said(args, global_batch: int, envs_per_minibatch: int) -> str:
     """The batch of an iteration as the start line says it: over all ranks, then as minibatches of envs per process."""
     return (
@@ -105,6 +162,34 @@ def batch_said(args, global_batch: int, envs_per_minibatch: int) -> str:
 def cell_said(args) -> str:
     """The cell as the start line says it: its kind, layers x hidden units ("lstm 1x64")."""
     return f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
+
+
+def begin_recurrent(run, global_batch: int, envs_per_minibatch: int) -> None:
+    """common.run.begin_training with a recurrent run's start line: the batch as minibatches of envs (batch_said),
+    then the cell (cell_said)."""
+    begin_training(
+        run, f"{batch_said(run.args, global_batch, envs_per_minibatch)}; {cell_said(run.args)}", global_batch
+    )
+
+
+def compiled_and_captured(
+    run, envs, policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
+):
+    """A recurrent script's iteration functions compiled and captured (--compile / --cudagraphs: common.capture), in
+    the order given, each the function to call in its place (the script rebinds its names to them, so the functions
+    that call the others by name call these). A built-in env steps inside the graph: the env step is compiled and the
+    whole rollout is one graph. An adapter's simulator cannot be captured: its step runs eagerly between the captured
+    acting step and end of step, and the rollout is left out of the graphs. The minibatch update and the targets are
+    compiled; the targets and every epoch of the update are one graph, the batch never leaving it."""
+    if whole_rollout := getattr(envs, "capturable", False):
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        end_step = captured(run, "end of step", compiled(run, end_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    update_fn = captured(run, "update", update_fn)
+    return policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
 
 
 def allow_rnn():

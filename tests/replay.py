@@ -207,6 +207,7 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
     of every function `script` (an imported algos/ module) and common.evaluation capture;
     `before_call(name, fn)` runs before every call."""
     import common.evaluation
+    import common.recurrent
 
     signatures: dict[str, list] = {}
 
@@ -228,8 +229,9 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
 
         return call
 
-    monkeypatch.setattr(script, "captured", recording)
+    monkeypatch.setattr(script, "captured", recording, raising=False)  # ppo_lstm.py calls it from common.recurrent
     monkeypatch.setattr(common.evaluation, "captured", recording)
+    monkeypatch.setattr(common.recurrent, "captured", recording)  # ppo_lstm.py's functions (compiled_and_captured)
     return signatures
 
 

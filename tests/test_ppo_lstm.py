@@ -203,6 +203,7 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     import collections
 
     import common.evaluation
+    import common.recurrent
     from torch._dynamo.utils import counters
 
     per_function = collections.Counter()
@@ -225,7 +226,7 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
 
         return compiled_and_counted
 
-    monkeypatch.setattr(ppo_lstm, "compiled", counting(ppo_lstm.compiled))
+    monkeypatch.setattr(common.recurrent, "compiled", counting(common.recurrent.compiled))  # compiled_and_captured
     monkeypatch.setattr(common.evaluation, "compiled", counting(common.evaluation.compiled))
     before = collections.Counter(counters["graph_break"])
     train(
