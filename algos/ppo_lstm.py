@@ -39,17 +39,25 @@ from common import distributed
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
 from common.capture import timed
-from common.checkpoint import TrainingState, restore
+from common.checkpoint import restore
 from common.evaluation import eval_only
 from common.loop import iteration_stats
-from common.nets import agent_and_twin, clip_to_bounds, group_encoder, mlp, register_action_bounds, rnn_step, sample
+from common.nets import agent_and_twin, clip_to_bounds, mlp, register_action_bounds, rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
 from common.recurrent import EvalPolicy, add_update_means, allow_rnn, begin_recurrent, carry_over, compiled_and_captured
-from common.recurrent import end_iteration, episode_starts, hidden_states, recurrent_cell, recurrent_envs
-from common.recurrent import recurrent_sizes, rollout_episodes, say_storage, state_shape_of, with_game_score
+from common.recurrent import (
+    end_iteration,
+    episode_starts,
+    group_encoders,
+    hidden_states,
+    recurrent_cell,
+    recurrent_envs,
+)
+from common.recurrent import recurrent_ppo_state, recurrent_sizes, rollout_checks, say_storage, state_shape_of
+from common.recurrent import with_game_score
 from common.run import closing, finish, open_run, start_run
 from common.settings import rsl_rl_settings
-from common.stats import add_to, nonfinite, record_env_log
+from common.stats import add_to, record_env_log
 
 ALGO = "ppo_lstm"
 
@@ -151,12 +159,9 @@ class Agent(nn.Module):
         obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
-        self.encoder, self.critic_encoder = (
-            group_encoder(s, args.encoder, m) or nn.Identity()
-            for s, m in zip((obs_shape, critic_obs_shape), pixel_high)
-        )
-        obs_dim = getattr(self.encoder, "out_dim", None) or obs_shape[0]  # what the cell reads: features or the vector
-        critic_dim = 0 if not critic_obs_shape else getattr(self.critic_encoder, "out_dim", None) or critic_obs_shape[0]
+        # each group's encoder and the width of what it gives: the cell reads the policy's, features or the vector
+        shapes = obs_shape, critic_obs_shape
+        (self.encoder, obs_dim), (self.critic_encoder, critic_dim) = group_encoders(shapes, args.encoder, pixel_high)
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.rnn = recurrent_cell(args.cell, obs_dim, args.rnn_hidden_size, args.rnn_layers)
         self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden): common/recurrent.py
@@ -312,8 +317,7 @@ def targets(
     one. Returns the [T, N] batch of sequences the update reads, the logged statistics and non-finite counts by name."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where reported
-    nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
+    nonfinite_counts = rollout_checks(data, dones, ep_stats, episodes)  # the logged returns; the NaN guard's counts
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
@@ -377,13 +381,7 @@ def train(run, args: Args) -> dict:
     rnn_state, initial_state = hidden_states(agent.state_shape, args.num_envs, device)
 
     # what the checkpoints hold besides the counters, restored in place
-    state = TrainingState(
-        agent,
-        {"adam": optimizer},
-        envs,
-        replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer},
-        per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state},
-    )
+    state = recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer, ep_stats, rnn_state)
     next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states
     if args.eval_only:
         return eval_only(run, eval_envs, eval_policy)
@@ -452,10 +450,8 @@ def train(run, args: Args) -> dict:
         run, envs, *fns
     )
     begin_recurrent(run, global_batch, envs_per_minibatch)  # the start line: the batch, the cell
-    iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
-        final_iteration = run.global_step + 2 * global_batch > total_steps
         if args.lr_schedule == "linear":
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
 
@@ -465,14 +461,9 @@ def train(run, args: Args) -> dict:
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
-        iterations_in_stats += 1
 
-        # the log (one host read), the evaluation and checkpoints that are due; whether the run stops (every rank)
-        local = {"charts/learning_rate": lr}
-        stop, iterations_in_stats = end_iteration(
-            run, final_iteration, stats, iterations_in_stats, local, eval_envs, eval_policy, state, next_obs
-        )
-        if stop:
+        # the log (one host read), the evaluation and the checkpoints that are due; a stop, the same on every rank
+        if end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, eval_policy, state, next_obs):
             break
     return finish(run, agent)
 

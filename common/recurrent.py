@@ -29,10 +29,11 @@ import torch.nn as nn
 from tensordict import TensorDict
 
 from common.capture import captured, compiled
+from common.checkpoint import TrainingState
 from common.loop import evaluate_and_save, log_iteration
-from common.nets import group_shapes
+from common.nets import group_encoder, group_shapes
 from common.run import begin_training, make_envs, what_is_due
-from common.stats import add_to, episode_sums
+from common.stats import add_to, episode_sums, nonfinite
 
 
 def recurrent_cell(cell: str, input_size: int, hidden_size: int, layers: int) -> nn.LSTM | nn.GRU:
@@ -42,6 +43,18 @@ def recurrent_cell(cell: str, input_size: int, hidden_size: int, layers: int) ->
     for name, p in rnn.named_parameters():
         nn.init.orthogonal_(p) if "weight" in name else nn.init.zeros_(p)
     return rnn
+
+
+def group_encoders(shapes: tuple, kind: str, pixel_highs: tuple) -> tuple[tuple[nn.Module, int], ...]:
+    """(encoder, width of what it gives) of each of an agent's groups, in order (`shapes`: one env's, a tuple or a dict
+    of terms; None for a group it lacks): an image group or a group of terms is read by an --encoder `kind` of its own
+    (common.nets.group_encoder), as wide as its features; a vector group by nn.Identity, as wide as itself; a group the
+    agent lacks by nn.Identity, of width 0."""
+    out = []
+    for shape, high in zip(shapes, pixel_highs):
+        encoder = group_encoder(shape, kind, high) or nn.Identity()
+        out.append((encoder, 0 if not shape else getattr(encoder, "out_dim", None) or shape[0]))
+    return tuple(out)
 
 
 def state_shape_of(rnn: nn.LSTM | nn.GRU | None) -> tuple[int, int]:
@@ -121,6 +134,28 @@ def rollout_episodes(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tens
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
 
 
+def rollout_checks(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor) -> dict:
+    """What the log takes from a [T, N] rollout before its targets: the sums of the episodes that ended into `episodes`
+    (rollout_episodes: the game's score where the env reports one), and the NaN guard's non-finite counts of its policy
+    observations and rewards, by name."""
+    rollout_episodes(data, dones, ep_stats, episodes)
+    return {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
+
+
+def recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer, ep_stats, rnn_state) -> TrainingState:
+    """What a recurrent PPO's checkpoints hold besides the run's counters (common.checkpoint.TrainingState, restored in
+    place): the agent and its Adam; the learning rate and the reward normalizer, the same on every rank; each rank's
+    own envs' running returns and lengths (`ep_stats`), partial discounted returns (the reward normalizer's) and live
+    hidden states (`rnn_state`), so that a resume is exact."""
+    return TrainingState(
+        agent,
+        {"adam": optimizer},
+        envs,
+        replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer},
+        per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state},
+    )
+
+
 def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
     """The mean over an update's `num_updates` minibatches of each loss summed in `loss_sums`, by name, into
     stats["losses"], and how many of them are non-finite into stats["nonfinite"] (the NaN guard's "losses")."""
@@ -136,19 +171,18 @@ def say_storage(run, storage) -> None:
         run.say(storage.describe())
 
 
-def end_iteration(
-    run, final_iteration: bool, stats: dict, iterations: int, local: dict, eval_envs, eval_policy, state, next_obs
-) -> tuple[bool, int]:
-    """The end of an iteration, the same decisions on every rank (common.run.what_is_due): the log of the `iterations`
-    in `stats` since the last one, every --log-interval iterations and before an evaluation or a save (one host read;
-    common.loop.log_iteration, with `local`, rank 0's, e.g. the learning rate), then the evaluation and the
-    checkpoints that are due (common.loop.evaluate_and_save). Returns whether the run stops here and the iterations
-    left in `stats` (0 after a log). A collective."""
-    due = what_is_due(run, final_iteration)
+def end_iteration(run, stats: dict, local: dict, eval_envs, eval_policy, state, next_obs) -> bool:
+    """The end of an iteration (after run.global_step counted it), the same decisions on every rank
+    (common.run.what_is_due; the final iteration is the one at run.final_step): the log every --log-interval
+    iterations and before an evaluation or a save (one host read; common.loop.log_iteration of the iterations in
+    `stats` since the last log, the steps since it over the steps of one, with `local`, rank 0's, e.g. the learning
+    rate), then the evaluation and the checkpoints that are due (common.loop.evaluate_and_save). True when the run
+    stops here. A collective."""
+    due = what_is_due(run, run.global_step >= run.final_step)
     if due.log:
+        iterations = (run.global_step - run.reduced_step) // run.steps_per_iteration  # reduced_step: the last log's
         log_iteration(run, stats, iterations, local=local)
-        iterations = 0
-    return evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs), iterations
+    return evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs)
 
 
 def batch_said(args, global_batch: int, envs_per_minibatch: int) -> str:
