@@ -44,17 +44,10 @@ from common.evaluation import eval_only
 from common.loop import iteration_stats
 from common.nets import agent_and_twin, clip_to_bounds, mlp, register_action_bounds, rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
-from common.recurrent import EvalPolicy, add_update_means, allow_rnn, begin_recurrent, carry_over, compiled_and_captured
-from common.recurrent import (
-    end_iteration,
-    episode_starts,
-    group_encoders,
-    hidden_states,
-    recurrent_cell,
-    recurrent_envs,
-)
-from common.recurrent import recurrent_ppo_state, recurrent_sizes, rollout_checks, say_storage, state_shape_of
-from common.recurrent import with_game_score
+from common.recurrent import EvalPolicy, acting_autocast, add_update_means, allow_rnn, begin_recurrent, carry_over
+from common.recurrent import compiled_and_captured, end_iteration, episode_starts, group_encoders, recurrent_cell
+from common.recurrent import recurrent_envs, recurrent_ppo_state, recurrent_sizes, rollout_checks, say_storage
+from common.recurrent import state_shape_of, with_game_score
 from common.run import closing, finish, open_run, start_run
 from common.settings import rsl_rl_settings
 from common.stats import add_to, record_env_log
@@ -376,12 +369,10 @@ def train(run, args: Args) -> dict:
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
-    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
-    # the live hidden states (every write in place), and each env's at the start of the rollout
-    rnn_state, initial_state = hidden_states(agent.state_shape, args.num_envs, device)
 
-    # what the checkpoints hold besides the counters, restored in place
-    state = recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer, ep_stats, rnn_state)
+    # what the checkpoints hold besides the counters (restored in place), with each env's running return and length
+    # and its hidden states: the live ones (every write in place), and those at the start of the rollout
+    state, ep_stats, rnn_state, initial_state = recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer)
     next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states
     if args.eval_only:
         return eval_only(run, eval_envs, eval_policy)
@@ -390,15 +381,15 @@ def train(run, args: Args) -> dict:
     stats = iteration_stats(device)  # what the log reads, gathered on the device: episodes, losses, non-finite counts
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
-    def policy_step(obs: TensorDict):  # no autocast cache: a captured step casts the weights at every replay
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+    def policy_step(obs: TensorDict):
+        with torch.no_grad(), acting_autocast(device, args.bf16):
             return agent_inference.act(obs, rnn_state)
 
     def end_step(final_obs: TensorDict, state: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """V(final_obs), then the hidden states of the envs whose episode ended are zeroed in place. final_obs follows
         the episode's last action, so the cell reads it with the state the episode had reached (`state`, before any
         reset), as the rollout would have had the episode gone on: its value is V of the episode's true next step."""
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+        with torch.no_grad(), acting_autocast(device, args.bf16):
             final_value = agent_inference.value_from(final_obs, state)
         carry_over(rnn_state, state, done)
         return final_value

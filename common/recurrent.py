@@ -142,18 +142,23 @@ def rollout_checks(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor
     return {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
 
 
-def recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer, ep_stats, rnn_state) -> TrainingState:
-    """What a recurrent PPO's checkpoints hold besides the run's counters (common.checkpoint.TrainingState, restored in
-    place): the agent and its Adam; the learning rate and the reward normalizer, the same on every rank; each rank's
-    own envs' running returns and lengths (`ep_stats`), partial discounted returns (the reward normalizer's) and live
-    hidden states (`rnn_state`), so that a resume is exact."""
-    return TrainingState(
+def recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer) -> tuple[TrainingState, torch.Tensor, ...]:
+    """(what a recurrent PPO's checkpoints hold besides the run's counters, each env's running return and length
+    [2, N] (float64), the live hidden states, the hidden states at the start of the rollout: hidden_states). The
+    checkpoints (common.checkpoint.TrainingState, restored in place) hold the agent and its Adam; the learning rate and
+    the reward normalizer, the same on every rank; each rank's own envs' running returns and lengths, partial
+    discounted returns (the reward normalizer's) and live hidden states, so that a resume is exact."""
+    num_envs, device = envs.num_envs, lr.device  # this rank's envs, on the learning rate's device
+    ep_stats = torch.zeros(2, num_envs, device=device, dtype=torch.float64)
+    rnn_state, initial_state = hidden_states(agent.state_shape, num_envs, device)
+    state = TrainingState(
         agent,
         {"adam": optimizer},
         envs,
         replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer},
         per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state},
     )
+    return state, ep_stats, rnn_state, initial_state
 
 
 def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
@@ -224,6 +229,12 @@ def compiled_and_captured(
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     update_fn = captured(run, "update", update_fn)
     return policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
+
+
+def acting_autocast(device: torch.device, bf16: bool) -> torch.autocast:
+    """An acting step's autocast: bfloat16 with --bf16, and no cache of the weights it casts (a captured step must
+    cast them itself at every replay)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False)
 
 
 def allow_rnn():
