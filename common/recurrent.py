@@ -13,6 +13,20 @@ bookkeeping (the cell's step, the replay of the update, the losses and the loop 
     begin_training(run, f"...; {batch_said(args, global_batch, envs_per_minibatch)}; {cell_said(args)}", ...)
     with closing(start_run(...)) as run, allow_rnn(): ...
 
+and the wiring of ppo_lstm.py's train around its algorithm (the iteration's functions and the loop's algorithm lines
+stay in the script):
+
+    envs_per_minibatch, global_batch, total_steps = recurrent_sizes(run)  # or the one-line error of env_minibatches
+    envs, eval_envs, next_obs, (obs_shape, critic_shape, pixel_highs) = recurrent_envs(run)  # reset, group_shapes
+    (encoder, width), (critic_encoder, critic_width) = group_encoders(shapes, args.encoder, pixel_highs)
+    state, ep_stats, rnn_state, initial_state = recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer)
+    with torch.no_grad(), acting_autocast(device, args.bf16): ...  # bf16 without a cache of cast weights
+    nonfinite_counts = rollout_checks(data, dones, ep_stats, episodes)  # rollout_episodes, the NaN guard's counts
+    policy_step, ..., update_fn = compiled_and_captured(run, envs, policy_step, ..., update_fn)  # by the env
+    begin_recurrent(run, global_batch, envs_per_minibatch)  # begin_training with batch_said and cell_said
+    say_storage(run, storage)                  # the storage's line, after the first rollout
+    if end_iteration(run, stats, local, eval_envs, eval_policy, state, next_obs): break  # log, evaluate, save
+
 The hidden state of a batch of envs is one tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h
 rows, then the c rows; the layout of common.nets.rnn_step), the batch at dim 1: a minibatch of envs is `state[:, envs]`,
 and the exported policy takes it so (common/export.py). The rollout writes the live state in place (a built-in env's
