@@ -436,9 +436,8 @@ def train(run, args: Args) -> dict:
         update(update_minibatch, batch, initial_state, lr, stats, args)
 
     # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged (common/recurrent.py) ---
-    fns = policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
     policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn = compiled_and_captured(
-        run, envs, *fns
+        run, envs, policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
     )
     begin_recurrent(run, global_batch, envs_per_minibatch)  # the start line: the batch, the cell
     while run.global_step + global_batch <= total_steps:
