@@ -389,12 +389,8 @@ def targets(
     batch = {**batch, "values": values, "advantages": advantages, "returns": returns, **mirrored}
     batch = TensorDict(batch, dones.shape, values.device)
     charts = {"intrinsic_reward": (rnd_weight * int_rewards).mean()}  # as the advantage weighs it
-    return (
-        batch.reshape(-1),
-        {"explained_variance": explained_variance(ret_ext, values[..., 0])},
-        charts,
-        nonfinite_counts,
-    )
+    rollout_stats = {"explained_variance": explained_variance(ret_ext, values[..., 0])}  # the extrinsic head's
+    return batch.reshape(-1), rollout_stats, charts, nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:

@@ -17,7 +17,7 @@ CEILINGS = {
     "distill": 24_448,
     "ppo": 26_843,
     "ppo_lstm": 28_109,
-    "ppo_rnd": 31_677,
+    "ppo_rnd": 31_694,
     "pqn": 24_332,
     "sac": 22_227,
     "td3": 23_862,
