@@ -1,9 +1,9 @@
 """What the PPO-family scripts do around their algorithm, the same in each (ppo.py and ppo_rnd.py use all of it,
-ppo_lstm.py and distill.py the log and the end of an iteration): the sizes of an iteration and its batch split into
-minibatches, the statistics an iteration gathers on the device, the Atari game's score beside a life's, an update's
-mean losses, which of the iteration's functions are compiled and captured, the start line (what the CUDA graphs
-hold), the storage's layout said once, the log of an iteration's statistics, and the evaluation, checkpoints and stop
-that end an iteration."""
+ppo_lstm.py and distill.py the log, the evaluation and the checkpoints: log_iteration, evaluate_and_save): the sizes of
+an iteration and its batch split into minibatches, the statistics an iteration gathers on the device, the Atari game's
+score beside a life's, a rollout's episodes and non-finite counts, an update's mean losses, which of the iteration's
+functions are compiled and captured, the start line (what the CUDA graphs hold), the storage's layout said once, the
+log of an iteration's statistics, and the evaluation, checkpoints and stop that end an iteration."""
 
 from __future__ import annotations
 
