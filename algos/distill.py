@@ -48,12 +48,11 @@ from common.buffer import RolloutStorage
 from common.capture import captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import evaluate_and_save, log_iteration
+from common.loop import add_update_means, evaluate_and_save, log_iteration, rollout_episodes, with_game_score
 from common.nets import agent_and_twin, clip_to_bounds, mlp, register_action_bounds, rnn_step, vector_size
 from common.normalize import observation_normalizer
-from common.recurrent import EvalPolicy, add_update_means, allow_rnn, batch_said, carry_over, cell_said
-from common.recurrent import env_minibatches, episode_starts, recurrent_cell, rollout_episodes, state_shape_of
-from common.recurrent import with_game_score
+from common.recurrent import EvalPolicy, allow_rnn, batch_said, carry_over, cell_said, env_minibatches
+from common.recurrent import episode_starts, recurrent_cell, state_shape_of
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
 from common.stats import add_to, record_env_log
 from common.teacher import note_teacher, teacher_checkpoint, teacher_group

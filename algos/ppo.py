@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
 Args -> Agent -> GAE, the adaptive learning rate -> the PPO loss (rsl_rl's symmetry) -> rollout -> targets -> update
--> train (setup, compile and capture, the loop); the run around it is in common/. `--num-envs` is per process,
+-> train (setup, the iteration's functions, the loop); the run around it is in common/. `--num-envs` is per process,
 `--total-timesteps` counts env steps over all. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022,
 "The 37 implementation details of PPO"; Rudin et al. 2022 (rsl_rl); Mittal et al. 2024 (symmetry).
 """
@@ -32,16 +32,17 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import captured, compiled, timed
+from common.capture import timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import begin_iterations, evaluate_and_save, iteration_sizes, iteration_stats, log_iteration
+from common.loop import add_update_means, begin_iterations, compile_and_capture, end_iteration, iteration_sizes
+from common.loop import iteration_stats, rollout_episodes, rollout_nonfinite, say_storage_once, with_game_score
 from common.nets import agent_and_twin, clip_to_bounds, group_mlp, group_shapes, register_action_bounds, sample
 from common.nets import share_encoder
 from common.normalize import RewardNormalizer, observation_normalizer
-from common.run import closing, finish, make_envs, open_run, start_run, what_is_due
+from common.run import closing, finish, make_envs, open_run, start_run
 from common.settings import rsl_rl_settings
-from common.stats import add_to, episode_sums, nonfinite, record_env_log
+from common.stats import add_to, explained_variance, record_env_log
 
 ALGO = "ppo"
 
@@ -271,10 +272,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     and value losses with the originals' old log-probs, values, advantages and returns, as rsl_rl does: (m(s), m(a)) was
     drawn exactly as likely as (s, a), by the mirror image of the acting policy, so pi_old(a|s) is its behaviour
     probability; a symmetric task gives it the same value and advantage. Entropy and KL are the originals'."""
-    b, obs_n = mb.shape[0], mb["obs_n"]
-    if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
-        augmented = symmetry.in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
-        obs_n, mb = augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
+    b = mb.shape[0]  # the originals' rows; with --symmetry the actor reads their mirror images after them
+    obs_n, mb = symmetry.with_mirror_images(mb, args)
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         if agent.shared_encoder:  # the encoder once, both heads on its features (the critic's on the rows it reads)
             features = agent.actor[0](obs_n["policy"])
@@ -307,15 +306,11 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
         "clipfrac": clipfrac,
     }
     if args.symmetry != "none":  # rsl_rl's mirror loss: the output on the mirror images against the mirrored output on
-        # the originals, detached; logits less their mean (a constant added to every logit is the same policy)
-        out = out - out.mean(-1, keepdim=True) if agent.discrete else out
-        mirror_loss = nn.functional.mse_loss(out[b:], output_mirror(out[:b].detach()))
+        # the originals; logged with its symmetry error, mean |pi(m(s)) - m(pi(s))| (common.symmetry.mirror_loss)
+        mirror_loss, symmetry_error = symmetry.mirror_loss(agent, out, b, output_mirror)
         if args.symmetry in ("mirror-loss", "both"):
             loss = loss + args.mirror_loss_coef * mirror_loss
-        with torch.no_grad():  # mean |pi(m(s)) - m(pi(s))| of the deterministic action (the clipped mean), or logits
-            act = out if agent.discrete else agent.to_env(out)
-            logged["mirror_loss"] = mirror_loss.detach()
-            logged["charts/symmetry_error"] = (act[b:] - output_mirror(act[:b])).abs().mean()
+        logged["mirror_loss"], logged["charts/symmetry_error"] = mirror_loss.detach(), symmetry_error
     return loss, logged
 
 
@@ -346,9 +341,8 @@ def targets(
     non-finite counts."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
-    nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
+    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
+    nonfinite_counts = rollout_nonfinite(data)  # the NaN guard's: observations and rewards
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     # --symmetry: the mirror images, mirrored raw, then normalized (the normalizer's mean is not symmetric)
     mirrored = symmetry.rollout_images(args, data_augmentation, data["obs"], data["actions"], agent.normalize)
@@ -368,11 +362,9 @@ def targets(
         agent.obs_rms.update(data["obs", "policy"])
         if agent.critic_key == "critic":
             agent.critic_obs_rms.update(data["obs", "critic"])
-    var_y = returns.var()
-    explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
     batch = {"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values}
     batch = TensorDict({**batch, "advantages": advantages, "returns": returns, **mirrored}, values.shape, values.device)
-    return batch.reshape(-1), {"explained_variance": explained_variance}, nonfinite_counts
+    return batch.reshape(-1), {"explained_variance": explained_variance(returns, values)}, nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
@@ -392,16 +384,14 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
         if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
-    means = {name: total / num_updates for name, total in loss_sums.items()}
-    add_to(stats["losses"], means)
-    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+    add_update_means(stats, loss_sums, num_updates)
 
 
 def main(args: Args) -> dict:
     if args.anneal_lr:
         args.lr_schedule = "linear"
-    run = start_run(args, ALGO, {"log_interval": (10, 1)})
-    with closing(run):  # on any exit, an error included: graphs released, then the process group left
+    # on any exit, an error included: graphs released, then the process group left
+    with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run:
         return train(run, args)
 
 
@@ -461,9 +451,8 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
-        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
-            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
-        return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
+        # Atari: a life is the learner's episode, the game's score is what is logged
+        return next_obs, TensorDict(with_game_score(transition, info), batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch (gradients averaged over ranks); returns its losses."""
@@ -490,44 +479,32 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
-    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
-    # cannot be captured: its step runs eagerly between the captured acting steps.
-    if whole_rollout := getattr(envs, "capturable", False):
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        final_value = captured(run, "final value", compiled(run, final_value))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets, each minibatch captured alone
-        targets_fn = captured(run, "targets", targets_fn)
-        update_minibatch = captured(run, "minibatch update", update_minibatch)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
-        update_fn = captured(run, "update", update_fn)
-    begin_iterations(run, global_batch, minibatch, whole_rollout)
-    iterations_in_stats = 0
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
+    env_step, (policy_step, final_value), update_minibatch, targets_fn, rollout_fn, update_fn = compile_and_capture(
+        run,
+        envs,
+        env_step,
+        {"acting": policy_step, "final value": final_value},
+        update_minibatch,
+        targets_fn,
+        rollout_fn,
+        update_fn,
+    )
+    begin_iterations(run, global_batch, minibatch, envs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
-        final_iteration = run.global_step + 2 * global_batch > total_steps
         if args.lr_schedule == "linear":
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        if run.iteration == run.iteration_at_start + 1:  # the first rollout has laid the storage out (images: uint8)
-            run.say(storage.describe())
+        say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
-        iterations_in_stats += 1
-
-        due = what_is_due(run, final_iteration)
-        if due.log:  # every --log-interval iterations, and before an evaluation or a save: one host read
-            log_iteration(run, stats, iterations_in_stats, local={"charts/learning_rate": lr})
-            iterations_in_stats = 0
-        if evaluate_and_save(run, due, eval_envs, agent_inference, state, next_obs):  # the same on every rank
+        # the log, evaluation and checkpoints that are due, the same on every rank
+        if end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, agent_inference, state, next_obs):
             break
     return finish(run, agent)
 

@@ -41,13 +41,13 @@ from common.buffer import RolloutStorage
 from common.capture import timed
 from common.checkpoint import restore
 from common.evaluation import eval_only
-from common.loop import iteration_stats
+from common.loop import add_update_means, compile_and_capture, end_iteration, iteration_stats, rollout_episodes
+from common.loop import rollout_nonfinite, say_storage_once, with_game_score
 from common.nets import agent_and_twin, clip_to_bounds, mlp, register_action_bounds, rnn_step, sample
 from common.normalize import RewardNormalizer, observation_normalizer
-from common.recurrent import EvalPolicy, acting_autocast, add_update_means, allow_rnn, begin_recurrent, carry_over
-from common.recurrent import compiled_and_captured, end_iteration, episode_starts, group_encoders, recurrent_cell
-from common.recurrent import recurrent_envs, recurrent_ppo_state, recurrent_sizes, rollout_checks, say_storage
-from common.recurrent import state_shape_of, with_game_score
+from common.recurrent import EvalPolicy, acting_autocast, allow_rnn, begin_recurrent, carry_over, episode_starts
+from common.recurrent import group_encoders, recurrent_cell, recurrent_envs, recurrent_ppo_state, recurrent_sizes
+from common.recurrent import state_shape_of
 from common.run import closing, finish, open_run, start_run
 from common.settings import rsl_rl_settings
 from common.stats import add_to, record_env_log
@@ -310,7 +310,8 @@ def targets(
     one. Returns the [T, N] batch of sequences the update reads, the logged statistics and non-finite counts by name."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    nonfinite_counts = rollout_checks(data, dones, ep_stats, episodes)  # the logged returns; the NaN guard's counts
+    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
+    nonfinite_counts = rollout_nonfinite(data)  # the NaN guard's: observations and rewards
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
@@ -435,9 +436,10 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, initial_state, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged (common/recurrent.py) ---
-    policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn = compiled_and_captured(
-        run, envs, policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
+    steps = {"acting": policy_step, "end of step": end_step}  # an adapter's: captured apart, the env stepped between
+    env_step, (policy_step, end_step), update_minibatch, targets_fn, rollout_fn, update_fn = compile_and_capture(
+        run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn
     )
     begin_recurrent(run, global_batch, envs_per_minibatch)  # the start line: the batch, the cell
     while run.global_step + global_batch <= total_steps:
@@ -447,7 +449,7 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        say_storage(run, storage)  # once, after the first rollout
+        say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs

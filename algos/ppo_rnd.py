@@ -38,16 +38,17 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import captured, compiled, timed
+from common.capture import timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import begin_iterations, evaluate_and_save, iteration_sizes, iteration_stats, log_iteration
+from common.loop import add_update_means, begin_iterations, compile_and_capture, end_iteration, iteration_sizes
+from common.loop import iteration_stats, rollout_episodes, rollout_nonfinite, say_storage_once, with_game_score
 from common.nets import agent_and_twin, clip_to_bounds, group_mlp, group_shapes, register_action_bounds, sample
 from common.nets import chosen_group_shape, share_encoder
 from common.normalize import RewardNormalizer, observation_normalizer
-from common.run import closing, finish, make_envs, open_run, start_run, what_is_due
+from common.run import closing, finish, make_envs, open_run, start_run
 from common.settings import rsl_rl_settings
-from common.stats import add_to, episode_sums, nonfinite, record_env_log
+from common.stats import add_to, explained_variance, nonfinite, record_env_log
 
 ALGO = "ppo_rnd"
 
@@ -283,10 +284,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     """Clipped surrogate + (clipped) value losses - entropy bonus (+ mirror loss); returns the loss and its logged parts
     by name. --symmetry as ppo.py's: a mirror image takes its original's old log-prob, values and advantage (the
     intrinsic ones too, as rsl_rl's RND with symmetry); the predictor learns on the originals only."""
-    b, obs_n = mb.shape[0], mb["obs_n"]
-    if args.symmetry != "none":  # the originals, then their mirror images (rsl_rl's order)
-        augmented = symmetry.in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
-        obs_n, mb = augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
+    b = mb.shape[0]  # the originals' rows; with --symmetry the actor reads their mirror images after them
+    obs_n, mb = symmetry.with_mirror_images(mb, args)
     with torch.autocast(mb.device.type, dtype=torch.bfloat16, enabled=args.bf16):
         if agent.shared_encoder:  # the encoder once, both heads on its features (the critic's on the rows it reads)
             features = agent.actor[0](obs_n["policy"])
@@ -318,14 +317,11 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
         "approx_kl": approx_kl,
         "clipfrac": clipfrac,
     }
-    if args.symmetry != "none":  # ppo.py's mirror loss (logits less their mean) and symmetry error
-        out = out - out.mean(-1, keepdim=True) if agent.discrete else out
-        mirror_loss = nn.functional.mse_loss(out[b:], output_mirror(out[:b].detach()))
+    if args.symmetry != "none":  # ppo.py's mirror loss and symmetry error (common.symmetry.mirror_loss)
+        mirror_loss, symmetry_error = symmetry.mirror_loss(agent, out, b, output_mirror)
         if args.symmetry in ("mirror-loss", "both"):
             loss = loss + args.mirror_loss_coef * mirror_loss
-        act = (out if agent.discrete else agent.to_env(out)).detach()
-        logged["mirror_loss"] = mirror_loss.detach()
-        logged["charts/symmetry_error"] = (act[b:] - output_mirror(act[:b])).abs().mean()
+        logged["mirror_loss"], logged["charts/symmetry_error"] = mirror_loss.detach(), symmetry_error
     return loss, logged
 
 
@@ -357,9 +353,8 @@ def targets(
     non-finite counts."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
-    nonfinite_counts = {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
+    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
+    nonfinite_counts = rollout_nonfinite(data)  # the NaN guard's: observations and rewards
     nonfinite_counts["intrinsic_rewards"] = nonfinite(data["int_rewards"])
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     # --symmetry: the mirror images, mirrored raw, then normalized (the normalizer's mean is not symmetric)
@@ -390,13 +385,12 @@ def targets(
         if agent.critic_key == "critic":
             agent.critic_obs_rms.update(data["obs", "critic"])
     rnd.obs_rms.update(data["obs", args.rnd_obs_group])
-    var_y = ret_ext.var()
-    explained_variance = torch.where(var_y > 0, 1 - (ret_ext - values[..., 0]).var() / var_y, torch.nan)
     batch = {"obs_n": obs_n, "rnd_obs_n": rnd_obs_n, "actions": data["actions"], "logprobs": data["logprobs"]}
     batch = {**batch, "values": values, "advantages": advantages, "returns": returns, **mirrored}
     batch = TensorDict(batch, dones.shape, values.device)
     charts = {"intrinsic_reward": (rnd_weight * int_rewards).mean()}  # as the advantage weighs it
-    return batch.reshape(-1), {"explained_variance": explained_variance}, charts, nonfinite_counts
+    rollout_stats = {"explained_variance": explained_variance(ret_ext, values[..., 0])}  # the extrinsic head's
+    return batch.reshape(-1), rollout_stats, charts, nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
@@ -416,16 +410,14 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
         if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
-    means = {name: total / num_updates for name, total in loss_sums.items()}
-    add_to(stats["losses"], means)
-    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+    add_update_means(stats, loss_sums, num_updates)
 
 
 def main(args: Args) -> dict:
     if args.anneal_lr:
         args.lr_schedule = "linear"
-    run = start_run(args, ALGO, {"log_interval": (10, 1)})
-    with closing(run):  # on any exit, an error included: graphs released, then the process group left
+    # on any exit, an error included: graphs released, then the process group left
+    with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run:
         return train(run, args)
 
 
@@ -509,9 +501,8 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
-        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
-            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
-        return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
+        # Atari: a life is the learner's episode, the game's score is what is logged
+        return next_obs, TensorDict(with_game_score(transition, info), batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """A gradient step of the agent and of the predictor (not clipped, as rsl_rl's) on a minibatch; its losses."""
@@ -543,44 +534,34 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs), as ppo.py: one rollout graph with a built-in env ---
-    if whole_rollout := getattr(envs, "capturable", False):
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        step_values = captured(run, "values and novelty", compiled(run, step_values))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch captured alone
-        targets_fn = captured(run, "targets", targets_fn)
-        update_minibatch = captured(run, "minibatch update", update_minibatch)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    if args.target_kl is None:  # the targets and every epoch of the update as one graph
-        update_fn = captured(run, "update", update_fn)
-    begin_iterations(run, global_batch, minibatch, whole_rollout)
-    iterations_in_stats = 0
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged, as ppo.py (common.loop) ---
+    env_step, (policy_step, step_values), update_minibatch, targets_fn, rollout_fn, update_fn = compile_and_capture(
+        run,
+        envs,
+        env_step,
+        {"acting": policy_step, "values and novelty": step_values},
+        update_minibatch,
+        targets_fn,
+        rollout_fn,
+        update_fn,
+    )
+    begin_iterations(run, global_batch, minibatch, envs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
-        final_iteration = run.global_step + 2 * global_batch > total_steps
         if args.lr_schedule == "linear":
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
         rnd_weight.fill_(rnd_weight_at(run.global_step // (args.num_envs * run.world_size), args))
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        if run.iteration == run.iteration_at_start + 1:  # the first rollout has laid the storage out (images: uint8)
-            run.say(storage.describe())
+        say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
-        iterations_in_stats += 1
-
-        due = what_is_due(run, final_iteration)
-        if due.log:  # every --log-interval iterations, and before an evaluation or a save: one host read
-            local = {"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight}
-            log_iteration(run, stats, iterations_in_stats, local, kinds=("losses", "charts"))
-            iterations_in_stats = 0
-        if evaluate_and_save(run, due, eval_envs, agent_inference, state, next_obs):  # the same on every rank
+        # the log, evaluation and checkpoints that are due, the same on every rank
+        local = {"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight}
+        if end_iteration(run, stats, local, eval_envs, agent_inference, state, next_obs, ("losses", "charts")):
             break
     return finish(run, agent)
 

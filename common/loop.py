@@ -1,20 +1,26 @@
 """What the PPO-family scripts do around their algorithm, the same in each (ppo.py and ppo_rnd.py use all of it,
-ppo_lstm.py and distill.py the log and the end of an iteration): the sizes of an iteration and its batch split into
-minibatches, the statistics an iteration gathers on the device, the start line (what the CUDA graphs hold), the log
-of an iteration's statistics, and the evaluation, checkpoints and stop that end an iteration."""
+ppo_lstm.py all but the sizes and the start line, which are a recurrent run's, distill.py the game's score, episodes,
+mean losses, log, evaluation and checkpoints): the sizes of
+an iteration and its batch split into minibatches, the statistics an iteration gathers on the device, the Atari game's
+score beside a life's, a rollout's episodes and non-finite counts, an update's mean losses, which of the iteration's
+functions are compiled and captured, the start line (what the CUDA graphs hold), the storage's layout said once, the
+log of an iteration's statistics, and the evaluation, checkpoints and stop that end an iteration."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
+from tensordict import TensorDict
 
+from common.capture import captured, compiled
 from common.checkpoint import save
 from common.evaluation import evaluate
-from common.run import Due, begin_training, checkpoints_to_write
-from common.stats import log, reduce_iteration, zero_
+from common.run import Due, begin_training, checkpoints_to_write, what_is_due
+from common.stats import add_to, episode_sums, log, nonfinite, reduce_iteration, zero_
 
 if TYPE_CHECKING:
+    from common.buffer import RolloutStorage
     from common.record import Run
 
 
@@ -47,11 +53,72 @@ def iteration_stats(device, kinds: tuple[str, ...] = ("losses",)) -> dict:
     return {"episodes": torch.zeros(3, device=device, dtype=torch.float64), **{k: {} for k in kinds}, "nonfinite": {}}
 
 
-def begin_iterations(run: Run, global_batch: int, minibatch: int, whole_rollout: bool) -> None:
-    """begin_training with the PPO family's start line: the batch, its minibatches and what the CUDA graphs hold."""
+def with_game_score(transition: dict, info: dict) -> dict:
+    """Atari: a life is the learner's episode, the game's score is what is logged. Where the env's info has the game's
+    reward and end (Atari's presets), the transition keeps them beside the learner's reward and done."""
+    if "game_over" in info:
+        transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
+    return transition
+
+
+def rollout_episodes(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor) -> None:
+    """The sums of the episodes that ended in a [T, N] rollout into `episodes` (common.stats.episode_sums, the running
+    return and length of each env in `ep_stats`): the game's score where the env reports one apart from the learner's
+    rewards (with_game_score), the learner's own returns otherwise."""
+    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
+
+
+def rollout_nonfinite(data: TensorDict) -> dict:
+    """The NaN guard's counts of a rollout, by name: the non-finite entries of its policy observations and rewards."""
+    return {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
+
+
+def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
+    """The mean over an update's `num_updates` minibatches of each loss summed in `loss_sums`, by name, into
+    stats["losses"], and how many of them are non-finite into stats["nonfinite"] (the NaN guard's "losses")."""
+    means = {name: total / num_updates for name, total in loss_sums.items()}
+    add_to(stats["losses"], means)
+    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+
+
+def compile_and_capture(
+    run: Run,
+    envs,
+    env_step: Callable,
+    step_parts: dict[str, Callable],
+    update_minibatch: Callable,
+    targets_fn: Callable,
+    rollout_fn: Callable,
+    update_fn: Callable,
+) -> tuple:
+    """The iteration's functions compiled (--compile) and captured (--cudagraphs), each unchanged, returned in the
+    order given (`step_parts` as a tuple of its values): the script rebinds its names to them, which the functions
+    that call them read at each call. A built-in env steps inside the graph: the whole rollout is one, its env step
+    compiled. An adapter's simulator cannot be captured: its step runs eagerly between the captured acting steps, and
+    each of `step_parts` (the functions the env step calls on the device, by the name the run says: "acting", ...) is
+    compiled and captured alone. The targets and every epoch of the update are one graph (the batch never leaves
+    it), except with --target-kl: the epoch loop reads the KL on the host, so the targets and each minibatch update
+    are captured alone."""
+    if whole_rollout := getattr(envs, "capturable", False):
+        env_step = compiled(run, env_step)
+    else:
+        step_parts = {name: captured(run, name, compiled(run, fn)) for name, fn in step_parts.items()}
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    if (target_kl := getattr(run.args, "target_kl", None)) is not None:  # ppo_lstm.py has none
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    if target_kl is None:
+        update_fn = captured(run, "update", update_fn)
+    return env_step, tuple(step_parts.values()), update_minibatch, targets_fn, rollout_fn, update_fn
+
+
+def begin_iterations(run: Run, global_batch: int, minibatch: int, envs) -> None:
+    """begin_training with the PPO family's start line: the batch, its minibatches and what the CUDA graphs hold (a
+    built-in env's whole rollout, as compile_and_capture captures it)."""
     args = run.args
     said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
-    begin_training(run, said, global_batch, graphs_said(args, whole_rollout))
+    begin_training(run, said, global_batch, graphs_said(args, getattr(envs, "capturable", False)))
 
 
 def graphs_said(args, whole_rollout: bool) -> str:
@@ -90,3 +157,21 @@ def evaluate_and_save(run: Run, due: Due, eval_envs, policy, state, next_obs) ->
     if names := checkpoints_to_write(run, due):
         save(run, names, state, next_obs)
     return bool(run.stop_reason)
+
+
+def say_storage_once(run: Run, storage: RolloutStorage) -> None:
+    """The storage's layout (images: uint8), said once per process, after its first rollout has laid it out."""
+    if run.iteration == run.iteration_at_start + 1:
+        run.say(storage.describe())
+
+
+def end_iteration(run: Run, stats: dict, local: dict, eval_envs, policy, state, next_obs, kinds=("losses",)) -> bool:
+    """The end of an iteration, after its update and its steps counted (run.global_step), the same decisions on every
+    rank (what_is_due): the log when due (every --log-interval iterations, and before an evaluation or a save: one
+    host read) of the iterations since the last log (their steps since then, run.reduced_step), then the evaluation
+    and checkpoints due (evaluate_and_save). True when the run stops here. A collective."""
+    due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set run.final_step
+    if due.log:
+        iterations_in_stats = (run.global_step - run.reduced_step) // run.steps_per_iteration
+        log_iteration(run, stats, iterations_in_stats, local, kinds)
+    return evaluate_and_save(run, due, eval_envs, policy, state, next_obs)

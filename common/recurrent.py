@@ -5,27 +5,20 @@ bookkeeping (the cell's step, the replay of the update, the losses and the loop 
     state_shape = state_shape_of(rnn)          # (rows, hidden) of one env's hidden state
     envs_per_minibatch = env_minibatches(args)  # or a one-line error where --num-minibatches does not divide --num-envs
     carry_over(rnn_state, next_state, done)    # the live state moves on, zeroed for the episodes that ended
-    transition = with_game_score(transition, info)  # Atari: the game's reward and end beside a life's
-    rollout_episodes(data, dones, ep_stats, episodes)  # the finished episodes' sums, the game's score where reported
     starts = episode_starts(dones)             # where the update's replay zeroes the state, as the rollout did
-    add_update_means(stats, loss_sums, num_updates)  # an update's mean losses and their NaN guard
     eval_policy = EvalPolicy(policy, num_eval_envs)  # one hidden state per eval env (common/evaluation.py)
     begin_training(run, f"...; {batch_said(args, global_batch, envs_per_minibatch)}; {cell_said(args)}", ...)
     with closing(start_run(...)) as run, allow_rnn(): ...
 
 and the wiring of ppo_lstm.py's train around its algorithm (the iteration's functions and the loop's algorithm lines
-stay in the script):
+stay in the script; what it shares with ppo.py, from the game's score to the end of an iteration, is common/loop.py's):
 
     envs_per_minibatch, global_batch, total_steps = recurrent_sizes(run)  # or the one-line error of env_minibatches
     envs, eval_envs, next_obs, (obs_shape, critic_shape, pixel_highs) = recurrent_envs(run)  # reset, group_shapes
     (encoder, width), (critic_encoder, critic_width) = group_encoders(shapes, args.encoder, pixel_highs)
     state, ep_stats, rnn_state, initial_state = recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer)
     with torch.no_grad(), acting_autocast(device, args.bf16): ...  # bf16 without a cache of cast weights
-    nonfinite_counts = rollout_checks(data, dones, ep_stats, episodes)  # rollout_episodes, the NaN guard's counts
-    policy_step, ..., update_fn = compiled_and_captured(run, envs, policy_step, ..., update_fn)  # by the env
     begin_recurrent(run, global_batch, envs_per_minibatch)  # begin_training with batch_said and cell_said
-    say_storage(run, storage)                  # the storage's line, after the first rollout
-    if end_iteration(run, stats, local, eval_envs, eval_policy, state, next_obs): break  # log, evaluate, save
 
 The hidden state of a batch of envs is one tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h
 rows, then the c rows; the layout of common.nets.rnn_step), the batch at dim 1: a minibatch of envs is `state[:, envs]`,
@@ -40,14 +33,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from tensordict import TensorDict
 
-from common.capture import captured, compiled
 from common.checkpoint import TrainingState
-from common.loop import evaluate_and_save, log_iteration
 from common.nets import group_encoder, group_shapes
-from common.run import begin_training, make_envs, what_is_due
-from common.stats import add_to, episode_sums, nonfinite
+from common.run import begin_training, make_envs
 
 
 def recurrent_cell(cell: str, input_size: int, hidden_size: int, layers: int) -> nn.LSTM | nn.GRU:
@@ -133,29 +122,6 @@ def episode_starts(dones: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])
 
 
-def with_game_score(transition: dict, info: dict) -> dict:
-    """Atari: a life is the learner's episode, the game's score is what is logged. Where the env's info has the game's
-    reward and end (Atari's presets), the transition keeps them beside the learner's reward and done."""
-    if "game_over" in info:
-        transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
-    return transition
-
-
-def rollout_episodes(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor) -> None:
-    """The sums of the episodes that ended in a [T, N] rollout into `episodes` (common.stats.episode_sums, the running
-    return and length of each env in `ep_stats`): the game's score where the env reports one apart from the learner's
-    rewards (with_game_score), the learner's own returns otherwise."""
-    episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
-
-
-def rollout_checks(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor) -> dict:
-    """What the log takes from a [T, N] rollout before its targets: the sums of the episodes that ended into `episodes`
-    (rollout_episodes: the game's score where the env reports one), and the NaN guard's non-finite counts of its policy
-    observations and rewards, by name."""
-    rollout_episodes(data, dones, ep_stats, episodes)
-    return {"observations": nonfinite(data["obs", "policy"]), "rewards": nonfinite(data["rewards"])}
-
-
 def recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer) -> tuple[TrainingState, torch.Tensor, ...]:
     """(what a recurrent PPO's checkpoints hold besides the run's counters, each env's running return and length
     [2, N] (float64), the live hidden states, the hidden states at the start of the rollout: hidden_states). The
@@ -173,35 +139,6 @@ def recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer) -> tuple[
         per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state},
     )
     return state, ep_stats, rnn_state, initial_state
-
-
-def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
-    """The mean over an update's `num_updates` minibatches of each loss summed in `loss_sums`, by name, into
-    stats["losses"], and how many of them are non-finite into stats["nonfinite"] (the NaN guard's "losses")."""
-    means = {name: total / num_updates for name, total in loss_sums.items()}
-    add_to(stats["losses"], means)
-    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
-
-
-def say_storage(run, storage) -> None:
-    """The rollout storage's line (its bytes per transition, each field's dtype and shape), once: after this process's
-    first rollout, which has laid the storage out (images: uint8)."""
-    if run.iteration == run.iteration_at_start + 1:
-        run.say(storage.describe())
-
-
-def end_iteration(run, stats: dict, local: dict, eval_envs, eval_policy, state, next_obs) -> bool:
-    """The end of an iteration (after run.global_step counted it), the same decisions on every rank
-    (common.run.what_is_due; the final iteration is the one at run.final_step): the log every --log-interval
-    iterations and before an evaluation or a save (one host read; common.loop.log_iteration of the iterations in
-    `stats` since the last log, the steps since it over the steps of one, with `local`, rank 0's, e.g. the learning
-    rate), then the evaluation and the checkpoints that are due (common.loop.evaluate_and_save). True when the run
-    stops here. A collective."""
-    due = what_is_due(run, run.global_step >= run.final_step)
-    if due.log:
-        iterations = (run.global_step - run.reduced_step) // run.steps_per_iteration  # reduced_step: the last log's
-        log_iteration(run, stats, iterations, local=local)
-    return evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs)
 
 
 def batch_said(args, global_batch: int, envs_per_minibatch: int) -> str:
@@ -223,26 +160,6 @@ def begin_recurrent(run, global_batch: int, envs_per_minibatch: int) -> None:
     begin_training(
         run, f"{batch_said(run.args, global_batch, envs_per_minibatch)}; {cell_said(run.args)}", global_batch
     )
-
-
-def compiled_and_captured(
-    run, envs, policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
-):
-    """A recurrent script's iteration functions compiled and captured (--compile / --cudagraphs: common.capture), in
-    the order given, each the function to call in its place (the script rebinds its names to them, so the functions
-    that call the others by name call these). A built-in env steps inside the graph: the env step is compiled and the
-    whole rollout is one graph. An adapter's simulator cannot be captured: its step runs eagerly between the captured
-    acting step and end of step, and the rollout is left out of the graphs. The minibatch update and the targets are
-    compiled; the targets and every epoch of the update are one graph, the batch never leaving it."""
-    if whole_rollout := getattr(envs, "capturable", False):
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        end_step = captured(run, "end of step", compiled(run, end_step))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(run, "update", update_fn)
-    return policy_step, end_step, env_step, update_minibatch, targets_fn, rollout_fn, update_fn
 
 
 def acting_autocast(device: torch.device, bf16: bool) -> torch.autocast:

@@ -81,6 +81,13 @@ def zero_(stats) -> None:
         stats.zero_()
 
 
+def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns), how much of the returns' variance the critic's values explain (NaN
+    when the returns do not vary): a 0-d tensor on the device, logged as losses/explained_variance."""
+    var_y = returns.var()
+    return torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
+
+
 def record_env_log(run: Run, info: dict) -> None:
     """Add the env's own metrics of one step (info["log"]: name -> number or 0-d tensor) to the sums
     logged under env/ (each name: the mean over the steps that reported it, read by reduce_iteration).

@@ -92,3 +92,27 @@ def rollout_images(args, data_augmentation: Callable | None, obs: TensorDict, ac
     if args.symmetry == "none":
         return {}
     return {"mirrored": normalized_images(data_augmentation, obs, actions, normalize)}
+
+
+def with_mirror_images(mb: TensorDict, args) -> tuple[TensorDict, TensorDict]:
+    """A minibatch [B] as the PPO loss reads it: (the normalized observations the actor reads, the minibatch the
+    losses read). With --symmetry the actor reads the originals, then their mirror images (in_rsl_rl_order: rsl_rl's
+    augmented minibatch [k * B]), and with augmentation (or both) the losses read that augmented minibatch too; without
+    --symmetry, the minibatch as it is."""
+    if args.symmetry == "none":
+        return mb["obs_n"], mb
+    augmented = in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
+    return augmented["obs_n"], augmented if args.symmetry in ("augmentation", "both") else mb
+
+
+def mirror_loss(agent, out: torch.Tensor, b: int, output_mirror: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    """rsl_rl's mirror loss and the symmetry error of the actor's outputs `out` [k * B, A] (the B originals', then
+    their mirror images', with_mirror_images's order). The loss: the mean squared distance of the images' outputs from
+    the originals' outputs mirrored (output_mirror), detached, logits less their mean (a constant added to every logit
+    is the same policy). The error, without gradient: mean |pi(m(s)) - m(pi(s))| of the deterministic action (the
+    clipped mean: agent.to_env), or of the logits (agent.discrete)."""
+    out = out - out.mean(-1, keepdim=True) if agent.discrete else out
+    loss = torch.nn.functional.mse_loss(out[b:], output_mirror(out[:b].detach()))
+    with torch.no_grad():
+        act = out if agent.discrete else agent.to_env(out)
+        return loss, (act[b:] - output_mirror(act[:b])).abs().mean()

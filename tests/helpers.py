@@ -257,12 +257,12 @@ MUTATIONS = {
             '        explained = rollout_stats["explained_variance"].tolist()  # noqa: F841\n',
         )
     ],
-    # a Python counter moved into the captured function (on CUDA it stops after the capture, and the
-    # logged means divide by zero)
+    # a Python counter of the iterations kept in the captured function (on CUDA it stops after the capture: a
+    # copy that divided the logged sums by it would divide by the wrong count)
     "counter": [
         (
-            "            update_fn(next_obs)  # targets, then the epochs\n        iterations_in_stats += 1\n",
-            "            update_fn(next_obs)  # targets, then the epochs\n",
+            "    stats = iteration_stats(device)",
+            "    iterations_in_stats = 0\n    stats = iteration_stats(device)",
         ),
         (
             '        """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""\n',

@@ -1,6 +1,6 @@
 """A CPU check of what a CUDA graph needs: record what each captured function would put in its graph.
 
-`record_captured(monkeypatch, script)` makes `captured()` (in the script and in common.evaluation) record
+`record_captured(monkeypatch, script)` makes `captured()` (in the script, common.loop and common.evaluation) record
 the ReplaySignature, the host syncs and the changes of Python state of the first calls of every
 function it would capture; `assert_replays_alike` then checks that two calls after the warm-up
 recorded the same signature, `assert_no_host_sync` that no call after the first read a value back
@@ -207,7 +207,7 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
     of every function `script` (an imported algos/ module) and common.evaluation capture;
     `before_call(name, fn)` runs before every call."""
     import common.evaluation
-    import common.recurrent
+    import common.loop
 
     signatures: dict[str, list] = {}
 
@@ -229,9 +229,11 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
 
         return call
 
-    monkeypatch.setattr(script, "captured", recording, raising=False)  # ppo_lstm.py calls it from common.recurrent
+    # where the capture happens: the script's own calls, and the PPO family's (common.loop.compile_and_capture)
+    if hasattr(script, "captured"):
+        monkeypatch.setattr(script, "captured", recording)
+    monkeypatch.setattr(common.loop, "captured", recording)
     monkeypatch.setattr(common.evaluation, "captured", recording)
-    monkeypatch.setattr(common.recurrent, "captured", recording)  # ppo_lstm.py's functions (compiled_and_captured)
     return signatures
 
 

@@ -139,7 +139,7 @@ def test_python_state_sees_closure_cells_run_attributes_and_module_attributes():
         (
             "counter",
             r"update: call 2 changes Python state, which a graph replay would not: "
-            r"update_fn\.<iterations_in_stats>: 0 -> 1",
+            r"update_fn\.<iterations_in_stats>: 1 -> 2",
         ),
     ],
     ids=["tolist", "counter"],
@@ -148,7 +148,7 @@ def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_pyth
     mutation, message, tmp_path, monkeypatch
 ):
     """The capture contract test's checks (tests/test_scripts.py) on a copy of ppo.py with a `.tolist()`
-    in its captured update, or its `iterations_in_stats += 1` moved into it: the copy trains as ppo
+    in its captured update, or a Python counter of the iterations kept in it: the copy trains as ppo
     does on a CPU, and the check of its update fails, naming it; every other captured function passes."""
     path = mutated_ppo(tmp_path, mutation)
     module = load_script(path.stem, path)

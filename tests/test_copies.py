@@ -41,12 +41,13 @@ EDITS = [
         "    episodes: torch.Tensor,\n    args: Args,\n    adv_ema: torch.Tensor,\n):",
     ),
     (
-        "    var_y = returns.var()\n",
-        "    adv_ema.mul_(0.9).add_(0.1 * advantages.abs().mean())\n    var_y = returns.var()\n",
+        '    batch = {"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values}\n',
+        "    adv_ema.mul_(0.9).add_(0.1 * advantages.abs().mean())\n"
+        '    batch = {"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values}\n',
     ),
     (
-        '{"explained_variance": explained_variance}',
-        '{"explained_variance": explained_variance, "adv_abs": advantages.abs().mean()}',
+        '{"explained_variance": explained_variance(returns, values)}',
+        '{"explained_variance": explained_variance(returns, values), "adv_abs": advantages.abs().mean()}',
     ),
     ('stats["episodes"], args\n', 'stats["episodes"], args, adv_ema\n'),
     (

@@ -104,16 +104,16 @@ class TracedGraphs:
 
 
 def traced_graphs(monkeypatch, module) -> TracedGraphs:
-    """Install TracedGraphs in a script's module, in common.recurrent (ppo_lstm.py's compiled_and_captured) and in
-    common.evaluation (its evaluation step, whose captured chunk of steps is made short: dynamo unrolls the chunk, and
-    every step in it is the same)."""
+    """Install TracedGraphs in a script's module and in common.evaluation (its evaluation step, whose captured
+    chunk of steps is made short: dynamo unrolls the chunk, and every step in it is the same)."""
     import common.evaluation
-    import common.recurrent
+    import common.loop
 
     traced = TracedGraphs()
-    for target in (module, common.recurrent, common.evaluation):
-        monkeypatch.setattr(target, "compiled", traced.compiled, raising=False)  # ppo_lstm.py calls neither itself
-        monkeypatch.setattr(target, "captured", traced.captured, raising=False)
+    for target in (module, common.loop, common.evaluation):  # common.loop: the PPO family's compile_and_capture
+        for name in ("compiled", "captured"):
+            if hasattr(target, name):
+                monkeypatch.setattr(target, name, getattr(traced, name))
     monkeypatch.setattr(common.evaluation, "EVAL_CHUNK", 2)  # the captured chunk repeats one step: 2 trace as 64 do
     return traced
 

@@ -142,8 +142,7 @@ SPEED_SECTIONS = ("speed", "speed-pendulum", "speed-quick")
 MARKER = "GPU_CHECK_RESULT "
 HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_to_write", "save", "finish", "eval_only")
 HOST_READS += ("log_eval_save",)  # td3.py's and sac.py's log, evaluation and save (common/offpolicy.py)
-HOST_READS += ("log_iteration", "evaluate_and_save")  # the PPO family's (common/loop.py)
-HOST_READS += ("end_iteration",)  # ppo_lstm.py's log, evaluation and save (common/recurrent.py)
+HOST_READS += ("log_iteration", "evaluate_and_save", "end_iteration")  # the PPO family's (common/loop.py)
 SPEED_ROWS = [
     ("speed", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")),
     ("speed", "CartPole-v1", 65536, ("ppo",)),
@@ -268,7 +267,7 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
     error_on_recompile once it is ready, and the Python state its calls after the first change."""
     import common.capture
     import common.evaluation
-    import common.recurrent
+    import common.loop
     from tests.replay import changes, python_state
 
     window = SyncWindow(cuda, files)
@@ -342,7 +341,8 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
         with real_timed(run, phase):
             yield
 
-    module.captured = common.capture.captured = common.evaluation.captured = common.recurrent.captured = captured
+    # where a script's functions are captured: its own calls, and the PPO family's (common.loop.compile_and_capture)
+    module.captured = common.capture.captured = common.loop.captured = common.evaluation.captured = captured
     module.timed = timed
     for name in HOST_READS:
         if hasattr(module, name):
