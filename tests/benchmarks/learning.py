@@ -785,10 +785,11 @@ FOLDERS = {
     "minatar5": dict(
         title="Pixels: MinAtar, all five games",
         about="pqn and ppo with the Breakout flags above, 655,360 env steps each (160 iterations of 128 envs x 32 "
-        "steps); one thread per run, one run at a time, the other core running a Pong run, so the seconds are "
-        "not an idle machine's. No target of our own outside Breakout's 10. The reference is gymnax-blines' PPO "
-        "training log at 639,936 env steps (RobertTLange/gymnax-blines, `agents/<Game>-MinAtar/ppo.pkl`: one "
-        "seed, an MLP on the flattened frames, 64 envs x 128 steps; no Seaquest run), another setting: gymnax's "
+        "steps), five seeds; one thread per run, two runs at a time beside other work on the same two cores, so the "
+        "seconds are not an idle machine's. No target of our own outside Breakout's 10. The reference is "
+        "gymnax-blines' PPO training log at 639,936 env steps (RobertTLange/gymnax-blines, "
+        "`agents/<Game>-MinAtar/ppo.pkl`: one seed, an MLP on the flattened frames, 64 envs x 128 steps; no "
+        "Seaquest run), another setting: gymnax's "
         "MinAtar has no sticky actions (ours, as the `minatar` package's: 0.1) and cuts episodes at 1,000 steps.",
     ),
     "pong": dict(
