@@ -761,7 +761,7 @@ FOLDERS = {
     "symmetry": dict(
         title="Symmetry: mirror augmentation and mirror loss",
         about="ppo `--symmetry`, each run stopped at its target, an evaluation every 2 iterations (196,608 env "
-        "steps); one thread per run, the other core running another job, so the seconds do not compare. `log` is "
+        "steps); one thread per run, two runs at a time, so the seconds do not compare. `log` is "
         "the baseline: ppo's updates with the symmetry only measured; `mirror-loss` at its default coefficient "
         "1.0. `charts/symmetry_error` is each run's last logged value: of the torque on Pendulum-v1 (actions in "
         "[-2, 2]), of the centred logits on Acrobot-v1.",
