@@ -42,18 +42,18 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed
+from common import distributed, loop
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import captured, compiled, timed
+from common.capture import timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import add_update_means, evaluate_and_save, log_iteration, rollout_episodes, with_game_score
+from common.loop import add_update_means, rollout_episodes, with_game_score
 from common.nets import agent_and_twin, clip_to_bounds, mlp, register_action_bounds, rnn_step, vector_size
 from common.normalize import observation_normalizer
 from common.recurrent import EvalPolicy, allow_rnn, batch_said, carry_over, cell_said, env_minibatches
 from common.recurrent import episode_starts, recurrent_cell, state_shape_of
-from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run
 from common.stats import add_to, record_env_log
 from common.teacher import note_teacher, teacher_checkpoint, teacher_group
 
@@ -157,8 +157,7 @@ class Policy(nn.Module):
             outputs.append(out)
         return torch.stack(outputs)
 
-    def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return clip_to_bounds(action, self.action_low, self.action_high)
+    to_env = clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
     def action(self, head: torch.Tensor) -> torch.Tensor:  # the deterministic action of the head's output
         return head.argmax(-1) if self.discrete else self.to_env(head)
@@ -313,7 +312,7 @@ def train(run, args: Args) -> dict:
     teacher_prob = torch.tensor(args.teacher_action_prob, device=device)  # annealed in place
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
+    stats = loop.iteration_stats(device)  # what the log reads, gathered on the device: episodes, losses, non-finite
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     @torch.no_grad()
@@ -375,27 +374,17 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, initial_state, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
-    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator cannot
-    # be captured: its step runs eagerly between the captured acting and end-of-step functions.
-    whole_rollout = getattr(envs, "capturable", False)
-    if whole_rollout:
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        end_step = captured(run, "end of step", compiled(run, end_step))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    # the targets and every epoch as one graph: the batch never leaves it
-    update_fn = captured(run, "update", update_fn)
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
+    steps = {"acting": policy_step, "end of step": end_step}  # an adapter's: captured apart, the env stepped between
+    env_step, (policy_step, end_step), update_minibatch, targets_fn, rollout_fn, update_fn = loop.compile_and_capture(
+        run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn
+    )
     teacher_said = f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r})"
     student_said = f"student {'MLP' if args.cell == 'none' else cell_said(args)} reads 'policy'"
     said = f"{teacher_said}; {student_said}; {batch_said(args, global_batch, envs_per_minibatch)}"
     begin_training(run, said, global_batch)
-    iterations_in_stats = 0
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
-        final_iteration = run.global_step + 2 * global_batch > total_steps
         if args.lr_schedule == "linear":
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
         teacher_prob.fill_(
@@ -407,14 +396,9 @@ def train(run, args: Args) -> dict:
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn()  # targets, then the epochs
-        iterations_in_stats += 1
-
-        due = what_is_due(run, final_iteration)
-        if due.log:  # every --log-interval iterations, and before an evaluation or a save: one host read
-            local = {"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob}
-            log_iteration(run, stats, iterations_in_stats, local=local)
-            iterations_in_stats = 0
-        if evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs):  # the same on every rank
+        # the log, evaluation and checkpoints that are due, the same on every rank
+        local = {"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob}
+        if loop.end_iteration(run, stats, local, eval_envs, eval_policy, state, next_obs):
             break
     return finish(run, student, {"teacher": dict(teacher_info)})
 

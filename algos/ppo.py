@@ -29,17 +29,13 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed, symmetry
+from common import distributed, loop, nets, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
 from common.capture import timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import add_update_means, begin_iterations, compile_and_capture, end_iteration, iteration_sizes
-from common.loop import iteration_stats, rollout_episodes, rollout_nonfinite, say_storage_once, with_game_score
-from common.nets import agent_and_twin, clip_to_bounds, group_mlp, group_shapes, register_action_bounds, sample
-from common.nets import share_encoder
-from common.normalize import RewardNormalizer, observation_normalizer
+from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
 from common.run import closing, finish, make_envs, open_run, start_run
 from common.settings import rsl_rl_settings
 from common.stats import add_to, explained_variance, record_env_log
@@ -181,28 +177,23 @@ class Agent(nn.Module):
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
-        obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
-        self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=pixel_high[0], **net)
+        self.actor = nets.group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=pixel_high[0], **net)
         critic_max = pixel_high[1] if critic_obs_shape is not None else pixel_high[0]
-        self.critic = group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, max_value=critic_max, **net)
+        self.critic = nets.group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, max_value=critic_max, **net)
         self.shared_encoder = args.shared_encoder  # the critic's head on the actor's encoder (one module)
         if self.shared_encoder:
-            share_encoder(self.actor, self.critic, critic_obs_shape)
+            nets.share_encoder(self.actor, self.critic, critic_obs_shape)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
+        nets.register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
-    def normalize(self, obs: TensorDict) -> TensorDict:
-        out = {"policy": self.obs_rms(obs["policy"])}
-        if self.critic_key == "critic":
-            out["critic"] = self.critic_obs_rms(obs["critic"])
-        return TensorDict(out, batch_size=obs.batch_size)
+    normalize = normalize_groups  # each group through its own statistics (common.normalize)
 
     def value(self, obs_n: TensorDict) -> torch.Tensor:
         return self.critic(obs_n[self.critic_key]).squeeze(-1).float()
@@ -222,8 +213,7 @@ class Agent(nn.Module):
             return d.log_prob(action), d.entropy()
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
 
-    def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return clip_to_bounds(action, self.action_low, self.action_high)
+    to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
         """The evaluated (and exported) policy on raw observations: the likeliest action, or the clipped mean."""
@@ -233,7 +223,7 @@ class Agent(nn.Module):
     def act(self, obs: TensorDict, deterministic: bool = False):
         """One acting step: normalize, sample (or take the mode), return the action and its log-prob."""
         d = self.dist(self.obs_rms(obs["policy"]))
-        action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else sample(d)
+        action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else nets.sample(d)
         logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
         return action, logprob
 
@@ -341,8 +331,8 @@ def targets(
     non-finite counts."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
-    nonfinite_counts = rollout_nonfinite(data)  # the NaN guard's: observations and rewards
+    loop.rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
+    nonfinite_counts = loop.rollout_nonfinite(data)  # the NaN guard's: observations and rewards
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     # --symmetry: the mirror images, mirrored raw, then normalized (the normalizer's mean is not symmetric)
     mirrored = symmetry.rollout_images(args, data_augmentation, data["obs"], data["actions"], agent.normalize)
@@ -358,10 +348,7 @@ def targets(
     )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
-        agent.obs_rms.update(data["obs", "policy"])
-        if agent.critic_key == "critic":
-            agent.critic_obs_rms.update(data["obs", "critic"])
+    update_group_statistics(agent, data["obs"])  # the next rollout's statistics come from this rollout only
     batch = {"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values}
     batch = TensorDict({**batch, "advantages": advantages, "returns": returns, **mirrored}, values.shape, values.device)
     return batch.reshape(-1), {"explained_variance": explained_variance(returns, values)}, nonfinite_counts
@@ -384,7 +371,7 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
         if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
-    add_update_means(stats, loss_sums, num_updates)
+    loop.add_update_means(stats, loss_sums, num_updates)
 
 
 def main(args: Args) -> dict:
@@ -398,13 +385,13 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    minibatch, global_batch, total_steps = iteration_sizes(run)  # or a clear error: the minibatches must divide
+    minibatch, global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
-    obs_shape, critic_shape, pixel_highs = group_shapes(envs, next_obs, args)  # critic_shape: None without one
+    obs_shape, critic_shape, pixel_highs = nets.group_shapes(envs, next_obs, args)  # critic_shape: None without one
     # the same initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
-    agent, agent_inference = agent_and_twin(
+    agent, agent_inference = nets.agent_and_twin(
         lambda: Agent(obs_shape, critic_shape, envs.single_action_space, args, pixel_highs), device
     )
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
@@ -426,7 +413,8 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, agent_inference)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = iteration_stats(device)  # what the log reads, gathered on the device: episodes, losses, non-finite counts
+    # what the log reads, gathered on the device: episodes, losses, non-finite counts
+    stats = loop.iteration_stats(device)
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     policy_step = agent_inference.act
@@ -452,7 +440,7 @@ def train(run, args: Args) -> dict:
             "truncated": truncated,
         }
         # Atari: a life is the learner's episode, the game's score is what is logged
-        return next_obs, TensorDict(with_game_score(transition, info), batch_size=[envs.num_envs]), info
+        return next_obs, TensorDict(loop.with_game_score(transition, info), batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch (gradients averaged over ranks); returns its losses."""
@@ -480,17 +468,11 @@ def train(run, args: Args) -> dict:
         update(update_minibatch, batch, lr, stats, args)
 
     # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
-    env_step, (policy_step, final_value), update_minibatch, targets_fn, rollout_fn, update_fn = compile_and_capture(
-        run,
-        envs,
-        env_step,
-        {"acting": policy_step, "final value": final_value},
-        update_minibatch,
-        targets_fn,
-        rollout_fn,
-        update_fn,
+    steps = {"acting": policy_step, "final value": final_value}  # an adapter's: captured apart, the env stepped between
+    env_step, (policy_step, final_value), update_minibatch, targets_fn, rollout_fn, update_fn = (
+        loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
     )
-    begin_iterations(run, global_batch, minibatch, envs)
+    loop.begin_iterations(run, global_batch, minibatch, envs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -499,12 +481,12 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        say_storage_once(run, storage)
+        loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
         # the log, evaluation and checkpoints that are due, the same on every rank
-        if end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, agent_inference, state, next_obs):
+        if loop.end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, agent_inference, state, next_obs):
             break
     return finish(run, agent)
 

@@ -35,22 +35,19 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed
+from common import distributed, loop, nets
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
 from common.capture import timed
 from common.checkpoint import restore
 from common.evaluation import eval_only
-from common.loop import add_update_means, compile_and_capture, end_iteration, iteration_stats, rollout_episodes
-from common.loop import rollout_nonfinite, say_storage_once, with_game_score
-from common.nets import agent_and_twin, clip_to_bounds, mlp, register_action_bounds, rnn_step, sample
-from common.normalize import RewardNormalizer, observation_normalizer
+from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
 from common.recurrent import EvalPolicy, acting_autocast, allow_rnn, begin_recurrent, carry_over, episode_starts
 from common.recurrent import group_encoders, recurrent_cell, recurrent_envs, recurrent_ppo_state, recurrent_sizes
 from common.recurrent import state_shape_of
 from common.run import closing, finish, open_run, start_run
 from common.settings import rsl_rl_settings
-from common.stats import add_to, record_env_log
+from common.stats import add_to, explained_variance, record_env_log
 
 ALGO = "ppo_lstm"
 
@@ -149,7 +146,6 @@ class Agent(nn.Module):
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
-        obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
         # each group's encoder and the width of what it gives: the cell reads the policy's, features or the vector
@@ -158,22 +154,20 @@ class Agent(nn.Module):
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.rnn = recurrent_cell(args.cell, obs_dim, args.rnn_hidden_size, args.rnn_layers)
         self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden): common/recurrent.py
-        self.actor = mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
-        self.critic = mlp(args.rnn_hidden_size + critic_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
+        self.actor = nets.mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
+        self.critic = nets.mlp(args.rnn_hidden_size + critic_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
+        nets.register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
-    def normalize(self, obs: TensorDict) -> TensorDict:
-        critic = {"critic": self.critic_obs_rms(obs["critic"])} if self.critic_key == "critic" else {}
-        return TensorDict({"policy": self.obs_rms(obs["policy"]), **critic}, batch_size=obs.batch_size)
+    normalize = normalize_groups  # each group through its own statistics (common.normalize)
 
     def memory(self, policy_obs_n: torch.Tensor, state: torch.Tensor):
         """One cell step: normalized observations [B, obs_dim] and the state -> (output [B, H], next state), with
         common.nets.rnn_step (no fused kernel: the graph compiled on a CPU is the GPU's)."""
-        return rnn_step(self.rnn, self.encoder(policy_obs_n), state)
+        return nets.rnn_step(self.rnn, self.encoder(policy_obs_n), state)
 
     def replay(self, policy_obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The cell over sequences [T, B, ...] from `state`, zeroed where an episode starts (starts [T, B]) as the
@@ -181,7 +175,7 @@ class Agent(nn.Module):
         keep, outputs = (~starts).unsqueeze(-1), []
         features = self.encoder(policy_obs_n)  # an image group's frames: every step's in one batch
         for t in range(features.shape[0]):
-            out, state = rnn_step(self.rnn, features[t], state * keep[t])
+            out, state = nets.rnn_step(self.rnn, features[t], state * keep[t])
             outputs.append(out)
         return torch.stack(outputs)
 
@@ -201,14 +195,13 @@ class Agent(nn.Module):
         d = self.dist(out)
         return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
 
-    def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return clip_to_bounds(action, self.action_low, self.action_high)
+    to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
     def act(self, obs: TensorDict, state: torch.Tensor):
         """One acting step: (sampled action, its log-prob, the value, the next state)."""
         obs_n = self.normalize(obs)
         out, state = self.memory(obs_n["policy"], state)
-        action = sample(d := self.dist(out))
+        action = nets.sample(d := self.dist(out))
         logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
         return action, logprob, self.value(out, obs_n), state
 
@@ -310,8 +303,8 @@ def targets(
     one. Returns the [T, N] batch of sequences the update reads, the logged statistics and non-finite counts by name."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
-    nonfinite_counts = rollout_nonfinite(data)  # the NaN guard's: observations and rewards
+    loop.rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
+    nonfinite_counts = loop.rollout_nonfinite(data)  # the NaN guard's: observations and rewards
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     values, rewards = data["values"], data["rewards"]  # values computed while acting, from the cell's outputs
     with torch.autocast(data["rewards"].device.type, dtype=torch.bfloat16, enabled=args.bf16):
@@ -324,15 +317,11 @@ def targets(
     )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    agent.obs_rms.update(data["obs", "policy"])  # the next rollout's statistics from this one only (never eval data)
-    if agent.critic_key == "critic":  # (an Unnormalized group, an image or any with --no-obs-norm, learns nothing)
-        agent.critic_obs_rms.update(data["obs", "critic"])
-    var_y = returns.var()
-    explained_variance = torch.where(var_y > 0, 1 - (returns - values).var() / var_y, torch.nan)
+    update_group_statistics(agent, data["obs"])  # the next rollout's statistics come from this rollout only
     starts = episode_starts(dones)  # where the replay zeroes the state, as the rollout did
     batch = dict(obs_n=obs_n, starts=starts, actions=data["actions"], logprobs=data["logprobs"], values=values)
     batch = TensorDict({**batch, "advantages": advantages, "returns": returns}, values.shape, values.device)
-    return batch, {"explained_variance": explained_variance}, nonfinite_counts
+    return batch, {"explained_variance": explained_variance(returns, values)}, nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr: torch.Tensor, stats: dict, args: Args):
@@ -349,7 +338,7 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
             num_updates += 1
             if args.lr_schedule == "adaptive":
                 adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
-    add_update_means(stats, loss_sums, num_updates)
+    loop.add_update_means(stats, loss_sums, num_updates)
 
 
 # --- main and train ---
@@ -365,7 +354,9 @@ def train(run, args: Args) -> dict:
     envs, eval_envs, next_obs, (obs_shape, critic_shape, pixel_highs) = recurrent_envs(run)  # critic_shape: or None
     space = envs.single_action_space
     # rank 0's initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
-    agent, agent_inference = agent_and_twin(lambda: Agent(obs_shape, critic_shape, space, args, pixel_highs), device)
+    agent, agent_inference = nets.agent_and_twin(
+        lambda: Agent(obs_shape, critic_shape, space, args, pixel_highs), device
+    )
     eval_policy = EvalPolicy(agent_inference, args.num_eval_envs, "agent")  # one hidden state per eval env
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
@@ -379,7 +370,8 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, eval_policy)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = iteration_stats(device)  # what the log reads, gathered on the device: episodes, losses, non-finite counts
+    # what the log reads, gathered on the device: episodes, losses, non-finite counts
+    stats = loop.iteration_stats(device)
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     def policy_step(obs: TensorDict):
@@ -410,7 +402,7 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
-        transition = with_game_score(transition, info)  # Atari: the game's score is what is logged
+        transition = loop.with_game_score(transition, info)  # Atari: the game's score is what is logged
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):
@@ -438,7 +430,7 @@ def train(run, args: Args) -> dict:
 
     # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
     steps = {"acting": policy_step, "end of step": end_step}  # an adapter's: captured apart, the env stepped between
-    env_step, (policy_step, end_step), update_minibatch, targets_fn, rollout_fn, update_fn = compile_and_capture(
+    env_step, (policy_step, end_step), update_minibatch, targets_fn, rollout_fn, update_fn = loop.compile_and_capture(
         run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn
     )
     begin_recurrent(run, global_batch, envs_per_minibatch)  # the start line: the batch, the cell
@@ -449,13 +441,13 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        say_storage_once(run, storage)
+        loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
 
         # the log (one host read), the evaluation and the checkpoints that are due; a stop, the same on every rank
-        if end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, eval_policy, state, next_obs):
+        if loop.end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, eval_policy, state, next_obs):
             break
     return finish(run, agent)
 

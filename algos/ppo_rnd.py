@@ -35,17 +35,13 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed, symmetry
+from common import distributed, loop, nets, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
 from common.capture import timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import add_update_means, begin_iterations, compile_and_capture, end_iteration, iteration_sizes
-from common.loop import iteration_stats, rollout_episodes, rollout_nonfinite, say_storage_once, with_game_score
-from common.nets import agent_and_twin, clip_to_bounds, group_mlp, group_shapes, register_action_bounds, sample
-from common.nets import chosen_group_shape, share_encoder
-from common.normalize import RewardNormalizer, observation_normalizer
+from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
 from common.run import closing, finish, make_envs, open_run, start_run
 from common.settings import rsl_rl_settings
 from common.stats import add_to, explained_variance, nonfinite, record_env_log
@@ -171,28 +167,23 @@ class Agent(nn.Module):
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
-        obs_shape, critic_obs_shape = ((s,) if isinstance(s, int) else s for s in (obs_shape, critic_obs_shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
         act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
-        self.actor = group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=pixel_high[0], **net)
+        self.actor = nets.group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=pixel_high[0], **net)
         critic_max = pixel_high[1] if critic_obs_shape is not None else pixel_high[0]
-        self.critic = group_mlp(critic_obs_shape or obs_shape, 2, out_gain=1.0, max_value=critic_max, **net)
+        self.critic = nets.group_mlp(critic_obs_shape or obs_shape, 2, out_gain=1.0, max_value=critic_max, **net)
         self.shared_encoder = args.shared_encoder  # the critic's heads on the actor's encoder (one module)
         if self.shared_encoder:
-            share_encoder(self.actor, self.critic, critic_obs_shape)
+            nets.share_encoder(self.actor, self.critic, critic_obs_shape)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
-        register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
+        nets.register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
-    def normalize(self, obs: TensorDict) -> TensorDict:
-        out = {"policy": self.obs_rms(obs["policy"])}
-        if self.critic_key == "critic":
-            out["critic"] = self.critic_obs_rms(obs["critic"])
-        return TensorDict(out, batch_size=obs.batch_size)
+    normalize = normalize_groups  # each group through its own statistics (common.normalize)
 
     def value(self, obs_n: TensorDict) -> torch.Tensor:
         """[..., 2]: the extrinsic value, then the intrinsic one."""
@@ -213,18 +204,17 @@ class Agent(nn.Module):
             return d.log_prob(action), d.entropy()
         return d.log_prob(action).sum(-1), d.entropy().sum(-1)
 
-    def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return clip_to_bounds(action, self.action_low, self.action_high)
+    to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
         """The evaluated (and exported) policy on raw observations: the mode, clipped to the action bounds."""
-        out = self.actor(self.obs_rms(policy_obs))
+        out = self.actor(self.obs_rms(policy_obs)).float()
         return out.argmax(-1) if self.discrete else self.to_env(out)
 
     def act(self, obs: TensorDict, deterministic: bool = False):
         """One acting step: normalize, sample (or take the mode), return the action and its log-prob."""
         d = self.dist(self.obs_rms(obs["policy"]))
-        action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else sample(d)
+        action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else nets.sample(d)
         logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
         return action, logprob
 
@@ -236,8 +226,9 @@ class RND(nn.Module):
     def __init__(self, shape, args: Args, pixel_high: float):
         super().__init__()
         net = dict(activation=args.activation, encoder=args.encoder, max_value=pixel_high, out_gain=1.0)
-        self.predictor = group_mlp(shape, args.rnd_num_outputs, args.rnd_hidden_sizes, **net)
-        self.target = group_mlp(shape, args.rnd_num_outputs, args.rnd_target_hidden_sizes, **net).requires_grad_(False)
+        self.predictor = nets.group_mlp(shape, args.rnd_num_outputs, args.rnd_hidden_sizes, **net)
+        self.target = nets.group_mlp(shape, args.rnd_num_outputs, args.rnd_target_hidden_sizes, **net)
+        self.target.requires_grad_(False)
         self.obs_rms = observation_normalizer(shape, args.rnd_state_norm, 5.0)  # [-5, 5]: Burda et al.'s clip
 
     def error(self, x_n) -> torch.Tensor:
@@ -353,8 +344,8 @@ def targets(
     non-finite counts."""
     terminated, truncated = data["terminated"], data["truncated"]
     dones = terminated | truncated
-    rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
-    nonfinite_counts = rollout_nonfinite(data)  # the NaN guard's: observations and rewards
+    loop.rollout_episodes(data, dones, ep_stats, episodes)  # the logged returns: the game's score where the env has one
+    nonfinite_counts = loop.rollout_nonfinite(data)  # the NaN guard's: observations and rewards
     nonfinite_counts["intrinsic_rewards"] = nonfinite(data["int_rewards"])
     obs_n = agent.normalize(data["obs"])  # the same statistics the policy acted with
     # --symmetry: the mirror images, mirrored raw, then normalized (the normalizer's mean is not symmetric)
@@ -380,10 +371,7 @@ def targets(
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     rnd_obs_n = rnd.obs_rms(data["obs", args.rnd_obs_group])  # the statistics its rewards were computed with
-    if args.obs_norm:  # statistics for the next rollout come from this rollout only (never eval data)
-        agent.obs_rms.update(data["obs", "policy"])
-        if agent.critic_key == "critic":
-            agent.critic_obs_rms.update(data["obs", "critic"])
+    update_group_statistics(agent, data["obs"])  # the next rollout's statistics come from this rollout only
     rnd.obs_rms.update(data["obs", args.rnd_obs_group])
     batch = {"obs_n": obs_n, "rnd_obs_n": rnd_obs_n, "actions": data["actions"], "logprobs": data["logprobs"]}
     batch = {**batch, "values": values, "advantages": advantages, "returns": returns, **mirrored}
@@ -410,7 +398,7 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
         if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
-    add_update_means(stats, loss_sums, num_updates)
+    loop.add_update_means(stats, loss_sums, num_updates)
 
 
 def main(args: Args) -> dict:
@@ -424,13 +412,13 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    minibatch, global_batch, total_steps = iteration_sizes(run)  # or a clear error: the minibatches must divide
+    minibatch, global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
-    obs_shape, critic_shape, pixel_highs = group_shapes(envs, next_obs, args)  # critic_shape: None without one
+    obs_shape, critic_shape, pixel_highs = nets.group_shapes(envs, next_obs, args)  # critic_shape: None without one
     # the same initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
-    agent, agent_inference = agent_and_twin(
+    agent, agent_inference = nets.agent_and_twin(
         lambda: Agent(obs_shape, critic_shape, envs.single_action_space, args, pixel_highs), device
     )
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
@@ -438,10 +426,10 @@ def train(run, args: Args) -> dict:
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
-    rnd_shape = chosen_group_shape(next_obs, args.rnd_obs_group, "--rnd-obs-group", args.env_id)
+    rnd_shape = nets.chosen_group_shape(next_obs, args.rnd_obs_group, "--rnd-obs-group", args.env_id)
     rnd_high = pixel_highs[args.rnd_obs_group == "critic"]
     # one random target and one predictor on every rank, and the grad-free twin the rollout reads
-    rnd, rnd_inference = agent_and_twin(lambda: RND(rnd_shape, args, rnd_high), device)
+    rnd, rnd_inference = nets.agent_and_twin(lambda: RND(rnd_shape, args, rnd_high), device)
     rnd_lr = torch.tensor(args.rnd_learning_rate, device=device)
     rnd_optimizer = torch.optim.Adam(rnd.predictor.parameters(), lr=rnd_lr, eps=1e-5, capturable=device.type == "cuda")
     # not clipped: the raw scale would be lost (the intrinsic advantage is weighed against the extrinsic one)
@@ -470,7 +458,7 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, agent_inference)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = iteration_stats(device, kinds=("losses", "charts"))  # what the log reads, gathered on the device
+    stats = loop.iteration_stats(device, kinds=("losses", "charts"))  # what the log reads, gathered on the device
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     policy_step = agent_inference.act
@@ -502,7 +490,7 @@ def train(run, args: Args) -> dict:
             "truncated": truncated,
         }
         # Atari: a life is the learner's episode, the game's score is what is logged
-        return next_obs, TensorDict(with_game_score(transition, info), batch_size=[envs.num_envs]), info
+        return next_obs, TensorDict(loop.with_game_score(transition, info), batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """A gradient step of the agent and of the predictor (not clipped, as rsl_rl's) on a minibatch; its losses."""
@@ -535,17 +523,12 @@ def train(run, args: Args) -> dict:
         update(update_minibatch, batch, lr, stats, args)
 
     # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged, as ppo.py (common.loop) ---
-    env_step, (policy_step, step_values), update_minibatch, targets_fn, rollout_fn, update_fn = compile_and_capture(
-        run,
-        envs,
-        env_step,
-        {"acting": policy_step, "values and novelty": step_values},
-        update_minibatch,
-        targets_fn,
-        rollout_fn,
-        update_fn,
+    # an adapter's: captured apart, the env stepped between
+    steps = {"acting": policy_step, "values and novelty": step_values}
+    env_step, (policy_step, step_values), update_minibatch, targets_fn, rollout_fn, update_fn = (
+        loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
     )
-    begin_iterations(run, global_batch, minibatch, envs)
+    loop.begin_iterations(run, global_batch, minibatch, envs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -555,13 +538,13 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        say_storage_once(run, storage)
+        loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
         # the log, evaluation and checkpoints that are due, the same on every rank
         local = {"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight}
-        if end_iteration(run, stats, local, eval_envs, agent_inference, state, next_obs, ("losses", "charts")):
+        if loop.end_iteration(run, stats, local, eval_envs, agent_inference, state, next_obs, ("losses", "charts")):
             break
     return finish(run, agent)
 

@@ -38,7 +38,7 @@ from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
 from common.nets import EnsembleLinear, agent_and_twin, mlp  # noqa: E402
-from common.normalize import RewardNormalizer, RunningMeanStd  # noqa: E402
+from common.normalize import RewardNormalizer, RunningMeanStd, normalize_groups  # noqa: E402
 from common.offpolicy import act_and_step, action_bounds, actor_schedule  # noqa: E402
 from common.offpolicy import described, fold_and_ready, log_eval_save, new_stats, obs_dims  # noqa: E402
 from common.offpolicy import replay_capacity, replay_ready, store  # noqa: E402
@@ -197,11 +197,7 @@ class Agent(nn.Module):
             RunningMeanStd(critic_obs_dim, clip=clip) if args.obs_norm and critic_obs_dim else nn.Identity()
         )
 
-    def normalize(self, obs: TensorDict) -> TensorDict:
-        out = {"policy": self.obs_rms(obs["policy"])}
-        if self.critic_key == "critic":
-            out["critic"] = self.critic_obs_rms(obs["critic"])
-        return TensorDict(out, batch_size=obs.batch_size)
+    normalize = normalize_groups  # each group through its own statistics (common.normalize)
 
     def q_out(self, critic: nn.Module, obs_n: TensorDict, action: torch.Tensor) -> torch.Tensor:
         """[E, B] Q-values, or [E, B, A] logits of the return distribution (distributional)."""

@@ -274,7 +274,9 @@ def group_mlp(
 ) -> nn.Module:
     """`mlp` on one observation group: a vector group [D] feeds it as it is; an image group [C, H, W] goes
     through an ImageEncoder of `encoder` first, a term group (a dict) through a TermsEncoder: then
-    nn.Sequential(encoder, mlp), one network per call (ppo's --shared-encoder puts one encoder under two heads)."""
+    nn.Sequential(encoder, mlp), one network per call (ppo's --shared-encoder puts one encoder under two heads). An int
+    D is the vector group [D]."""
+    shape = (shape,) if isinstance(shape, int) else shape
     encoder = group_encoder(shape, encoder, max_value)
     if encoder is None:
         return mlp(shape[0], out_dim, hidden, activation, out_gain=out_gain)
@@ -300,8 +302,10 @@ def register_action_bounds(agent: nn.Module, action_space: gym.Space) -> None:
         agent.register_buffer(f"action_{end}", bound, persistent=False)
 
 
-def clip_to_bounds(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """`action` clipped to [low, high] (register_action_bounds' buffers); as it is where they are empty."""
+def clip_to_bounds(agent: nn.Module, action: torch.Tensor) -> torch.Tensor:
+    """`action` clipped to the agent's bounds (register_action_bounds' buffers), on its way to the env; as it is where
+    they are empty. The agents bind it as their `to_env` method."""
+    low, high = agent.action_low, agent.action_high
     if low.numel() == 0:
         return action
     return torch.maximum(torch.minimum(action, high), low)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from tensordict import TensorDict
 from torch import nn
 
 from common import distributed
@@ -190,8 +191,27 @@ class TermsNormalizer(nn.Module):
 
 def observation_normalizer(shape, enabled: bool, clip: float | None) -> nn.Module:
     """The normalizer of one observation group of one env's `shape`: a RunningMeanStd for a vector group
-    [D] when `enabled`, a TermsNormalizer for a term group (a dict term -> shape) when `enabled`; for an
-    image group [C, H, W], an absent group (None) or when not enabled, Unnormalized."""
+    [D] (or an int D) when `enabled`, a TermsNormalizer for a term group (a dict term -> shape) when
+    `enabled`; for an image group [C, H, W], an absent group (None) or when not enabled, Unnormalized."""
+    shape = (shape,) if isinstance(shape, int) else shape
     if enabled and isinstance(shape, dict):
         return TermsNormalizer(shape, clip)
     return RunningMeanStd(shape, clip=clip) if enabled and shape is not None and len(shape) == 1 else Unnormalized()
+
+
+def normalize_groups(net: nn.Module, obs):
+    """`obs` (a TensorDict of groups) as the network reads it: "policy" through net.obs_rms and, when the critic reads a
+    group of its own (net.critic_key == "critic"), "critic" through net.critic_obs_rms. The actor-critics bind it as
+    their `normalize` method."""
+    out = {"policy": net.obs_rms(obs["policy"])}
+    if net.critic_key == "critic":
+        out["critic"] = net.critic_obs_rms(obs["critic"])
+    return TensorDict(out, batch_size=obs.batch_size)
+
+
+def update_group_statistics(net: nn.Module, obs) -> None:
+    """Fold a rollout's observations (never eval data) into the running statistics normalize_groups reads: the next
+    rollout's. An Unnormalized group (an image, or any with --no-obs-norm) learns nothing."""
+    net.obs_rms.update(obs["policy"])
+    if net.critic_key == "critic":
+        net.critic_obs_rms.update(obs["critic"])

@@ -52,9 +52,10 @@ def group_encoders(shapes: tuple, kind: str, pixel_highs: tuple) -> tuple[tuple[
     """(encoder, width of what it gives) of each of an agent's groups, in order (`shapes`: one env's, a tuple or a dict
     of terms; None for a group it lacks): an image group or a group of terms is read by an --encoder `kind` of its own
     (common.nets.group_encoder), as wide as its features; a vector group by nn.Identity, as wide as itself; a group the
-    agent lacks by nn.Identity, of width 0."""
+    agent lacks by nn.Identity, of width 0. An int D is the vector group [D]."""
     out = []
     for shape, high in zip(shapes, pixel_highs):
+        shape = (shape,) if isinstance(shape, int) else shape
         encoder = group_encoder(shape, kind, high) or nn.Identity()
         out.append((encoder, 0 if not shape else getattr(encoder, "out_dim", None) or shape[0]))
     return tuple(out)
