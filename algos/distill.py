@@ -42,14 +42,12 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed, loop
+from common import distributed, loop, nets
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
 from common.capture import timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
-from common.loop import add_update_means, rollout_episodes, with_game_score
-from common.nets import agent_and_twin, clip_to_bounds, mlp, register_action_bounds, rnn_step, vector_size
 from common.normalize import observation_normalizer
 from common.recurrent import EvalPolicy, allow_rnn, batch_said, carry_over, cell_said, env_minibatches
 from common.recurrent import episode_starts, recurrent_cell, state_shape_of
@@ -129,12 +127,12 @@ class Policy(nn.Module):
     ):
         super().__init__()
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        act_dim = nets.action_size(action_space)
         self.rnn = None if cell == "none" else recurrent_cell(cell, obs_dim, rnn_hidden_size, rnn_layers)
         self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden)
         head_in = obs_dim if self.rnn is None else rnn_hidden_size
-        self.actor = mlp(head_in, act_dim, hidden_sizes, activation, out_gain=0.01)
-        register_action_bounds(self, action_space)  # the mean is clipped to them on its way to the env
+        self.actor = nets.mlp(head_in, act_dim, hidden_sizes, activation, out_gain=0.01)
+        nets.register_action_bounds(self, action_space)  # the mean is clipped to them on its way to the env
         self.obs_rms = observation_normalizer((obs_dim,), obs_norm, obs_clip)
 
     def initial_state(self, batch: int) -> torch.Tensor:  # of `batch` envs at the start of an episode
@@ -144,7 +142,7 @@ class Policy(nn.Module):
         """One step: normalized observations [B, obs_dim] and the state -> (the head's input [B, H], next state).
         The module's step as matmuls and pointwise ops on its own weights (common.nets.rnn_step, as ppo_lstm.py
         acts: no fused RNN kernel, which would dispatch to another kernel on each device)."""
-        return (obs_n, state) if self.rnn is None else rnn_step(self.rnn, obs_n, state)
+        return (obs_n, state) if self.rnn is None else nets.rnn_step(self.rnn, obs_n, state)
 
     def replay(self, obs_n: torch.Tensor, state: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
         """The cell over sequences [T, B, obs_dim] from `state`, zeroed where an episode starts (starts [T, B]),
@@ -153,11 +151,11 @@ class Policy(nn.Module):
             return obs_n
         keep, outputs = (~starts).unsqueeze(-1), []
         for t in range(obs_n.shape[0]):
-            out, state = rnn_step(self.rnn, obs_n[t], state * keep[t])
+            out, state = nets.rnn_step(self.rnn, obs_n[t], state * keep[t])
             outputs.append(out)
         return torch.stack(outputs)
 
-    to_env = clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
+    to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
     def action(self, head: torch.Tensor) -> torch.Tensor:  # the deterministic action of the head's output
         return head.argmax(-1) if self.discrete else self.to_env(head)
@@ -232,7 +230,7 @@ def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes:
     """The episode statistics of a rollout, its observations normalized as the student acted on them, then
     the observation statistics for the next one. Returns the [T, N] batch of sequences the update reads
     and the rollout's counts of non-finite values, by name."""
-    rollout_episodes(data, data["dones"], ep_stats, episodes)  # the logged returns: the game's score where reported
+    loop.rollout_episodes(data, data["dones"], ep_stats, episodes)  # the logged returns: the game's score if reported
     nonfinite = {
         name: (~torch.isfinite(data[key])).sum()
         for name, key in (("observations", "obs"), ("rewards", "rewards"), ("teacher", "teacher"))
@@ -258,7 +256,7 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, sta
             envs = perm[start : start + envs_per_minibatch]
             add_to(loss_sums, update_minibatch(batch[:, envs], initial_state[:, envs]))
             num_updates += 1
-    add_update_means(stats, loss_sums, num_updates)
+    loop.add_update_means(stats, loss_sums, num_updates)
 
 
 # --- main and train ---
@@ -279,9 +277,9 @@ def train(run, args: Args) -> dict:
     space, discrete = envs.single_action_space, isinstance(envs.single_action_space, gym.spaces.Discrete)
     sizes = args.rnn_hidden_size, args.rnn_layers, args.hidden_sizes
     student_args = (args.cell, *sizes, args.activation, args.obs_norm, args.obs_clip)
-    obs_dim = vector_size(next_obs, "policy", "distill.py")  # the student's input
+    obs_dim = nets.vector_size(next_obs, "policy", "distill.py")  # the student's input
     # rank 0's initial weights on every rank, and a grad-free twin for acting that shares the student's storage
-    student, student_inference = agent_and_twin(lambda: Policy(obs_dim, space, *student_args), device)
+    student, student_inference = nets.agent_and_twin(lambda: Policy(obs_dim, space, *student_args), device)
     # one hidden state per eval env
     eval_policy = EvalPolicy(student_inference, args.num_eval_envs) if args.cell != "none" else student_inference
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place
@@ -349,7 +347,7 @@ def train(run, args: Args) -> dict:
             "rewards": reward.float(),
             "dones": terminated | truncated,
         }
-        transition = with_game_score(transition, info)  # Atari: the game's score is what is logged
+        transition = loop.with_game_score(transition, info)  # Atari: the game's score is what is logged
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):

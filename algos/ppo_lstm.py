@@ -120,15 +120,10 @@ SETTINGS = {
         update_epochs=10,
         learning_rate=3e-4,
         lr_schedule="linear",
-        clip_coef=0.2,
         ent_coef=0.0,
         vf_coef=0.5,
         max_grad_norm=0.5,
-        obs_norm=True,
-        reward_norm=True,
         hidden_sizes=(64,),
-        activation="tanh",
-        init_log_std=0.0,
         num_eval_envs=8,
         eval_interval=25,
     ),
@@ -151,7 +146,7 @@ class Agent(nn.Module):
         # each group's encoder and the width of what it gives: the cell reads the policy's, features or the vector
         shapes = obs_shape, critic_obs_shape
         (self.encoder, obs_dim), (self.critic_encoder, critic_dim) = group_encoders(shapes, args.encoder, pixel_high)
-        act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        act_dim = nets.action_size(action_space)
         self.rnn = recurrent_cell(args.cell, obs_dim, args.rnn_hidden_size, args.rnn_layers)
         self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden): common/recurrent.py
         self.actor = nets.mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)

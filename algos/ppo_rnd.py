@@ -143,15 +143,9 @@ SETTINGS = {
         update_epochs=10,
         learning_rate=3e-4,
         lr_schedule="linear",
-        clip_coef=0.2,
         ent_coef=0.0,
         vf_coef=0.5,
         max_grad_norm=0.5,
-        obs_norm=True,
-        reward_norm=True,
-        hidden_sizes=(64, 64),
-        activation="tanh",
-        init_log_std=0.0,
         num_eval_envs=8,
         eval_interval=25,
     ),
@@ -169,7 +163,7 @@ class Agent(nn.Module):
         super().__init__()
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
-        act_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        act_dim = nets.action_size(action_space)
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
         self.actor = nets.group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=pixel_high[0], **net)
         critic_max = pixel_high[1] if critic_obs_shape is not None else pixel_high[0]

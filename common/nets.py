@@ -292,6 +292,11 @@ def share_encoder(actor: nn.Module, critic: nn.Module, critic_obs_shape) -> None
     critic[0] = actor[0]
 
 
+def action_size(action_space: gym.Space) -> int:
+    """The width of a policy's output: a Discrete space's n (its logits), a Box's dimension (its mean)."""
+    return int(action_space.n) if isinstance(action_space, gym.spaces.Discrete) else int(action_space.shape[0])
+
+
 def register_action_bounds(agent: nn.Module, action_space: gym.Space) -> None:
     """`agent.action_low` and `agent.action_high`: a bounded Box's bounds, which its Gaussian samples are clipped to on
     their way to the env (the rollout stores them raw); empty for any other space. Non-persistent buffers: the action

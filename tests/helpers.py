@@ -261,8 +261,8 @@ MUTATIONS = {
     # copy that divided the logged sums by it would divide by the wrong count)
     "counter": [
         (
-            "    stats = iteration_stats(device)",
-            "    iterations_in_stats = 0\n    stats = iteration_stats(device)",
+            "    stats = loop.iteration_stats(device)",
+            "    iterations_in_stats = 0\n    stats = loop.iteration_stats(device)",
         ),
         (
             '        """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""\n',

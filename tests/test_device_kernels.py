@@ -165,7 +165,7 @@ def test_compiled_and_captured_functions_hold_no_device_dispatched_kernel(algo, 
 # env step, or captured as the acting step), torch.lstm_cell in the replay of the update.
 FUSED_RNN = [
     (
-        "        return rnn_step(self.rnn, self.encoder(policy_obs_n), state)\n",
+        "        return nets.rnn_step(self.rnn, self.encoder(policy_obs_n), state)\n",
         "        layers, x = self.rnn.num_layers, self.encoder(policy_obs_n).unsqueeze(0)\n"
         "        weights = [getattr(self.rnn, f'{w}_l{i}') for i in range(layers) for w in ('weight_ih', 'weight_hh', "
         "'bias_ih', 'bias_hh')]\n"
@@ -174,7 +174,7 @@ FUSED_RNN = [
         "        return out[0], torch.cat([h, c])\n",
     ),
     (
-        "            out, state = rnn_step(self.rnn, features[t], state * keep[t])\n",
+        "            out, state = nets.rnn_step(self.rnn, features[t], state * keep[t])\n",
         "            h, c = torch.lstm_cell(features[t], tuple(state * keep[t]), self.rnn.weight_ih_l0, "
         "self.rnn.weight_hh_l0,\n"
         "                                   self.rnn.bias_ih_l0, self.rnn.bias_hh_l0)\n"

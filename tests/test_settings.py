@@ -84,9 +84,12 @@ def test_a_set_that_names_a_flag_the_script_lacks_stops_with_one_line(monkeypatc
         parse_args(td3.Args, ["--env-id", "gym:Hopper-v5"])
 
 
-def test_ppo_mujoco_is_cleanrl_ppo_continuous_action():
-    ppo = load_script("ppo")
-    args = parse_args(ppo.Args, ["--env-id", "gym:Hopper-v5", "--total-timesteps", "1000000"])
+@pytest.mark.parametrize("algo", ["ppo", "ppo_rnd", "ppo_lstm"])
+def test_ppo_mujoco_is_cleanrl_ppo_continuous_action(algo):
+    """Every value of CleanRL's ppo_continuous_action.py, whether the set or the defaults give it (the sets list only
+    what differs from their defaults); ppo_lstm.py's 64 tanh units come after its cell."""
+    script = load_script(algo)
+    args = parse_args(script.Args, ["--env-id", "gym:Hopper-v5", "--total-timesteps", "1000000"])
     expected = dict(
         settings="mujoco",
         num_envs=1,
@@ -101,7 +104,7 @@ def test_ppo_mujoco_is_cleanrl_ppo_continuous_action():
         max_grad_norm=0.5,
         obs_norm=True,
         reward_norm=True,
-        hidden_sizes=(64, 64),
+        hidden_sizes=(64,) if algo == "ppo_lstm" else (64, 64),
         activation="tanh",
         init_log_std=0.0,
         gamma=0.99,

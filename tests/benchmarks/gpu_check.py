@@ -341,12 +341,21 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
         with real_timed(run, phase):
             yield
 
+    originals = {}  # what the check patched, put back after the run (the next script's check starts from them)
+
+    def patch(owner, name, value):
+        originals.setdefault((owner, name), getattr(owner, name))
+        setattr(owner, name, value)
+
     # where a script's functions are captured: its own calls, and the PPO family's (common.loop.compile_and_capture)
-    module.captured = common.capture.captured = common.loop.captured = common.evaluation.captured = captured
-    module.timed = timed
-    for name in HOST_READS:
-        if hasattr(module, name):
-            setattr(module, name, closing_window(getattr(module, name)))
+    for owner in (module, common.capture, common.loop, common.evaluation):
+        if hasattr(owner, "captured"):  # (distill.py's come through common.loop alone)
+            patch(owner, "captured", captured)
+    patch(module, "timed", timed)
+    # a host-read point as the script calls it: by its own name, or as common.loop's (`loop.end_iteration`)
+    for owner, name in ((owner, name) for owner in (module, common.loop) for name in HOST_READS):
+        if hasattr(owner, name):
+            patch(owner, name, closing_window(getattr(owner, name)))
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # never fall back to eager without a word
     start = dynamo_counts()
     result = {"status": "ok"}
@@ -376,6 +385,9 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
             error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
             at=where(files, e.__traceback__),
         )
+    finally:
+        for (owner, name), value in originals.items():
+            setattr(owner, name, value)
     end = dynamo_counts()
     elsewhere = {
         "frames": end[0] - start[0] - sum(c["frames"] for c in warmup.values()) - sum(after_warmup.values()),
