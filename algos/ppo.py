@@ -109,8 +109,8 @@ class Args(RunArgs):
 
 # Named settings (common.settings): the env id family's unless --settings names another; flags given win.
 SETTINGS = {
-    # CleanRL's ppo_continuous_action.py, where it differs from the defaults (tests/test_settings.py checks all of its
-    # values); an evaluation every 51,200 steps on 8 envs
+    # CleanRL's ppo_continuous_action.py beyond the defaults (tests/test_settings.py checks all of its values); an
+    # evaluation every 51,200 steps on 8 envs
     "mujoco": dict(
         num_envs=1,
         num_steps=2048,

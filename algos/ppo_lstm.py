@@ -112,7 +112,7 @@ class Args(RunArgs):
 
 # Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
 SETTINGS = {
-    # ppo.py's: CleanRL's ppo_continuous_action.py (its 64 tanh units after the cell); an evaluation every 51,200 steps
+    # ppo.py's: CleanRL's ppo_continuous_action.py (64 tanh units after the cell); an evaluation every 51,200 steps
     "mujoco": dict(
         num_envs=1,
         num_steps=2048,

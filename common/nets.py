@@ -309,7 +309,7 @@ def register_action_bounds(agent: nn.Module, action_space: gym.Space) -> None:
 
 def clip_to_bounds(agent: nn.Module, action: torch.Tensor) -> torch.Tensor:
     """`action` clipped to the agent's bounds (register_action_bounds' buffers), on its way to the env; as it is where
-    they are empty. The agents bind it as their `to_env` method."""
+    they are empty. The PPO family's agents and distill.py's student bind it as their `to_env` method."""
     low, high = agent.action_low, agent.action_high
     if low.numel() == 0:
         return action

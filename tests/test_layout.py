@@ -15,8 +15,8 @@ TARGET_CHARACTERS = 25_000  # the budget of an original script, the size of a fi
 # script made shorter gets its new size here, one that grows fails below. A new original is held to the target.
 CEILINGS = {
     "distill": 23_398,
-    "ppo": 26_019,
-    "ppo_lstm": 25_213,
+    "ppo": 26_003,
+    "ppo_lstm": 25_209,
     "ppo_rnd": 30_806,
     "pqn": 24_332,
     "sac": 22_067,
