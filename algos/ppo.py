@@ -32,7 +32,7 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import timed
+from common.capture import acting_autocast, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
@@ -416,13 +416,12 @@ def train(run, args: Args) -> dict:
 
     def final_value(final_obs: TensorDict) -> torch.Tensor:
         """V(final_obs), the time-out bootstrap, at the step (the targets' weights): stored in place of a frame."""
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+        with torch.no_grad(), acting_autocast(device, args.bf16):
             return agent_inference.value(agent_inference.normalize(final_obs))
 
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
-        # no autocast cache: a captured acting step must cast the weights itself at every replay
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+        with torch.no_grad(), acting_autocast(device, args.bf16):  # bf16 without a cache of cast weights
             action, logprob = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         transition = {

@@ -38,11 +38,11 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import timed
+from common.capture import acting_autocast, timed
 from common.checkpoint import restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
-from common.recurrent import EvalPolicy, acting_autocast, allow_rnn, begin_recurrent, carry_over, episode_starts
+from common.recurrent import EvalPolicy, allow_rnn, begin_recurrent, carry_over, episode_starts
 from common.recurrent import group_encoders, recurrent_cell, recurrent_envs, recurrent_ppo_state, recurrent_sizes
 from common.recurrent import state_shape_of
 from common.run import closing, finish, open_run, start_run

@@ -38,7 +38,7 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import timed
+from common.capture import acting_autocast, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
@@ -460,7 +460,7 @@ def train(run, args: Args) -> dict:
     def step_values(next_obs: TensorDict, final_obs: TensorDict, done: torch.Tensor):
         """At the step, with the weights and statistics the targets read: V_ext(final_obs), the time-out bootstrap, and
         the intrinsic reward, the novelty of the state reached (the true last one where an episode ended)."""
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+        with acting_autocast(device, args.bf16):
             final_value = agent_inference.value(agent_inference.normalize(final_obs))[..., 0]
         group = args.rnd_obs_group
         novelty = torch.where(done, rnd_inference.novelty(final_obs, group), rnd_inference.novelty(next_obs, group))
@@ -468,8 +468,7 @@ def train(run, args: Args) -> dict:
 
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
-        # under no_grad (the rollout's); no autocast cache: a captured step must cast the weights at every replay
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16, cache_enabled=False):
+        with acting_autocast(device, args.bf16):  # under no_grad (the rollout's); bf16 without a cache of cast weights
             action, logprob = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value, novelty = step_values(next_obs, info["final_obs"], terminated | truncated)

@@ -41,6 +41,12 @@ def timed(run: Run, phase: str):
     run.pending_timings.append((phase, start, end))
 
 
+def acting_autocast(device: torch.device, bf16: bool) -> torch.autocast:
+    """An acting step's autocast (the PPO family's): bfloat16 with --bf16, and no cache of the weights it casts (a
+    captured acting step must cast them itself at every replay)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False)
+
+
 def _add_seconds(run: Run, phase: str, seconds: float) -> None:
     run.seconds[phase] = run.seconds.get(phase, 0.0) + seconds
     acc = run.interval_seconds.setdefault(phase, [0.0, 0])

@@ -17,7 +17,6 @@ stay in the script; what it shares with ppo.py, from the game's score to the end
     envs, eval_envs, next_obs, (obs_shape, critic_shape, pixel_highs) = recurrent_envs(run)  # reset, group_shapes
     (encoder, width), (critic_encoder, critic_width) = group_encoders(shapes, args.encoder, pixel_highs)
     state, ep_stats, rnn_state, initial_state = recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer)
-    with torch.no_grad(), acting_autocast(device, args.bf16): ...  # bf16 without a cache of cast weights
     begin_recurrent(run, global_batch, envs_per_minibatch)  # begin_training with batch_said and cell_said
 
 The hidden state of a batch of envs is one tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h
@@ -161,12 +160,6 @@ def begin_recurrent(run, global_batch: int, envs_per_minibatch: int) -> None:
     begin_training(
         run, f"{batch_said(run.args, global_batch, envs_per_minibatch)}; {cell_said(run.args)}", global_batch
     )
-
-
-def acting_autocast(device: torch.device, bf16: bool) -> torch.autocast:
-    """An acting step's autocast: bfloat16 with --bf16, and no cache of the weights it casts (a captured step must
-    cast them itself at every replay)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False)
 
 
 def allow_rnn():
