@@ -28,7 +28,7 @@ import gymnasium as gym
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tensordict import TensorDict, from_module
+from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 if importlib.util.find_spec("common") is None:
@@ -36,25 +36,16 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
-from common import distributed  # noqa: E402
+from common import distributed, loop  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
-from common.capture import captured, compiled, timed  # noqa: E402
-from common.checkpoint import TrainingState, restore, save  # noqa: E402
-from common.evaluation import eval_only, evaluate  # noqa: E402
-from common.nets import ACTIVATIONS, group_encoder, pixel_high, layer_init, observation_shape  # noqa: E402
+from common.capture import timed  # noqa: E402
+from common.checkpoint import TrainingState, restore  # noqa: E402
+from common.evaluation import eval_only  # noqa: E402
+from common.nets import ACTIVATIONS, agent_and_twin, group_encoder, pixel_high, layer_init, observation_shape  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
-from common.run import (  # noqa: E402
-    begin_training,
-    checkpoints_to_write,
-    closing,
-    finish,
-    make_envs,
-    open_run,
-    start_run,
-    what_is_due,
-)
-from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_  # noqa: E402
+from common.run import closing, finish, make_envs, open_run, start_run  # noqa: E402
+from common.stats import add_to, nonfinite, record_env_log  # noqa: E402
 
 ALGO = "pqn"
 
@@ -249,12 +240,7 @@ def targets(
     then the observation statistics for the next rollout. Returns the flat batch the update reads
     and the counts of non-finite values by name."""
     # the logged returns: the game's score where the env reports one apart from the learner's rewards (Atari's presets)
-    episode_sums(
-        ep_stats,
-        data.get("game_rewards", data["rewards"]),
-        data.get("game_over", data["terminated"] | data["truncated"]),
-        sums=episodes,
-    )
+    loop.rollout_episodes(data, data["terminated"] | data["truncated"], ep_stats, episodes)
     obs_n = qnet.obs_rms(data["obs"])  # the same statistics the policy acted with
     q_max = qnet(obs_n).amax(-1)
     last_q_max = qnet(qnet.obs_rms(next_obs["policy"])).amax(-1)
@@ -286,9 +272,7 @@ def update(update_minibatch, batch: TensorDict, stats: dict, args: Args) -> None
         perm = torch.randperm(batch_size, device=batch.device)
         for start in range(0, batch_size, minibatch_size):
             add_to(loss_sums, update_minibatch(batch[perm[start : start + minibatch_size]]))
-    means = {name: total / (args.update_epochs * args.num_minibatches) for name, total in loss_sums.items()}
-    add_to(stats["losses"], means)
-    add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
+    loop.add_update_means(stats, loss_sums, args.update_epochs * args.num_minibatches)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,15 +285,7 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    batch_size = args.num_envs * args.num_steps  # per process
-    if batch_size % args.num_minibatches != 0:
-        raise SystemExit(
-            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does not divide "
-            f"into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
-        )
-    minibatch_size = batch_size // args.num_minibatches
-    global_batch = batch_size * run.world_size
-    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
+    minibatch, global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(
         run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py"
     )
@@ -317,11 +293,8 @@ def train(run, args: Args) -> dict:
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     obs_shape, num_actions = observation_shape(next_obs, "policy"), int(envs.single_action_space.n)
     high = pixel_high(envs.single_observation_space)  # 255 for uint8 frames: the encoder divides by it
-    qnet = QNetwork(obs_shape, num_actions, args, high).to(device)
-    distributed.broadcast_module(qnet)  # identical initial weights on every rank
-    # Grad-free twin for acting that shares the network's storage: no copies, no autograd in the rollout.
-    qnet_inference = QNetwork(obs_shape, num_actions, args, high).to(device)
-    from_module(qnet).data.to_module(qnet_inference)
+    # the same initial weights on every rank, and a grad-free twin for acting that shares the network's storage
+    qnet, qnet_inference = agent_and_twin(lambda: QNetwork(obs_shape, num_actions, args, high), device)
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: the schedule updates it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
     optimizer = torch.optim.Adam(qnet.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
@@ -341,7 +314,8 @@ def train(run, args: Args) -> dict:
         return eval_only(run, eval_envs, qnet_inference)
 
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
-    stats = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "losses": {}, "nonfinite": {}}
+    # what the log reads, gathered on the device: episodes, losses, non-finite counts
+    stats = loop.iteration_stats(device)
 
     # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
     policy_step = qnet_inference.act
@@ -365,9 +339,8 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
-        if "game_over" in info:  # Atari: a life is the learner's episode, the game's score is what is logged
-            transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
-        return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
+        # Atari: a life is the learner's episode, the game's score is what is logged
+        return next_obs, TensorDict(loop.with_game_score(transition, info), batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch; returns its loss and mean Q for logging (on the device)."""
@@ -392,31 +365,16 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs): the functions above, unchanged ---
-    # A built-in env steps inside the graph: the whole rollout is one. An adapter's simulator
-    # cannot be captured: its step runs eagerly between the captured acting steps.
-    whole_rollout = getattr(envs, "capturable", False)
-    if whole_rollout:
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        final_q_max = captured(run, "final value", compiled(run, final_q_max))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(run, "update", update_fn)  # the targets and every epoch: one graph, the batch never leaves it
-    graphs = f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update"
-    begin_training(
-        run,
-        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)",
-        global_batch,
-        graphs if args.cudagraphs else None,
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
+    steps = {"acting": policy_step, "final value": final_q_max}  # an adapter's: captured apart, the env stepped between
+    env_step, (policy_step, final_q_max), update_minibatch, targets_fn, rollout_fn, update_fn = (
+        loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
     )
-    iterations_in_stats, storage_said = 0, False
+    loop.begin_iterations(run, global_batch, minibatch, envs)
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
-        final_iteration = run.global_step + 2 * global_batch > total_steps
         lr_now = args.learning_rate * (1.0 - run.global_step / total_steps) if args.anneal_lr else None
         if lr_now is not None:
             lr.fill_(lr_now)
@@ -425,39 +383,16 @@ def train(run, args: Args) -> dict:
 
         with timed(run, "rollout"), torch.no_grad():
             next_obs = rollout_fn(next_obs)
-        if not storage_said:  # once the first rollout has laid the storage out (image groups stay uint8 in it)
-            run.say(storage.describe())
-            storage_said = True
+        loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)  # targets, then the epochs
-        iterations_in_stats += 1
-
-        # --- every --log-interval iterations, and before an evaluation or a save: one host read ---
-        due = what_is_due(run, final_iteration)
-        if due.log:
-            log(
-                run,
-                reduce_iteration(
-                    run,
-                    episodes=stats["episodes"],
-                    means={f"losses/{name}": total / iterations_in_stats for name, total in stats["losses"].items()},
-                    checks={name: count == 0 for name, count in stats["nonfinite"].items()},
-                    local={
-                        "charts/learning_rate": lr_now if lr_now is not None else lr,
-                        "charts/epsilon": eps_now * eps_mean_scale,
-                    },  # the mean over all envs
-                ),
-            )
-            zero_(stats)
-            iterations_in_stats = 0
-
-        # --- evaluation, checkpoints and stop (the same decisions on every rank) ---
-        if due.eval:
-            evaluate(run, eval_envs, qnet_inference)
-        if names := checkpoints_to_write(run, due):
-            save(run, names, state, next_obs)
-        if run.stop_reason:
+        # the log, evaluation and checkpoints that are due, the same on every rank (epsilon: the mean over all envs)
+        local = {
+            "charts/learning_rate": lr_now if lr_now is not None else lr,
+            "charts/epsilon": eps_now * eps_mean_scale,
+        }
+        if loop.end_iteration(run, stats, local, eval_envs, qnet_inference, state, next_obs):
             break
     return finish(run, qnet)
 

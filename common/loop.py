@@ -1,6 +1,6 @@
-"""What the PPO-family scripts do around their algorithm, the same in each (ppo.py and ppo_rnd.py use all of it,
-ppo_lstm.py all but the sizes and the start line, which are a recurrent run's, distill.py the game's score, episodes,
-mean losses, log, evaluation and checkpoints): the sizes of
+"""What the rollout-based scripts do around their algorithm, the same in each (ppo.py and ppo_rnd.py use all of it,
+ppo_lstm.py all but the sizes and the start line, which are a recurrent run's, distill.py also not the non-finite counts
+and the storage line, pqn.py all but the rollout's non-finite counts, for it counts its Q targets too): the sizes of
 an iteration and its batch split into minibatches, the statistics an iteration gathers on the device, the Atari game's
 score beside a life's, a rollout's episodes and non-finite counts, an update's mean losses, which of the iteration's
 functions are compiled and captured, the start line (what the CUDA graphs hold), the storage's layout said once, the
