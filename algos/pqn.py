@@ -42,7 +42,8 @@ from common.buffer import RolloutStorage  # noqa: E402
 from common.capture import timed  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
-from common.nets import ACTIVATIONS, agent_and_twin, group_encoder, pixel_high, layer_init, observation_shape  # noqa: E402
+from common.nets import ACTIVATIONS, agent_and_twin, group_encoder, layer_init  # noqa: E402
+from common.nets import observation_shape, pixel_high  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
 from common.run import closing, finish, make_envs, open_run, start_run  # noqa: E402
 from common.stats import add_to, nonfinite, record_env_log  # noqa: E402

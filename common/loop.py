@@ -104,7 +104,7 @@ def compile_and_capture(
     else:
         step_parts = {name: captured(run, name, compiled(run, fn)) for name, fn in step_parts.items()}
     update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    if (target_kl := getattr(run.args, "target_kl", None)) is not None:  # ppo_lstm.py has none
+    if (target_kl := getattr(run.args, "target_kl", None)) is not None:  # ppo_lstm, distill and pqn have none
         targets_fn = captured(run, "targets", targets_fn)
         update_minibatch = captured(run, "minibatch update", update_minibatch)
     rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
@@ -114,8 +114,8 @@ def compile_and_capture(
 
 
 def begin_iterations(run: Run, global_batch: int, minibatch: int, envs) -> None:
-    """begin_training with the PPO family's start line: the batch, its minibatches and what the CUDA graphs hold (a
-    built-in env's whole rollout, as compile_and_capture captures it)."""
+    """begin_training with ppo's, ppo_rnd's and pqn's start line: the batch, its minibatches and what the CUDA graphs
+    hold (a built-in env's whole rollout, as compile_and_capture captures it)."""
     args = run.args
     said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
     begin_training(run, said, global_batch, graphs_said(args, getattr(envs, "capturable", False)))
