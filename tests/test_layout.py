@@ -155,3 +155,17 @@ def test_a_copy_is_held_to_no_budget(tmp_path):
     (algos / "ppo_big.py").write_text(ppo.replace('ALGO = "ppo"', 'ALGO = "ppo_big"') + idea)  # renamed: an original
     shutil.copy(algos / "ppo_myidea.py", algos / "ppo.py")
     assert set(over_budget(algos, {"ppo": len(ppo)})) == {"ppo", "ppo_big"}
+
+
+def test_no_line_runs_past_the_line_length():
+    """No line of the Python sources past pyproject.toml's line-length, pragma comments included: ruff's E501 does
+    not count a trailing `# noqa: ...`, so a line can pass it and still run past the column a reader sees."""
+    limit = int(re.search(r"^line-length = (\d+)$", (ROOT / "pyproject.toml").read_text(), re.M).group(1))
+    long = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("algos", "common", "tests")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if len(line) > limit
+    ]
+    assert long == [], f"lines past {limit} columns: {long}"
