@@ -183,9 +183,6 @@ class Agent(nn.Module):
         """[..., 2]: the extrinsic value, then the intrinsic one."""
         return self.critic(obs_n[self.critic_key]).float()  # float32 even under bf16 autocast
 
-    def dist(self, policy_obs_n: torch.Tensor) -> torch.distributions.Distribution:
-        return self.distribution(self.actor(policy_obs_n).float())
-
     def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
@@ -205,12 +202,11 @@ class Agent(nn.Module):
         out = self.actor(self.obs_rms(policy_obs)).float()
         return out.argmax(-1) if self.discrete else self.to_env(out)
 
-    def act(self, obs: TensorDict, deterministic: bool = False):
-        """One acting step: normalize, sample (or take the mode), return the action and its log-prob."""
-        d = self.dist(self.obs_rms(obs["policy"]))
-        action = (d.probs.argmax(-1) if self.discrete else d.mean) if deterministic else nets.sample(d)
-        logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
-        return action, logprob
+    def act(self, obs: TensorDict):
+        """One acting step: normalize, sample, return the action and its log-prob."""
+        d = self.distribution(self.actor(self.obs_rms(obs["policy"])).float())  # float32 even under bf16 autocast
+        action = nets.sample(d)
+        return action, d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
 
 
 class RND(nn.Module):

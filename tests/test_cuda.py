@@ -116,7 +116,7 @@ def test_gaussian_acting_step_captures_in_a_plain_cuda_graph():
 
     def act():  # as the script draws (common.nets.sample: torch.normal's std check would read the host)
         with torch.no_grad():
-            d = agent.dist(agent.obs_rms(static_obs))
+            d = agent.distribution(agent.actor(agent.obs_rms(static_obs)).float())
             action = sample(d)
             return agent.to_env(action), d.log_prob(action).sum(-1)
 
