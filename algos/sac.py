@@ -38,12 +38,12 @@ if importlib.util.find_spec("common") is None:
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
-from common.capture import captured, compiled, timed  # noqa: E402
+from common.capture import timed  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
 from common.nets import EnsembleLinear, agent_and_twin, mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd, normalize_groups  # noqa: E402
-from common.offpolicy import act_and_step, action_bounds, actor_schedule  # noqa: E402
+from common.offpolicy import action_bounds, actor_schedule, compile_and_capture  # noqa: E402
 from common.offpolicy import described, fold_and_ready, log_eval_save, new_stats, obs_dims  # noqa: E402
 from common.offpolicy import replay_capacity, replay_ready, store  # noqa: E402
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run  # noqa: E402
@@ -334,36 +334,23 @@ def train(run, args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
-    # --- the iteration's functions: act and store (the policy's action, or a uniform one before
-    # --learning-starts), an n-step batch, the critic's and the actor's steps, the updates of an iteration ---
+    # --- the iteration's functions: acting, collecting by a step (act and store: the policy's action, or a
+    # uniform one before --learning-starts), an n-step batch, the critic's and actor's steps, an iteration's updates ---
     stats = new_stats(device)
     acting = agent_inference.act
-    policy_step = lambda obs: act_and_step(envs, agent_inference, acting, args.bf16, obs)
-    random_step = lambda obs: act_and_step(envs, agent_inference, None, False, obs)  # uniform actions
-    collect_with = lambda step: lambda obs: store(run, buffer, ep_stats, stats, obs, *step(obs))[0]
+    collect_by = lambda step, obs: store(run, buffer, ep_stats, stats, obs, *step(obs))[0]
     normalize_rewards = reward_normalizer.normalize if args.reward_norm else None
     sample = lambda: buffer.sample_targets(args.batch_size, args.n_step, args.gamma, agent.normalize, normalize_rewards)
     critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)
     actor_fn = lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)
     # The actor steps after every policy_frequency-th critic step of the run: one update function per phase.
     actor_at, phases = actor_schedule(args.num_updates, args.policy_frequency)
-    update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)
+    updates_by = lambda critic_fn, actor_fn, at: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)
 
-    # --- compile and capture (--compile / --cudagraphs): the names above rebound, so their callers use the new forms.
-    # A built-in env steps inside the graph (act, env step and replay write are one); an adapter's simulator cannot
-    # be captured, and steps eagerly after the captured acting. ---
-    whole_step = getattr(envs, "capturable", False)
-    if whole_step:  # the policy's step compiled with the env's (the random warm-up's is not worth a compile)
-        policy_step = compiled(run, policy_step)
-    else:
-        acting = captured(run, "acting", compiled(run, acting))
-    collect_policy = captured(run, "step", collect_with(policy_step), capture=whole_step)
-    collect_random = captured(run, "random step", collect_with(random_step), capture=whole_step)
-    critic_fn, actor_fn = compiled(run, critic_fn), compiled(run, actor_fn)
-    update_fn = {
-        phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
-        for phase, at in actor_at.items()
-    }
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.offpolicy) ---
+    collect_policy, collect_random, update_fn, whole_step = compile_and_capture(
+        run, envs, agent_inference, acting, collect_by, critic_fn, actor_fn, updates_by, actor_at, phases
+    )
     description, graphs = described(args, capacity, whole_step, phases)
     begin_training(run, description, steps_per_iteration, graphs)
     ready, updates = replay_ready(run, buffer), {"critic": 0, "actor": 0}  # updates since the last log

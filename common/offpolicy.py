@@ -1,6 +1,6 @@
 """The wiring td3.py and sac.py share around their algorithm: the checks of a replay run's flags and action space,
-the step of every env and its replay write, the phases of the actor's schedule, the
-normalizers' folds up to the first update, and the loop's log, evaluation and save.
+the step of every env and its replay write, the phases of the actor's schedule, which of the iteration's functions
+are compiled and captured, the normalizers' folds up to the first update, and the loop's log, evaluation and save.
 
     capacity = replay_capacity(args)                        # slots per env, checked against --n-step
     low, high = action_bounds(envs, args, ALGO)             # a bounded Box, which a tanh policy is scaled to
@@ -8,6 +8,8 @@ normalizers' folds up to the first update, and the loop's log, evaluation and sa
     action, next_obs, reward, terminated, truncated, info = act_and_step(envs, agent, policy, bf16, obs)
     next_obs, done = store(run, buffer, ep_stats, stats, obs, action, next_obs, reward, terminated, truncated, info)
     actor_at, phases = actor_schedule(num_updates, policy_frequency)
+    collect_policy, collect_random, update_fn, whole_step = compile_and_capture(
+        run, envs, agent, acting, collect, critic_step, actor_step, update, actor_at, phases)
     description, graphs = described(args, capacity, whole_step, phases)   # the start line's words
     ready = replay_ready(run, buffer)                       # before the loop; in it:
     ready = fold_and_ready(run, buffer, counters, obs_normalizers, reward_normalizer, ready)
@@ -15,17 +17,18 @@ normalizers' folds up to the first update, and the loop's log, evaluation and sa
 
 The networks, losses, targets, the acting policy and the update steps stay in the scripts: what is here takes
 them as arguments. The scripts import these names (tests/benchmarks/gpu_check.py wraps a script's
-`log_eval_save`, where its host reads start), and compile and capture in their own body.
+`log_eval_save`, where its host reads start).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from tensordict import TensorDict
 
+from common.capture import captured, compiled
 from common.checkpoint import save
 from common.evaluation import evaluate
 from common.nets import vector_size
@@ -125,6 +128,48 @@ def actor_schedule(num_updates: int, policy_frequency: int) -> tuple[dict[int, t
         p: tuple(i for i in range(num_updates) if (p + i + 1) % policy_frequency == 0) for p in range(policy_frequency)
     }
     return actor_at, policy_frequency // math.gcd(num_updates, policy_frequency)
+
+
+def compile_and_capture(
+    run: Run,
+    envs,
+    agent,
+    acting: Callable,
+    collect: Callable,
+    critic_step: Callable,
+    actor_step: Callable,
+    update: Callable,
+    actor_at: dict,
+    phases: int,
+) -> tuple:
+    """The iteration's functions compiled (--compile) and captured (--cudagraphs), each unchanged: `acting(obs)`, the
+    policy's action in [-1, 1]; `collect(step, obs)`, one step of every env by `step` (act_and_step with `agent`, the
+    acting policy, or with uniform actions) and its replay write, returning the next observation; the critic's and the
+    actor's steps; `update(critic_step, actor_step, at)`, an iteration's updates, the actor after the critic steps `at`.
+    A built-in env steps inside the graph: acting, env step and replay write are one, the policy's step compiled with
+    the env's (the random warm-up's is not worth a compile). An adapter's simulator cannot be captured: it steps
+    eagerly after the captured acting. One update function is captured per phase of the actor's schedule (`actor_at`
+    and `phases`, actor_schedule's). Returns (collect with the policy, collect with uniform actions, {phase: update},
+    whether the whole step is captured)."""
+    whole_step = getattr(envs, "capturable", False)
+    if not whole_step:
+        acting = captured(run, "acting", compiled(run, acting))
+    policy_step = lambda obs: act_and_step(envs, agent, acting, run.args.bf16, obs)
+    if whole_step:
+        policy_step = compiled(run, policy_step)
+    random_step = lambda obs: act_and_step(envs, agent, None, False, obs)  # uniform actions
+    collect_policy = captured(run, "step", lambda obs: collect(policy_step, obs), capture=whole_step)
+    collect_random = captured(run, "random step", lambda obs: collect(random_step, obs), capture=whole_step)
+    critic_step, actor_step = compiled(run, critic_step), compiled(run, actor_step)
+
+    def update_at(at: tuple[int, ...]) -> Callable:
+        return lambda: update(critic_step, actor_step, at)
+
+    update_fn = {
+        phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
+        for phase, at in actor_at.items()
+    }
+    return collect_policy, collect_random, update_fn, whole_step
 
 
 def described(args, capacity: int, whole_step: bool, phases: int) -> tuple[str, str]:

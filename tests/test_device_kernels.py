@@ -108,9 +108,11 @@ def traced_graphs(monkeypatch, module) -> TracedGraphs:
     chunk of steps is made short: dynamo unrolls the chunk, and every step in it is the same)."""
     import common.evaluation
     import common.loop
+    import common.offpolicy
 
     traced = TracedGraphs()
-    for target in (module, common.loop, common.evaluation):  # common.loop: the PPO family's compile_and_capture
+    # common.loop and common.offpolicy: the compile_and_capture of the PPO family and of td3 and sac
+    for target in (module, common.loop, common.offpolicy, common.evaluation):
         for name in ("compiled", "captured"):
             if hasattr(target, name):
                 monkeypatch.setattr(target, name, getattr(traced, name))

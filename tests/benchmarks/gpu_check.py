@@ -268,6 +268,7 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
     import common.capture
     import common.evaluation
     import common.loop
+    import common.offpolicy
     from tests.replay import changes, python_state
 
     window = SyncWindow(cuda, files)
@@ -347,8 +348,9 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
         originals.setdefault((owner, name), getattr(owner, name))
         setattr(owner, name, value)
 
-    # where a script's functions are captured: its own calls, and the PPO family's (common.loop.compile_and_capture)
-    for owner in (module, common.capture, common.loop, common.evaluation):
+    # where a script's functions are captured: its own calls, and the compile_and_capture of the PPO family
+    # (common.loop) and of td3 and sac (common.offpolicy)
+    for owner in (module, common.capture, common.loop, common.offpolicy, common.evaluation):
         if hasattr(owner, "captured"):  # (distill.py's come through common.loop alone)
             patch(owner, "captured", captured)
     patch(module, "timed", timed)
