@@ -131,7 +131,6 @@ SETTINGS = {
         total_timesteps=10_000_000,
         num_envs=8,
         num_steps=128,
-        num_minibatches=4,
         update_epochs=4,
         learning_rate=2.5e-4,
         lr_schedule="linear",
@@ -140,7 +139,6 @@ SETTINGS = {
         vf_coef=0.5,
         max_grad_norm=0.5,
         reward_norm=False,
-        encoder="nature",
         shared_encoder=True,
         hidden_sizes=(),
         num_eval_envs=8,
@@ -201,9 +199,7 @@ class Agent(nn.Module):
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.distribution(out)
-        if self.discrete:
-            return d.log_prob(action), d.entropy()
-        return d.log_prob(action).sum(-1), d.entropy().sum(-1)
+        return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
 
     to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
@@ -376,7 +372,7 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    minibatch, global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
+    global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
@@ -462,7 +458,7 @@ def train(run, args: Args) -> dict:
     env_step, (policy_step, final_value), update_minibatch, targets_fn, rollout_fn, update_fn = (
         loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
     )
-    loop.begin_iterations(run, global_batch, minibatch, envs)
+    loop.begin_iterations(run, global_batch, envs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1

@@ -191,9 +191,7 @@ class Agent(nn.Module):
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.distribution(out)
-        if self.discrete:
-            return d.log_prob(action), d.entropy()
-        return d.log_prob(action).sum(-1), d.entropy().sum(-1)
+        return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
 
     to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
@@ -402,7 +400,7 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    minibatch, global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
+    global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
@@ -517,7 +515,7 @@ def train(run, args: Args) -> dict:
     env_step, (policy_step, step_values), update_minibatch, targets_fn, rollout_fn, update_fn = (
         loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
     )
-    loop.begin_iterations(run, global_batch, minibatch, envs)
+    loop.begin_iterations(run, global_batch, envs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1

@@ -286,7 +286,7 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    minibatch, global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
+    global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
     envs, eval_envs = make_envs(
         run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py"
     )
@@ -371,7 +371,7 @@ def train(run, args: Args) -> dict:
     env_step, (policy_step, final_q_max), update_minibatch, targets_fn, rollout_fn, update_fn = (
         loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
     )
-    loop.begin_iterations(run, global_batch, minibatch, envs)
+    loop.begin_iterations(run, global_batch, envs)
     # Counted in env steps, not iterations: a run resumed with another world size still ends at
     # --total-timesteps and its schedules (functions of the global step) continue where they were.
     while run.global_step + global_batch <= total_steps:

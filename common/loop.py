@@ -35,15 +35,15 @@ def minibatch_size(args, batch_size: int) -> int:
     return batch_size // args.num_minibatches
 
 
-def iteration_sizes(run: Run) -> tuple[int, int, int]:
-    """(minibatch per process, global batch, total env steps) of a run: an iteration is num_envs * num_steps env steps
-    per process (the batch, split into --num-minibatches: a one-line error when it does not divide) and the global
-    batch over all ranks; the run goes on to --total-timesteps, counted in env steps over all ranks, at least one
-    iteration."""
+def iteration_sizes(run: Run) -> tuple[int, int]:
+    """(global batch, total env steps) of a run: an iteration is num_envs * num_steps env steps per process (the
+    batch, split into --num-minibatches: a one-line error when it does not divide) and the global batch over all
+    ranks; the run goes on to --total-timesteps, counted in env steps over all ranks, at least one iteration."""
     args = run.args
     batch_size = args.num_envs * args.num_steps
+    minibatch_size(args, batch_size)  # or the error, before anything runs
     global_batch = batch_size * run.world_size
-    return minibatch_size(args, batch_size), global_batch, max(args.total_timesteps, global_batch)
+    return global_batch, max(args.total_timesteps, global_batch)
 
 
 def iteration_stats(device, kinds: tuple[str, ...] = ("losses",)) -> dict:
@@ -113,10 +113,11 @@ def compile_and_capture(
     return env_step, tuple(step_parts.values()), update_minibatch, targets_fn, rollout_fn, update_fn
 
 
-def begin_iterations(run: Run, global_batch: int, minibatch: int, envs) -> None:
+def begin_iterations(run: Run, global_batch: int, envs) -> None:
     """begin_training with ppo's, ppo_rnd's and pqn's start line: the batch, its minibatches and what the CUDA graphs
     hold (a built-in env's whole rollout, as compile_and_capture captures it)."""
     args = run.args
+    minibatch = minibatch_size(args, args.num_envs * args.num_steps)
     said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch} per process)"
     begin_training(run, said, global_batch, graphs_said(args, getattr(envs, "capturable", False)))
 

@@ -11,14 +11,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_CHARACTERS = 25_000  # the budget of an original script, the size of a file read at one sitting
+# ppo_rnd.py is ppo.py, with every flag of it (tests/test_flag_parity.py), plus RND: its flags and the why of its two
+# value heads, the RND module, the weight's schedule, the intrinsic stream through the targets and the update. Its
+# budget is ppo.py's plus that part, and it stays within that part of ppo.py's size, so that what ppo.py sheds it sheds.
+RND_PART = 5_000
+TARGETS = {"ppo_rnd": TARGET_CHARACTERS + RND_PART}
 # Each original script's size today, in characters: its ceiling. The ceilings only come down, toward the target: a
 # script made shorter gets its new size here, one that grows fails below. A new original is held to the target.
 CEILINGS = {
     "distill": 23_398,
-    "ppo": 25_583,
+    "ppo": 25_489,
     "ppo_lstm": 25_209,
-    "ppo_rnd": 30_436,
-    "pqn": 21_540,
+    "ppo_rnd": 30_395,
+    "pqn": 21_518,
     "sac": 21_175,
     "td3": 22_899,
 }
@@ -117,11 +122,14 @@ def original_scripts(algos: Path) -> dict[str, int]:
 
 
 def over_budget(algos: Path, ceilings: dict[str, int]) -> dict[str, str]:
-    """The original scripts in `algos` larger than their ceiling (the target for one without), each with its size."""
+    """The original scripts in `algos` larger than their ceiling (their target for one without), each with its size."""
+    limits = {
+        script: ceilings.get(script, TARGETS.get(script, TARGET_CHARACTERS)) for script in original_scripts(algos)
+    }
     return {
-        script: f"{size:,} characters, more than {ceilings.get(script, TARGET_CHARACTERS):,}"
+        script: f"{size:,} characters, more than {limits[script]:,}"
         for script, size in original_scripts(algos).items()
-        if size > ceilings.get(script, TARGET_CHARACTERS)
+        if size > limits[script]
     }
 
 
@@ -133,11 +141,20 @@ def test_no_original_script_grows():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the open budget target: every original script within 25,000 characters (CEILINGS come down toward it); "
-    "when this passes, remove this marker and CEILINGS",
+    reason="the open budget target: every original script within 25,000 characters, ppo_rnd.py within ppo.py's and "
+    "RND's (CEILINGS come down toward it); when this passes, remove this marker and CEILINGS",
 )
-def test_every_original_script_is_within_25k_characters():
+def test_every_original_script_is_within_its_target():
     assert over_budget(ROOT / "algos", {}) == {}
+
+
+def test_ppo_rnd_is_ppo_and_its_rnd_part():
+    """ppo_rnd.py follows ppo.py in size as it does in flags: RND keeps to its part, so what ppo.py sheds, ppo_rnd.py
+    sheds too (it already leaves out ppo.py's Atari and MinAtar sets, which RND's part does not count)."""
+    sizes = original_scripts(ROOT / "algos")
+    assert sizes["ppo_rnd"] - sizes["ppo"] <= RND_PART, (
+        f"ppo_rnd.py is {sizes['ppo_rnd'] - sizes['ppo']:,} characters longer than ppo.py, more than RND's {RND_PART:,}"
+    )
 
 
 def test_a_copy_is_held_to_no_budget(tmp_path):
