@@ -9,6 +9,8 @@ must give, in the step that ends an episode, that first observation as `obs` and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -198,6 +200,23 @@ def test_ppo_runs_on_envpool_pong_from_pixels(tmp_path):
         "0",
     )
     assert summary["global_step"] == 192 and summary["iteration"] == 3
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_the_atari_id_alone_brings_the_scripts_atari_set(algo, tmp_path):
+    """`--env-id envpool:Pong-v5` is all a run needs: the script takes its atari set (the preset's frames, lives and
+    clipped rewards, the nature CNN under its heads, its hyperparameters) from the id, which runs on real frames here,
+    only its sizes made small for a CPU."""
+    import json
+
+    from tests.test_gym_adapter import run_ppo
+
+    small = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--total-timesteps", "128"]
+    summary = run_ppo(tmp_path, "--env-id", "envpool:Pong-v5", *small, "--eval-interval", "0", script=algo)
+    assert summary["global_step"] == 128 and summary["iteration"] == 2
+    config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
+    assert config["settings"] == "atari" and config["env_kwargs"] == '{"preset": "atari"}', config
+    assert config["encoder"] == "nature" and list(config["hidden_sizes"]) == [], config
 
 
 def test_mujoco_playground_state_is_the_policy_group_and_privileged_state_the_critic_group():

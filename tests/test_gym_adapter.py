@@ -271,11 +271,12 @@ def test_cuda_matches_cpu():
 # ---------------------------------------------------------------------------------------
 
 
-def run_ppo(tmp_path: Path, *args: str, timeout: int = 300) -> dict:
+def run_ppo(tmp_path: Path, *args: str, timeout: int = 300, script: str = "ppo") -> dict:
+    """The summary of a run of algos/`script`.py (ppo.py unless said) with these flags, which must end well."""
     # One intra-op thread: faster for these small networks, and immune to a busy machine's oversubscription.
     env = {"OMP_NUM_THREADS": "1", **os.environ, "CI": "1"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "algos" / "ppo.py"), "--output-dir", str(tmp_path), *args],
+        [sys.executable, str(ROOT / "algos" / f"{script}.py"), "--output-dir", str(tmp_path), *args],
         capture_output=True,
         text=True,
         timeout=timeout,

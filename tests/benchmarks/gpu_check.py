@@ -903,7 +903,7 @@ def acting_step(device: str) -> list[dict]:
         run = run_like(cuda)
         rollout = captured(run, "rollout", compiled(run, rollout), capture=cuda)
         with torch.no_grad():
-            d = twin.dist(twin.obs_rms(obs["policy"]))
+            d = twin.distribution(twin.actor(twin.obs_rms(obs["policy"])).float())
             for _ in range(3):  # compiled, warmed up and captured: every later call a replay
                 rollout(obs)
             z = torch.stack([((rollout(obs) - d.mean) / d.stddev).clone() for _ in range(6)])  # [6, 4, N, A]
