@@ -1,6 +1,7 @@
 """The project's shape, as the design states it: `common/` imports in one direction (no circle, counting the imports
 made for type hints and inside functions), the run record at its bottom, and every algorithm one file a reader
-takes in at once: a budget in characters for the original scripts, none for a researcher's copy."""
+takes in at once: a budget in characters for the original scripts, at least half of it the algorithm, none for a
+researcher's copy."""
 
 import ast
 import re
@@ -172,6 +173,40 @@ def test_a_copy_is_held_to_no_budget(tmp_path):
     (algos / "ppo_big.py").write_text(ppo.replace('ALGO = "ppo"', 'ALGO = "ppo_big"') + idea)  # renamed: an original
     shutil.copy(algos / "ppo_myidea.py", algos / "ppo.py")
     assert set(over_budget(algos, {"ppo": len(ppo)})) == {"ppo", "ppo_big"}
+
+
+def algorithm_share(text: str) -> float:
+    """The share of a script's characters that is its algorithm: its hyperparameters (the Args dataclass) and its
+    networks, losses, targets, rollout and update (every top-level class and function but main and train, and the
+    functions and lambdas train defines: the acting policy, the env step, the gradient steps). The rest is the module's
+    docstring and imports, the named settings, and train's wiring: setup, compile and capture, the loop."""
+    lines = text.splitlines(keepends=True)
+
+    def characters(node) -> int:
+        first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        return len("".join(lines[first - 1 : node.end_lineno]))
+
+    algorithm = 0
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name not in ("main", "train"):
+            algorithm += characters(node)
+        elif isinstance(node, ast.FunctionDef) and node.name == "train":
+            defined = [n for n in node.body if isinstance(n, ast.FunctionDef)]
+            defined += [n for n in node.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Lambda)]
+            algorithm += sum(characters(n) for n in defined)
+    return algorithm / len(text)
+
+
+def test_every_original_script_is_at_least_half_algorithm():
+    """What the budget leaves is mostly the algorithm: wiring that returns to a script shows here (as a copy of
+    ppo.py with a long block of plumbing in it does)."""
+    shares = {
+        script: algorithm_share((ROOT / "algos" / f"{script}.py").read_text())
+        for script in original_scripts(ROOT / "algos")
+    }
+    assert min(shares.values()) >= 0.5, {script: f"{share:.0%}" for script, share in shares.items()}
+    ppo = (ROOT / "algos" / "ppo.py").read_text()
+    assert algorithm_share(ppo + "".join(f"# plumbing, line {i}\n" for i in range(1_000))) < 0.5
 
 
 def test_no_line_runs_past_the_line_length():
