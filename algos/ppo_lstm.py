@@ -122,8 +122,6 @@ SETTINGS = {
         lr_schedule="linear",
         ent_coef=0.0,
         vf_coef=0.5,
-        max_grad_norm=0.5,
-        hidden_sizes=(64,),
         num_eval_envs=8,
         eval_interval=25,
     ),

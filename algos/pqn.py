@@ -121,24 +121,20 @@ SETTINGS = {
         num_eval_envs=16,
         eval_interval=10,
     ),
-    # PQN's own Atari config (CleanRL's pqn_atari_envpool.py): 128 envs x 32 steps, 32 minibatches, 2 epochs, Adam
-    # 2.5e-4 annealed over 10M steps, lambda 0.65, gradient clip 10, epsilon to 0.01 over the first 10%, rewards
-    # clipped (the atari preset) and unscaled; the nature CNN (its Linear with a LayerNorm) under one linear head
+    # PQN's own Atari config (purejaxql's pqn_atari): 128 envs x 32 steps, 32 minibatches, 2 epochs, 2.5e-4 over 10M
+    # steps, lambda 0.65, gradient clip 10, epsilon decayed over the first 10%, with CleanRL's pqn_atari_envpool.py's
+    # end epsilon 0.01 and annealed lr (purejaxql's: 0.001, constant); rewards clipped (the atari preset) and unscaled;
+    # the nature CNN (its Linear with a LayerNorm) under one linear head
     "atari": dict(
         env_kwargs='{"preset": "atari"}',
         total_timesteps=10_000_000,
         num_envs=128,
         num_steps=32,
         num_minibatches=32,
-        update_epochs=2,
         learning_rate=2.5e-4,
-        anneal_lr=True,
-        q_lambda=0.65,
-        max_grad_norm=10.0,
         end_e=0.01,
         exploration_fraction=0.1,
         reward_scale=1.0,
-        encoder="nature",
         hidden_sizes=(),
         num_eval_envs=8,
     ),

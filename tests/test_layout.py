@@ -22,9 +22,9 @@ TARGETS = {"ppo_rnd": TARGET_CHARACTERS + RND_PART}
 CEILINGS = {
     "distill": 23_398,
     "ppo": 25_489,
-    "ppo_lstm": 25_209,
+    "ppo_lstm": 25_154,
     "ppo_rnd": 30_395,
-    "pqn": 21_518,
+    "pqn": 21_478,
     "sac": 21_175,
     "td3": 22_899,
 }

@@ -145,6 +145,34 @@ def test_ppo_atari_is_cleanrl_ppo_atari_envpool():
     assert {k: getattr(args, k) for k in expected} == expected
 
 
+def test_pqn_atari_is_purejaxqls_pqn_atari_with_cleanrls_end_epsilon_and_anneal():
+    """python algos/pqn.py --env-id envpool:Pong-v5 starts with PQN's own Atari config (purejaxql's pqn_atari.yaml), its
+    end epsilon and learning-rate anneal CleanRL's pqn_atari_envpool.py's, whether the set or the defaults give them."""
+    pqn = load_script("pqn")
+    args = parse_args(pqn.Args, ["--env-id", "envpool:Pong-v5"])
+    expected = dict(
+        settings="atari",
+        env_kwargs='{"preset": "atari"}',
+        total_timesteps=10_000_000,
+        num_envs=128,
+        num_steps=32,
+        num_minibatches=32,
+        update_epochs=2,
+        learning_rate=2.5e-4,
+        anneal_lr=True,
+        gamma=0.99,
+        q_lambda=0.65,
+        max_grad_norm=10.0,
+        start_e=1.0,
+        end_e=0.01,
+        exploration_fraction=0.1,
+        reward_scale=1.0,
+        encoder="nature",
+        hidden_sizes=(),
+    )
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_lists_every_set_with_its_values(script, capsys):
     module = load_script(script)
