@@ -146,9 +146,9 @@ def test_errors_are_clear():
 
 
 def test_ppo_runs_on_envpool_cartpole(tmp_path):
-    from tests.test_gym_adapter import run_ppo
+    from tests.test_gym_adapter import run_script
 
-    summary = run_ppo(
+    summary = run_script(
         tmp_path,
         "--env-id",
         "envpool:CartPole-v1",
@@ -172,9 +172,9 @@ def test_ppo_runs_on_envpool_cartpole(tmp_path):
 
 def test_ppo_runs_on_envpool_pong_from_pixels(tmp_path):
     """A few iterations of ppo.py on Atari frames on a CPU, with the training and evaluation presets."""
-    from tests.test_gym_adapter import run_ppo
+    from tests.test_gym_adapter import run_script
 
-    summary = run_ppo(
+    summary = run_script(
         tmp_path,
         "--env-id",
         "envpool:Pong-v5",
@@ -209,10 +209,10 @@ def test_the_atari_id_alone_brings_the_scripts_atari_set(algo, tmp_path):
     only its sizes made small for a CPU."""
     import json
 
-    from tests.test_gym_adapter import run_ppo
+    from tests.test_gym_adapter import run_script
 
     small = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--total-timesteps", "128"]
-    summary = run_ppo(tmp_path, "--env-id", "envpool:Pong-v5", *small, "--eval-interval", "0", script=algo)
+    summary = run_script(tmp_path, "--env-id", "envpool:Pong-v5", *small, "--eval-interval", "0", script=algo)
     assert summary["global_step"] == 128 and summary["iteration"] == 2
     config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
     assert config["settings"] == "atari" and config["env_kwargs"] == '{"preset": "atari"}', config

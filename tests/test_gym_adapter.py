@@ -271,7 +271,7 @@ def test_cuda_matches_cpu():
 # ---------------------------------------------------------------------------------------
 
 
-def run_ppo(tmp_path: Path, *args: str, timeout: int = 300, script: str = "ppo") -> dict:
+def run_script(tmp_path: Path, *args: str, timeout: int = 300, script: str = "ppo") -> dict:
     """The summary of a run of algos/`script`.py (ppo.py unless said) with these flags, which must end well."""
     # One intra-op thread: faster for these small networks, and immune to a busy machine's oversubscription.
     env = {"OMP_NUM_THREADS": "1", **os.environ, "CI": "1"}
@@ -289,7 +289,7 @@ def run_ppo(tmp_path: Path, *args: str, timeout: int = 300, script: str = "ppo")
 
 @pytest.mark.slow
 def test_ppo_learns_gym_cartpole(tmp_path):
-    summary = run_ppo(
+    summary = run_script(
         tmp_path,
         "--env-id",
         "gym:CartPole-v1",
@@ -313,7 +313,7 @@ def test_ppo_learns_gym_cartpole(tmp_path):
 
 def test_ppo_runs_gym_halfcheetah(tmp_path):
     pytest.importorskip("mujoco")
-    summary = run_ppo(
+    summary = run_script(
         tmp_path,
         "--env-id",
         "gym:HalfCheetah-v5",
