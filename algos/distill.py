@@ -15,7 +15,7 @@ A recurrent student is trained by truncated BPTT over the rollout from the hidde
 at episode starts, as ppo_lstm.py's update does (common/recurrent.py). The student has the module and tensor names of
 ppo_lstm.py's actor (cell lstm/gru) and ppo.py's (cell none), normalizer included: those scripts fine-tune it with
 --init-from. Top to bottom: Args -> Policy (student and teacher alike), the teacher's loading (its checks:
-common/teacher.py) -> the loss -> rollout -> targets -> update -> main and train (setup; the iteration's functions,
+common/teacher.py) -> the loss -> targets -> update -> main and train (setup; the iteration's functions,
 then one block that compiles and captures them; the loop).
 References: Ross et al. 2011 (DAgger); Chen et al. 2019 ("Learning by cheating": privileged teachers);
 Rudin et al. 2022 (rsl_rl, whose Distillation runner this follows).
@@ -52,7 +52,7 @@ from common.normalize import observation_normalizer
 from common.recurrent import EvalPolicy, allow_rnn, batch_said, carry_over, cell_said, env_minibatches
 from common.recurrent import episode_starts, recurrent_cell, state_shape_of
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run
-from common.stats import add_to, record_env_log
+from common.stats import add_to
 from common.teacher import note_teacher, teacher_checkpoint, teacher_group
 
 ALGO = "distill"
@@ -209,22 +209,9 @@ def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Arg
     return loss, {"distill_loss": loss.detach(), "agreement": agreement.detach()}
 
 
-# --- One iteration: rollout -> targets -> update ---
+# --- One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update ---
 # Functions of tensors that live as long as the run (the hidden states included), so that on CUDA each is compiled
 # and captured whole.
-def rollout(
-    run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
-):
-    """storage.num_steps steps of every env, written to storage; the student's hidden states they start
-    from go to initial_state (the update replays from there). No host sync."""
-    initial_state.copy_(rnn_state)
-    for step in range(storage.num_steps):
-        next_obs, transition, info = env_step(next_obs)
-        storage.write(step, transition)
-        record_env_log(run, info)
-    return next_obs
-
-
 @torch.no_grad()
 def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args):
     """The episode statistics of a rollout, its observations normalized as the student acted on them, then
@@ -361,7 +348,8 @@ def train(run, args: Args) -> dict:
         return losses
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return rollout(run, env_step, obs, storage, rnn_state, initial_state)
+        initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
+        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
 
     def targets_fn():
         return targets(student, storage.data, ep_stats, stats["episodes"], args)
@@ -393,7 +381,7 @@ def train(run, args: Args) -> dict:
             next_obs = rollout_fn(next_obs)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn()  # targets, then the epochs
+            update_fn()
         # the log, evaluation and checkpoints that are due, the same on every rank
         local = {"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob}
         if loop.end_iteration(run, stats, local, eval_envs, eval_policy, state, next_obs):

@@ -3,8 +3,8 @@
     python algos/ppo.py --env-id CartPole-v1 --num-envs 4096
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
-Args -> Agent -> GAE, the adaptive learning rate -> the PPO loss (rsl_rl's symmetry) -> rollout -> targets -> update
--> train (setup, the iteration's functions, the loop); the run around it is in common/. `--num-envs` is per process,
+Args -> Agent -> GAE, the adaptive learning rate -> the PPO loss (rsl_rl's symmetry) -> targets -> update -> train
+(setup, the iteration's functions, the loop); the run around it is in common/. `--num-envs` is per process,
 `--total-timesteps` counts env steps over all. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022,
 "The 37 implementation details of PPO"; Rudin et al. 2022 (rsl_rl); Mittal et al. 2024 (symmetry).
 """
@@ -38,7 +38,7 @@ from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
 from common.run import closing, finish, make_envs, open_run, start_run
 from common.settings import rsl_rl_settings
-from common.stats import add_to, explained_variance, record_env_log
+from common.stats import add_to, explained_variance
 
 ALGO = "ppo"
 
@@ -57,8 +57,6 @@ class Args(RunArgs):
     """initial learning rate of Adam"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
-    anneal_lr: bool = False
-    """CleanRL's flag: same as --lr-schedule linear"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
     """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
@@ -291,17 +289,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     return loss, logged
 
 
-# --- One iteration: rollout -> targets -> update ---
+# --- One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update ---
 # Functions of tensors that live as long as the run, so that on CUDA they compile and capture whole.
-def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
-    """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
-    for step in range(storage.num_steps):
-        next_obs, transition, info = env_step(next_obs)
-        storage.write(step, transition)
-        record_env_log(run, info)
-    return next_obs
-
-
 @torch.no_grad()
 def targets(
     agent: Agent,
@@ -362,8 +351,6 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
 
 
 def main(args: Args) -> dict:
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
     # on any exit, an error included: graphs released, then the process group left
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run:
         return train(run, args)
@@ -439,7 +426,7 @@ def train(run, args: Args) -> dict:
         return losses
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return rollout(run, env_step, obs, storage)
+        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
 
     def targets_fn(obs: TensorDict):
         return targets(
@@ -470,7 +457,7 @@ def train(run, args: Args) -> dict:
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn(next_obs)  # targets, then the epochs
+            update_fn(next_obs)
         # the log, evaluation and checkpoints that are due, the same on every rank
         if loop.end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, agent_inference, state, next_obs):
             break

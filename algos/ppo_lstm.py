@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 8 algos/ppo_lstm.py --env-id Pendulum-v1 --env-kwargs '{"mask_velocity": true}'
 
 algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor and a critic
-head) -> GAE, the adaptive learning rate, the PPO loss of a minibatch of sequences -> rollout -> targets -> update ->
+head) -> GAE, the adaptive learning rate, the PPO loss of a minibatch of sequences -> targets -> update ->
 main and train (setup; the iteration's functions, then one block that compiles and captures them; the loop). Each
 env's hidden state lives through the rollouts, zeroed where its episode ends; the update replays each env's rollout as
 one sequence from the state it started with (truncated BPTT over --num-steps), minibatches being sets of envs with all
@@ -47,7 +47,7 @@ from common.recurrent import group_encoders, recurrent_cell, recurrent_envs, rec
 from common.recurrent import state_shape_of
 from common.run import closing, finish, open_run, start_run
 from common.settings import rsl_rl_settings
-from common.stats import add_to, explained_variance, record_env_log
+from common.stats import add_to, explained_variance
 
 ALGO = "ppo_lstm"
 
@@ -265,22 +265,9 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
     }
 
 
-# --- One iteration: rollout -> targets -> update ---
+# --- One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update ---
 # Functions of tensors that live as long as the run (the hidden states included), so that on CUDA each is compiled
 # and captured whole.
-def rollout(
-    run, env_step, next_obs: TensorDict, storage: RolloutStorage, rnn_state: torch.Tensor, initial_state: torch.Tensor
-):
-    """storage.num_steps steps of every env, written to storage; the hidden states they start from go to
-    initial_state (the update replays from there). No host sync."""
-    initial_state.copy_(rnn_state)
-    for step in range(storage.num_steps):
-        next_obs, transition, info = env_step(next_obs)
-        storage.write(step, transition)
-        record_env_log(run, info)
-    return next_obs
-
-
 @torch.no_grad()
 def targets(
     agent: Agent,
@@ -409,7 +396,8 @@ def train(run, args: Args) -> dict:
         return losses
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return rollout(run, env_step, obs, storage, rnn_state, initial_state)
+        initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
+        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
 
     def targets_fn(obs: TensorDict):
         return targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats, stats["episodes"], args)
@@ -437,7 +425,7 @@ def train(run, args: Args) -> dict:
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn(next_obs)  # targets, then the epochs
+            update_fn(next_obs)
 
         # the log (one host read), the evaluation and the checkpoints that are due; a stop, the same on every rank
         if loop.end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, eval_policy, state, next_obs):

@@ -44,7 +44,7 @@ from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
 from common.run import closing, finish, make_envs, open_run, start_run
 from common.settings import rsl_rl_settings
-from common.stats import add_to, explained_variance, nonfinite, record_env_log
+from common.stats import add_to, explained_variance, nonfinite
 
 ALGO = "ppo_rnd"
 
@@ -63,8 +63,6 @@ class Args(RunArgs):
     """initial learning rate of Adam"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "adaptive"
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
-    anneal_lr: bool = False
-    """CleanRL's flag: same as --lr-schedule linear"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
     """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
@@ -304,16 +302,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     return loss, logged
 
 
-# --- One iteration: rollout -> targets -> update, compiled and captured whole on CUDA (ppo.py) ---
-def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
-    """storage.num_steps steps of every env with the current policy, written to storage. No host sync."""
-    for step in range(storage.num_steps):
-        next_obs, transition, info = env_step(next_obs)
-        storage.write(step, transition)
-        record_env_log(run, info)
-    return next_obs
-
-
+# --- One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update (ppo.py) ---
 @torch.no_grad()
 def targets(
     agent: Agent,
@@ -390,8 +379,6 @@ def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, a
 
 
 def main(args: Args) -> dict:
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
     # on any exit, an error included: graphs released, then the process group left
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run:
         return train(run, args)
@@ -493,7 +480,7 @@ def train(run, args: Args) -> dict:
         return {**losses, "rnd_loss": rnd_loss.detach()}
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return rollout(run, env_step, obs, storage)
+        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
 
     def targets_fn(obs: TensorDict):
         normalizers = (reward_normalizer, int_normalizer)
@@ -528,7 +515,7 @@ def train(run, args: Args) -> dict:
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn(next_obs)  # targets, then the epochs
+            update_fn(next_obs)
         # the log, evaluation and checkpoints that are due, the same on every rank
         local = {"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight}
         if loop.end_iteration(run, stats, local, eval_envs, agent_inference, state, next_obs, ("losses", "charts")):

@@ -46,7 +46,7 @@ from common.nets import ACTIVATIONS, agent_and_twin, group_encoder, layer_init  
 from common.nets import observation_shape, pixel_high  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
 from common.run import closing, finish, make_envs, open_run, start_run  # noqa: E402
-from common.stats import add_to, nonfinite, record_env_log  # noqa: E402
+from common.stats import add_to, nonfinite  # noqa: E402
 
 ALGO = "pqn"
 
@@ -220,15 +220,6 @@ def epsilon_at(step: int, total_steps: int, args: Args) -> float:
 # of the rollout are one CUDA graph; the targets and all epochs and minibatches of the update
 # another). `stats` gathers on the device, by name, what the logs read every --log-interval iterations.
 # ----------------------------------------------------------------------------------------------
-def rollout(run, env_step, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
-    """storage.num_steps epsilon-greedy steps of every env, written to storage. No host sync."""
-    for step in range(storage.num_steps):
-        next_obs, transition, info = env_step(next_obs)
-        storage.write(step, transition)
-        record_env_log(run, info)
-    return next_obs
-
-
 @torch.no_grad()
 def targets(
     qnet: QNetwork, data: TensorDict, next_obs: TensorDict, ep_stats: torch.Tensor, episodes: torch.Tensor, args: Args
@@ -351,7 +342,7 @@ def train(run, args: Args) -> dict:
         return {"td_loss": loss.detach(), "q_values": q.mean().detach()}
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return rollout(run, env_step, obs, storage)
+        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
 
     def targets_fn(obs: TensorDict):
         return targets(qnet, storage.data, obs, ep_stats, stats["episodes"], args)
@@ -383,7 +374,7 @@ def train(run, args: Args) -> dict:
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn(next_obs)  # targets, then the epochs
+            update_fn(next_obs)
         # the log, evaluation and checkpoints that are due, the same on every rank (epsilon: the mean over all envs)
         local = {
             "charts/learning_rate": lr_now if lr_now is not None else lr,

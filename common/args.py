@@ -407,9 +407,15 @@ def script_name(args_class, algo: str) -> str:
     return Path(path).stem
 
 
+# A flag of the projects our users come from, where a script has its concept under another flag: (whose, ours). One
+# concept has one flag here; the other's name gets a line that names ours.
+FLAGS_ELSEWHERE = {"anneal_lr": ("CleanRL's", "lr_schedule", "--lr-schedule linear")}
+
+
 def check_flag_names(argv: list[str], names: set[str]) -> None:
     """Stop with one line for a flag the script does not have, naming the flags it may have meant: tyro's own
-    suggestions go by spelling, so `--lr` gets `--lr-schedule`, not `--learning-rate`; here initials count too."""
+    suggestions go by spelling, so `--lr` gets `--lr-schedule`, not `--learning-rate`; here initials count too, and
+    another project's flag (FLAGS_ELSEWHERE) gets the one that does it here."""
     import difflib
 
     for token in argv:
@@ -418,6 +424,9 @@ def check_flag_names(argv: list[str], names: set[str]) -> None:
         name = token[2:].split("=")[0].replace("-", "_")
         if name in names or (name.startswith("no_") and name[3:] in names):  # --no-X: tyro judges whether X is a bool
             continue
+        whose, ours, said = FLAGS_ELSEWHERE.get(name, (None, None, None))
+        if ours in names:
+            raise usage_error(f"error: {token.split('=')[0]} is {whose} flag; here it is {said}")
         initials = [n for n in sorted(names) if "".join(w[0] for w in n.split("_") if w) == name]
         prefixed = [n for n in sorted(names) if n.startswith(name) or name.startswith(n)]
         close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.6)

@@ -17,7 +17,7 @@ from common.capture import captured, compiled
 from common.checkpoint import save
 from common.evaluation import evaluate
 from common.run import Due, begin_training, checkpoints_to_write, what_is_due
-from common.stats import add_to, episode_sums, log, nonfinite, reduce_iteration, zero_
+from common.stats import add_to, episode_sums, log, nonfinite, record_env_log, reduce_iteration, zero_
 
 if TYPE_CHECKING:
     from common.buffer import RolloutStorage
@@ -59,6 +59,17 @@ def with_game_score(transition: dict, info: dict) -> dict:
     if "game_over" in info:
         transition.update(game_rewards=info["game_reward"].float(), game_over=info["game_over"])
     return transition
+
+
+def rollout(run: Run, env_step: Callable, next_obs: TensorDict, storage: RolloutStorage) -> TensorDict:
+    """A rollout: storage.num_steps calls of the script's `env_step` (act, then step every env once), each transition
+    written to storage at its step and the env's log recorded; returns the observation after the last step. No host
+    sync: on CUDA a built-in env's whole rollout is one graph (compile_and_capture)."""
+    for step in range(storage.num_steps):
+        next_obs, transition, info = env_step(next_obs)
+        storage.write(step, transition)
+        record_env_log(run, info)
+    return next_obs
 
 
 def rollout_episodes(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor) -> None:

@@ -22,7 +22,6 @@ SYMMETRY_OF_A_MEMORY = (
 DIFFERENCES = {
     ("ppo_lstm", "target_kl"): "not ported: ppo.py's way (targets and each minibatch captured alone, a host read of "
     "the KL per epoch) applies, with each minibatch's initial states captured beside it",
-    ("ppo_lstm", "anneal_lr"): "CleanRL's alias of --lr-schedule linear, which it has (the alias is not ported)",
     ("ppo_lstm", "shared_encoder"): "always shared: the policy group's encoder and the recurrent cell serve both heads",
     ("ppo_lstm", "symmetry"): SYMMETRY_OF_A_MEMORY,
     ("ppo_lstm", "mirror_loss_coef"): SYMMETRY_OF_A_MEMORY,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.args import parse_args
 from common.envs import make_env
 from tests.helpers import ROOT, load_script, run, subprocess_env
 
@@ -145,10 +146,17 @@ def test_adaptive_learning_rate_follows_the_measured_kl():
     assert lr.item() == pytest.approx(5e-3)
 
 
-def test_anneal_lr_is_the_linear_schedule(tmp_path):
+def test_the_linear_schedule_anneals_to_zero_and_cleanrls_flag_names_it(tmp_path):
+    """--lr-schedule linear: the rate falls linearly from --learning-rate towards 0 over --total-timesteps. CleanRL's
+    --anneal-lr (a second flag for it) is refused with the one line that names it."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    train(tmp_path, anneal_lr=True, total_timesteps=64 * 16 * 4)
+    for script in ("ppo", "ppo_rnd", "ppo_lstm"):
+        with pytest.raises(
+            SystemExit, match=r"^error: --anneal-lr is CleanRL's flag; here it is --lr-schedule linear$"
+        ):
+            parse_args(load_script(script).Args, ["--anneal-lr"])
+    train(tmp_path, lr_schedule="linear", total_timesteps=64 * 16 * 4)
     acc = EventAccumulator(str(tmp_path / "run"))
     acc.Reload()
     lrs = [e.value for e in acc.Scalars("charts/learning_rate")]

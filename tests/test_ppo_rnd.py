@@ -236,9 +236,9 @@ def test_symmetry_augmentation_trains_a_symmetric_policy(tmp_path):
     assert errors["augmentation"] < 0.25 * errors["log"] and errors["augmentation"] < 0.15, errors
 
 
-def test_bf16_target_kl_and_anneal_lr_are_ppos(tmp_path):
+def test_bf16_target_kl_and_the_linear_schedule_are_ppos(tmp_path):
     """ppo.py's flags, as ppo.py's: --target-kl with a target no update stays under runs one epoch per iteration (both
-    Adams step once per minibatch); --anneal-lr is the linear schedule; --bf16 keeps the weights float32 (the
+    Adams step once per minibatch); --lr-schedule linear anneals; --bf16 keeps the weights float32 (the
     statistics float64), finite."""
     from tests.test_scripts import scalars
 
@@ -246,7 +246,13 @@ def test_bf16_target_kl_and_anneal_lr_are_ppos(tmp_path):
     flags = dict(num_envs=16, num_steps=8, num_minibatches=minibatches, update_epochs=4, eval_interval=0)
     flags.update(device="cpu", progress=False, output_dir=str(tmp_path), run_name="run", hidden_sizes=(16,))
     summary = run_main(
-        ppo_rnd, env_id="Pendulum-v1", bf16=True, target_kl=1e-12, anneal_lr=True, total_timesteps=16 * 8 * 3, **flags
+        ppo_rnd,
+        env_id="Pendulum-v1",
+        bf16=True,
+        target_kl=1e-12,
+        lr_schedule="linear",
+        total_timesteps=16 * 8 * 3,
+        **flags,
     )
     state = torch.load(summary["checkpoints"]["last"], weights_only=True)
     for adam in ("adam", "rnd_adam"):
