@@ -299,7 +299,7 @@ def train(run, args: Args) -> dict:
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
     stats = loop.iteration_stats(device)  # what the log reads, gathered on the device: episodes, losses, non-finite
 
-    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
     @torch.no_grad()
     def policy_step(obs: TensorDict):
         """The student's action (or, with --teacher-action-prob, the teacher's), the teacher's target (its logits,
@@ -349,7 +349,7 @@ def train(run, args: Args) -> dict:
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
         initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
-        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
+        return loop.rollout(run, env_step, obs, storage)
 
     def targets_fn():
         return targets(student, storage.data, ep_stats, stats["episodes"], args)

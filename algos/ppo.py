@@ -390,7 +390,7 @@ def train(run, args: Args) -> dict:
     # what the log reads, gathered on the device: episodes, losses, non-finite counts
     stats = loop.iteration_stats(device)
 
-    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
     policy_step = agent_inference.act
 
     def final_value(final_obs: TensorDict) -> torch.Tensor:
@@ -426,7 +426,7 @@ def train(run, args: Args) -> dict:
         return losses
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
+        return loop.rollout(run, env_step, obs, storage)
 
     def targets_fn(obs: TensorDict):
         return targets(

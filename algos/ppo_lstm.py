@@ -353,7 +353,7 @@ def train(run, args: Args) -> dict:
     # what the log reads, gathered on the device: episodes, losses, non-finite counts
     stats = loop.iteration_stats(device)
 
-    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
     def policy_step(obs: TensorDict):
         with torch.no_grad(), acting_autocast(device, args.bf16):
             return agent_inference.act(obs, rnn_state)
@@ -397,7 +397,7 @@ def train(run, args: Args) -> dict:
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
         initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
-        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
+        return loop.rollout(run, env_step, obs, storage)
 
     def targets_fn(obs: TensorDict):
         return targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats, stats["episodes"], args)

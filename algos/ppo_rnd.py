@@ -435,7 +435,7 @@ def train(run, args: Args) -> dict:
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
     stats = loop.iteration_stats(device, kinds=("losses", "charts"))  # what the log reads, gathered on the device
 
-    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
     policy_step = agent_inference.act
 
     def step_values(next_obs: TensorDict, final_obs: TensorDict, done: torch.Tensor):
@@ -480,7 +480,7 @@ def train(run, args: Args) -> dict:
         return {**losses, "rnd_loss": rnd_loss.detach()}
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
+        return loop.rollout(run, env_step, obs, storage)
 
     def targets_fn(obs: TensorDict):
         normalizers = (reward_normalizer, int_normalizer)

@@ -5,10 +5,10 @@
     torchrun --nproc-per-node 8 algos/pqn.py --env-id Acrobot-v1 --num-envs 4096
 
 The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule -> an
-iteration as three functions (rollout, targets, update), compiled and captured in two CUDA graphs
-on a GPU (the rollout; the targets with the update) -> main and train (setup; the iteration's functions, then
-one block that compiles and captures them; the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs of
-minibatch regression -> log every --log-interval -> eval/save). No replay buffer and no target network:
+iteration's targets and update -> main and train (setup; the iteration's functions, the rollout among them, then
+one block that compiles and captures them in two CUDA graphs on a GPU: the rollout; the targets with the update;
+the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs of minibatch regression -> log every
+--log-interval -> eval/save). No replay buffer and no target network:
 the many parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
 regression stable. The run around it (run directory, checkpoints, torchrun, evaluation, logging) is
 in common/. `--num-envs` is per process; `--total-timesteps` counts env steps over all processes.
@@ -215,10 +215,10 @@ def epsilon_at(step: int, total_steps: int, args: Args) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# One iteration: rollout -> targets -> update, each a function of tensors that live as long as the
-# run, so that on CUDA they are compiled and captured whole (with a built-in env, all T steps
-# of the rollout are one CUDA graph; the targets and all epochs and minibatches of the update
-# another). `stats` gathers on the device, by name, what the logs read every --log-interval iterations.
+# One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update, each a function of tensors
+# that live as long as the run, so that on CUDA they are compiled and captured whole (with a built-in env, all T
+# steps of the rollout are one CUDA graph; the targets and all epochs and minibatches of the update another).
+# `stats` gathers on the device, by name, what the logs read every --log-interval iterations.
 # ----------------------------------------------------------------------------------------------
 @torch.no_grad()
 def targets(
@@ -305,7 +305,7 @@ def train(run, args: Args) -> dict:
     # what the log reads, gathered on the device: episodes, losses, non-finite counts
     stats = loop.iteration_stats(device)
 
-    # --- the iteration's functions: acting and the env step, a minibatch's update, the targets, the update ---
+    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
     policy_step = qnet_inference.act
 
     @torch.no_grad()
@@ -342,7 +342,7 @@ def train(run, args: Args) -> dict:
         return {"td_loss": loss.detach(), "q_values": q.mean().detach()}
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return loop.rollout(run, env_step, obs, storage)  # --num-steps env steps into storage
+        return loop.rollout(run, env_step, obs, storage)
 
     def targets_fn(obs: TensorDict):
         return targets(qnet, storage.data, obs, ep_stats, stats["episodes"], args)

@@ -2,9 +2,10 @@
 ppo_lstm.py all but the sizes and the start line, which are a recurrent run's, distill.py also not the non-finite counts
 and the storage line, pqn.py all but the rollout's non-finite counts, for it counts its Q targets too): the sizes of
 an iteration and its batch split into minibatches, the statistics an iteration gathers on the device, the Atari game's
-score beside a life's, a rollout's episodes and non-finite counts, an update's mean losses, which of the iteration's
-functions are compiled and captured, the start line (what the CUDA graphs hold), the storage's layout said once, the
-log of an iteration's statistics, and the evaluation, checkpoints and stop that end an iteration."""
+score beside a life's, the rollout (the script's env step repeated into the storage), a rollout's episodes and
+non-finite counts, an update's mean losses, which of the iteration's functions are compiled and captured, the start line
+(what the CUDA graphs hold), the storage's layout said once, the log of an iteration's statistics, and the evaluation,
+checkpoints and stop that end an iteration."""
 
 from __future__ import annotations
 
