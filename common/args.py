@@ -407,9 +407,12 @@ def script_name(args_class, algo: str) -> str:
     return Path(path).stem
 
 
-# A flag of the projects our users come from, where a script has its concept under another flag: (whose, ours). One
-# concept has one flag here; the other's name gets a line that names ours.
-FLAGS_ELSEWHERE = {"anneal_lr": ("CleanRL's", "lr_schedule", "--lr-schedule linear")}
+# A flag of the projects our users come from, for a concept a script has under another flag: (whose, the flag here,
+# what to give it). One concept has one flag here; the other's name gets a line that names ours.
+FLAGS_ELSEWHERE = {
+    "anneal_lr": ("CleanRL's", "lr_schedule", "--lr-schedule linear"),
+    "no_anneal_lr": ("CleanRL's", "lr_schedule", "--lr-schedule constant"),
+}
 
 
 def check_flag_names(argv: list[str], names: set[str]) -> None:

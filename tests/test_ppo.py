@@ -152,10 +152,12 @@ def test_the_linear_schedule_anneals_to_zero_and_cleanrls_flag_names_it(tmp_path
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for script in ("ppo", "ppo_rnd", "ppo_lstm"):
-        with pytest.raises(
-            SystemExit, match=r"^error: --anneal-lr is CleanRL's flag; here it is --lr-schedule linear$"
-        ):
-            parse_args(load_script(script).Args, ["--anneal-lr"])
+        for given, ours in (("--anneal-lr", "linear"), ("--no-anneal-lr", "constant")):
+            with pytest.raises(
+                SystemExit, match=rf"^error: {given} is CleanRL's flag; here it is --lr-schedule {ours}$"
+            ):
+                parse_args(load_script(script).Args, [given])
+    assert parse_args(load_script("pqn").Args, ["--anneal-lr"]).anneal_lr  # pqn.py's own flag (CleanRL's DQN's name)
     train(tmp_path, lr_schedule="linear", total_timesteps=64 * 16 * 4)
     acc = EventAccumulator(str(tmp_path / "run"))
     acc.Reload()
