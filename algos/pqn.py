@@ -5,8 +5,8 @@
     torchrun --nproc-per-node 8 algos/pqn.py --env-id Acrobot-v1 --num-envs 4096
 
 The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule -> an
-iteration's targets and update -> main and train (setup; the iteration's functions, the rollout among them, then
-one block that compiles and captures them in two CUDA graphs on a GPU: the rollout; the targets with the update;
+iteration's targets and update -> main and train (setup; the iteration's functions, the rollout among them; one
+block that compiles and captures them, two CUDA graphs on a GPU, the rollout and the targets with the update; then
 the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs of minibatch regression -> log every
 --log-interval -> eval/save). No replay buffer and no target network:
 the many parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
