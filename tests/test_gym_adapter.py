@@ -271,8 +271,11 @@ def test_cuda_matches_cpu():
 # ---------------------------------------------------------------------------------------
 
 
-def run_script(tmp_path: Path, *args: str, timeout: int = 300, script: str = "ppo") -> dict:
-    """The summary of a run of algos/`script`.py (ppo.py unless said) with these flags, which must end well."""
+def run_script(
+    tmp_path: Path, *args: str, timeout: int = 300, script: str = "ppo", printed: list | None = None
+) -> dict:
+    """The summary of a run of algos/`script`.py (ppo.py unless said) with these flags, which must end well, run in
+    `tmp_path` (where a simulator's own log files land); what it printed is appended to `printed` where given."""
     # One intra-op thread: faster for these small networks, and immune to a busy machine's oversubscription.
     env = {"OMP_NUM_THREADS": "1", **os.environ, "CI": "1"}
     proc = subprocess.run(
@@ -280,10 +283,12 @@ def run_script(tmp_path: Path, *args: str, timeout: int = 300, script: str = "pp
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=ROOT,
+        cwd=tmp_path,
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if printed is not None:
+        printed += [proc.stdout, proc.stderr]
     return printed_summary(proc.stdout)
 
 
@@ -312,7 +317,10 @@ def test_ppo_learns_gym_cartpole(tmp_path):
 
 
 def test_ppo_runs_gym_halfcheetah(tmp_path):
+    """A MuJoCo run's start line comes within its first lines: whatever MuJoCo warns while each env's model compiles
+    (MuJoCo 4.0: once per env) is shown once, and no MUJOCO_LOG.TXT is left behind."""
     pytest.importorskip("mujoco")
+    printed = []
     summary = run_script(
         tmp_path,
         "--env-id",
@@ -332,9 +340,35 @@ def test_ppo_runs_gym_halfcheetah(tmp_path):
         "--eval-interval",
         "0",
         "--reward-norm",
+        printed=printed,
     )
     assert summary["global_step"] == 192 and summary["iteration"] == 3
     assert Path(summary["checkpoints"]["last"]).is_file()
+    stdout, stderr = printed
+    assert stdout.splitlines()[0].startswith("ppo on gym:HalfCheetah-v5: "), stdout[:2000]
+    assert len(stderr.splitlines()) <= 3, stderr[:3000]  # the threads line, a warning or two: no flood
+    assert not list(tmp_path.rglob("MUJOCO_LOG.TXT"))
+
+
+def test_a_mujoco_warning_while_envs_are_made_is_shown_once_and_logged_nowhere(tmp_path, monkeypatch, capsys):
+    """The same warning from every env's model, once on the screen, no MUJOCO_LOG.TXT; MuJoCo's own handler after."""
+    mujoco = pytest.importorskip("mujoco")
+    from common.envs import gym_adapter
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(gym_adapter, "MUJOCO_WARNINGS_SHOWN", set())
+    model = mujoco.MjModel.from_xml_string(
+        "<mujoco><worldbody><body><freejoint/><geom size='1'/></body></worldbody></mujoco>"
+    )
+    with gym_adapter.mujoco_warnings_once():
+        for _ in range(4):  # four envs' models, each warning alike (a NaN position, at time 0)
+            data = mujoco.MjData(model)
+            data.qpos[0] = float("nan")
+            mujoco.mj_step(model, data)
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("MuJoCo warning")]
+    assert len(warned) == 1 and "QPOS" in warned[0].upper(), warned
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+    assert mujoco.get_mju_user_warning() is None  # MuJoCo's own handler (the screen and its log) is back
 
 
 def test_render_returns_the_frames_of_the_chosen_envs():

@@ -57,6 +57,10 @@ continues from freshly reset envs. Resume is exact only for the built-in torch e
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import sys
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -67,6 +71,34 @@ from tensordict import TensorDict
 from common.envs.staging import StepStaging
 
 VECTORIZATION_MODES = ("sync", "async")
+
+
+MUJOCO_WARNINGS_SHOWN: set[str] = set()
+
+
+@contextlib.contextmanager
+def mujoco_warnings_once():
+    """MuJoCo warns as it compiles each env's model (MuJoCo 4.0 about gymnasium's deprecated `settotalmass`): once per
+    env, dozens of lines before the start line, each also appended to MUJOCO_LOG.TXT in the working directory. While
+    the envs are made, each distinct warning is printed once per process (training and eval envs alike) and no log
+    file is written; MuJoCo's own handler is back
+    after (a warning while training, such as a NaN in the physics, is printed and logged as MuJoCo does)."""
+    if importlib.util.find_spec("mujoco") is None:
+        yield
+        return
+    import mujoco
+
+    def warn(message: str) -> None:
+        if message not in MUJOCO_WARNINGS_SHOWN:
+            MUJOCO_WARNINGS_SHOWN.add(message)
+            print(f"MuJoCo warning (once for all envs): {message.strip()}", file=sys.stderr)
+
+    previous = mujoco.get_mju_user_warning()
+    mujoco.set_mju_user_warning(warn)
+    try:
+        yield
+    finally:
+        mujoco.set_mju_user_warning(previous)
 
 
 def make_gym_env(
@@ -334,14 +366,15 @@ class GymVecEnv:
             except ImportError:
                 raise ValueError(f"gym:{env_id}: Atari needs ale-py: {ATARI_EXTRA}") from None
         try:
-            self.envs = gym.make_vec(
-                env_id,
-                num_envs=num_envs,
-                vectorization_mode=vectorization,
-                vector_kwargs=vector_kwargs,
-                wrappers=wrappers,
-                **env_kwargs,
-            )
+            with mujoco_warnings_once():
+                self.envs = gym.make_vec(
+                    env_id,
+                    num_envs=num_envs,
+                    vectorization_mode=vectorization,
+                    vector_kwargs=vector_kwargs,
+                    wrappers=wrappers,
+                    **env_kwargs,
+                )
         except gym.error.Error as e:  # unknown id, missing simulator (with gymnasium's install hint), ...
             raise ValueError(f"gym:{env_id}: {e}") from None
 
