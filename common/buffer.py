@@ -1,19 +1,5 @@
-"""GPU-resident experience storage for the single-file scripts.
-
-Two containers, both preallocated on the device and both TensorDict-based so that nested
-observations (``{"policy": ..., "critic": ...}``) need no special handling:
-
-- ``RolloutStorage``: the on-policy rollout of PPO / PQN, batch shape ``[num_steps, num_envs]``.
-- ``ReplayBuffer``: the circular off-policy buffer of TD3 / SAC, batch shape
-  ``[num_envs, capacity_per_env]``, with uniform and n-step sampling.
-
-Keys, shapes and dtypes are registered by the first write, so a script never declares its
-storage layout twice. After that, every write is one in-place copy: no allocation and no
-host-device synchronisation per step (see the performance rules in the design notes).
-
-Each key keeps the dtype of its first write: image groups (uint8 [N, C, H, W] frames) are stored
-as uint8, 4x less memory than float32; ``bytes_per_transition`` says what one env step costs.
-"""
+"""Preallocated TensorDict storage on the device: the on-policy rollout and the off-policy replay buffer. The first
+write fixes keys, shapes and dtypes (uint8 frames stay uint8); every later one is an in-place copy, no host sync."""
 
 from __future__ import annotations
 
@@ -44,8 +30,7 @@ def bytes_per_transition(td: TensorDictBase) -> int:
 
 
 def describe_storage(td: TensorDictBase, rows: int) -> str:
-    """A line saying what ``rows`` transitions laid out like ``td`` take: bytes per transition, total, dtypes of
-    the observations."""
+    """A line saying what ``rows`` transitions laid out like ``td`` take."""
     per = bytes_per_transition(td)
     obs = ", ".join(
         f"{'.'.join(k) if isinstance(k, tuple) else k} {str(x.dtype).replace('torch.', '')} "
@@ -63,9 +48,8 @@ def describe_storage(td: TensorDictBase, rows: int) -> str:
 
 
 def _check_same_keys(expected: frozenset, td: TensorDictBase, what: str) -> None:
-    # TensorDict's in-place update silently ignores unknown keys and leaves missing ones
-    # stale, so a structure change after the first write would corrupt data without an error.
-    # Comparing key sets is host-only work (no device sync) and costs microseconds.
+    # TensorDict's in-place update ignores unknown keys and leaves missing ones stale: a changed structure would
+    # corrupt data silently. Comparing key sets is host-only work.
     got = _leaf_keys(td)
     if got != expected:
         raise KeyError(
@@ -75,22 +59,7 @@ def _check_same_keys(expected: frozenset, td: TensorDictBase, what: str) -> None
 
 
 class RolloutStorage:
-    """Fixed-size on-policy rollout: ``data`` has batch shape ``[num_steps, num_envs]``.
-
-    Usage::
-
-        storage = RolloutStorage(args.num_steps, args.num_envs, device)
-        for step in range(args.num_steps):
-            ...
-            storage.write(step, TensorDict(obs=obs, actions=action, logprobs=logprob,
-                                           rewards=reward, dones=done, values=value,
-                                           batch_size=[args.num_envs]))
-        batch = storage.flatten()  # [num_steps * num_envs], e.g. for minibatch indexing
-
-    ``storage.data["rewards"]`` is a plain ``[T, N]`` tensor, so GAE and friends stay in
-    the script and read it directly. Rollouts are consumed within one iteration, so the
-    storage is not checkpointed.
-    """
+    """On-policy rollout, ``data`` of batch shape ``[num_steps, num_envs]``; used within one iteration, never saved."""
 
     def __init__(self, num_steps: int, num_envs: int, device: torch.device | str):
         self.num_steps = num_steps
@@ -108,11 +77,10 @@ class RolloutStorage:
             self._keys = _leaf_keys(self.data)
         else:
             _check_same_keys(self._keys, td, "RolloutStorage.write")
-        # One copy per leaf into row `step` of the preallocated storage (a view; no allocation).
         self.data[step].update_(td)
 
     def describe(self) -> str:
-        """What the allocated storage takes: bytes per transition and in all (a line to print)."""
+        """What the allocated storage takes (a line to print)."""
         if self.data is None:
             raise RuntimeError("RolloutStorage.describe: nothing written yet")
         return "rollout storage: " + describe_storage(self.data, self.num_steps * self.num_envs)
@@ -125,40 +93,16 @@ class RolloutStorage:
 
 
 class ReplayBuffer:
-    """Circular off-policy buffer, one ring per env: ``data`` has batch shape ``[num_envs, capacity]``.
+    """Circular off-policy buffer, one ring per env: ``data`` has batch shape ``[num_envs, capacity]``; ``next_obs``
+    must be the TRUE next observation (``info["final_obs"]`` where an env just auto-reset).
 
-    All envs advance together, so one pointer (next slot to write) and one fill level (written
-    slots per env) describe every ring. They live twice: as int64 tensors on the device
-    (``device_ptr``, ``device_size``, shape [1], advanced in place by every write, so that a write
-    and a sample can run inside a CUDA graph, whose replays run no Python) and as host ints
-    (``ptr``, ``size``, ``len(buffer)``) for the decisions a script takes on the host (is the
-    buffer ready for updates?). Both advance by one slot per write, so the host copy never reads
-    the device. ``add(td)`` does both; a captured function calls ``write(td)`` (device only) and
-    its caller ``advance_host()`` once per call, outside the graph.
+    The pointer and fill level live twice: on the device (``device_ptr``, ``device_size``, advanced in place, so a
+    write and a sample can run in a CUDA graph) and on the host (``ptr``, ``size``) for the host's decisions, which
+    thus never read the device. A captured function calls ``write(td)``, its caller ``advance_host()`` outside.
+    ``capturable=True`` draws slots against the device fill level, so a graph captured while the buffer fills samples
+    every written slot at each replay; the default draws against the host's, the random stream of earlier versions."""
 
-    ``add(td)`` expects, per env, one transition: ``obs`` (may be nested), ``actions``,
-    ``rewards`` ([N] float), ``terminated`` / ``truncated`` ([N] bool) and ``next_obs``, the
-    TRUE next observation (``info["final_obs"]`` rows for envs that just finished, since the
-    env has already auto-reset ``obs``). Extra keys are stored and sampled like ``obs``.
-
-    ``sample(batch_size, n_step, gamma)`` returns transitions ready for the TD target::
-
-        target = batch["rewards"] + batch["discount"] * (~batch["terminated"]) * Q(batch["next_obs"])
-
-    With ``n_step=1`` this is the usual one-step target (``discount == gamma``).
-
-    ``sample_targets`` adds the normalized observations and the bootstrap factor of a TD target, and
-    ``fold_into(k, ...)`` feeds the newest ``k`` transitions of every env to the normalizers: the
-    replay's slot arithmetic lives here alone (TD3 and SAC share it).
-
-    ``capturable=True`` draws the sampled slots against the device fill level, so that a graph
-    captured while the buffer fills samples from every written slot at each replay; the default
-    draws against the host one with ``torch.randint(num_starts)``, the same random stream as
-    before the device pointers existed (CPU runs stay bit-identical to earlier versions).
-    """
-
-    # Keys read at the LAST transition of an n-step window; every other stored key (obs,
-    # actions, ...) is read at the first one. "rewards" is replaced by the discounted sum.
+    # Keys read at the LAST transition of an n-step window; every other stored key is read at the first one.
     END_KEYS = ("next_obs", "terminated", "truncated")
 
     def __init__(self, num_envs: int, capacity_per_env: int, device: torch.device | str, capturable: bool = False):
@@ -170,10 +114,9 @@ class ReplayBuffer:
         self.capturable = capturable
         self.data: TensorDict | None = None  # allocated by the first write
         self._keys: frozenset = frozenset()
-        # On the device, written in place (never rebound): what writes and samples read.
+        # Written in place, never rebound (captured graphs hold them).
         self.device_ptr = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.device_size = torch.zeros(1, dtype=torch.int64, device=self.device)
-        # On the host, advanced alongside (advance_host): what the host reads.
         self.ptr = 0  # slot the next write goes to
         self.size = 0  # written slots per env, at most capacity
 
@@ -186,8 +129,7 @@ class ReplayBuffer:
         self.advance_host()
 
     def write(self, td: TensorDictBase) -> None:
-        """The device half of `add`: the transition into slot `device_ptr`, then the device pointer and
-        fill level advance, all in place (capturable). The host copy stays: call `advance_host()`."""
+        """The device half of `add`, all in place (capturable); call `advance_host()` after it."""
         if tuple(td.batch_size) != (self.num_envs,):
             raise ValueError(f"ReplayBuffer.add: expected batch size [{self.num_envs}], got {list(td.batch_size)}")
         if self.data is None:
@@ -231,21 +173,9 @@ class ReplayBuffer:
         gamma: float = 0.99,
         generator: torch.Generator | None = None,
     ) -> TensorDict:
-        """Uniformly sample ``batch_size`` (n-step) transitions; no host-device sync.
-
-        A start is drawn uniformly over (env, slot) pairs whose whole window of ``n_step``
-        transitions is written and in chronological order: the ``n_step - 1`` newest slots of
-        each ring are never starts, so a window cannot run into unwritten slots, nor, once the
-        ring has wrapped, from the newest data into the oldest. The window is cut after the
-        first transition that ends an episode (terminated or truncated). Returned keys:
-
-        - stored keys other than ``END_KEYS`` (``obs``, ``actions``, ...): at the first transition
-        - ``next_obs``, ``terminated``, ``truncated``: at the last included transition
-        - ``rewards``: ``sum_k gamma**k * r_{t+k}`` over the included transitions
-        - ``discount``: ``gamma ** effective_n``, the factor in front of ``Q(next_obs)``
-        - ``effective_n``: number of included transitions (int64, between 1 and ``n_step``)
-
-        ``generator``, if given, must live on the buffer's device.
+        """Uniformly sample ``batch_size`` (n-step) transitions; no host-device sync. The ``n_step - 1`` newest slots
+        of each ring are never starts, so a window never runs into unwritten slots or across the wrap; it is cut after
+        the first episode end. ``discount`` is ``gamma ** effective_n``. ``generator`` must live on the buffer's device.
         """
         if self.data is None:
             raise RuntimeError("ReplayBuffer.sample: the buffer is empty; add transitions first")
@@ -257,8 +187,7 @@ class ReplayBuffer:
             )
         device = self.device
         env = torch.randint(self.num_envs, (batch_size,), generator=generator, device=device)
-        # `start` counts from the oldest written slot, which is 0 until the ring wraps and
-        # `ptr` afterwards; the modulo maps chronological positions to physical slots.
+        # `start` counts from the oldest written slot; the modulo maps chronological positions to physical slots.
         if self.capturable:  # bounds from the device: the same kernels whatever the fill level
             start = torch.randint(1 << 62, (batch_size,), generator=generator, device=device) % (
                 self.device_size - n_step + 1
@@ -273,8 +202,7 @@ class ReplayBuffer:
 
         rewards = self.data["rewards"][rows, slots]  # [B, n]
         done = (self.data["terminated"][rows, slots] | self.data["truncated"][rows, slots]).long()
-        # Transition k is included iff no earlier transition of the window ended the episode
-        # (an exclusive cumulative sum of dones equal to zero).
+        # Transition k is included iff no earlier transition of the window ended the episode.
         included = (done.cumsum(dim=1) - done) == 0  # [B, n]; column 0 is always True
         effective_n = included.sum(dim=1)  # [B], int64
         powers = gamma ** offsets.to(rewards.dtype)
@@ -298,10 +226,7 @@ class ReplayBuffer:
         normalize_rewards: Callable | None = None,
         generator: torch.Generator | None = None,
     ) -> TensorDict:
-        """``sample``, ready for an n-step TD target ``rewards + bootstrap * Q(next_obs_n)``: ``obs_n`` and
-        ``next_obs_n`` (``normalize_obs`` of the observations, e.g. a script's ``agent.normalize``),
-        ``actions``, ``rewards`` (float32, through ``normalize_rewards`` when given) and
-        ``bootstrap = discount * (1 - terminated)`` (float32). No host-device sync."""
+        """``sample``, ready for the TD target ``rewards + bootstrap * Q(next_obs_n)``; no host-device sync."""
         b = self.sample(batch_size, n_step, gamma, generator)
         rewards = b["rewards"].float()
         if normalize_rewards is not None:
@@ -319,18 +244,14 @@ class ReplayBuffer:
         )
 
     def newest(self, k: int) -> TensorDict:
-        """The newest ``k`` transitions of every env in the order they were written: ``[num_envs, k]``
-        (a copy), placed by the host pointer (no device read)."""
+        """The newest ``k`` transitions of every env, oldest first: ``[num_envs, k]`` (a copy; no device read)."""
         if not 0 < k <= self.size:
             raise ValueError(f"ReplayBuffer.newest: k={k} needs 0 < k <= written steps per env ({self.size})")
         slots = (self.ptr - k + torch.arange(k, device=self.device)) % self.capacity  # chronological, across the wrap
         return self.data[:, slots]
 
     def fold_into(self, k: int, obs_normalizers: dict, reward_normalizer=None) -> None:
-        """Fold the newest ``k`` transitions of every env into the running statistics: each
-        ``obs_normalizers[group]`` (a ``RunningMeanStd``) with ``obs[group]``, and the
-        ``reward_normalizer`` (a ``RewardNormalizer``) with the rewards and episode ends, each env's
-        steps in order. A collective under torchrun (the normalizers merge every rank's data)."""
+        """Fold the newest ``k`` transitions of every env into the normalizers (a collective: every rank calls it)."""
         if k == 0 or not (obs_normalizers or reward_normalizer is not None):
             return
         window = self.newest(k)
@@ -340,19 +261,14 @@ class ReplayBuffer:
             reward_normalizer.update(window["rewards"].T, (window["terminated"] | window["truncated"]).T)
 
     def end_episodes(self) -> None:
-        """Mark the newest transition of every env truncated: its env goes on with a fresh episode
-        (a resume of an env that cannot be snapshotted), so no n-step window may join the two.
-        The window stops there and bootstraps from that transition's true next observation."""
+        """Mark the newest transition of every env truncated, so no n-step window joins it to the fresh episode that
+        follows (a resume of an env that cannot be snapshotted)."""
         if self.data is not None and self.size > 0:
             self.data["truncated"][:, (self.ptr - 1) % self.capacity] = True
 
     def state_dict(self) -> dict:
-        """Plain tensors and ints (loadable with ``torch.load(weights_only=True)``); the pointer and fill
-        level are the host's, which equal the device's between calls (see the class docstring).
-
-        Nested keys are flattened to ``"obs.policy"``-style names. Tensors are the live
-        storage, not copies, as with ``nn.Module.state_dict()``: save them before adding more.
-        """
+        """Plain tensors and ints (``torch.load(weights_only=True)``), nested keys as ``"obs.policy"``. The tensors
+        are the live storage, not copies, as with ``nn.Module.state_dict()``: save them before adding more."""
         data = {} if self.data is None else dict(self.data.flatten_keys(".").items())
         return {"num_envs": self.num_envs, "capacity": self.capacity, "ptr": self.ptr, "size": self.size, "data": data}
 

@@ -1,11 +1,4 @@
-"""Speed switches and clocks: torch.compile, CUDA graphs, and the seconds of each phase.
-
-    fn = compiled(run, fn)                 # torch.compile with --compile, else fn
-    fn = captured(run, "update", fn)       # one CUDA graph with --cudagraphs, else fn
-    with timed(run, "rollout"): ...        # charts/rollout_seconds, without a host sync on CUDA
-
-`release_graphs` frees the graphs before the process group goes (common.run.close).
-"""
+"""Speed switches and clocks: torch.compile (`compiled`), CUDA graphs (`captured`), each phase's seconds (`timed`)."""
 
 from __future__ import annotations
 
@@ -22,12 +15,8 @@ if TYPE_CHECKING:
 
 @contextmanager
 def timed(run: Run, phase: str):
-    """Seconds of a phase, summed in run.seconds and logged as charts/<phase>_seconds (the mean
-    over the iterations since the last log that ran the phase: td3/sac's updates start late). On
-    CUDA they are the device's seconds between two events recorded around the phase, read at the
-    next log: timing makes no sync, so the host queues the next phase while the device runs this
-    one, as it would untimed. Elsewhere, wall seconds. Once or twice per iteration, never inside
-    a step's function."""
+    """Seconds of a phase (charts/<phase>_seconds); on CUDA, events read at the next log, so timing makes no sync.
+    Never inside a step's function."""
     if run.device.type != "cuda":
         t0 = time.time()
         yield
@@ -42,8 +31,7 @@ def timed(run: Run, phase: str):
 
 
 def acting_autocast(device: torch.device, bf16: bool) -> torch.autocast:
-    """An acting step's autocast (the PPO family's): bfloat16 with --bf16, and no cache of the weights it casts (a
-    captured acting step must cast them itself at every replay)."""
+    """An acting step's autocast: bf16 with --bf16, no cache of cast weights (a captured step casts at every replay)."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False)
 
 
@@ -62,17 +50,13 @@ def read_timings(run: Run) -> None:
     run.pending_timings.clear()
 
 
-# The torch releases this project supports, as pyproject.toml states them (a test keeps the two equal):
-# from the oldest on which the contract tests pass (2.12: on 2.11 inductor's fallback_random does not
-# draw torch.randint as eager does, so pqn's compile parity test cannot hold) to the newest that CI
-# has run. Outside it, `check_torch` says so in one line at start.
+# The torch releases supported, as pyproject.toml states them (a test keeps the two equal). 2.12 is the oldest: on
+# 2.11 inductor's fallback_random does not draw torch.randint as eager does (pqn's compile parity fails).
 TORCH_RANGE = ("2.12", "2.15")
 
 
 def check_torch(version: str | None = None) -> None:
-    """One line from rank 0 where the torch (`version`: torch.__version__ unless given) is outside
-    TORCH_RANGE, naming the version found and the range; the run goes on (a GPU image's older torch
-    may run the scripts well: the GPU path was checked on 2.11.0+cu130)."""
+    """A notice from rank 0 where torch is outside TORCH_RANGE; the run goes on (GPU path checked on 2.11.0+cu130)."""
     import os
     import re
 
@@ -91,23 +75,17 @@ def check_torch(version: str | None = None) -> None:
 
 
 def compiled(run: Run, fn: Callable) -> Callable:
-    """`fn` under `torch.compile` with --compile, else `fn`: for the per-step functions (acting and
-    the env step, a minibatch's update) whose loops `captured` then takes whole.
+    """`fn` under `torch.compile` with --compile, else `fn`.
 
-    What a compiled function may change: tensors in place (parameters, optimizer state, normalizer
-    statistics, a running statistic of a copy's own, storage), of any shape and dtype; and dicts
-    of tensors it only reads from or adds into in place (a new key in a dict makes dynamo trace
-    again: create the sums before, as common.stats.add_to does in a captured function's eager
-    warm-up). Python values (counters, attributes) it changes are traced as constants: keep them
-    outside.
+    What a compiled function may change: tensors in place (parameters, optimizer state, normalizer statistics, a
+    running statistic of a copy's own, storage), of any shape and dtype; and dicts of tensors it only reads from or
+    adds into in place (a new key in a dict makes dynamo trace again: create the sums before, as common.stats.add_to
+    does in a captured function's eager warm-up). Python values (counters, attributes) it changes are traced as
+    constants: keep them outside.
 
-    One thing some torch releases get wrong is handled here: inductor drops in-place writes to 0-d
-    float64 CPU tensors (after `ema.mul_(0.9).add_(x)`, `ema += x` or `torch.mul(ema, 0.9, out=ema)`,
-    `ema` does not hold the result on torch 2.11 and 2.13; 2.14.1 keeps it). Which writes a torch
-    loses is not read from its version: `lost_writes` compiles a small function once per process and
-    device and looks. Where nothing is lost, `fn` compiles as it is; where something is, a graph that
-    makes such a write (to a tensor of that dtype and 0-d-ness, on any device: the guard errs on the
-    side of eager) runs uncompiled, whole and correct, and the run says which tensor it was.
+    Some torch releases' inductor drops in-place writes to 0-d float64 CPU tensors (2.11, 2.13). `lost_writes`
+    probes which writes the torch at hand loses; a graph making such a write (on any device: the guard errs toward
+    eager) runs uncompiled, and the run says so.
     """
     if not run.args.compile:
         return fn
@@ -119,8 +97,7 @@ def compiled(run: Run, fn: Callable) -> Callable:
     )
 
 
-# The forms of an in-place write the probe makes, each as its graph shows it (`graph_writes` finds
-# them by these names), each to a tensor of every kind below; every write turns 1 into 1 * 2 + 3 = 5.
+# The forms of an in-place write the probe makes, to a tensor of every kind below: each turns 1 into 1 * 2 + 3 = 5.
 def _method(t, y):  # any Tensor method ending in `_`, here mul_ and add_
     t.mul_(2).add_(y)
 
@@ -185,12 +162,7 @@ def _lost_writes(device: str) -> frozenset[tuple[str, torch.dtype, bool]]:
 
 
 def lost_writes(device: torch.device | str) -> frozenset[tuple[str, torch.dtype, bool]]:
-    """The in-place writes that torch.compile (inductor) loses on `device` with the torch at hand, as
-    (form, dtype, whether the tensor is 0-d): form is "method" (`t.add_(y)`, `t.copy_(y)`), "operator"
-    (`t += y`), "out" (`torch.add(t, y, out=t)`), "setitem" (`t[...] = y`) or "foreach" (`torch._foreach_add_([t], y)`,
-    as optimizers and a copy's running statistics may write). Empty where every
-    write the probe makes is kept. Found once per process and device by compiling a small function
-    that makes each write to a tensor of each probed kind and reading the tensors back."""
+    """The in-place writes inductor loses on `device`, as (form, dtype, whether 0-d); probed once per device."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -198,8 +170,7 @@ def lost_writes(device: torch.device | str) -> frozenset[tuple[str, torch.dtype,
 
 
 def _inductor_keeping_writes(run: Run, name: str, lost, gm: torch.fx.GraphModule, example_inputs):
-    """torch.compile's backend for `compiled` where the probe found writes lost: inductor, unless the
-    graph makes one of them, which inductor's path would drop; such a graph runs as dynamo traced it."""
+    """`compiled`'s backend where writes are lost: inductor, unless the graph makes such a write (then eager)."""
     dropped = sorted({tensor for tensor, form, kind in graph_writes(gm) if (form, *kind) in lost})
     if dropped:
         run.say(
@@ -213,10 +184,8 @@ def _inductor_keeping_writes(run: Run, name: str, lost, gm: torch.fx.GraphModule
 
 
 def graph_writes(gm: torch.fx.GraphModule) -> list[tuple[str, str, tuple[torch.dtype, bool]]]:
-    """The in-place writes of a dynamo graph to its inputs, as (the input's name in the traced code, the
-    form of the write as `lost_writes` names it, (dtype, whether 0-d)). A write through the result
-    of another in-place op (`t.mul_(2).add_(y)`) is a write to the tensor that op wrote; a foreach op
-    (`torch._foreach_add_([a, b], 1.0)`) writes each tensor of its first list."""
+    """The in-place writes of a dynamo graph to its inputs, as (input name, form, (dtype, whether 0-d)). A write
+    through another in-place op's result (`t.mul_(2).add_(y)`) is a write to the tensor that op wrote."""
     import operator
 
     inplace_operators = {
@@ -236,8 +205,7 @@ def graph_writes(gm: torch.fx.GraphModule) -> list[tuple[str, str, tuple[torch.d
     }
 
     def form_and_targets(node):
-        """The form of the in-place write `node` makes and the nodes it writes: its first argument (a method, an
-        operator, setitem), its out=, or each tensor of its first list (a foreach op)."""
+        """The form of the in-place write `node` makes and the nodes it writes."""
         if node.op not in ("call_method", "call_function"):
             return None, []
         out = node.kwargs.get("out")
@@ -284,19 +252,15 @@ def graph_writes(gm: torch.fx.GraphModule) -> list[tuple[str, str, tuple[torch.d
 
 
 def captured(run: Run, name: str, fn: Callable, capture: bool = True) -> Callable:
-    """`fn` captured in one CUDA graph with --cudagraphs (tensordict's CudaGraphModule: eager warm-up
-    calls, one capture, then one replay per call); `capture=False` for a function that cannot be.
+    """`fn` captured in one CUDA graph with --cudagraphs (tensordict's CudaGraphModule: eager warm-up calls, one
+    capture, then one replay per call); `capture=False` for a function that cannot be.
 
-    What a captured `fn` may do: take and return tensors and TensorDicts (copied into and out of
-    the graph's own buffers at every call) and change tensors that live as long as the graph
-    (parameters, optimizer state, normalizers, an env's state, preallocated storage) in place;
-    never read a tensor on the host, rebind an attribute to a new tensor, or keep Python state
-    that must change between calls (a replay runs the kernels of the capture call, nothing else).
-    The warm-up and capture calls do their work like any other, so no step is wasted.
-
-    With --compile or --cudagraphs, the wall time of the calls until `fn` runs at full speed
-    (compiling what it calls, warm-up, capture, the work of those calls included) goes to
-    run.compile_seconds[name], summary.json and one printed line.
+    What a captured `fn` may do: take and return tensors and TensorDicts (copied into and out of the graph's own
+    buffers at every call) and change tensors that live as long as the graph (parameters, optimizer state,
+    normalizers, an env's state, preallocated storage) in place; never read a tensor on the host, rebind an attribute
+    to a new tensor, or keep Python state that must change between calls (a replay runs the kernels of the capture
+    call, nothing else). The warm-up and capture calls do their work like any other, so no step is wasted. The wall
+    time of the calls until `fn` runs at full speed, their work included, goes to run.compile_seconds[name].
     """
     args = run.args
     do_capture = bool(args.cudagraphs) and capture
@@ -330,8 +294,8 @@ def captured(run: Run, name: str, fn: Callable, capture: bool = True) -> Callabl
 
 
 def release_graphs(run: Run) -> None:
-    """Free the CUDA graphs of the run before its process group goes: destroying an NCCL
-    communicator that live graphs still hold collectives of can hang the process at exit."""
+    """Free the run's CUDA graphs before its process group goes: destroying an NCCL communicator that live graphs
+    hold collectives of can hang the process at exit."""
     if run.graphs and run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
         for module in run.graphs:

@@ -1,12 +1,5 @@
-"""torchrun glue: process-group setup, parameter broadcast, gradient and statistics reduction.
-
-The same script runs as `python algos/x.py` (one process, every helper here is a no-op) and as
-`torchrun --nproc-per-node K algos/x.py` (the helpers talk to the other ranks). torchrun
-exports RANK, LOCAL_RANK and WORLD_SIZE; nothing else is needed to find the others. Under
-torchrun a process joins a group even when it is the only one (K = 1, or an elastic world
-that shrank to one node): its collectives, captured ones included, then run exactly as on a
-cluster, so one GPU is enough to check the distributed code paths.
-"""
+"""torchrun glue: process-group setup, parameter broadcast, gradient and statistics reduction. Without torchrun every
+helper is a no-op; under it a lone process joins a group too, so one GPU checks the distributed code paths."""
 
 from __future__ import annotations
 
@@ -47,12 +40,8 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
 
 
 def setup(device: str = "auto", timeout_seconds: float = 600.0) -> DistInfo:
-    """Join torchrun's process group when launched by it (WORLD_SIZE set, one rank included);
-    otherwise describe the lone process.
-
-    nccl on CUDA, gloo on CPU. `timeout_seconds` bounds every collective, so a rank that died
-    or hung makes the others fail with an error instead of waiting forever.
-    """
+    """Join torchrun's process group when launched by it (one rank included), else describe the lone process.
+    `timeout_seconds` bounds every collective: a dead or hung rank makes the others fail instead of wait forever."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -71,14 +60,9 @@ def setup(device: str = "auto", timeout_seconds: float = 600.0) -> DistInfo:
 
 
 def _restart_scoped_store(world_size: int, timeout: timedelta):
-    """The launcher's key-value store, with keys scoped to this restart of the worker group.
-
-    Under torchrun the workers share the agent's store, which outlives a restart: without a
-    scope, a restarted rank can read the dead workers' addresses and fail to connect
-    ("connectFullMesh failed ... Connection refused"). None outside torchrun's agent store.
-    The scope assumes every agent counts the same restarts, which holds on one node; a node that
-    joins counts from 0, so multi-node runs set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (README),
-    which gives each worker group a store of its own and this function nothing to do.
+    """The launcher's key-value store, keys scoped to this restart of the worker group (None outside it): unscoped,
+    a restarted rank can read dead workers' addresses ("connectFullMesh failed ... Connection refused"). The scope
+    assumes every agent counts the same restarts (one node); multi-node runs set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
@@ -135,12 +119,8 @@ def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
 
 @torch.no_grad()
 def all_reduce_gradients(params) -> None:
-    """Average the gradients of `params` over all ranks in one flat all-reduce.
-
-    One collective of the concatenated gradients instead of one per tensor: latency, not
-    bandwidth, dominates for the small networks of RL. A missing gradient counts as zero, so
-    every rank calls the collective with the same size even when a branch was unused.
-    """
+    """Average the gradients of `params` over all ranks in one flat all-reduce (latency dominates for small
+    networks). A missing gradient counts as zero, so every rank calls the collective with the same size."""
     if not is_distributed():
         return
     params = [p for p in params if p.requires_grad]
@@ -175,8 +155,7 @@ def all_gather_object(obj) -> list:
 
 
 def gather_object(obj, dst: int = 0) -> list | None:
-    """Every rank's `obj` (picklable), in rank order, on rank `dst` only (None elsewhere); [obj] in a
-    lone process. Send CPU tensors: they arrive as CPU tensors, never rebuilt on the receiver's GPU."""
+    """Every rank's `obj`, in rank order, on rank `dst` only (None elsewhere). Send CPU tensors: they stay on CPU."""
     if not is_distributed():
         return [obj]
     out = [None] * dist.get_world_size() if dist.get_rank() == dst else None
@@ -194,14 +173,8 @@ def broadcast_object(obj, src: int = 0):
 
 
 class PreemptionGuard:
-    """Turns SIGTERM / SIGUSR1 into a request to stop at the end of the current iteration.
-
-    Cluster schedulers (SLURM, Kubernetes) send SIGTERM, or SIGUSR1 ahead of time, before they
-    kill a job. The first signal only sets a flag: the training loop finishes its iteration,
-    writes `last.pt` and exits 0. A second signal exits at once (status 143) for a user who
-    really means it. Scripts fold `received` into their once-per-iteration all-reduce, so if any
-    rank got the signal every rank stops after the same iteration and none waits in a collective.
-    """
+    """Turns SIGTERM / SIGUSR1 / SIGINT into a request to stop after the current iteration (a second one exits at
+    once). Scripts fold `received` into their per-iteration all-reduce: every rank stops after the same iteration."""
 
     SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 

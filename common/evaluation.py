@@ -1,11 +1,4 @@
-"""Evaluation of the deterministic policy on the eval envs, with its video and export.
-
-    evaluate(run, eval_envs, policy)      # in the loop: eval/ tags, the best return, --target-return
-    eval_only(run, eval_envs, policy)     # --eval-only: the resumed checkpoint's return (and video, export)
-
-`policy.deterministic(obs)` is the evaluated action; a recurrent policy also has
-`reset_state(done)` (see `run_episodes`).
-"""
+"""Evaluation of the deterministic policy (`policy.deterministic(obs)`) on the eval envs, with its video and export."""
 
 from __future__ import annotations
 
@@ -33,16 +26,13 @@ EVAL_CHUNK = 64  # eval steps between two host reads ("has every env finished?")
 
 
 def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> TensorDict:
-    """One deterministic step of every eval env; the first `episodes` episodes of each env are
-    added into `acc` in place (running return/length, episodes done, and the sums of returns,
-    lengths, episodes, successes and success reports)."""
+    """One deterministic step of every eval env; each env's first `episodes` episodes summed into `acc` in place."""
     obs, reward, terminated, truncated, info = eval_envs.step(model.deterministic(obs["policy"]))
     if hasattr(model, "reset_state"):  # a recurrent policy: zero the hidden state of the envs whose episode ended
         model.reset_state(terminated | truncated)
     running, done_count = acc["running"], acc["done_count"]
     active = done_count < episodes
-    # An episode is the game where the env reports one apart from the learner's (Atari's presets): its score is the
-    # return.
+    # An episode is the game where the env reports one apart from the learner's (Atari's presets).
     reward, ended = info.get("game_reward", reward), info.get("game_over", terminated | truncated)
     running += torch.stack([reward.double(), torch.ones_like(running[1])]) * active
     done = ended & active
@@ -57,8 +47,7 @@ def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> T
 
 
 def _eval_chunk(run: Run | None, eval_envs, model, episodes: int):
-    """EVAL_CHUNK eval steps as one function over accumulators that live as long as it does:
-    compiled and captured (a built-in env) once per run, model and eval envs. Returns (chunk, acc)."""
+    """(EVAL_CHUNK eval steps as one function, its accumulators), compiled and captured once per model and envs."""
     n, dev = eval_envs.num_envs, eval_envs.device
     key = (id(eval_envs), id(model), episodes)
     cache = run.eval_chunks if run is not None else {}
@@ -86,18 +75,9 @@ def _eval_chunk(run: Run | None, eval_envs, model, episodes: int):
 def run_episodes(
     eval_envs, model: torch.nn.Module, episodes: int, seed: int, record: int = 0, run: Run | None = None
 ) -> dict:
-    """The first `episodes` episodes of every eval env with `model.deterministic(obs)`, reduced over
-    all ranks (a collective): mean return and length, the success rate where the env reports
-    per-env success at episode ends (info["success"]), and the frames of the first `record` envs.
-
-    A recurrent policy keeps one hidden state per eval env inside `model` and has
-    `reset_state(done)`, a bool [num_eval_envs]: it is called with all True after the eval envs'
-    reset and with terminated | truncated after every step, and zeroes those envs' state in place.
-
-    Without recording, the steps run EVAL_CHUNK at a time, with one host read after each chunk
-    (compiled and captured as the run's flags ask, given `run` and a built-in env). Recording
-    reads the recorded envs' state to the host at every step: evaluation only.
-    """
+    """The first `episodes` episodes of every eval env, reduced over all ranks (a collective): mean return and
+    length, success rate and the first `record` envs' frames. A recurrent policy's `reset_state(done)` (bool
+    [num_eval_envs]) zeroes those envs' state in place. One host read per EVAL_CHUNK steps (per step when recording)."""
     chunk, acc = _eval_chunk(run, eval_envs, model, episodes)
     for t in acc.values():
         t.zero_()
@@ -145,9 +125,7 @@ def record_video(run: Run, eval_envs, frames: list, writer=None) -> Path:
 
 
 def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
-    """Evaluate `model.deterministic` on the eval envs (a collective), log eval/ (and a video with
-    --capture-video), record a new best return (run.best_eval_return, run.best_iteration), and set
-    run.stop_reason at --target-return. Returns the mean return."""
+    """Evaluate (a collective), log eval/, record a new best return, stop at --target-return; the mean return."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0  # rank 0's envs are the ones shown
     t0 = time.time()
@@ -178,12 +156,8 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
 
 
 def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
-    """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end;
-    with --capture-video also record it (videos/ of the checkpoint's run directory), with --export
-    also write the exported policy.
-
-    The eval envs get the seeds of the evaluation at the checkpoint's iteration: with the same
-    eval flags, best.pt gives back the return it was saved for (exactly, on CPU)."""
+    """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end. The seeds are the
+    checkpoint iteration's evaluation's: best.pt gives back the return it was saved for (exactly, on CPU)."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0
     result = run_episodes(

@@ -1,7 +1,4 @@
-"""Network pieces the scripts share: an MLP (with PPO's orthogonal initialisation, or the layers' own),
-the ensemble layer of td3.py's and sac.py's critics, the encoders of image observation groups and of
-groups of terms, an encoder shared by two heads, the action bounds an agent clips to, and the grad-free twin
-an agent acts through."""
+"""Network pieces the scripts share: MLPs, an ensemble layer, observation encoders, action bounds, the acting twin."""
 
 from __future__ import annotations
 
@@ -35,9 +32,7 @@ def mlp(
     linear=nn.Linear,
     out_gain: float | None = None,
 ) -> nn.Sequential:
-    """An MLP with `activation` between its layers; `linear(in, out)` builds each layer (nn.Linear, or an
-    ensemble of them). With `out_gain`, every layer gets `layer_init` (gain sqrt(2), the last layer
-    `out_gain`: PPO's small policy head); without, the layers keep their own initialisation."""
+    """An MLP of `linear(in, out)` layers; with `out_gain`, `layer_init` on each (the last with `out_gain`)."""
     layers, last = [], in_dim
     for h in hidden:
         layer = linear(last, h)
@@ -49,13 +44,9 @@ def mlp(
 
 
 class EnsembleLinear(nn.Module):
-    """`num` independent linear layers evaluated as one batched matmul: [B, in] or [E, B, in] -> [E, B, out].
-
-    Why not torch.vmap over stacked modules: stacked plain Parameters are what the optimizer,
-    state_dict, all_reduce_gradients, the in-place target lerp_ and torch.compile/CUDA graphs
-    already handle, with no functional_call plumbing; the math stays visible, and every layer
-    of every critic is one GEMM. Each member starts from nn.Linear's own initialisation.
-    """
+    """`num` independent linear layers as one batched matmul: [B, in] or [E, B, in] -> [E, B, out]. Not torch.vmap:
+    plain stacked Parameters need no functional_call plumbing in the optimizer, state_dict, all_reduce_gradients, the
+    target lerp_ or CUDA graphs. Members start from nn.Linear's initialisation."""
 
     def __init__(self, num: int, in_dim: int, out_dim: int):
         super().__init__()
@@ -72,16 +63,15 @@ class EnsembleLinear(nn.Module):
 # Encoders of image observation groups: uint8 [..., C, H, W] -> float features [..., out_dim]
 # ----------------------------------------------------------------------------------------------
 class ChannelLayerNorm(nn.LayerNorm):
-    """LayerNorm over the channels of each pixel of [B, C, H, W] feature maps: what a LayerNorm after a conv is in
-    PQN's networks (Gallici et al. 2024; their code normalizes the last axis of channel-last maps)."""
+    """LayerNorm over the channels of each pixel of [B, C, H, W] maps, as PQN's networks (Gallici et al. 2024)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # explicit perms: ONNX refuses negative ones
 
 
 def _conv_stack(convs: list[tuple], layer_norm: bool) -> nn.Sequential:
-    """conv -> (ChannelLayerNorm with `layer_norm`) -> ReLU for each conv's (in, out, kernel, stride), each made and
-    initialised in turn (the random draws, and so the weights of a seed, of the stack without LayerNorms)."""
+    """conv -> (ChannelLayerNorm) -> ReLU per (in, out, kernel, stride), each made and initialised in turn (a seed's
+    weights are those of the stack without LayerNorms)."""
     layers = []
     for in_channels, out_channels, kernel, stride in convs:
         layers += [
@@ -93,8 +83,7 @@ def _conv_stack(convs: list[tuple], layer_norm: bool) -> nn.Sequential:
 
 
 def nature_convs(channels: int, layer_norm: bool = False) -> nn.Sequential:
-    """The Atari DQN's three conv layers (Mnih et al. 2015): 32 8x8/4, 64 4x4/2, 64 3x3/1; needs frames of 36x36 or
-    more. With `layer_norm`, a LayerNorm over the channels after each conv, as PQN's Atari network has."""
+    """The Atari DQN's three conv layers (Mnih et al. 2015); needs frames of 36x36 or more."""
     return _conv_stack([(channels, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1)], layer_norm)
 
 
@@ -111,8 +100,7 @@ class ResidualBlock(nn.Module):
 
 
 def impala_convs(channels: int, layer_norm: bool = False, depths: tuple[int, ...] = (16, 32, 32)) -> nn.Sequential:
-    """IMPALA's ResNet (Espeholt et al. 2018): per depth a 3x3 conv, a 3x3/2 max-pool and two residual blocks
-    (no normalization inside: `layer_norm` leaves it as published, only the Linear after it gets one)."""
+    """IMPALA's ResNet (Espeholt et al. 2018); `layer_norm` leaves it as published (only the Linear after it)."""
     layers = []
     for depth in depths:
         layers += [
@@ -126,8 +114,7 @@ def impala_convs(channels: int, layer_norm: bool = False, depths: tuple[int, ...
 
 
 def minatar_convs(channels: int, layer_norm: bool = False) -> nn.Sequential:
-    """MinAtar's network (Young & Tian 2019): one 16-filter 3x3/1 conv. With `layer_norm`, PQN's MinAtar network
-    (purejaxql): a LayerNorm over the channels after the conv."""
+    """MinAtar's network (Young & Tian 2019); with `layer_norm`, PQN's (purejaxql)."""
     return _conv_stack([(channels, 16, 3, 1)], layer_norm)
 
 
@@ -141,11 +128,8 @@ ENCODERS = {
 
 
 class ImageEncoder(nn.Module):
-    """An image group's features: uint8 frames [..., C, H, W] scaled to [0, 1] by 1/max_value (here, not by the
-    observation normalizer, which leaves image groups alone), through `kind`'s conv layers, flattened, then one Linear
-    (+ LayerNorm with `layer_norm`, as PQN puts after every hidden Linear, and after each conv of the nature and minatar
-    convs, as PQN's Atari and MinAtar networks) and ReLU. "mlp" passes the scaled frames on flattened (an MLP on pixels,
-    for contrast). Leading dims are batch dims ([N] while acting, [T, N] over a rollout)."""
+    """An image group's features: uint8 frames [..., C, H, W] scaled to [0, 1] here (the observation normalizer
+    leaves image groups alone), through `kind`'s convs, then Linear (+ LayerNorm) and ReLU. Leading dims are batch."""
 
     def __init__(self, kind: str, shape: tuple[int, int, int], max_value: float = 255.0, layer_norm: bool = False):
         super().__init__()
@@ -171,9 +155,7 @@ class ImageEncoder(nn.Module):
 
 
 class TermsEncoder(nn.Module):
-    """A term group's features (a dict of terms, as Isaac Lab's and mjlab's groups whose terms are not
-    concatenated): each image term [C, H, W] through an ImageEncoder of its own, each vector term [D] as it
-    is, concatenated in sorted key order. Takes a TensorDict (or a dict) of terms with any leading dims."""
+    """A term group's features: image terms through ImageEncoders, vector terms as they are, in sorted key order."""
 
     def __init__(
         self, shapes: dict[str, tuple[int, ...]], kind: str, max_value: float = 255.0, layer_norm: bool = False
@@ -190,18 +172,15 @@ class TermsEncoder(nn.Module):
 
 
 def group_encoder(shape, kind: str, max_value: float = 255.0, layer_norm: bool = False) -> nn.Module | None:
-    """What reads one group before the MLP (or cell): an ImageEncoder for an image group [C, H, W], a TermsEncoder
-    for a term group (a dict term -> shape), None for a vector group [D] (it goes in as it is) or an absent one (None).
-    Has `out_dim`."""
+    """What reads one group before the MLP (or cell): an Image- or TermsEncoder; None for a vector or absent group."""
     if isinstance(shape, dict):
         return TermsEncoder(shape, kind, max_value, layer_norm)
     return ImageEncoder(kind, shape, max_value, layer_norm) if shape is not None and len(shape) == 3 else None
 
 
 def pixel_high(space) -> float:
-    """The highest pixel value of one group's images, which its encoder divides by: its space's high (255 for uint8
-    frames); for a term group (a gymnasium Dict space), the highest of its uint8 image terms' [C, H, W]; 255 for an
-    absent group (None). One group's: a vector group's high (often inf) says nothing of another group's frames."""
+    """The highest pixel value of one group's images, which its encoder divides by (255 for an absent group). Per
+    group: a vector group's high (often inf) says nothing of another group's frames."""
     if space is None:
         return 255.0
     if hasattr(space, "spaces"):
@@ -226,9 +205,7 @@ def _term_shape(x, name: str) -> tuple[int, ...]:
 
 
 def observation_shape(obs, group: str, terms_refused_by: str | None = None):
-    """The shape of one env's observations of `group` ([N, D] vectors, or uint8 [N, C, H, W] images), with a
-    clear error for anything else; for a term group (a TensorDict of such terms), a dict term -> shape, or,
-    when `terms_refused_by` names what cannot take one (a flag), an error before anything runs."""
+    """The shape of one env's observations of `group` (term -> shape for a term group), or a clear error."""
     x = obs[group]
     if isinstance(x, TensorDictBase) and terms_refused_by:
         raise SystemExit(f"error: {terms_refused_by} on a group of terms ({group!r}) is not supported yet")
@@ -251,8 +228,7 @@ def chosen_group_shape(obs, group: str, flag: str, env_id: str):
 
 
 def vector_size(obs, group: str, script: str) -> int:
-    """D of a vector group [N, D], for the scripts whose networks take vectors only; an image group or a group
-    of terms stops with a clear error (`script` names the script)."""
+    """D of a vector group [N, D]; any other group stops with a clear error naming `script`."""
     shape = observation_shape(obs, group)
     if isinstance(shape, dict) or len(shape) != 1:
         kind = "a group of terms" if isinstance(shape, dict) else f"an image group {list(shape)}"
@@ -272,10 +248,7 @@ def group_mlp(
     max_value: float = 255.0,
     out_gain: float | None = None,
 ) -> nn.Module:
-    """`mlp` on one observation group: a vector group [D] feeds it as it is; an image group [C, H, W] goes
-    through an ImageEncoder of `encoder` first, a term group (a dict) through a TermsEncoder: then
-    nn.Sequential(encoder, mlp), one network per call (ppo's --shared-encoder puts one encoder under two heads). An int
-    D is the vector group [D]."""
+    """`mlp` on one observation group, behind its encoder (group_encoder) if it has one: nn.Sequential(encoder, mlp)."""
     shape = (shape,) if isinstance(shape, int) else shape
     encoder = group_encoder(shape, encoder, max_value)
     if encoder is None:
@@ -284,23 +257,20 @@ def group_mlp(
 
 
 def share_encoder(actor: nn.Module, critic: nn.Module, critic_obs_shape) -> None:
-    """--shared-encoder: the critic's head on the actor's encoder, one module trained by both losses (CleanRL's Atari
-    agent), in place; a one-line error where there is no encoder (a vector group) or the critic reads a group of its
-    own."""
+    """--shared-encoder: the critic's head on the actor's encoder, in place; an error where there is none to share."""
     if critic_obs_shape is not None or not isinstance(actor[-1], nn.Sequential):
         raise SystemExit("error: --shared-encoder needs an image (or terms) policy group that the critic reads too")
     critic[0] = actor[0]
 
 
 def action_size(action_space: gym.Space) -> int:
-    """The width of a policy's output: a Discrete space's n (its logits), a Box's dimension (its mean)."""
+    """The width of a policy's output: a Discrete space's n, a Box's dimension."""
     return int(action_space.n) if isinstance(action_space, gym.spaces.Discrete) else int(action_space.shape[0])
 
 
 def register_action_bounds(agent: nn.Module, action_space: gym.Space) -> None:
-    """`agent.action_low` and `agent.action_high`: a bounded Box's bounds, which its Gaussian samples are clipped to on
-    their way to the env (the rollout stores them raw); empty for any other space. Non-persistent buffers: the action
-    space gives them, a checkpoint does not hold them."""
+    """`agent.action_low` / `action_high`: a bounded Box's bounds (empty otherwise), as non-persistent buffers (not
+    in checkpoints). Samples are clipped to them on the way to the env; the rollout stores them raw."""
     bounded = isinstance(action_space, gym.spaces.Box) and action_space.is_bounded()
     for end in ("low", "high"):
         bound = torch.as_tensor(getattr(action_space, end)) if bounded else torch.zeros(0)
@@ -308,8 +278,7 @@ def register_action_bounds(agent: nn.Module, action_space: gym.Space) -> None:
 
 
 def clip_to_bounds(agent: nn.Module, action: torch.Tensor) -> torch.Tensor:
-    """`action` clipped to the agent's bounds (register_action_bounds' buffers), on its way to the env; as it is where
-    they are empty. The PPO family's agents and distill.py's student bind it as their `to_env` method."""
+    """`action` clipped to the agent's bounds (register_action_bounds), unchanged where they are empty."""
     low, high = agent.action_low, agent.action_high
     if low.numel() == 0:
         return action
@@ -317,8 +286,7 @@ def clip_to_bounds(agent: nn.Module, action: torch.Tensor) -> torch.Tensor:
 
 
 def agent_and_twin(make: Callable[[], nn.Module], device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """`make()` on `device` with rank 0's weights on every rank, and a grad-free twin for acting that shares its
-    storage: no copies, no autograd in the rollout (the twin sees every update at once)."""
+    """`make()` with rank 0's weights on every rank, and a grad-free acting twin sharing its storage (no copies)."""
     agent = make().to(device)
     distributed.broadcast_module(agent)
     twin = make().to(device)
@@ -327,16 +295,10 @@ def agent_and_twin(make: Callable[[], nn.Module], device: torch.device) -> tuple
 
 
 def rnn_step(rnn: nn.LSTM | nn.GRU, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One time step of an nn.LSTM or nn.GRU, all its layers, as matmuls and pointwise ops on the module's own
-    weights: x [B, in] and state [k * layers, B, H] (k = 2 for an LSTM: the h rows, then the c rows) -> (the last
-    layer's output [B, H], the next state in the same layout). The module's gates (PyTorch's order: i, f, g, o for
-    an LSTM; r, z, n for a GRU, whose reset gate scales W_hn h + b_hn) to float rounding, without the fused RNN ops
-    the module calls (torch.lstm / torch.gru, and torch.lstm_cell / gru_cell): those dispatch to another kernel on
-    each device (cuDNN, oneDNN, _thnn_fused_*), so a graph that compiles with them on a CPU can fail on a GPU
-    (torch.compile's trace of torch.lstm did on CUDA); matmuls and pointwise ops compile alike on both.
-
-    What the step does not compute stops with one line before any number is: another kind of module (nn.RNN), an
-    LSTM's projection (proj_size), a bidirectional module (its reverse weights) and dropout between layers."""
+    """One time step of an nn.LSTM or nn.GRU, all its layers, on the module's own weights: x [B, in], state
+    [k * layers, B, H] (k = 2 for an LSTM: h rows, then c rows) -> (last layer's output [B, H], next state).
+    Matmuls and pointwise ops, not the fused RNN ops: those dispatch to a different kernel per device, so a graph
+    that compiles on a CPU can fail on a GPU. nn.RNN, proj_size, bidirectional and dropout stop with one line."""
     refused = _rnn_step_refuses(rnn)
     if refused:
         raise SystemExit(f"error: common.nets.rnn_step steps a unidirectional nn.LSTM or nn.GRU, not {refused}")
@@ -377,20 +339,14 @@ def _rnn_step_refuses(rnn) -> str | None:
 
 
 def sample(d: torch.distributions.Categorical | torch.distributions.Normal) -> torch.Tensor:
-    """`d.sample()`, without a host read on CUDA, so that eager code captures in a CUDA graph too. Normal:
-    torch.normal with a tensor std checks std >= 0 with an `.item()` before its kernel (a capture refuses it);
-    rsample draws the same numbers from the same generator state (loc + scale * N(0, 1)) without the check, so a
-    non-finite mean or std reaches the env and the NaN guard instead of an error here. Categorical: torch's own
-    draw (multinomial checks its probabilities on the device, with _assert_async)."""
+    """`d.sample()` without a host read, so it captures in a CUDA graph. Normal: torch.normal checks std >= 0 with an
+    `.item()`; rsample draws the same numbers without it (a non-finite std reaches the NaN guard instead)."""
     with torch.no_grad():
         return d.rsample() if isinstance(d, torch.distributions.Normal) else d.sample()
 
 
 def group_shapes(envs, obs, args, terms_refused_by: str | None = None) -> tuple:
-    """(policy shape, critic shape or None, each group's pixel high) of an actor-critic's groups, from the env's
-    first observations `obs`: the critic reads the env's "critic" group when it has one and --asymmetric-critic asks for
-    it. A group's pixel high is its own space's high (255 for uint8 frames; a vector policy's inf is not the critic's).
-    """
+    """(policy shape, critic shape or None, each group's pixel high); the critic's group with --asymmetric-critic."""
     critic = args.asymmetric_critic and "critic" in obs.keys()
     spaces = (envs.single_observation_space, getattr(envs, "single_critic_observation_space", None))
     return (

@@ -1,10 +1,5 @@
-"""Running normalizers for observations and rewards, exact under torchrun.
-
-Both keep their statistics in float64 buffers, so they are saved with `state_dict()` and
-merged without the precision loss that float32 sums show after ~1e8 samples. When a process
-group is up, every `update()` merges the moments of all ranks, so every rank normalizes with
-the same statistics and a checkpoint written by rank 0 holds the global moments.
-"""
+"""Running normalizers for observations and rewards, exact under torchrun: float64 statistics (float32 sums lose
+precision after ~1e8 samples), and every `update()` merges all ranks' moments (a collective), so ranks agree."""
 
 from __future__ import annotations
 
@@ -26,12 +21,7 @@ def _batch_moments(x: torch.Tensor, feature_ndim: int) -> tuple[torch.Tensor, to
 
 
 def _all_reduce_moments(count, mean, m2):
-    """Exact moments of the union of every rank's batch.
-
-    Two sums: first the global count and mean, then each rank's M2 re-centred on the global
-    mean (M2_r + n_r * (mean_r - mean)^2). That is the parallel-axis form of Chan et al.'s
-    merge; centring on the global mean before summing keeps it as stable as the pairwise merge.
-    """
+    """Exact moments of the union of every rank's batch (each M2 re-centred on the global mean before summing)."""
     if not distributed.is_distributed():
         return count, mean, m2
     packed = torch.cat([count.reshape(1), mean.reshape(-1) * count])
@@ -44,19 +34,9 @@ def _all_reduce_moments(count, mean, m2):
 
 
 class RunningMeanStd(nn.Module):
-    """Running mean and variance of a stream of batches (Chan et al.'s parallel merge).
-
-    `update(x)` folds a batch in (all leading dims are batch dims, the trailing `shape` are
-    features); `normalize(x)` returns (x - mean) / max(std, min_std), clipped to [-clip, clip],
-    in x's dtype. The two are separate so a script decides which data feeds the statistics
-    (rollout data only, never evaluation data).
-
-    `min_std` (1e-2, rsl_rl's constant): a feature that is (nearly) constant in the first data
-    (a velocity at rest, a flag that has not fired yet) would otherwise be scaled by up to 1e4
-    (with the usual 1e-8 in the square root) and sit at +-clip long after it starts to move;
-    with the floor its gain stays at most 100, and every feature whose std exceeds 1e-2 is
-    standardized exactly as before.
-    """
+    """Running mean and variance of a stream of batches; `normalize(x)` is (x - mean) / max(std, min_std), clipped.
+    `min_std` (rsl_rl's 1e-2): a feature (nearly) constant in the first data would otherwise get a gain up to 1e4
+    and sit at +-clip long after it starts to move."""
 
     def __init__(self, shape: tuple[int, ...] | int = (), min_std: float = 1e-2, clip: float | None = 5.0):
         super().__init__()
@@ -78,9 +58,8 @@ class RunningMeanStd(nn.Module):
     def std(self) -> torch.Tensor:
         return torch.sqrt(self.var).clamp(min=self.min_std)
 
-    # Kept out of torch.compile (a graph break in a compiled caller; captured in CUDA graphs all the
-    # same): inductor drops in-place writes to 0-d float64 tensors such as `count` (torch 2.13 on
-    # CPU: `c.add_(1)` leaves c at 0), so a compiled update would never count a sample.
+    # Kept out of torch.compile (captured all the same): inductor drops in-place writes to 0-d float64 tensors such
+    # as `count` (torch 2.13 on CPU), so a compiled update would never count a sample.
     @torch.compiler.disable
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
@@ -116,14 +95,8 @@ class RunningMeanStd(nn.Module):
 
 
 class RewardNormalizer(nn.Module):
-    """Scales rewards by the running std of the discounted return (as gymnasium's NormalizeReward).
-
-    Per env, the return G_t = gamma * G_{t-1} + r_t restarts after every episode end. The script
-    feeds a whole rollout at once: `update(rewards, dones)` with [T, N] tensors walks the T steps
-    (cheap vector ops, no host sync), then merges the T*N returns into the moments (one
-    collective per iteration under torchrun, not one per step); `normalize(rewards)` divides by
-    max(std, min_std) and clips. The mean is not subtracted: that would change the optimal policy.
-    """
+    """Scales rewards by the running std of the discounted return (gymnasium's NormalizeReward), a rollout per
+    `update` (one collective per iteration). The mean is not subtracted: that would change the optimal policy."""
 
     def __init__(self, num_envs: int, gamma: float, min_std: float = 1e-2, clip: float | None = 10.0):
         super().__init__()
@@ -160,10 +133,8 @@ class RewardNormalizer(nn.Module):
 
 
 class Unnormalized(nn.Module):
-    """Stands where a RunningMeanStd would, for a group that is not normalized: an image group (uint8
-    frames, which the network scales to [0, 1] itself; per-pixel running moments would cost a float64
-    copy of every frame and turn the batch the update reads into float32, 4x the bytes), or
-    --no-obs-norm. Passes observations through unchanged (an image stays uint8) and learns nothing."""
+    """Stands where a RunningMeanStd would for a group not normalized: an image group (per-pixel float64 moments
+    would cost 4x the bytes; the network scales frames itself) or --no-obs-norm."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -173,9 +144,7 @@ class Unnormalized(nn.Module):
 
 
 class TermsNormalizer(nn.Module):
-    """The normalizer of a term group (a TensorDict of terms): each vector term [D] with a RunningMeanStd of its
-    own, each image term passed through (uint8). `update(terms)` folds the rollout's terms in (a collective per
-    vector term under torchrun); the statistics are in state_dict() under terms.<name>."""
+    """A term group's normalizer: a RunningMeanStd per vector term (a collective each), image terms passed through."""
 
     def __init__(self, shapes: dict[str, tuple[int, ...]], clip: float | None):
         super().__init__()
@@ -190,9 +159,7 @@ class TermsNormalizer(nn.Module):
 
 
 def observation_normalizer(shape, enabled: bool, clip: float | None) -> nn.Module:
-    """The normalizer of one observation group of one env's `shape`: a RunningMeanStd for a vector group
-    [D] (or an int D) when `enabled`, a TermsNormalizer for a term group (a dict term -> shape) when
-    `enabled`; for an image group [C, H, W], an absent group (None) or when not enabled, Unnormalized."""
+    """The normalizer of one observation group; Unnormalized for an image or absent group, or when not `enabled`."""
     shape = (shape,) if isinstance(shape, int) else shape
     if enabled and isinstance(shape, dict):
         return TermsNormalizer(shape, clip)
@@ -200,9 +167,7 @@ def observation_normalizer(shape, enabled: bool, clip: float | None) -> nn.Modul
 
 
 def normalize_groups(net: nn.Module, obs):
-    """`obs` (a TensorDict of groups) as the network reads it: "policy" through net.obs_rms and, when the critic reads a
-    group of its own (net.critic_key == "critic"), "critic" through net.critic_obs_rms. The actor-critics bind it as
-    their `normalize` method."""
+    """`obs` (a TensorDict of groups) as the network reads it, each group through its own statistics."""
     out = {"policy": net.obs_rms(obs["policy"])}
     if net.critic_key == "critic":
         out["critic"] = net.critic_obs_rms(obs["critic"])
@@ -210,8 +175,7 @@ def normalize_groups(net: nn.Module, obs):
 
 
 def update_group_statistics(net: nn.Module, obs) -> None:
-    """Fold a rollout's observations (never eval data) into the running statistics normalize_groups reads: the next
-    rollout's. An Unnormalized group (an image, or any with --no-obs-norm) learns nothing."""
+    """Fold a rollout's observations (never eval data) into the statistics normalize_groups reads."""
     net.obs_rms.update(obs["policy"])
     if net.critic_key == "critic":
         net.critic_obs_rms.update(obs["critic"])

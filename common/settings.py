@@ -1,10 +1,5 @@
 """Named settings' values that come from elsewhere: a mjlab task's registered rsl_rl runner config, translated field by
-field (`rsl_rl_settings`, a script's `task` set); and the torch threads a run takes on a busy CPU (`choose_threads`).
-
-The sets themselves are each script's `SETTINGS`, right after its Args (name -> {flag: value}, or a function of the env
-id such as `rsl_rl_settings`); common.args chooses one by the env id's family (`FAMILIES`) or --settings and makes its
-values the defaults of the command line, so every flag given wins over them.
-"""
+field (`rsl_rl_settings`); and the torch threads a run takes on a busy CPU (`choose_threads`)."""
 
 from __future__ import annotations
 
@@ -36,11 +31,8 @@ def _get(cfg, name: str, default=None):
 
 
 def translate_rsl_rl(rl_cfg, fields: set[str]) -> tuple[dict, list[str]]:
-    """({flag: value}, [what has no flag here]) of an rsl_rl on-policy runner config: rsl_rl 2-3 / Isaac Lab's
-    (`policy` with actor/critic_hidden_dims, activation, init_noise_std; `empirical_normalization`) and rsl_rl 5 /
-    mjlab 1.6's (`actor` and `critic` model configs with hidden_dims, activation, obs_normalization and the actor's
-    distribution_cfg.init_std), then `algorithm` and `num_steps_per_env`. Only the fields of `fields` are set; a
-    value that has no flag here, or that the script cannot take, is named, never dropped silently."""
+    """({flag: value}, [what has no flag here]) of an rsl_rl 2-3 / Isaac Lab or rsl_rl 5 / mjlab 1.6 runner config.
+    Only `fields` are set; a value the script cannot take is named, never dropped silently."""
     values, untranslated = {}, []
 
     def put(flag: str, value, source: str):
@@ -142,10 +134,8 @@ def translate_rsl_rl(rl_cfg, fields: set[str]) -> tuple[dict, list[str]]:
 # Threads: torch's default (one per core) collapses on a busy machine
 # ----------------------------------------------------------------------------------------------
 def choose_threads() -> str | None:
-    """Give torch the cores the machine has free (cores less the 1-minute load, at least one), where the user set
-    no OMP_NUM_THREADS (torchrun sets it to 1 per process) and the load leaves fewer than torch's default. Returns
-    the start line that says so, or None. Why: torch's threads spin while they wait for each other, and on cores
-    that other work keeps busy that wait is most of a step."""
+    """Give torch the cores the machine has free where no OMP_NUM_THREADS is set; the start line saying so, or None.
+    Why: torch's threads spin while they wait for each other, and on busy cores that wait is most of a step."""
     import torch
 
     if os.environ.get("OMP_NUM_THREADS") or not hasattr(os, "getloadavg"):

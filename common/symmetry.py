@@ -1,13 +1,7 @@
-"""Mirror symmetry (rsl_rl's symmetry_cfg; Mittal et al. 2024): how an env's mirror is applied to a batch.
-
-One contract for every env kind (built-in, gym:, envpool:, mjlab:/Isaac Lab). An env with a mirror has
-`data_augmentation(obs=None, actions=None) -> (obs, actions)`: rsl_rl's data_augmentation_func less its `env`.
-It sees flat rows, as rsl_rl's PPO gives it a minibatch: `obs` a TensorDict of the env's groups with batch [B],
-`actions` [B, A] (Box) or [B] (Discrete). It returns k * B rows of each (k >= 2): the B given, then every mirror
-image of all B (image j of row i at row j * B + i), None left None. So a mirror written rsl_rl's way,
-`obs[:, 1] = -obs[:, 1]`, means feature 1 of every row, whatever the script's batch looks like: the scripts never
-call it on anything but flat rows, only through the functions here, which flatten a batch of any leading shape.
-"""
+"""Mirror symmetry (rsl_rl's symmetry_cfg; Mittal et al. 2024). One contract for every env kind: an env's mirror is
+`data_augmentation(obs=None, actions=None) -> (obs, actions)`, rsl_rl's data_augmentation_func less its `env`. It sees
+flat rows (`obs` of batch [B], `actions` [B, A] or [B]) and returns k * B rows of each (k >= 2): the B given, then each
+mirror image of all B (image j of row i at j * B + i), None left None. The functions here flatten any leading shape."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ from tensordict import TensorDict
 
 
 def env_mirror(envs, obs: TensorDict, args) -> Callable | None:
-    """The env's mirror for `--symmetry` (None with --symmetry none), tried once on the env's observations `obs` [N]
-    and a batch of actions: an env without one, or one that breaks the contract, stops the run in one line."""
+    """The env's mirror for `--symmetry`, tried once: an env without one, or breaking the contract, stops the run."""
     if args.symmetry == "none":
         return None
     data_augmentation = getattr(envs, "data_augmentation", None)
@@ -43,8 +36,7 @@ def env_mirror(envs, obs: TensorDict, args) -> Callable | None:
 
 
 def mirror_images(data_augmentation: Callable, obs: TensorDict, actions: torch.Tensor) -> TensorDict:
-    """The mirror images of a batch of any leading shape `lead` (obs's batch shape: [B], or a rollout's [T, N]):
-    {"obs", "actions"} with batch [*lead, k-1], image j of the row at [..., j]. The env's mirror sees the flat rows."""
+    """The mirror images of a batch of any leading shape `lead`: {"obs", "actions"} with batch [*lead, k-1]."""
     lead, n = obs.batch_size, obs.batch_size.numel()
     aug_obs, aug_actions = data_augmentation(obs=obs.reshape(n), actions=actions.reshape(n, *actions.shape[obs.ndim :]))
     images = TensorDict({"obs": aug_obs[n:], "actions": aug_actions[n:]}, batch_size=[aug_obs.shape[0] - n])
@@ -52,17 +44,15 @@ def mirror_images(data_augmentation: Callable, obs: TensorDict, actions: torch.T
 
 
 def in_rsl_rl_order(batch: TensorDict, images: TensorDict) -> TensorDict:
-    """A minibatch [B] and its rows' mirror images [B, k-1] as rsl_rl's augmented minibatch [k * B]: the originals,
-    then every row's first image, then every row's second, ... An image takes what it lacks from its original (rsl_rl
-    repeats the old log-probs, values, advantages and returns)."""
+    """A minibatch [B] and its mirror images [B, k-1] as rsl_rl's augmented minibatch [k * B]; an image takes what it
+    lacks (old log-probs, values, advantages, returns) from its original."""
     images = batch.exclude(*images.keys()).unsqueeze(1).expand(images.shape).update(images)
     return torch.cat([batch, images.transpose(0, 1).reshape(-1)])
 
 
 def output_mirror(data_augmentation: Callable, action_space: gym.Space, device) -> Callable:
-    """The mirror of the actor's outputs: `out` [B, A] -> their mirror images [(k-1) * B, A], in_rsl_rl_order's order.
-    A Gaussian's mean is mirrored as an action; logits by the mirror of the actions: column j of an image's logits is
-    the logit of the action whose mirror image is j."""
+    """The mirror of the actor's outputs: `out` [B, A] -> [(k-1) * B, A], in_rsl_rl_order's order. Logits: column j
+    of an image is the logit of the action whose mirror image is j."""
     if not isinstance(action_space, gym.spaces.Discrete):
         return lambda out: data_augmentation(actions=out)[1][out.shape[0] :]
     n = int(action_space.n)
@@ -71,8 +61,7 @@ def output_mirror(data_augmentation: Callable, action_space: gym.Space, device) 
 
 
 def mirrors(envs, obs: TensorDict, args, device) -> tuple[Callable | None, Callable | None]:
-    """The env's mirror (env_mirror) and the mirror of the actor's outputs (output_mirror); (None, None) with
-    --symmetry none."""
+    """(env_mirror, output_mirror); (None, None) with --symmetry none."""
     data_augmentation = env_mirror(envs, obs, args)
     if data_augmentation is None:
         return None, None
@@ -80,25 +69,21 @@ def mirrors(envs, obs: TensorDict, args, device) -> tuple[Callable | None, Calla
 
 
 def normalized_images(data_augmentation: Callable, obs: TensorDict, actions: torch.Tensor, normalize) -> TensorDict:
-    """The mirror images of a rollout's raw observations and actions, the observations then normalized by `normalize`
-    (after mirroring: a normalizer's mean is not symmetric): {"obs_n", "actions"} of batch [*lead, k-1]."""
+    """mirror_images, then normalized (after mirroring: a normalizer's mean is not symmetric): {"obs_n", "actions"}."""
     images = mirror_images(data_augmentation, obs, actions)
     return TensorDict({"obs_n": normalize(images["obs"]), "actions": images["actions"]}, images.shape)
 
 
 def rollout_images(args, data_augmentation: Callable | None, obs: TensorDict, actions: torch.Tensor, normalize) -> dict:
-    """What a rollout's batch holds of its mirror images: {"mirrored": normalized_images(...)} of batch [T, N, k-1]
-    with --symmetry (any mode: "log" measures the mirror loss on them), {} without."""
+    """{"mirrored": [T, N, k-1] images} with any --symmetry ("log" measures the mirror loss on them), {} without."""
     if args.symmetry == "none":
         return {}
     return {"mirrored": normalized_images(data_augmentation, obs, actions, normalize)}
 
 
 def with_mirror_images(mb: TensorDict, args) -> tuple[TensorDict, TensorDict]:
-    """A minibatch [B] as the PPO loss reads it: (the normalized observations the actor reads, the minibatch the
-    losses read). With --symmetry the actor reads the originals, then their mirror images (in_rsl_rl_order: rsl_rl's
-    augmented minibatch [k * B]), and with augmentation (or both) the losses read that augmented minibatch too; without
-    --symmetry, the minibatch as it is."""
+    """(the actor's observations, the losses' minibatch): augmented [k * B] for the actor with any --symmetry, for
+    the losses with augmentation (or both)."""
     if args.symmetry == "none":
         return mb["obs_n"], mb
     augmented = in_rsl_rl_order(mb.exclude("mirrored"), mb["mirrored"])
@@ -106,11 +91,8 @@ def with_mirror_images(mb: TensorDict, args) -> tuple[TensorDict, TensorDict]:
 
 
 def mirror_loss(agent, out: torch.Tensor, b: int, output_mirror: Callable) -> tuple[torch.Tensor, torch.Tensor]:
-    """rsl_rl's mirror loss and the symmetry error of the actor's outputs `out` [k * B, A] (the B originals', then
-    their mirror images', with_mirror_images's order). The loss: the mean squared distance of the images' outputs from
-    the originals' outputs mirrored (output_mirror), detached, logits less their mean (a constant added to every logit
-    is the same policy). The error, without gradient: mean |pi(m(s)) - m(pi(s))| of the deterministic action (the
-    clipped mean: agent.to_env), or of the logits (agent.discrete)."""
+    """rsl_rl's mirror loss and the symmetry error of the actor's outputs `out` [k * B, A]. Logits less their mean (a
+    constant added to every logit is the same policy). The error, without gradient: mean |pi(m(s)) - m(pi(s))|."""
     out = out - out.mean(-1, keepdim=True) if agent.discrete else out
     loss = torch.nn.functional.mse_loss(out[b:], output_mirror(out[:b].detach()))
     with torch.no_grad():
