@@ -525,6 +525,35 @@ def test_seeds_ranks_and_eval_envs_share_no_random_stream():
 # --------------------------------------------------------------------------------------------
 # logging and the NaN guard
 # --------------------------------------------------------------------------------------------
+EVERY_SCRIPTS_TAGS = {
+    "charts/SPS",
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/rollout_seconds",
+    "charts/update_seconds",
+    "eval/episodic_return",
+    "eval/episodic_length",
+}
+
+
+def readme_tags() -> dict[str, set[str]]:
+    """The README's TensorBoard table: each script's own tags, by its path (none in a checkout without the README,
+    as the copy tests make)."""
+    if not (ROOT / "README.md").exists():
+        return {}
+    section = (ROOT / "README.md").read_text().split("## TensorBoard", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(algos/\w+\.py)` \| (.+) \|$", section, re.M)
+    return {script: set(re.findall(r"`([\w/]+)`", tags)) for script, tags in rows}
+
+
+README_TAGS = readme_tags()
+
+
+def test_the_readme_has_a_tag_row_for_every_original_script():
+    originals = {f"algos/{name}.py" for name in SCRIPTS if load_script(name).ALGO == name}
+    assert set(README_TAGS) == originals and all(README_TAGS.values()), README_TAGS
+
+
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_tensorboard_tags_on_the_global_step(algo, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -541,6 +570,9 @@ def test_tensorboard_tags_on_the_global_step(algo, tmp_path):
         "eval/episodic_length",
     } | TINY[algo]["tags"]
     assert expected <= set(acc.Tags()["scalars"]), expected - set(acc.Tags()["scalars"])
+    if f"algos/{algo}.py" in README_TAGS:  # a copy has no row: it may log more than its original
+        own = {tag for tag in acc.Tags()["scalars"] if not tag.startswith("env/")} - EVERY_SCRIPTS_TAGS
+        assert own == README_TAGS[f"algos/{algo}.py"], "the README's TensorBoard table says otherwise"
     assert logged_steps(tmp_path / "run") == [sync * steps * i for i in range(1, 7)]  # x-axis: global env steps
     assert logged_steps(tmp_path / "run", "eval/episodic_return") == [sync * steps * i for i in (2, 4, 6)]
     assert "hyperparameters/text_summary" in acc.Tags()["tensors"]
