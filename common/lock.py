@@ -1,16 +1,30 @@
-"""One run, one writer: the run directory's lock, taken by rank 0 of a training run for the process's life."""
+"""One run, one writer: the run directory's lock, taken by rank 0 of a training run for the process's life.
+
+    lock = acquire(run_dir)      # or LockRefused: the one line that names the live holder and what to do
+    ...                          # a thread refreshes the lock's heartbeat
+    release(lock)
+
+common.run calls them through `take_lock(run)`, `release_lock(run)` and `lock_error(run_dir)` (the judgement alone,
+writing nothing). This module imports no torch: the race tests start hundreds of processes that import it alone.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import os
+import random
 import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from common.record import Run
+if TYPE_CHECKING:
+    from common.record import Run
 
 # Rank 0 of a training run holds {run_dir}/.lock for the process's life: a JSON record of its holder (host, pid,
 # the pid's start time, the torchrun job) whose mtime is a heartbeat that a thread refreshes. Not flock(): the
@@ -19,12 +33,61 @@ from common.record import Run
 # works wherever the run directory is shared, and a reader judges its holder by what it can know: on the same host,
 # whether that pid still runs with the same start time (not a reused pid), which sees a kill -9 at once; on
 # another host, whether the heartbeat is fresh (a lost node stops beating; a cluster's clocks agree to seconds,
-# far below LOCK_STALE_SECONDS). Workers that torchrun restarts (new pids, the same job) take over their own job's
-# lock: the job is torchrun's run id (--rdzv-id) with SLURM's restart count, so a requeued SLURM job whose old
-# instance still runs is a second process, not a restart.
+# far below LOCK_STALE_SECONDS).
+#
+# Every change of hands is one system call that happens whole or not at all, on NFS too, so that of processes that
+# try at the same moment exactly one wins:
+# - a lock is created by link(2) of a complete temporary record onto .lock, which fails where .lock exists (an
+#   exclusive open(O_CREAT|O_EXCL) where the filesystem has no hard links);
+# - a stale lock is taken over in three steps, each exclusive: the takers of one stale record create its marker
+#   (.lock.takeover.<digest of the record>, O_EXCL: one taker at a time); the one that holds it checks that the
+#   record is still there, renames it to a unique name (the renamed file is checked to be the judged one, and put
+#   back if it is not) and creates .lock exclusively, which a process that starts at that moment may win instead.
+#
+# A torchrun restart of the worker group (new pids, the same job: torchrun's run id, --rdzv-id, with SLURM's restart
+# count) proves its earlier holder gone as anyone else does: torchrun stops the earlier workers before it restarts,
+# so on the same host their pids are dead and the lock is taken at once; rank 0 restarted on another host waits
+# until the earlier holder's heartbeat is LOCK_STALE_SECONDS old. Two launches that share a job id (one --rdzv-id for
+# two SLURM job steps) are two writers: the second one stops. A requeued SLURM job whose old instance still runs
+# has another restart count: another job.
 LOCK = ".lock"
 LOCK_HEARTBEAT_SECONDS = 15.0
 LOCK_STALE_SECONDS = 120.0  # eight missed heartbeats: the holder on another host is gone
+WRITING_SECONDS = 5.0  # an empty lock younger than this is being written (the exclusive create without hard links)
+TAKEOVER_SECONDS = 30.0  # a takeover's marker this old on another host was left by a taker that died in its window
+_names = itertools.count()
+
+
+class LockRefused(RuntimeError):
+    """A live process holds the run directory's lock: the message is the one line that names it and what to do."""
+
+
+@dataclass
+class Lock:
+    """A lock this process holds: its file, its record as written, and the heartbeat's thread."""
+
+    path: Path
+    data: bytes
+    stop: threading.Event
+    beating: threading.Thread | None = None
+    lost: str | None = None  # set by the heartbeat when another process holds the file now: the one-line error
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A lock file as read once: its bytes, what tells this file from any other (device, inode, bytes), its
+    heartbeat."""
+
+    data: bytes
+    identity: tuple
+    mtime: float
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    error: str | None = None  # a live holder: the one line
+    notice: str | None = None  # a holder that is gone: whose lock is taken over
+    wait: str | None = None  # not known yet (a record being written, this job's holder on another host): look again
 
 
 def _job() -> str | None:
@@ -38,8 +101,8 @@ def _job() -> str | None:
 
 
 def _process(pid: int) -> tuple[bool, int | None]:
-    """Whether process `pid` runs on this host (a zombie does not), and its start time (clock ticks since boot;
-    None where /proc cannot tell)."""
+    """Whether process `pid` runs on this host (a zombie does not), and its start time (clock ticks since boot,
+    field 22 of /proc/<pid>/stat; None where /proc cannot tell)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -53,6 +116,12 @@ def _process(pid: int) -> tuple[bool, int | None]:
         return True, None
 
 
+def _gone(record: dict) -> bool:
+    """Whether the process of `record`, on this host, has ended (or its pid now belongs to another process)."""
+    runs, started = _process(record["pid"])
+    return not runs or None not in (started, record.get("started")) and started != record.get("started")
+
+
 def _lock_record() -> dict:
     """This process as a lock's holder."""
     return {
@@ -64,42 +133,67 @@ def _lock_record() -> dict:
     }
 
 
-def _read_lock(path: Path) -> tuple[dict | None, float]:
-    """The lock's record and the time of its last heartbeat; (None, 0) when there is no lock, ({}, time) when it
-    cannot be read as one."""
+def _read(path: Path) -> _Seen | None:
+    """The file at `path` as read once (its stat and bytes from the same open file), or None when there is none."""
     try:
-        mtime = path.stat().st_mtime
-        record = json.loads(path.read_text())
-        return (record if isinstance(record, dict) else {}), mtime
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return None, 0.0
-    except (OSError, ValueError):
-        return {}, 0.0
+        return None
+    try:
+        st, chunks = os.fstat(fd), []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    return _Seen(data, (st.st_dev, st.st_ino, data), st.st_mtime)
 
 
-def _judge_lock(run_dir: Path, record: dict | None, heartbeat: float) -> tuple[str | None, str | None]:
-    """(error, notice) for a process that would train `run_dir`, whose lock holds `record`: the one-line error when a
-    live process of another job holds it; else the notice that says whose lock it takes over (None: no lock)."""
-    if record is None:
-        return None, None
-    mine = _lock_record()
+def _parse(data: bytes) -> dict:
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _judge(run_dir: Path, seen: _Seen, patient: bool = True) -> _Verdict:
+    """Whether the holder of the lock `seen` of `run_dir` is gone (a notice), lives (an error), or cannot be told
+    yet (wait: a record still being written; this job's holder on another host, until its heartbeat is stale or,
+    not `patient` any more, until it counts as live)."""
+    record, age, mine = _parse(seen.data), time.time() - seen.mtime, _lock_record()
     host, pid = record.get("host"), record.get("pid")
     who = f"pid {pid} on host {host}"
-    if not record or not isinstance(pid, int):
-        return None, f"notice: {run_dir / LOCK} is not a lock this code wrote: taken over"
-    if record.get("job") is not None and record.get("job") == mine["job"]:
-        return None, f"notice: the lock of {run_dir} taken over from an earlier worker group of this job ({who})"
-    age = time.time() - heartbeat
-    if host == mine["host"]:
-        runs, started = _process(pid)
-        reused = None not in (started, record.get("started")) and started != record.get("started")  # another process
-        if not runs or reused:
-            return None, f"notice: {run_dir} was locked by {who}, which no longer runs: lock taken over"
-    elif age > LOCK_STALE_SECONDS:
-        return None, f"notice: {run_dir} was locked by {who}, silent for {age:.0f} s (a lost node): lock taken over"
+    if not record or not isinstance(pid, int) or pid <= 0:
+        if not seen.data and age < WRITING_SECONDS:
+            return _Verdict(wait="a lock being written")
+        return _Verdict(notice=f"notice: {run_dir / LOCK} is not a lock this code wrote: taken over")
+    same_job = record.get("job") is not None and record.get("job") == mine["job"]
     here = host == mine["host"]
-    return (
-        f"error: another process trains {run_dir}: {who} since {record.get('since')} (its heartbeat {age:.0f} s "
+    if here and _gone(record):
+        if same_job:
+            return _Verdict(
+                notice=f"notice: the lock of {run_dir} taken over from an earlier worker group of this job ({who}, "
+                "which no longer runs)"
+            )
+        return _Verdict(notice=f"notice: {run_dir} was locked by {who}, which no longer runs: lock taken over")
+    if not here and age > LOCK_STALE_SECONDS:
+        return _Verdict(
+            notice=f"notice: {run_dir} was locked by {who}, silent for {age:.0f} s (a lost node): lock taken over"
+        )
+    if not here and same_job and patient:
+        return _Verdict(
+            wait=f"notice: {run_dir} is locked by {who}, of this job (an earlier worker group on another host): "
+            f"waiting until its heartbeat stops for {LOCK_STALE_SECONDS:.0f} s (now {age:.0f} s)"
+        )
+    shared = (
+        f". It has this process's job id ({record['job']}): two launches share one --rdzv-id "
+        "(TORCHELASTIC_RUN_ID); give each its own"
+        if same_job
+        else ""
+    )
+    return _Verdict(
+        error=f"error: another process trains {run_dir}: {who} since {record.get('since')} (its heartbeat {age:.0f} s "
         f"ago); one run has one writer. Stop it (kill -TERM {pid}{'' if here else ' on ' + str(host)}: it saves "
         f"last.pt and exits) or let it end, then continue with --resume auto; or start another run with "
         f"--run-name NAME"
@@ -108,79 +202,214 @@ def _judge_lock(run_dir: Path, record: dict | None, heartbeat: float) -> tuple[s
             if here
             else f". If {host} is lost, its lock is taken over {LOCK_STALE_SECONDS:.0f} s after its last heartbeat"
         )
-    ), None
+        + shared
+    )
 
 
 def lock_error(run_dir: Path) -> str | None:
-    """The one-line error when a live process of another job trains `run_dir`, else None. Writes nothing."""
-    return _judge_lock(run_dir, *_read_lock(run_dir / LOCK))[0]
+    """The one-line error when a live process holds `run_dir`'s lock, else None. Writes nothing."""
+    try:
+        seen = _read(Path(run_dir) / LOCK)
+    except OSError:
+        return None  # not a directory, not readable: the run's first write says so
+    return None if seen is None else _judge(Path(run_dir), seen).error
+
+
+def _unique(path: Path, kind: str) -> Path:
+    """A name beside `path` that no other process (nor another call of this one) uses."""
+    return path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.{next(_names)}.{kind}")
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Create `path` holding `data`, or raise FileExistsError."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    except OSError:
+        path.unlink(missing_ok=True)  # a full disk: no half record left to judge
+        raise
+
+
+def _create_from(tmp: Path, path: Path, data: bytes) -> bool:
+    """Create `path` with the record `tmp` holds (`data`): True, or False where it exists. A hard link (atomic, NFS
+    included), or an exclusive create where the filesystem has no hard links (some FUSE and SMB mounts)."""
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        try:
+            _write_new(path, data)
+            return True
+        except FileExistsError:
+            return False
+
+
+def _put_back(aside: Path, path: Path) -> None:
+    """Return a file moved aside by mistake to `path`, unless another took its place meanwhile."""
+    try:
+        os.link(aside, path)
+    except FileExistsError:
+        pass
+    except OSError:
+        if not path.exists():
+            os.rename(aside, path)
+    aside.unlink(missing_ok=True)
+
+
+def _move_aside(path: Path, seen: _Seen) -> bool:
+    """Remove the file `seen` from `path` by renaming it to a unique name: True when it was that file."""
+    aside = _unique(path, "stale")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    moved = _read(aside)
+    if moved is None or moved.identity != seen.identity:  # another file took its place since it was read
+        _put_back(aside, path)
+        return False
+    aside.unlink(missing_ok=True)
+    return True
+
+
+def _take_over(path: Path, tmp: Path, data: bytes, seen: _Seen) -> bool:
+    """Replace the stale lock `seen` by this process's (`tmp`, `data`): True when this process holds the lock now;
+    False when another process took it, released it or is taking it over at this moment (look again)."""
+    marker = path.with_name(f"{LOCK}.takeover.{hashlib.sha256(repr(seen.identity).encode()).hexdigest()[:16]}")
+    try:
+        _write_new(marker, data)
+    except FileExistsError:
+        _clear_abandoned(marker)
+        return False
+    try:
+        now = _read(path)
+        if now is None or now.identity != seen.identity or not _move_aside(path, seen):
+            return False  # taken over or released since it was judged
+        return _create_from(tmp, path, data)  # a process that starts at this moment may create it first
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _clear_abandoned(marker: Path) -> None:
+    """Remove a takeover marker whose taker died between creating it and removing it (a few milliseconds)."""
+    seen = _read(marker)
+    if seen is None:
+        return
+    record = _parse(seen.data)
+    if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int) and record["pid"] > 0:
+        abandoned = _gone(record)
+    else:
+        abandoned = time.time() - seen.mtime > TAKEOVER_SECONDS
+    if abandoned:
+        _move_aside(marker, seen)
+
+
+def acquire(run_dir: Path, say: Callable[[str], None] = print) -> Lock:
+    """Take `run_dir`'s lock (a stale one with a notice through `say`) and start its heartbeat. Raises LockRefused
+    with the one-line error when a live process holds it."""
+    run_dir = Path(run_dir)
+    path, mine = run_dir / LOCK, _lock_record()
+    data = json.dumps(mine).encode()
+    tmp = _unique(path, "tmp")
+    _write_new(tmp, data)
+    start, waited = time.monotonic(), False
+    try:
+        while not _create_from(tmp, path, data):
+            seen = _read(path)
+            if seen is None:
+                continue  # released, or moved aside by a taker, this moment: create it again
+            elapsed = time.monotonic() - start
+            verdict = _judge(run_dir, seen, patient=elapsed < LOCK_STALE_SECONDS + LOCK_HEARTBEAT_SECONDS)
+            if verdict.error:
+                raise LockRefused(verdict.error)
+            if verdict.notice and _take_over(path, tmp, data, seen):
+                say(verdict.notice)
+                break
+            if elapsed > LOCK_STALE_SECONDS + 2 * LOCK_HEARTBEAT_SECONDS:
+                raise LockRefused(
+                    f"error: the lock {path} did not come free in {elapsed:.0f} s: other processes keep taking it or "
+                    "writing it; try again"
+                )
+            if verdict.wait and verdict.wait.startswith("notice"):  # this job's holder on another host: seconds
+                if not waited:
+                    say(verdict.wait)
+                waited = True
+                time.sleep(min(1.0, LOCK_HEARTBEAT_SECONDS))
+            else:  # a record being written, or another process taking this one over: a moment
+                time.sleep(random.uniform(0.001, 0.02))
+    finally:
+        tmp.unlink(missing_ok=True)
+    lock = Lock(path, data, threading.Event())
+    lock.beating = threading.Thread(target=_heartbeat, args=(lock, run_dir), name="run directory lock", daemon=True)
+    lock.beating.start()
+    return lock
+
+
+def _holds(lock: Lock) -> bool:
+    """Whether `lock`'s file still holds this process's record. Read again after a moment before saying no: a taker
+    of another record may have moved it aside by mistake, and puts it back at once."""
+    for attempt in range(3):
+        seen = _read(lock.path)
+        if seen is not None and seen.data == lock.data:
+            return True
+        if lock.stop.wait(0.2):
+            return True  # released meanwhile: nothing to say
+    return False
+
+
+def _heartbeat(lock: Lock, run_dir: Path) -> None:
+    while not lock.stop.wait(LOCK_HEARTBEAT_SECONDS):
+        try:
+            if not _holds(lock):
+                seen = _read(lock.path)
+                held = _parse(seen.data) if seen is not None else {}
+                lock.lost = (
+                    f"error: {lock.path} is held by pid {held.get('pid')} on host {held.get('host')} now, not by this "
+                    f"process (it judged this one gone): this process writes no more checkpoints to {run_dir}, so "
+                    "that the run keeps one writer"
+                )
+                print(f"warning: {lock.lost.removeprefix('error: ')}", file=sys.stderr, flush=True)
+                return
+            os.utime(lock.path)
+        except OSError:
+            pass  # a full or flaky disk: the next beat tries again
+
+
+def release(lock: Lock) -> None:
+    """Stop the heartbeat and remove the lock, if it still holds this process's record."""
+    lock.stop.set()
+    if lock.beating is not None:
+        # joined, not left to the interpreter's exit: a daemon thread still waking up while the process finalizes can
+        # abort it ("terminate called without an active exception") after everything was written
+        lock.beating.join(timeout=LOCK_HEARTBEAT_SECONDS)
+    seen = _read(lock.path)
+    if seen is not None and seen.data == lock.data:
+        lock.path.unlink(missing_ok=True)
 
 
 def take_lock(run: Run) -> str | None:
-    """Rank 0: take the run directory's lock (a stale one, or this job's, with a notice) and start its heartbeat.
-    Returns the error line when a live process of another job holds it, else None."""
-    path, mine = run.run_dir / LOCK, _lock_record()
-    tmp = path.with_name(f"{LOCK}.{mine['host']}.{mine['pid']}.tmp")
+    """Rank 0: take the run directory's lock (`acquire`; its notices through run.say). Returns the error line when a
+    live process holds it, else None."""
     try:
-        tmp.write_text(json.dumps(mine))
-        try:
-            _create_from(tmp, path)
-        except FileExistsError:
-            error, notice = _judge_lock(run.run_dir, *_read_lock(path))
-            if error:
-                return error
-            if notice:
-                run.say(notice)
-            os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    held, heartbeat = _read_lock(path)
-    if held != mine:  # another process took a stale lock over at the same moment, and its rename came last
-        return _judge_lock(run.run_dir, held, heartbeat)[0] or f"error: another process took the lock {path} over"
-    stop = threading.Event()
-
-    def heartbeat_loop():
-        while not stop.wait(LOCK_HEARTBEAT_SECONDS):
-            try:
-                held = _read_lock(path)[0]
-                if held != mine:
-                    print(
-                        f"warning: {path} is held by pid {(held or {}).get('pid')} on host {(held or {}).get('host')} "
-                        f"now, not by this process: two processes may write {run.run_dir}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    return
-                os.utime(path)
-            except OSError:
-                pass  # a full or flaky disk: the next beat tries again
-
-    beating = threading.Thread(target=heartbeat_loop, name="run directory lock", daemon=True)
-    beating.start()
-    run.lock = (path, mine, stop, beating)
+        run.lock = acquire(run.run_dir, run.say)
+    except LockRefused as e:
+        return str(e)
     return None
 
 
-def _create_from(tmp: Path, path: Path) -> None:
-    """Create `path` with the content of `tmp`, or raise FileExistsError: a hard link (atomic, NFS included), or
-    an exclusive create where the filesystem has no hard links (some FUSE and SMB mounts)."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise
-    except OSError:
-        with open(path, "x") as f:
-            f.write(tmp.read_text())
+def lock_lost(run: Run) -> str | None:
+    """The one-line error when another process holds the lock this run took (its heartbeat found out), else None."""
+    return run.lock.lost if run.lock is not None else None
 
 
 def release_lock(run: Run) -> None:
     """Stop the heartbeat and remove the lock, if it is still this process's."""
-    if run.lock is None:
-        return
-    (path, mine, stop, beating), run.lock = run.lock, None
-    stop.set()
-    # joined, not left to the interpreter's exit: a daemon thread still waking up while the process finalizes can
-    # abort it ("terminate called without an active exception") after everything was written
-    beating.join(timeout=LOCK_HEARTBEAT_SECONDS)
-    if _read_lock(path)[0] == mine:
-        path.unlink(missing_ok=True)
+    if run.lock is not None:
+        lock, run.lock = run.lock, None
+        release(lock)
