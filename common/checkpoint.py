@@ -30,6 +30,7 @@ from tensordict import TensorDict, TensorDictBase
 from common import distributed
 from common.args import RUN_FLAGS
 from common.export import export_policy
+from common.lock import lock_lost
 
 if TYPE_CHECKING:
     from common.record import Run
@@ -385,7 +386,8 @@ def _to_device(x, device):
 
 
 def export_run_policy(run: Run, out_dir, model: torch.nn.Module, source) -> Path:
-    """The deterministic policy of `model` exported to `out_dir` (common.export), labelled with the run."""
+    """The deterministic policy of `model` exported to `out_dir` (common.export), labelled with the run. A failed
+    write raises OutputError naming `out_dir`; the earlier export stays whole."""
     info = {
         "algo": run.algo,
         "env_id": run.args.env_id,
@@ -393,7 +395,10 @@ def export_run_policy(run: Run, out_dir, model: torch.nn.Module, source) -> Path
         "iteration": run.iteration,
         "checkpoint": str(source),
     }
-    return export_policy(out_dir, model, run.observation_space, run.action_space, info)
+    try:
+        return export_policy(out_dir, model, run.observation_space, run.action_space, info)
+    except OSError as e:
+        raise OutputError(e.errno, e.strerror or str(e), str(out_dir)) from None
 
 
 def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
@@ -410,6 +415,8 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
     if LAST in names and state.save_buffer:
         mine["buffer"] = state.buffer.state_dict()
     ranks = distributed.gather_object(_to_cpu(mine))
+    if run.is_main and (lost := lock_lost(run)):  # another process holds the run now: its checkpoints stay its own
+        raise SystemExit(lost)
     if run.is_main:
         checkpoint = {
             "format_version": FORMAT_VERSION,
@@ -435,10 +442,7 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
             for old in numbered[: -args.keep_checkpoints]:
                 old.unlink()
         if BEST in names and args.export_best:
-            try:
-                export_run_policy(run, run.run_dir / EXPORT, state.model, BEST)
-            except OSError as e:
-                raise OutputError(e.errno, e.strerror or str(e), str(run.run_dir / EXPORT)) from None
+            export_run_policy(run, run.run_dir / EXPORT, state.model, BEST)
         if run.wandb_run is not None:
             run.uploads.update(name for name in names if name in (LAST, BEST))
             if BEST in names and args.export_best:
@@ -453,21 +457,28 @@ def upload_checkpoints(run: Run) -> None:
     """With --track, log the checkpoints written since their last upload (last.pt, best.pt, the exported policy)
     as wandb artifacts of type "model", named `<run name>-last`, `-best` and `-policy`, each version with the
     aliases "latest" and "step_<global step>": a run whose disk is lost resumes from its artifact. wandb stages a
-    copy of each file at once and uploads it in the background (with WANDB_MODE=offline, at `wandb sync`)."""
+    copy of each file at once and uploads it in the background (with WANDB_MODE=offline, at `wandb sync`). A copy
+    that cannot be written (wandb's staging folder on a full disk) raises OutputError naming it; the run's own files
+    are whole."""
     import wandb
 
     base = re.sub(r"[^\w.-]", "-", run.run_dir.name)  # an artifact's name allows letters, digits, - _ .
     for kind in sorted(run.uploads):
-        artifact = wandb.Artifact(
-            f"{base}-{ARTIFACTS[kind]}",
-            type="model",
-            metadata={"algo": run.algo, "env_id": run.args.env_id, "global_step": run.global_step},
-        )
-        if kind == EXPORT:
-            artifact.add_dir(str(run.run_dir / EXPORT))
-        else:
-            artifact.add_file(str(checkpoint_dir(run.run_dir) / kind), name=kind)
-        run.wandb_run.log_artifact(artifact, aliases=["latest", f"step_{run.global_step}"])
+        source = run.run_dir / EXPORT if kind == EXPORT else checkpoint_dir(run.run_dir) / kind
+        try:
+            artifact = wandb.Artifact(
+                f"{base}-{ARTIFACTS[kind]}",
+                type="model",
+                metadata={"algo": run.algo, "env_id": run.args.env_id, "global_step": run.global_step},
+            )
+            if kind == EXPORT:
+                artifact.add_dir(str(source))
+            else:
+                artifact.add_file(str(source), name=kind)
+            run.wandb_run.log_artifact(artifact, aliases=["latest", f"step_{run.global_step}"])
+        except OSError as e:
+            where = f" in {Path(e.filename).parent}" if e.filename and Path(e.filename) != source else ""
+            raise OutputError(e.errno, e.strerror or str(e), f"wandb's staging copy of {source}{where}") from None
     run.uploads.clear()
 
 

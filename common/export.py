@@ -24,8 +24,10 @@ take policy.onnx.
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -94,7 +96,6 @@ def export_policy(
     import copy
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     recurrent = hasattr(model, "recurrent_step")
     terms = sorted(observation_space.spaces) if isinstance(observation_space, gym.spaces.Dict) else None
     if terms and recurrent:
@@ -123,12 +124,15 @@ def export_policy(
     dynamic = (
         ({0: batch}, {1: batch}) if recurrent else (({0: batch},) * len(example),)
     )  # obs [B, ...]; state [rows, B, hidden]
+    # both models in memory first, then the three files written together (write_together): a failed write leaves
+    # the earlier export whole, and a full disk is the OSError of a write, not an exporter's error about it
+    pt2, onnx_model = io.BytesIO(), io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # exporters' notices (an RNN's weights re-flattened, the ONNX exporter's)
         program = torch.export.export(policy, example, dynamic_shapes=dynamic)
-        torch.export.save(program, str(out / "policy.pt2"))
+        torch.export.save(program, pt2)
         kwargs = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
-        torch.onnx.export(policy, example, str(out / "policy.onnx"), **names, **kwargs)
+        torch.onnx.export(policy, example, onnx_model, **names, **kwargs)
     meta = {
         **info,
         "files": {"torch_export": "policy.pt2", "onnx": "policy.onnx"},
@@ -163,5 +167,28 @@ def export_policy(
             "initial": "zeros",
             "reset": STATE_RESET_RULE,
         }
-    (out / "policy.json").write_text(json.dumps(meta, indent=2))
+    files = {"policy.pt2": pt2.getvalue(), "policy.onnx": onnx_model.getvalue()}
+    write_together(out, {**files, "policy.json": json.dumps(meta, indent=2).encode()})
     return out
+
+
+def write_together(out: Path, files: dict[str, bytes]) -> None:
+    """Write `files` ({name: bytes}) into the folder `out` as one: each to a temporary file beside it (written and
+    synced), then all renamed over the old ones. A failed write (OSError: a full disk, a quota) leaves the earlier
+    files as they were and no temporary file behind."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmps = {name: out / f".{name}.{os.getpid()}.tmp" for name in files}
+    try:
+        for name, data in files.items():
+            with open(tmps[name], "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for name in files:
+            os.replace(tmps[name], out / name)
+    finally:
+        for tmp in tmps.values():
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass  # a folder that went read-only or away: nothing more to clean

@@ -73,9 +73,11 @@ from common.checkpoint import (
     write_atomically,
 )
 from common.envs import draws_with_pygame, eval_env_kwargs, make_env
-from common.lock import lock_error, release_lock, take_lock
+from common.lock import LOCK, lock_error, release_lock, take_lock
 from common.record import Run
 from common.stats import closing_words, continue_command
+
+CONFIG = "config.json"  # the run's named settings and resolved values
 
 
 # ----------------------------------------------------------------------------------------------
@@ -117,18 +119,7 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         raise SystemExit(
             "error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)"
         )
-    if args.capture_video:
-        video.check_dependencies(pygame=draws_with_pygame(args.env_id))
-    if args.track:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise SystemExit("error: --track needs wandb: pip install wandb (or the [wandb] extra)") from None
-    if args.export is not None or args.export_best:
-        try:
-            import onnx  # noqa: F401
-        except ImportError:
-            raise SystemExit('error: --export needs onnx: pip install -e ".[export]"') from None
+    _check_extras(args)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
     if args.compile:
@@ -148,6 +139,23 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
         is_main=info.is_main,
         given=given,
     )
+
+
+def _check_extras(args) -> None:
+    """Stop with one line when a flag needs a package that is not installed (checked again once a resumed run has
+    taken its flags from its checkpoint)."""
+    if args.capture_video:
+        video.check_dependencies(pygame=draws_with_pygame(args.env_id))
+    if args.track:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise SystemExit("error: --track needs wandb: pip install wandb (or the [wandb] extra)") from None
+    if args.export is not None or args.export_best:
+        try:
+            import onnx  # noqa: F401
+        except ImportError:
+            raise SystemExit('error: --export needs onnx: pip install -e ".[export]"') from None
 
 
 def _not_a_profiler_notice(record: logging.LogRecord) -> bool:
@@ -218,9 +226,10 @@ def open_run(run: Run) -> dict | None:
     start leaves no directory behind (`begin_training` writes). A collective. Returns the checkpoint.
 
     A run directory that exists is never written over: without --resume the run stops and says how
-    to go on (--resume auto, another --run-name, or --overwrite, which removes it whole when the
-    training begins). A torchrun restart of the worker group keeps its name on purpose and resumes.
-    A run directory that a live process of another job trains (its lock) stops any run of it but --eval-only."""
+    to go on (--resume auto, another --run-name, or --overwrite, which clears it when the training
+    begins, once this process holds its lock). A torchrun restart of the worker group keeps its name
+    on purpose and resumes. A run directory that a live process trains (its lock) stops any run of it
+    but --eval-only."""
     args = run.args
     run_name, later_group, error = args.run_name, False, None
     if run.is_main:
@@ -253,6 +262,8 @@ def open_run(run: Run) -> dict | None:
             take_flags_from(run, run.checkpoint)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
+    if run.checkpoint is not None and not args.eval_only:
+        _check_extras(args)  # the flags the run was started with (--capture-video, --track, --export-best) included
     if run.checkpoint is not None:
         run.global_step, run.iteration = run.checkpoint["global_step"], run.checkpoint["iteration"]
         run.best_eval_return = run.checkpoint["best_eval_return"]
@@ -372,15 +383,19 @@ def _write_run_dir(run: Run) -> str | None:
     None."""
     args = run.args
     try:
-        if args.overwrite and run.run_dir.is_dir():
-            shutil.rmtree(run.run_dir)
-        checkpoint_dir(run.run_dir).mkdir(parents=True, exist_ok=True)
-        error = take_lock(run)  # before any file of the run: a second process writes nothing
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        error = take_lock(run)  # before any file of the run: a second process writes nothing, deletes nothing
         if error:
             return error
-        (run.run_dir / "config.json").write_text(json.dumps({**run.foreign_flags, **asdict(args)}, indent=2))
+        if args.overwrite:
+            _clear_run_dir(run.run_dir)  # held: no process that started meanwhile loses a file
+        checkpoint_dir(run.run_dir).mkdir(exist_ok=True)
     except OSError as e:
         return f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir"
+    try:
+        _write_config(run)
+    except OSError as e:
+        return output_failed(run, getattr(e, "filename", None) or str(run.run_dir / CONFIG), e)
     _quiet_writer_thread()
     if args.track:
         import wandb
@@ -403,6 +418,32 @@ def _write_run_dir(run: Run) -> str | None:
     table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
     run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return None
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """--overwrite: remove everything in `run_dir` but its lock (and the lock's temporary files), which this
+    process holds."""
+    for entry in run_dir.iterdir():
+        if entry.name == LOCK or entry.name.startswith(LOCK + "."):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def _write_config(run: Run) -> None:
+    """config.json: the named settings and the resolved values. Written atomically (a failed write, OutputError,
+    leaves the earlier one whole), and not at all where it holds these values already (a resume that changes
+    nothing)."""
+    path = run.run_dir / CONFIG
+    text = json.dumps({**run.foreign_flags, **asdict(run.args)}, indent=2).encode()
+    try:
+        if path.read_bytes() == text:
+            return
+    except OSError:
+        pass  # none yet, or unreadable: written anew
+    write_atomically(path, lambda f: f.write(text))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -496,12 +537,16 @@ def closing(run: Run):
 
 def _unwritten(run: Run, error: OSError) -> str | None:
     """The file of the run that `error` failed to write, in words, or None for an error of another kind."""
-    if isinstance(error, OutputError):  # common.checkpoint's atomic writes: checkpoints, summary.json, the export
+    if isinstance(error, OutputError):  # the atomic writes: checkpoints, summary.json, config.json, the export, videos
         return error.filename
-    if run.run_dir is not None and any(
-        "tensorboard" in Path(f.filename).parts for f in traceback.extract_tb(error.__traceback__)
-    ):
-        return f"the TensorBoard event file in {run.run_dir}"
+    if run.run_dir is None:
+        return None
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):  # the innermost writer's package names it
+        parts = Path(frame.filename).parts
+        if "tensorboard" in parts:  # an event: scalars, the eval video's GIF
+            return f"the TensorBoard event file in {run.run_dir}"
+        if "wandb" in parts:  # wandb's copy of a file it logs (the eval video, TensorBoard's events), its own files
+            return f"{error.filename} (wandb's copy)" if error.filename else f"wandb's files of {run.run_dir}"
     return None
 
 
@@ -510,6 +555,13 @@ def output_failed(run: Run, what: str, error: OSError) -> str:
     command that continues the run. The earlier files stay as they were (all writes are atomic or appends); the
     summary.json of what ran is written where it still can be."""
     run.output_failed = True
+    cause = f"{error.strerror or error}" + (f" [errno {error.errno}]" if error.errno else "")
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    if run.args.eval_only:  # it writes no run: nothing to keep, nothing to continue
+        return (
+            f"error: cannot write {what} ({cause}); {run.resume_path} is untouched. "
+            f"{'Free space' if full else 'Make it writable'}, then run it again"
+        )
     last = checkpoint_dir(run.run_dir) / LAST
     if LAST in run.saved:
         kept = f"the last good checkpoint is {last} (global step {run.saved[LAST]:,})"
@@ -517,14 +569,12 @@ def output_failed(run: Run, what: str, error: OSError) -> str:
         kept = f"the last good checkpoint is {last} (of an earlier process)"
     else:
         kept = "no checkpoint was written yet"
-    cause = f"{error.strerror or error}" + (f" [errno {error.errno}]" if error.errno else "")
     summary = run.run_dir / "summary.json"
     if what != str(summary):
         try:
             write_summary(run, summary_of(run, params_in_sync=None, error=f"cannot write {what}: {cause}"))
         except OSError:
             kept += "; summary.json not written either"
-    full = error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     return (
         f"error: cannot write {what} ({cause}); {kept}, nothing earlier lost. "
         f"{'Free space' if full else 'Make it writable'} (or move the run directory and give its new --output-dir), "

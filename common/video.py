@@ -9,10 +9,17 @@ The writers are optional dependencies: the `[video]` extra.
 
 from __future__ import annotations
 
+import errno
 import io
+import os
+import subprocess
+import threading
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+
+from common.checkpoint import OutputError
 
 EXTRA = 'pip install -e ".[video]"'
 TENSORBOARD_MAX_SIDE = 256  # TensorBoard gets a downscaled GIF; the mp4 keeps the full frames
@@ -32,18 +39,62 @@ def check_dependencies(pygame: bool) -> None:
 
 
 def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:
-    """H.264 mp4 of uint8 [H, W, 3] frames (sides padded to even sizes, as the codec needs)."""
-    import imageio.v2 as imageio
+    """H.264 mp4 of uint8 [H, W, 3] frames (sides padded to even sizes, as the codec needs), written whole or not at
+    all: ffmpeg writes a temporary file beside `path`, which replaces `path` once ffmpeg has succeeded. A failure
+    (a full disk, a quota) raises OutputError naming `path` and ffmpeg's cause, and leaves no file behind.
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ffmpeg runs here rather than through imageio's writer, which ignores ffmpeg's exit status: a full disk there
+    leaves a truncated mp4 and ffmpeg's own lines on stderr. The command is imageio's for the same options (libx264,
+    quality 7 = crf 15, yuv420p, no resizing), so the files are the same."""
+    import imageio_ffmpeg
+
     h, w = frames[0].shape[:2]
     pad = ((0, h % 2), (0, w % 2), (0, 0))
-    with imageio.get_writer(
-        path, fps=fps, codec="libx264", quality=7, macro_block_size=1, ffmpeg_log_level="error"
-    ) as writer:
-        for frame in frames:
-            writer.append_data(np.pad(frame, pad, mode="edge") if h % 2 or w % 2 else frame)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # ffmpeg picks the container by the suffix
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-f", "rawvideo", "-vcodec", "rawvideo"]
+    cmd += ["-s", f"{w + w % 2}x{h + h % 2}", "-pix_fmt", "rgb24", "-r", str(Fraction(fps).limit_denominator())]
+    cmd += ["-i", "-", "-an", "-vcodec", "libx264", "-pix_fmt", "yuv420p", "-crf", "15", "-v", "error", str(tmp)]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        said = []  # ffmpeg's error lines, read as they come (a full pipe would stall it)
+        reader = threading.Thread(target=lambda: said.append(proc.stderr.read()), daemon=True)
+        reader.start()
+        try:
+            for frame in frames:
+                proc.stdin.write((np.pad(frame, pad, mode="edge") if h % 2 or w % 2 else frame).tobytes())
+        except BrokenPipeError:
+            pass  # ffmpeg stopped: its exit status and its lines say why
+        finally:
+            try:
+                proc.stdin.close()  # the end of the input: ffmpeg writes the file's index and exits
+            except BrokenPipeError:
+                pass
+            code = proc.wait()
+            reader.join()
+        if code != 0:
+            raise _ffmpeg_error(b"".join(said).decode(errors="replace"), code)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OutputError(e.errno, e.strerror or str(e), str(path)) from None
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
     return path
+
+
+def _ffmpeg_error(said: str, code: int) -> OSError:
+    """ffmpeg's failure as an OSError: the system's error its lines name (No space left on device, ...), else its
+    last line."""
+    for number in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EIO):
+        if os.strerror(number) in said:
+            return OSError(number, os.strerror(number))
+    last = said.strip().splitlines()[-1] if said.strip() else f"exit status {code}"
+    return OSError(None, f"ffmpeg failed: {last}")
 
 
 def add_video(writer, tag: str, frames: list[np.ndarray], step: int, fps: float) -> None:

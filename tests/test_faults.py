@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -29,7 +30,8 @@ import common.run
 from common.checkpoint import load_checkpoint
 from common.lock import LOCK, LOCK_STALE_SECONDS, lock_error
 from tests.helpers import ROOT, Job, run, subprocess_env
-from tests.test_scripts import cli_args, scalars, train, units
+from common.checkpoint import EXPORT
+from tests.test_scripts import cli_args, mp4_frames, scalars, train, units
 
 ITERATION = units("ppo", 1)  # env steps of one iteration of the tiny ppo runs
 
@@ -100,8 +102,8 @@ def write_lock(run_dir: Path, age: float, **record) -> None:
 
 def test_a_lock_is_live_while_its_process_runs_or_its_other_hosts_heartbeat_is_fresh(tmp_path, monkeypatch):
     """Who holds a lock, as a second process judges it: on this host by the pid (and its start time, so that a
-    reused pid is not the holder), on another host by the heartbeat's age; a torchrun restart of the same job takes
-    its own lock over, another job does not."""
+    reused pid is not the holder), on another host by the heartbeat's age; the same job's too (a torchrun restart
+    takes over its earlier worker group's lock once that has ended, a second launch with the same job id stops)."""
     for var in ("TORCHELASTIC_RUN_ID", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(var, raising=False)
     run_dir = tmp_path / "run"
@@ -127,8 +129,15 @@ def test_a_lock_is_live_while_its_process_runs_or_its_other_hosts_heartbeat_is_f
     write_lock(run_dir, age=0, pid=live.pid)  # reaped: no such process
     assert lock_error(run_dir) is None
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
-    write_lock(run_dir, age=0, job="job-1/0")  # a live holder of this job: an earlier worker group
+    write_lock(run_dir, age=0, pid=live.pid, job="job-1/0")  # an earlier worker group of this job, ended: taken over
     assert lock_error(run_dir) is None
+    write_lock(run_dir, age=0, job="job-1/0")  # this job's holder runs: a second launch with the same job id
+    assert lock_error(run_dir).startswith("error: another process trains") and lock_error(run_dir).endswith(
+        "It has this process's job id (job-1/0): two launches share one --rdzv-id (TORCHELASTIC_RUN_ID); give each "
+        "its own"
+    )
+    write_lock(run_dir, age=5, host="node-7", pid=4242, job="job-1/0")  # this job's, on another host: waited for
+    assert lock_error(run_dir) is None  # (take_lock waits until its heartbeat is stale: tests/test_lock.py)
     write_lock(run_dir, age=0, job="job-1/1")  # a requeued SLURM job of the same id whose old instance still runs
     assert lock_error(run_dir).startswith("error: another process trains")
 
@@ -249,6 +258,210 @@ def test_a_write_that_fails_ends_the_run_with_one_line(fault, tmp_path, monkeypa
     assert saved == (40 if fault == "summary" else 2) * ITERATION  # the last save before the fault
     if fault != "summary":
         assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "error"
+
+
+# --------------------------------------------------------------------------------------------
+# every other writer of a run: config.json, the eval video (mp4, TensorBoard, wandb), the exported policy, wandb's
+# staging copies of the artifacts; each one's ENOSPC is the same one line
+# --------------------------------------------------------------------------------------------
+def full() -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a new one each time: a raised error keeps its frames
+
+
+def fail_fsync_of(monkeypatch, name: str) -> None:
+    """ENOSPC from the fsync of a file whose name holds `name` (where a write's data meets the disk, a full one or an
+    NFS quota: the atomic writes of config.json, the export and the video sync their temporary file there)."""
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc to tell a file descriptor's name")
+    real = os.fsync
+
+    def fsync(fd):
+        if name in os.readlink(f"/proc/self/fd/{fd}"):
+            raise full()
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def fail_ffmpeg_after(monkeypatch, tmp_path: Path, videos: int) -> None:
+    """ffmpeg that writes `videos` videos, then fails as it does on a full disk (its error line, a non-zero exit)."""
+    import imageio_ffmpeg
+
+    real, mark = imageio_ffmpeg.get_ffmpeg_exe(), tmp_path / "ffmpeg-calls"
+    fake = tmp_path / "ffmpeg"
+    fake.write_text(
+        f"#!/bin/sh\necho >> {mark}\nif [ $(wc -l < {mark}) -gt {videos} ]; then cat > /dev/null; "
+        'echo "[out#0/mp4 @ 0x1] Error writing trailer: No space left on device" >&2; exit 228; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lambda: str(fake))
+
+
+def fail_tensorboard_video_after(monkeypatch, videos: int) -> None:
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    real_write, written = RecordWriter.write, []
+
+    def write(self, data):
+        if b"videos/eval" in data:
+            written.append(1)
+            if len(written) > videos:
+                raise full()
+        return real_write(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", write)
+
+
+def offline_wandb(monkeypatch, tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    for var, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(var, value)
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
+
+
+def fail_calls(monkeypatch, owner, name: str, where: str, calls: int = 0) -> None:
+    """ENOSPC from `owner.name` (a function of wandb's or shutil's that writes) where an argument names a path that
+    holds `where`, after `calls` such calls that succeed."""
+    real, made = getattr(owner, name), []
+
+    def call(*args, **kwargs):
+        if any(where in str(arg) for arg in args):
+            made.append(1)
+            if len(made) > calls:
+                raise full()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, call)
+
+
+def wandb_media_dirs():
+    from wandb.sdk.lib import filesystem
+
+    return filesystem
+
+
+VIDEO = dict(capture_video=True, num_eval_envs=1, eval_interval=1)
+WRITERS = {
+    # writer: (the flags of its run, how its write fails, the file the line names)
+    "eval video mp4": (VIDEO, lambda m, tmp: fail_ffmpeg_after(m, tmp, 1), f"videos/step_{2 * ITERATION}.mp4"),
+    "eval video in TensorBoard": (
+        VIDEO,
+        lambda m, tmp: fail_tensorboard_video_after(m, 1),
+        "the TensorBoard event file in {run_dir}",
+    ),
+    "eval video in wandb": (
+        {**VIDEO, "track": True},
+        # wandb makes the folder of its copy of the video (then copies or links it): a full disk fails there
+        lambda m, tmp: (offline_wandb(m, tmp), fail_calls(m, wandb_media_dirs(), "mkdir_exists_ok", "media", 1)),
+        "wandb's files of {run_dir}",
+    ),
+    "exported policy": (
+        dict(eval_interval=1, export_best=True),
+        lambda m, tmp: fail_fsync_of(m, "policy."),
+        "{run_dir}/export",
+    ),
+    "wandb artifact staging": (
+        dict(track=True),
+        lambda m, tmp: (offline_wandb(m, tmp), fail_calls(m, shutil, "copyfile", "staging")),
+        "wandb's staging copy of {run_dir}/checkpoints/last.pt",
+    ),
+}
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_every_writer_that_fails_ends_the_run_with_one_line(writer, tmp_path, monkeypatch, capsys):
+    """ENOSPC from each other writer of a training run: the eval video (its mp4, written by ffmpeg; its TensorBoard
+    GIF; wandb's copy of it), the policy exported with best.pt, wandb's staging copy of a checkpoint for its
+    artifact. The same one line as a checkpoint's (the file, the cause, the last good checkpoint and its step, the
+    command that continues), no traceback, last.pt whole, no temporary file, the lock released; the writer's own
+    earlier files whole (the first video)."""
+    flags, fail, what = WRITERS[writer]
+    run_dir = run_dir_of(tmp_path)
+    what = what.format(run_dir=run_dir) if "{" in what else run_dir / what
+    fail(monkeypatch, tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        train("ppo", tmp_path, total_timesteps=units("ppo", 4), save_interval=1, **flags)
+    line, last = str(ended.value.code), run_dir / "checkpoints" / "last.pt"
+    saved = load_checkpoint(last)["global_step"]
+    assert line.startswith(
+        f"error: cannot write {what} (No space left on device [errno 28]); the last good checkpoint is {last} "
+        f"(global step {saved:,}), nothing earlier lost. Free space"
+    ), line
+    assert line.endswith(f"--output-dir {tmp_path} --run-name run --resume auto") and "\n" not in line
+    assert saved == ITERATION  # the fault comes at iteration 2's evaluation (a video), or after iteration 1's save
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "warning" not in err, err
+    assert not (run_dir / LOCK).exists()
+    assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name and "wandb" not in p.parts]
+    if writer == "eval video mp4":
+        assert mp4_frames(run_dir / "videos" / f"step_{ITERATION}.mp4")  # the first video whole
+        assert [p.name for p in (run_dir / "videos").iterdir()] == [f"step_{ITERATION}.mp4"]
+    if writer == "exported policy":
+        assert not (run_dir / EXPORT).exists() or not list((run_dir / EXPORT).iterdir())
+    assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "error"
+
+
+def test_config_json_that_cannot_be_written_ends_the_run_in_one_line_and_keeps_the_earlier_one(
+    tmp_path, monkeypatch, capsys
+):
+    """A resumed run whose config.json cannot be rewritten (its flags changed: a larger --total-timesteps): one line
+    before the training, the earlier config.json whole, last.pt as it was, the lock released."""
+    run_dir = run_dir_of(tmp_path)
+    train("ppo", tmp_path, total_timesteps=units("ppo", 2), save_interval=1)
+    config, last = (run_dir / "config.json").read_bytes(), run_dir / "checkpoints" / "last.pt"
+    fail_fsync_of(monkeypatch, "config.json")
+    with pytest.raises(SystemExit) as ended:
+        train("ppo", tmp_path, total_timesteps=units("ppo", 4), resume="auto", save_interval=1)
+    line = str(ended.value.code)
+    assert line.startswith(
+        f"error: cannot write {run_dir / 'config.json'} (No space left on device [errno 28]); the last good checkpoint "
+        f"is {last} (global step {2 * ITERATION:,}), nothing earlier lost. Free space"
+    ), line
+    assert line.endswith("--resume auto") and "\n" not in line
+    assert (run_dir / "config.json").read_bytes() == config and load_checkpoint(last)["global_step"] == 2 * ITERATION
+    assert not (run_dir / LOCK).exists() and not [p for p in run_dir.rglob("*") if ".tmp" in p.name]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_an_export_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    """The exported policy's three files are written together: a failed write (ENOSPC) raises, and the files of the
+    earlier export stay as they were, with no temporary file beside them. --eval-only --export to a full disk ends in
+    one line of its own (it writes no run: nothing to continue)."""
+    run_dir = run_dir_of(tmp_path)
+    train("ppo", tmp_path, total_timesteps=units("ppo", 1), eval_interval=1, export_best=True)
+    export = run_dir / EXPORT
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    assert set(before) == {"policy.pt2", "policy.onnx", "policy.json"}
+    last = run_dir / "checkpoints" / "last.pt"
+    fail_fsync_of(monkeypatch, "policy.json")  # the last of the three
+    with pytest.raises(SystemExit) as ended:
+        train("ppo", tmp_path, eval_only=True, resume=str(last), export=str(export))
+    assert str(ended.value.code) == (
+        f"error: cannot write {export} (No space left on device [errno 28]); {last} is untouched. Free space, then "
+        "run it again"
+    )
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+
+
+def test_write_mp4_on_a_full_disk_raises_and_leaves_no_file(small_filesystem):
+    """A real full disk (a 200 KiB tmpfs, as root): ffmpeg fails; write_mp4 says so (OutputError, ENOSPC, the
+    file) instead of leaving a truncated mp4, and leaves no file."""
+    import numpy as np
+
+    from common.checkpoint import OutputError
+    from common.video import write_mp4
+
+    pytest.importorskip("imageio_ffmpeg")
+    frames = [np.random.default_rng(i).integers(0, 255, (200, 200, 3), dtype=np.uint8) for i in range(60)]
+    with pytest.raises(OutputError) as raised:
+        write_mp4(small_filesystem / "videos" / "step_1.mp4", frames, 30)
+    assert (raised.value.errno, raised.value.filename) == (
+        errno.ENOSPC,
+        str(small_filesystem / "videos" / "step_1.mp4"),
+    )
+    assert list((small_filesystem / "videos").iterdir()) == []
 
 
 # --------------------------------------------------------------------------------------------
