@@ -129,8 +129,9 @@ class RunArgs:
     """name of the run directory; default {env_id}__{algo}__{seed}__{timestamp}"""
     resume: str | None = None
     """checkpoint to resume from: a path, a run directory, or 'auto' (this run's last.pt if it exists); the run it
-    continues defines every flag not given on the command line: the env, --num-envs, --total-timesteps, --seed and
-    the algorithm's flags are the checkpoint's"""
+    continues defines every flag not given on the command line (its env, named settings, sizes, intervals and the
+    algorithm's flags), but those of the sitting: --device, --compile, --cudagraphs, --torch-deterministic,
+    --dist-timeout, --max-wall-seconds and where the run is"""
     init_from: str | None = None
     """start a new run from the model weights and normalizers of this checkpoint (a path or a run directory), e.g.
     a baseline for a modified script: nothing else is taken (no counters, optimizers, schedules or flags); tensors
@@ -140,7 +141,8 @@ class RunArgs:
     """let --resume continue a run that another script wrote (the copy it came from, or a copy of it): without it, a
     resume that would cross scripts stops and names both (start a new run from its weights with --init-from instead)"""
     overwrite: bool = False
-    """start over in an existing run directory: remove it whole first (without it, a run never writes over another)"""
+    """start over in an existing run directory: clear it (all but its lock) once this process holds its lock (without
+    it, a run never writes over another)"""
     eval_only: bool = False
     """load --resume, evaluate the deterministic policy, print the returns, and exit"""
     save_interval: Annotated[int, Ge(1)] = 50
@@ -196,13 +198,35 @@ class RunArgs:
     """seconds a collective may wait for the other ranks before the run fails (a dead or hung rank)"""
 
 
-# The run flags that define the run a checkpoint continues, beside the env and the algorithm's own flags:
-# --resume takes them from the checkpoint unless given (--num-envs sizes every per-rank tensor; the
-# schedules run to --total-timesteps; every random stream derives from --seed).
+# The run flags that define the run a checkpoint continues, beside the env and the algorithm's own flags
+# (--num-envs sizes every per-rank tensor; the schedules run to --total-timesteps; every random stream
+# derives from --seed).
 CONTINUED_FLAGS = {"env_id", "env_kwargs", "eval_env_kwargs", "num_envs", "total_timesteps", "seed"}
-# Flags that change how a run is driven, not what it is: never taken from a checkpoint, and left out
-# of the "saved with ..." hint of a checkpoint that does not fit.
+# Flags that change how a run is driven, not what it is: left out of the "saved with ..." hint of a
+# checkpoint that does not fit, and repeated by the command that continues a stopped run.
 RUN_FLAGS = {f for f in RunArgs.__dataclass_fields__} - CONTINUED_FLAGS
+# The flags of one sitting, not of the run: where this process writes and reads, and how it runs on this
+# machine (a resume may run on another machine, under a time limit of its own). A resume takes every other
+# flag, intervals included, from its checkpoint unless given again; these always come from the command line.
+SITTING_FLAGS = {
+    "resume",
+    "resume_other_script",
+    "overwrite",
+    "eval_only",
+    "export",
+    "output_dir",
+    "run_name",
+    "progress",
+    "device",
+    "compile",
+    "cudagraphs",
+    "torch_deterministic",
+    "dist_timeout",
+    "max_wall_seconds",
+}
+# --eval-only takes the run's flags too (its eval envs and episodes), but not whether to record a video: a
+# video of an --eval-only is asked for on its own command line.
+EVAL_ONLY_OWN_FLAGS = {"capture_video", "video_envs"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,15 +308,16 @@ def describe_settings(settings: dict, defaults: dict) -> str:
 
 
 def as_flag(name: str, value) -> str:
-    """The command-line spelling of one flag's value: --n-step 1, --no-reward-norm, --hidden-sizes 64 64."""
+    """The command-line spelling of one flag's value, quoted for a shell: --n-step 1, --no-reward-norm,
+    --hidden-sizes 64 64 (--hidden-sizes alone: no layers), --env-kwargs '{"preset": "atari"}'."""
+    import shlex
+
     flag = "--" + name.replace("_", "-")
     if isinstance(value, bool):
         return flag if value else "--no-" + name.replace("_", "-")
     if isinstance(value, (tuple, list)):
-        return f"{flag} {' '.join(map(str, value))}".rstrip()
-    if isinstance(value, str) and (not value or any(c in value for c in " {}\"'")):
-        return f"{flag} '{value}'"
-    return f"{flag} {value}"
+        return " ".join([flag, *(shlex.quote(str(v)) for v in value)])
+    return f"{flag} {shlex.quote(str(value))}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -518,42 +543,53 @@ def from_command_line(args) -> bool:
 
 
 def take_flags_from(run, checkpoint: dict) -> None:
-    """The checkpoint's env id, env kwargs and the algorithm's own flags (network shapes among them),
-    for every one of them the command line left alone; one given that contradicts the checkpoint's
-    env id is an error (a network shape that does not fit is restore's)."""
+    """The flags of the run `checkpoint` continues, for every one the command line left alone: every flag the run was
+    started with (its env, named settings, sizes, intervals and the algorithm's flags, network shapes among them),
+    but those of one sitting (SITTING_FLAGS). Says which ones it took ("from the checkpoint: ...", a shell fragment)
+    and which ones the command line changes. One given that contradicts the run's env id or its named settings is an
+    error (a network shape that does not fit is restore's)."""
     args, saved = run.args, checkpoint.get("args", {})
     if "env_id" in run.given and saved.get("env_id", args.env_id) != args.env_id:
         raise SystemExit(
             f"error: {run.resume_path} was trained on env {saved['env_id']!r}, not {args.env_id!r}: drop "
             f"--env-id (the checkpoint's is used) or pass --env-id {saved['env_id']}"
         )
-    taken = []
-    if "settings" not in run.given and saved.get("settings") not in (None, args.settings):
-        # the set the run was started with (the command line named no env, or another family's): the checkpoint has
-        # its values of the algorithm's flags; the run flags it sets (evaluation sizes) come from it as it is now
-        values = getattr(sys.modules.get(type(args).__module__), "SETTINGS", {}).get(saved["settings"], {})
-        for name, value in ({} if callable(values) else values).items():
-            if name in RUN_FLAGS and name not in run.given:
-                setattr(args, name, value)
-        args.settings, args._settings_origin = saved["settings"], ("the run's, its values from its checkpoint", [])
+    if "settings" in run.given and saved.get("settings") not in (None, args.settings) and not args.eval_only:
+        raise SystemExit(
+            f"error: {run.resume_path} is a run of --settings {saved['settings']}, not {args.settings}: a resume keeps "
+            f"the run's values; drop --settings (give the flags to change one by one), or start a new run with "
+            f"--init-from {run.resume_path}"
+        )
     run.foreign_flags = {name: value for name, value in saved.items() if not hasattr(args, name)}
     if run.foreign_flags:  # another script's run (--resume-other-script): its flags stay in its config and checkpoints
-        kept = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in run.foreign_flags.items())
+        kept = " ".join(as_flag(k, v) for k, v in run.foreign_flags.items())
         run.say(
             f"notice: the run's flags that {run.algo}.py does not have are kept in its config.json and checkpoints, "
             f"unused: {kept}"
         )
+    own = SITTING_FLAGS | (EVAL_ONLY_OWN_FLAGS if args.eval_only else set())
+    taken, changed = [], []
     for name, value in saved.items():
-        if name in RUN_FLAGS or name in run.given or not hasattr(args, name):
-            continue
+        if name in own or not hasattr(args, name) or (name == "settings" and value is None):
+            continue  # (a run built in code names no set)
         value = tuple(value) if isinstance(getattr(args, name), tuple) and isinstance(value, list) else value
-        if value != getattr(args, name):
-            setattr(args, name, value)
-            taken.append(
-                f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, tuple) else value}"
-            )
+        if value == getattr(args, name):
+            continue
+        if name in run.given:
+            changed.append(f"{as_flag(name, getattr(args, name))} (the run's: {as_flag(name, value)})")
+            continue
+        setattr(args, name, value)
+        taken.append((name, as_flag(name, value)))
+        if name == "settings":
+            args._settings_origin = ("the run's, its values from its checkpoint", [])
+    names = [name for name, _ in taken]
+    if "env_id" in names and "settings" not in names and args.settings is not None:
+        # named, as the env id alone would choose its family's set: the line added to the command gives the run's values
+        taken.insert(names.index("env_id") + 1, ("settings", as_flag("settings", args.settings)))
     if taken:
-        run.say(f"from the checkpoint: {' '.join(taken)}")
+        run.say(f"from the checkpoint: {' '.join(words for _, words in taken)}")
+    if changed and not args.eval_only:
+        run.say(f"notice: given again with other values than the run's: {', '.join(changed)}")
 
 
 def derive_seed(run, stream: str) -> int:

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase
 
 from common import distributed
-from common.args import RUN_FLAGS, from_command_line
+from common.args import RUN_FLAGS, as_flag, from_command_line
 from common.capture import read_timings
 from common.checkpoint import checkpoint_dir
 
@@ -204,7 +204,9 @@ def log(run: Run, stats: dict[str, float]) -> None:
         run.progress.set_postfix(sps=f"{run.sps:,.0f}", ret=ret, refresh=False)
 
 
-# Run flags that a continued run gets from its command line, not from the checkpoint (see open_run)
+# Run flags the command that continues a run does not repeat: it names the run directory and --resume auto itself;
+# the run's other flags come back from its checkpoint anyway (common.args.take_flags_from), the repeated ones
+# carry the sitting's own (--device, --max-wall-seconds) and the run's where it stopped before its first checkpoint
 _NOT_REPEATED = {"resume", "overwrite", "run_name", "output_dir", "eval_only", "export", "progress"}
 
 
@@ -255,11 +257,7 @@ def continue_command(run: Run) -> str:
     as_program = from_command_line(args)
     flags = []
     for name in sorted((run.given & RUN_FLAGS) - _NOT_REPEATED):
-        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
-        if isinstance(value, bool):
-            flags.append(flag if value else f"--no-{flag[2:]}")
-        else:
-            flags.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
+        flags.append(as_flag(name, getattr(args, name)))  # quoted for a shell
     return " ".join(
         [
             f"python {sys.argv[0] if as_program else f'algos/{run.algo}.py'}",

@@ -14,16 +14,29 @@ of their own in tests/test_scripts.py.
 from __future__ import annotations
 
 import functools
+import json
 import math
+import shlex
 import subprocess
 import sys
 import typing
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from typing import Annotated, Literal
 
 import pytest
+import torch
 
-from common.args import RunArgs, check_numbers, declared_bounds, parse_args
+from common.args import (
+    SITTING_FLAGS,
+    RunArgs,
+    check_numbers,
+    declared_bounds,
+    given_flags,
+    parse_args,
+    take_flags_from,
+)
+from common.record import Run
+from common.run import open_run
 from tests.helpers import ROOT, load_script, subprocess_env
 
 SCRIPTS = sorted(path.stem for path in (ROOT / "algos").glob("*.py"))
@@ -155,3 +168,109 @@ def test_a_bad_flag_value_exits_with_a_usage_error_in_one_line_and_writes_nothin
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
     assert len(lines) == 1 and lines[0].startswith((f"error: {flag} ", f"error: each of {flag} ")), lines
     assert not out.exists(), list(out.iterdir())
+
+
+# --------------------------------------------------------------------------------------------
+# A resumed run's flags: every one it was started with, however the command line resumes it
+# --------------------------------------------------------------------------------------------
+def resolved(module, argv: list[str], monkeypatch) -> dict:
+    """The Args of `argv` as the script resolves them (parse_args, start_run, open_run: a resumed run's flags taken
+    from its checkpoint), without training or writing anything."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with monkeypatch.context() as patched:
+        patched.setattr(module, "train", lambda run, args: (open_run(run), asdict(args))[1])
+        return module.main(parse_args(module.Args, argv))
+
+
+def run_parsed(module, argv: list[str], monkeypatch) -> dict:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # choose_threads keeps off
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return module.main(parse_args(module.Args, argv))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_resumed_run_keeps_every_flag_it_was_started_with_however_it_is_resumed(tmp_path, monkeypatch, capsys):
+    """The issue's runs: a --settings builtin MinAtar run started with --eval-interval 5 --log-interval 5, stopped
+    (--max-wall-seconds, a flag of its sitting), resumed with --resume auto alone and with --env-id given again. Both
+    resolve to the same Args, those of its config.json (the sitting's flags aside): the builtin values (128 eval envs,
+    not the minatar set's 16), the intervals; the "from the checkpoint" line is a shell fragment that parses back to
+    them; a resume leaves the run's values in config.json as they were. A value given again differently is applied with
+    a notice; another --settings is refused in one line."""
+    ppo = load_script("ppo")
+    where = ["--output-dir", str(tmp_path), "--run-name", "run", "--device", "cpu", "--no-progress"]
+    sizes = ["--encoder", "minatar", "--num-envs", "4", "--num-steps", "8", "--num-minibatches", "2"]
+    first = ["--env-id", "MinAtar/Breakout-v1", "--settings", "builtin", *sizes, "--total-timesteps", "320"]
+    first += ["--eval-interval", "5", "--log-interval", "2", "--max-wall-seconds", "0", *where]
+    stopped = run_parsed(ppo, first, monkeypatch)
+    assert stopped["stop_reason"] == "max_wall_seconds" and stopped["iteration"] == 2
+    config_path = tmp_path / "run" / "config.json"
+    config = json.loads(config_path.read_text())
+    assert (config["settings"], config["num_eval_envs"], config["eval_interval"]) == ("builtin", 128, 5)
+    capsys.readouterr()
+
+    plain = resolved(ppo, ["--resume", "auto", *where], monkeypatch)
+    fragment = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("from the checkpoint: "))
+    again = resolved(ppo, ["--env-id", "MinAtar/Breakout-v1", "--resume", "auto", *where], monkeypatch)
+    assert plain == again
+    assert (plain["settings"], plain["num_eval_envs"], plain["eval_interval"], plain["log_interval"]) == (
+        "builtin",
+        128,
+        5,
+        2,
+    )
+    as_json = json.loads(json.dumps(plain))  # tuples as the config's lists
+    assert {k: v for k, v in as_json.items() if k not in SITTING_FLAGS} == {
+        k: v for k, v in config.items() if k not in SITTING_FLAGS
+    }
+    pasted = parse_args(ppo.Args, shlex.split(fragment.removeprefix("from the checkpoint: ")))
+    assert {k: v for k, v in asdict(pasted).items() if k not in SITTING_FLAGS} == {
+        k: v for k, v in plain.items() if k not in SITTING_FLAGS
+    }
+
+    resumed = run_parsed(ppo, ["--resume", "auto", "--max-wall-seconds", "0", *where], monkeypatch)
+    assert resumed["iteration"] == 4  # logged (and so stopped) every 2 iterations: the run's --log-interval
+    after = json.loads(config_path.read_text())
+    assert after["resume"] == "auto"  # the sitting's flags are the sitting's; the run's values are as they were
+    assert {k: v for k, v in after.items() if k not in SITTING_FLAGS} == {
+        k: v for k, v in config.items() if k not in SITTING_FLAGS
+    }
+    assert "notice: given again" not in capsys.readouterr().out
+
+    changed = resolved(ppo, ["--resume", "auto", "--eval-interval", "3", *where], monkeypatch)
+    assert changed == {**plain, "eval_interval": 3}
+    assert "notice: given again with other values than the run's: --eval-interval 3 (the run's: --eval-interval 5)" in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(SystemExit, match=r"^error: .*last\.pt is a run of --settings builtin, not minatar: a resume"):
+        resolved(ppo, ["--settings", "minatar", "--resume", "auto", *where], monkeypatch)
+
+
+def test_the_from_the_checkpoint_line_is_a_shell_fragment(capsys):
+    """JSON quoted, a tuple flag with its values (alone when it has none), booleans as switches, a string with a
+    space or a quote quoted: pasted into a command line, it parses back to the run's values."""
+    ppo = load_script("ppo")
+    saved = asdict(
+        ppo.Args(
+            env_id="envpool:Pong-v5",
+            settings="builtin",  # named, as the line must: the env id alone would choose the atari set
+            env_kwargs='{"preset": "atari"}',
+            eval_env_kwargs='{"note": "it\'s"}',
+            hidden_sizes=(),
+            shared_encoder=True,
+            reward_norm=False,
+            wandb_entity="my team",
+            target_return=21.0,
+        )
+    )
+    args = parse_args(ppo.Args, ["--resume", "auto"])
+    run = Run(args=args, algo="ppo", rank=0, world_size=1, device=torch.device("cpu"), is_main=True)
+    run.given, run.resume_path = given_flags(args), "last.pt"
+    take_flags_from(run, {"args": saved})
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("from the checkpoint: ")]
+    assert "--hidden-sizes --" in line and "--shared-encoder" in line and "--no-reward-norm" in line, line
+    pasted = parse_args(ppo.Args, shlex.split(line.removeprefix("from the checkpoint: ")))
+    taken = {k: v for k, v in saved.items() if k not in SITTING_FLAGS}
+    assert {k: v for k, v in asdict(pasted).items() if k in taken} == taken
