@@ -12,11 +12,13 @@ envs (DAgger: it learns on the states its own mistakes lead to; --teacher-action
 early), and after each rollout the student regresses on what the teacher did there: the teacher's deterministic
 action for Box actions (mse or huber on the student's mean), the teacher's distribution for Discrete ones (KL).
 A recurrent student is trained by truncated BPTT over the rollout from the hidden states it started with, zeroed
-at episode starts, as ppo_lstm.py's update does (common/recurrent.py). The student has the module and tensor names of
+at episode starts, as ppo_lstm.py's update does (carry_over, episode_starts); minibatches are sets of envs with all
+their steps, so --num-minibatches divides --num-envs (env_minibatches). The student has the module and tensor names of
 ppo_lstm.py's actor (cell lstm/gru) and ppo.py's (cell none), normalizer included: those scripts fine-tune it with
 --init-from. Top to bottom: Args -> Policy (student and teacher alike), the teacher's loading (its checks:
-common/teacher.py) -> the loss -> targets -> update -> main and train (setup; the iteration's functions,
-then one block that compiles and captures them; the loop).
+common/teacher.py) -> the hidden state's carry-over and resets, the minibatch rule -> the loss -> targets -> update ->
+main and train (setup, the hidden states and what the checkpoints hold; the iteration's functions, the rollout loop
+among them, then one block that compiles and captures them; the loop).
 References: Ross et al. 2011 (DAgger); Chen et al. 2019 ("Learning by cheating": privileged teachers);
 Rudin et al. 2022 (rsl_rl, whose Distillation runner this follows).
 """
@@ -45,14 +47,13 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import timed
+from common.capture import captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import observation_normalizer
-from common.recurrent import EvalPolicy, allow_rnn, batch_said, carry_over, cell_said, env_minibatches
-from common.recurrent import episode_starts, recurrent_cell, state_shape_of
-from common.run import begin_training, closing, finish, make_envs, open_run, start_run
-from common.stats import add_to
+from common.recurrent import EvalPolicy, allow_rnn, recurrent_cell, state_shape_of
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
+from common.stats import add_to, record_env_log
 from common.teacher import note_teacher, teacher_checkpoint, teacher_group
 
 ALGO = "distill"
@@ -111,7 +112,9 @@ class Policy(nn.Module):
     """An actor: normalized observations -> (a recurrent cell ->) an MLP head -> logits (Discrete) or the mean
     action (Box). Its tensors are named as ppo_lstm.py's Agent names them (rnn.*, actor.*, obs_rms.*), and as
     ppo.py's without a cell: those scripts' checkpoints load into it as teachers, and it starts them with
-    --init-from. Its hidden state is laid out as common/recurrent.py says; without a cell it has no rows."""
+    --init-from. The hidden state of a batch of envs is one tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2
+    for an LSTM: the h rows, then the c rows; common.nets.rnn_step's layout), the batch at dim 1, as ppo_lstm.py's;
+    without a cell it has no rows."""
 
     def __init__(
         self,
@@ -192,6 +195,30 @@ def load_teacher(path: str, obs_dim: int, group: str, space: gym.Space, env_id: 
     return teacher.to(device).eval().requires_grad_(False), digest
 
 
+# --- The hidden state: carried over step to step, zeroed where an episode ends; minibatches of sequences ---
+def carry_over(live: torch.Tensor, next_state: torch.Tensor, done: torch.Tensor) -> None:
+    """The live hidden states [rows, N, H] move on to `next_state` in place, zeroed for the envs whose episode ended
+    (done [N]) before the next step reads them."""
+    live.copy_(next_state * ~done.unsqueeze(-1))
+
+
+def episode_starts(dones: torch.Tensor) -> torch.Tensor:
+    """Where an episode starts in a [T, N] rollout of `dones`: the step after each done, where the update's replay
+    zeroes the state as the rollout did (never step 0: the rollout's copy of the state was zeroed already)."""
+    return torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])
+
+
+def env_minibatches(args: Args) -> int:
+    """Envs per minibatch: a minibatch is a set of envs with their whole sequences, so --num-minibatches divides
+    --num-envs, or a one-line error before anything runs."""
+    if args.num_envs % args.num_minibatches != 0:
+        raise SystemExit(
+            f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
+            f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
+        )
+    return args.num_envs // args.num_minibatches
+
+
 # --- The loss of a minibatch of sequences ---
 def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Args):
     """The student replays the minibatch's sequences from their initial hidden states; Discrete: KL(teacher ||
@@ -209,7 +236,7 @@ def distill_loss(student: Policy, mb: TensorDict, state: torch.Tensor, args: Arg
     return loss, {"distill_loss": loss.detach(), "agreement": agreement.detach()}
 
 
-# --- One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update ---
+# --- One iteration: rollout (train's rollout_fn) -> targets -> update ---
 # Functions of tensors that live as long as the run (the hidden states included), so that on CUDA each is compiled
 # and captured whole.
 @torch.no_grad()
@@ -255,7 +282,7 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags, --teacher among them, it takes)
     device = run.device
-    envs_per_minibatch = env_minibatches(args)  # or a clear error: they must divide
+    envs_per_minibatch = env_minibatches(args)  # or a one-line error: the envs must divide
     global_batch = args.num_envs * args.num_steps * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
@@ -348,8 +375,14 @@ def train(run, args: Args) -> dict:
         return losses
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
+        """--num-steps env steps, each transition into the storage at its step; no host sync, so that a built-in
+        env's whole rollout is one CUDA graph. Returns the observation after the last step."""
         initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
-        return loop.rollout(run, env_step, obs, storage)
+        for step in range(args.num_steps):
+            obs, transition, info = env_step(obs)
+            storage.write(step, transition)
+            record_env_log(run, info)  # the env's own metrics, logged under env/
+        return obs
 
     def targets_fn():
         return targets(student, storage.data, ep_stats, stats["episodes"], args)
@@ -360,15 +393,26 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, initial_state, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
-    steps = {"acting": policy_step, "end of step": end_step}  # an adapter's: captured apart, the env stepped between
-    env_step, (policy_step, end_step), update_minibatch, targets_fn, rollout_fn, update_fn = loop.compile_and_capture(
-        run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn
-    )
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged ---
+    # Each name is rebound to its compiled (and captured) function: the functions that call it read the name at each
+    # call. A built-in env steps inside the graph: the whole rollout is one, its env step compiled. An adapter's
+    # simulator cannot be captured: its step runs eagerly between the acting and end-of-step functions, each captured.
+    if whole_rollout := getattr(envs, "capturable", False):
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        end_step = captured(run, "end of step", compiled(run, end_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves
+    # the start line: the teacher, the student, the batch as minibatches of envs
     teacher_said = f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r})"
-    student_said = f"student {'MLP' if args.cell == 'none' else cell_said(args)} reads 'policy'"
-    said = f"{teacher_said}; {student_said}; {batch_said(args, global_batch, envs_per_minibatch)}"
-    begin_training(run, said, global_batch)
+    cell_said = "MLP" if args.cell == "none" else f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
+    batch_said = (
+        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {envs_per_minibatch} envs x "
+        f"{args.num_steps} steps per process)"
+    )
+    begin_training(run, f"{teacher_said}; student {cell_said} reads 'policy'; {batch_said}", global_batch)
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         if args.lr_schedule == "linear":
@@ -382,9 +426,14 @@ def train(run, args: Args) -> dict:
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn()
-        # the log, evaluation and checkpoints that are due, the same on every rank
-        local = {"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob}
-        if loop.end_iteration(run, stats, local, eval_envs, eval_policy, state, next_obs):
+        # the log when due (every --log-interval iterations, and before an evaluation or a save: one host read) of the
+        # iterations since the last log, then the evaluation and checkpoints due; a stop, the same on every rank
+        due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
+        if due.log:
+            iterations_since_last_log = (run.global_step - run.reduced_step) // run.steps_per_iteration
+            local = {"charts/learning_rate": lr, "charts/teacher_action_prob": teacher_prob}
+            loop.log_iteration(run, stats, iterations_since_last_log, local)
+        if loop.evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs):
             break
     return finish(run, student, {"teacher": dict(teacher_info)})
 

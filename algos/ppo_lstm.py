@@ -4,11 +4,15 @@
     torchrun --nproc-per-node 8 algos/ppo_lstm.py --env-id Pendulum-v1 --env-kwargs '{"mask_velocity": true}'
 
 algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor and a critic
-head) -> GAE, the adaptive learning rate, the PPO loss of a minibatch of sequences -> targets -> update ->
-main and train (setup; the iteration's functions, then one block that compiles and captures them; the loop). Each
-env's hidden state lives through the rollouts, zeroed where its episode ends; the update replays each env's rollout as
-one sequence from the state it started with (truncated BPTT over --num-steps), minibatches being sets of envs with all
-their steps; the state's layout and bookkeeping are common/recurrent.py's.
+head) -> the hidden state's carry-over and resets, the minibatch rule -> GAE, the adaptive learning rate, the PPO loss
+of a minibatch of sequences -> targets -> update -> main and train (setup, the hidden states and what the checkpoints
+hold; the iteration's functions, the rollout loop among them, then one block that compiles and captures them; the
+loop). Each env's hidden state lives through the rollouts, zeroed where its episode ends (carry_over); the update
+replays each env's rollout as one sequence from the state it started with (truncated BPTT over --num-steps), zeroed at
+the episode starts as the rollout did (episode_starts), minibatches being sets of envs with all their steps, so
+--num-minibatches divides --num-envs (env_minibatches). The state of a batch of envs is one tensor
+[k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h rows, then the c rows; common.nets.rnn_step's
+layout), the batch at dim 1: a minibatch of envs is `state[:, envs]`, and the exported policy takes it so.
 Flags as ppo.py's, less those tests/test_flag_parity.py lists with the reason (--symmetry: a hidden state has no
 known mirror image; rsl_rl refuses symmetry with a recurrent policy too).
 References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability);
@@ -38,16 +42,14 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import acting_autocast, timed
-from common.checkpoint import restore
+from common.capture import acting_autocast, captured, compiled, timed
+from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
-from common.recurrent import EvalPolicy, allow_rnn, begin_recurrent, carry_over, episode_starts
-from common.recurrent import group_encoders, recurrent_cell, recurrent_envs, recurrent_ppo_state, recurrent_sizes
-from common.recurrent import state_shape_of
-from common.run import closing, finish, open_run, start_run
+from common.recurrent import EvalPolicy, allow_rnn, recurrent_cell, state_shape_of
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
 from common.settings import rsl_rl_settings
-from common.stats import add_to, explained_variance
+from common.stats import add_to, explained_variance, record_env_log
 
 ALGO = "ppo_lstm"
 
@@ -130,6 +132,19 @@ SETTINGS = {
 
 
 # --- Networks ---
+def group_encoders(shapes: tuple, kind: str, pixel_highs: tuple) -> tuple[tuple[nn.Module, int], ...]:
+    """(encoder, width of what it gives) of each of the agent's groups, in order (`shapes`: one env's, a tuple or a
+    dict of terms; None for a group it lacks): an image group or a group of terms is read by an --encoder `kind` of its
+    own (common.nets.group_encoder), as wide as its features; a vector group by nn.Identity, as wide as itself; a group
+    the agent lacks by nn.Identity, of width 0. An int D is the vector group [D]."""
+    out = []
+    for shape, high in zip(shapes, pixel_highs):
+        shape = (shape,) if isinstance(shape, int) else shape
+        encoder = nets.group_encoder(shape, kind, high) or nn.Identity()
+        out.append((encoder, 0 if not shape else getattr(encoder, "out_dim", None) or shape[0]))
+    return tuple(out)
+
+
 class Agent(nn.Module):
     """A recurrent cell over the normalized policy observations, shared by an actor head and a critic head (one cell
     step per env step, as CleanRL's; the critic head also reads the "critic" observations when given), with the
@@ -146,7 +161,7 @@ class Agent(nn.Module):
         (self.encoder, obs_dim), (self.critic_encoder, critic_dim) = group_encoders(shapes, args.encoder, pixel_high)
         act_dim = nets.action_size(action_space)
         self.rnn = recurrent_cell(args.cell, obs_dim, args.rnn_hidden_size, args.rnn_layers)
-        self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden): common/recurrent.py
+        self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden): k * layers rows of hidden units
         self.actor = nets.mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
         self.critic = nets.mlp(args.rnn_hidden_size + critic_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
         if not self.discrete:
@@ -210,6 +225,30 @@ class Agent(nn.Module):
         return (out.argmax(-1) if self.discrete else self.to_env(out)), state
 
 
+# --- The hidden state: carried over step to step, zeroed where an episode ends; minibatches of sequences ---
+def carry_over(live: torch.Tensor, next_state: torch.Tensor, done: torch.Tensor) -> None:
+    """The live hidden states [rows, N, H] move on to `next_state` in place, zeroed for the envs whose episode ended
+    (done [N]) before the next step reads them."""
+    live.copy_(next_state * ~done.unsqueeze(-1))
+
+
+def episode_starts(dones: torch.Tensor) -> torch.Tensor:
+    """Where an episode starts in a [T, N] rollout of `dones`: the step after each done, where the update's replay
+    zeroes the state as the rollout did (never step 0: the rollout's copy of the state was zeroed already)."""
+    return torch.cat([torch.zeros_like(dones[:1]), dones[:-1]])
+
+
+def env_minibatches(args: Args) -> int:
+    """Envs per minibatch: a minibatch is a set of envs with their whole sequences, so --num-minibatches divides
+    --num-envs, or a one-line error before anything runs."""
+    if args.num_envs % args.num_minibatches != 0:
+        raise SystemExit(
+            f"error: --num-envs {args.num_envs} does not divide into --num-minibatches {args.num_minibatches} "
+            f"(a minibatch is a set of envs with their whole sequences); pick a divisor of {args.num_envs}"
+        )
+    return args.num_envs // args.num_minibatches
+
+
 # --- GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences ---
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout. A truncated episode's last reward gets gamma * V(final_obs)
@@ -265,7 +304,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
     }
 
 
-# --- One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update ---
+# --- One iteration: rollout (train's rollout_fn) -> targets -> update ---
 # Functions of tensors that live as long as the run (the hidden states included), so that on CUDA each is compiled
 # and captured whole.
 @torch.no_grad()
@@ -330,8 +369,14 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    envs_per_minibatch, global_batch, total_steps = recurrent_sizes(run)  # or a clear error: the envs must divide
-    envs, eval_envs, next_obs, (obs_shape, critic_shape, pixel_highs) = recurrent_envs(run)  # critic_shape: or None
+    envs_per_minibatch = env_minibatches(args)  # or a one-line error: the envs must divide
+    global_batch = args.num_envs * args.num_steps * run.world_size  # env steps of an iteration, over all ranks
+    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
+    envs, eval_envs = make_envs(run)
+
+    next_obs, _ = envs.reset()  # the seeds make_envs gave them
+    refused = "--export of a recurrent policy" if args.export or args.export_best else None
+    obs_shape, critic_shape, pixel_highs = nets.group_shapes(envs, next_obs, args, refused)  # critic_shape: or None
     space = envs.single_action_space
     # rank 0's initial weights on every rank, and a grad-free twin for acting that shares the agent's storage
     agent, agent_inference = nets.agent_and_twin(
@@ -342,9 +387,22 @@ def train(run, args: Args) -> dict:
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
 
-    # what the checkpoints hold besides the counters (restored in place), with each env's running return and length
-    # and its hidden states: the live ones (every write in place), and those at the start of the rollout
-    state, ep_stats, rnn_state, initial_state = recurrent_ppo_state(agent, optimizer, envs, lr, reward_normalizer)
+    ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
+    # each env's hidden state, zero (an episode's start): the live one, which the rollout writes in place (a captured
+    # graph reads it where it is), and the one at the start of the rollout, which the update replays from
+    rnn_state = torch.zeros(agent.state_shape[0], args.num_envs, agent.state_shape[1], device=device)
+    initial_state = torch.zeros_like(rnn_state)
+
+    # what the checkpoints hold besides the counters, restored in place: the agent and its Adam; the learning rate and
+    # the reward normalizer, the same on every rank; each rank's own envs' running returns and lengths, partial
+    # discounted returns and live hidden states, so that a resume is exact
+    state = TrainingState(
+        agent,
+        {"adam": optimizer},
+        envs,
+        replicated={"learning_rate": lr, "reward_normalizer": reward_normalizer},
+        per_rank={"ep_stats": ep_stats, "reward_returns": reward_normalizer.returns, "rnn_state": rnn_state},
+    )
     next_obs = restore(run, state, next_obs)  # envs that start fresh episodes start from zero states
     if args.eval_only:
         return eval_only(run, eval_envs, eval_policy)
@@ -396,8 +454,14 @@ def train(run, args: Args) -> dict:
         return losses
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
+        """--num-steps env steps, each transition into the storage at its step; no host sync, so that a built-in
+        env's whole rollout is one CUDA graph. Returns the observation after the last step."""
         initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
-        return loop.rollout(run, env_step, obs, storage)
+        for step in range(args.num_steps):
+            obs, transition, info = env_step(obs)
+            storage.write(step, transition)
+            record_env_log(run, info)  # the env's own metrics, logged under env/
+        return obs
 
     def targets_fn(obs: TensorDict):
         return targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats, stats["episodes"], args)
@@ -409,12 +473,24 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, initial_state, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
-    steps = {"acting": policy_step, "end of step": end_step}  # an adapter's: captured apart, the env stepped between
-    env_step, (policy_step, end_step), update_minibatch, targets_fn, rollout_fn, update_fn = loop.compile_and_capture(
-        run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged ---
+    # Each name is rebound to its compiled (and captured) function: the functions that call it read the name at each
+    # call. A built-in env steps inside the graph: the whole rollout is one, its env step compiled. An adapter's
+    # simulator cannot be captured: its step runs eagerly between the acting and end-of-step functions, each captured.
+    if whole_rollout := getattr(envs, "capturable", False):
+        env_step = compiled(run, env_step)
+    else:
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        end_step = captured(run, "end of step", compiled(run, end_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves
+    # the start line: the batch as minibatches of envs, then the cell
+    said = (
+        f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {envs_per_minibatch} envs x "
+        f"{args.num_steps} steps per process); {args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
     )
-    begin_recurrent(run, global_batch, envs_per_minibatch)  # the start line: the batch, the cell
+    begin_training(run, said, global_batch)
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         if args.lr_schedule == "linear":
@@ -427,8 +503,13 @@ def train(run, args: Args) -> dict:
         with timed(run, "update"):
             update_fn(next_obs)
 
-        # the log (one host read), the evaluation and the checkpoints that are due; a stop, the same on every rank
-        if loop.end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, eval_policy, state, next_obs):
+        # the log when due (every --log-interval iterations, and before an evaluation or a save: one host read) of the
+        # iterations since the last log, then the evaluation and checkpoints due; a stop, the same on every rank
+        due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
+        if due.log:
+            iterations_since_last_log = (run.global_step - run.reduced_step) // run.steps_per_iteration
+            loop.log_iteration(run, stats, iterations_since_last_log, {"charts/learning_rate": lr})
+        if loop.evaluate_and_save(run, due, eval_envs, eval_policy, state, next_obs):
             break
     return finish(run, agent)
 

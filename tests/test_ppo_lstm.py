@@ -203,7 +203,6 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     import collections
 
     import common.evaluation
-    import common.loop
     from torch._dynamo.utils import counters
 
     per_function = collections.Counter()
@@ -226,7 +225,7 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
 
         return compiled_and_counted
 
-    monkeypatch.setattr(common.loop, "compiled", counting(common.loop.compiled))  # compile_and_capture
+    monkeypatch.setattr(ppo_lstm, "compiled", counting(ppo_lstm.compiled))  # train's compile-and-capture block
     monkeypatch.setattr(common.evaluation, "compiled", counting(common.evaluation.compiled))
     before = collections.Counter(counters["graph_break"])
     train(
