@@ -4,10 +4,12 @@
     python algos/sac.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
 Top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob, Agent) -> the critic, actor
-and temperature losses and update steps -> the iteration's functions -> train (setup, then the loop: act and store
--> updates -> log, eval, save). An iteration is one step of every env (`--num-envs` per process) followed by
-`--num-updates` gradient updates on large replay batches. Continuous actions. The wiring shared with td3.py:
-common/offpolicy.py.
+and temperature losses and update steps -> the iteration's functions (the warm-up's random actions, the env step
+and the transition it stores, the delayed actor's schedule) -> train (setup; the block that compiles and captures the
+iteration's functions; the loop: act and store -> when learning starts, the updates -> log, eval, save). An iteration
+is one step of every env (`--num-envs` per process) followed by `--num-updates` gradient updates on large replay
+batches. Continuous actions. common/offpolicy.py holds the plumbing sac.py and td3.py share (the replay's size and
+action-space checks, the observation sizes, the loop's log/eval/save).
 References: Haarnoja et al. 2018 (SAC, and "SAC algorithms and applications": automatic entropy tuning);
 Fujimoto et al. 2018 (clipped double Q); Seo et al. 2025 (FastTD3 / FastSAC).
 """
@@ -38,16 +40,14 @@ if importlib.util.find_spec("common") is None:
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
-from common.capture import timed  # noqa: E402
+from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
 from common.nets import EnsembleLinear, agent_and_twin, mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd, normalize_groups  # noqa: E402
-from common.offpolicy import action_bounds, actor_schedule, compile_and_capture  # noqa: E402
-from common.offpolicy import described, fold_and_ready, log_eval_save, new_stats, obs_dims  # noqa: E402
-from common.offpolicy import replay_capacity, replay_ready, store  # noqa: E402
+from common.offpolicy import action_bounds, log_eval_save, new_stats, obs_dims, replay_capacity  # noqa: E402
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run  # noqa: E402
-from common.stats import add_to  # noqa: E402
+from common.stats import add_to, episode_sums, record_env_log  # noqa: E402
 
 ALGO = "sac"
 
@@ -281,6 +281,85 @@ def check_args(args: Args) -> None:
 # the run, so that on CUDA each is captured whole in one graph. The host only picks WHICH one runs (random actions
 # before --learning-starts, the phase of the actor's schedule). `stats` gathers what the logs read, by name.
 # ----------------------------------------------------------------------------------------------
+def act_and_step(envs, agent: Agent, policy, bf16: bool, obs: TensorDict):
+    """An action in [-1, 1] from `policy(obs)`, or uniform ones (the warm-up) when `policy` is None,
+    and one step of every env with it, scaled to the env's bounds."""
+    device = agent.action_scale.device
+    if policy is None:
+        action = torch.rand(envs.num_envs, agent.action_scale.shape[0], device=device) * 2 - 1
+    else:
+        # no autocast cache: a captured acting step must cast the weights itself at every replay
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            action = policy(obs)
+    return action, *envs.step(agent.to_env(action))
+
+
+def store(run, buffer: ReplayBuffer, ep_stats, stats: dict, obs, action, next_obs, reward, terminated, truncated, info):
+    """Write the transition into the replay buffer (its device half: the loop advances the host copy), and add the
+    episode statistics and the non-finite counts to `stats`. No host read. Returns which episodes ended."""
+    done = terminated | truncated
+    # The true next observation: the final one where the episode ended (next_obs has reset).
+    real_next_obs = torch.where(done, info["final_obs"], next_obs)
+    buffer.write(
+        TensorDict(
+            {
+                "obs": obs,
+                "actions": action,
+                "rewards": reward.float(),
+                "terminated": terminated,
+                "truncated": truncated,
+                "next_obs": real_next_obs,
+            },
+            batch_size=[buffer.num_envs],
+        )
+    )
+    episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=stats["episodes"])
+    add_to(
+        stats["nonfinite"],
+        {"observations": (~torch.isfinite(real_next_obs["policy"])).sum(), "rewards": (~torch.isfinite(reward)).sum()},
+    )
+    record_env_log(run, info)
+    return done
+
+
+def collect(run, step, buffer: ReplayBuffer, ep_stats: torch.Tensor, stats: dict, obs: TensorDict) -> TensorDict:
+    """Act and step (`step`), store the transition and its statistics. No host read. Returns the next observation."""
+    action, next_obs, reward, terminated, truncated, info = step(obs)
+    store(run, buffer, ep_stats, stats, obs, action, next_obs, reward, terminated, truncated, info)
+    return next_obs
+
+
+def actor_schedule(num_updates: int, policy_frequency: int) -> tuple[dict[int, tuple[int, ...]], int]:
+    """The delayed actor (and temperature): it steps after every policy_frequency-th critic step of the run. Which
+    steps of an iteration those are depends on its phase (critic steps before it, mod policy_frequency): {phase: the
+    critic steps of an iteration the actor follows}, and how many distinct phases the run meets (one update function
+    is captured per phase: a single one when num_updates is a multiple of policy_frequency)."""
+    actor_at = {
+        p: tuple(i for i in range(num_updates) if (p + i + 1) % policy_frequency == 0) for p in range(policy_frequency)
+    }
+    return actor_at, policy_frequency // math.gcd(num_updates, policy_frequency)
+
+
+def replay_ready(run, buffer: ReplayBuffer) -> bool:
+    """When learning starts: an n-step window in every env, and --learning-starts env steps (all ranks) stored."""
+    args = run.args
+    return len(buffer) >= args.n_step and len(buffer) * args.num_envs * run.world_size >= args.learning_starts
+
+
+def fold_and_ready(
+    run, buffer: ReplayBuffer, counters: dict, obs_normalizers: dict, reward_normalizer, was_ready: bool
+) -> bool:
+    """The normalizers fold in the transitions since their last fold (`obs_normalizers`: group -> RunningMeanStd, and
+    `reward_normalizer` with --reward-norm) every --log-interval and as learning starts, so that the first update
+    sees statistics of the data it learns from (a collective where it folds). Returns whether the updates run."""
+    ready = replay_ready(run, buffer)
+    if run.iteration % run.args.log_interval == 0 or (ready and not was_ready):
+        since = min(run.iteration - counters["last_fold"], len(buffer))
+        buffer.fold_into(since, obs_normalizers, reward_normalizer if run.args.reward_norm else None)
+        counters["last_fold"] = run.iteration
+    return ready
+
+
 def update(sample, critic_step, actor_step, stats: dict, num_updates: int, actor_at: tuple[int, ...]) -> None:
     """num_updates critic steps, each on a fresh batch (`sample()`), and an actor step after the critic
     steps `actor_at`; their statistics, by name, into stats."""
@@ -315,7 +394,11 @@ def train(run, args: Args) -> dict:
     q_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.q_lr, capturable=device.type == "cuda")
     alpha_optimizer = torch.optim.Adam([agent.log_alpha], lr=args.q_lr, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
-    obs_normalizers = {"policy": agent.obs_rms, "critic": agent.critic_obs_rms}  # what the replay's statistics feed
+    obs_normalizers = {
+        group: m
+        for group, m in (("policy", agent.obs_rms), ("critic", agent.critic_obs_rms))
+        if isinstance(m, RunningMeanStd)
+    }  # what the replay's statistics feed (none without --obs-norm)
     buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
@@ -334,24 +417,46 @@ def train(run, args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
-    # --- the iteration's functions: acting, collecting by a step (act and store: the policy's action, or a
-    # uniform one before --learning-starts), an n-step batch, the critic's and actor's steps, an iteration's updates ---
+    # --- the iteration's functions: acting (a sample of the policy), an env step (the policy's action, or a uniform
+    # one before --learning-starts), collecting by each (act and store), an n-step batch, the critic's and actor's
+    # steps, an iteration's updates (the actor and the temperature after the critic steps of its phase) ---
     stats = new_stats(device)
     acting = agent_inference.act
-    collect_by = lambda step, obs: store(run, buffer, ep_stats, stats, obs, *step(obs))[0]
+    policy_step = lambda obs: act_and_step(envs, agent_inference, acting, args.bf16, obs)
+    random_step = lambda obs: act_and_step(envs, agent_inference, None, False, obs)  # the warm-up: uniform actions
+    collect_policy = lambda obs: collect(run, policy_step, buffer, ep_stats, stats, obs)
+    collect_random = lambda obs: collect(run, random_step, buffer, ep_stats, stats, obs)
     normalize_rewards = reward_normalizer.normalize if args.reward_norm else None
+    # a batch for critic_loss's n-step target, rewards + bootstrap * Q(next_obs_n): the discounted rewards of --n-step
+    # transitions (cut at an episode's end), bootstrap the discount left (0 where terminated), normalized observations
     sample = lambda: buffer.sample_targets(args.batch_size, args.n_step, args.gamma, agent.normalize, normalize_rewards)
     critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)
     actor_fn = lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)
-    # The actor steps after every policy_frequency-th critic step of the run: one update function per phase.
     actor_at, phases = actor_schedule(args.num_updates, args.policy_frequency)
-    updates_by = lambda critic_fn, actor_fn, at: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)
+    update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.offpolicy) ---
-    collect_policy, collect_random, update_fn, whole_step = compile_and_capture(
-        run, envs, agent_inference, acting, collect_by, critic_fn, actor_fn, updates_by, actor_at, phases
-    )
-    description, graphs = described(args, capacity, whole_step, phases)
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged: the names are rebound to
+    # their compiled and captured forms, which the functions that call them read ---
+    whole_step = getattr(envs, "capturable", False)
+    if whole_step:  # a built-in env steps inside the graph: acting, env step and replay write are one
+        policy_step = compiled(run, policy_step)  # (the random warm-up's step is not worth a compile)
+    else:  # an adapter's simulator cannot be captured: it steps eagerly after the captured acting
+        acting = captured(run, "acting", compiled(run, acting))
+    collect_policy = captured(run, "step", collect_policy, capture=whole_step)
+    collect_random = captured(run, "random step", collect_random, capture=whole_step)
+    critic_fn, actor_fn = compiled(run, critic_fn), compiled(run, actor_fn)
+    update_fn = {  # one graph per phase of the actor's schedule
+        phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
+        for phase, at in actor_at.items()
+    }
+    description = f"{args.num_updates} updates of batch {args.batch_size} per step; {capacity} buffer slots per env"
+    graphs = "off"
+    if args.cudagraphs:
+        graphs = (
+            f"{'each env step with acting and replay write' if whole_step else 'each acting step'}, all "
+            f"{args.num_updates} updates of an iteration ({phases} graph{'s' if phases > 1 else ''}: one per phase of "
+            "the actor's schedule)"
+        )
     begin_training(run, description, steps_per_iteration, graphs)
     ready, updates = replay_ready(run, buffer), {"critic": 0, "actor": 0}  # updates since the last log
     # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
@@ -364,9 +469,10 @@ def train(run, args: Args) -> dict:
         buffer.advance_host()  # the write ran on the device (a graph replay runs no Python)
         run.global_step += steps_per_iteration
 
-        # --- normalizer statistics (every log interval and as the updates start), then the updates ---
+        # --- the normalizers' statistics (every log interval and as learning starts), then the updates: num_updates
+        # critic steps, the actor (and the temperature) every policy_frequency-th ---
         ready = fold_and_ready(run, buffer, counters, obs_normalizers, reward_normalizer, ready)
-        if ready:  # num_updates critic steps, the actor (and the temperature) every policy_frequency-th
+        if ready:
             phase = counters["update_count"] % args.policy_frequency
             with timed(run, "update"):
                 update_fn[phase]()

@@ -1,0 +1,194 @@
+"""A copy of td3.py made as a researcher would make it, from td3.py alone: REDQ's random pair of critics in the
+target and a linearly annealed target policy noise, run through every per-script contract test, common/ untouched.
+
+The copy, `cp algos/td3.py algos/td3_redq.py` and the idea edited in as text (each anchor must occur exactly once,
+so a change to td3.py that moves one fails here loudly, not silently):
+  - a third critic, the target's min taken over two of the three drawn at random at every critic step (Chen et al.
+    2021, REDQ): the draw on the device inside the captured update, no host read;
+  - --policy-noise-final: the target policy noise annealed linearly from --policy-noise over the run. The critic
+    step is captured (td3.py's compile-and-capture block says so), so the noise is a 0-d tensor the loop changes in
+    place before the updates, never a Python float; it is held in the checkpoint with the run's other state.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import ROOT, load_script, run, run_main, subprocess_env
+from tests.test_copies import PER_SCRIPT_TESTS
+
+REDQ_COPY = [
+    (
+        "class Args(RunArgs):\n",
+        "class Args(RunArgs):\n"
+        "    policy_noise_final: Annotated[float, Ge(0)] = 0.0\n"
+        '    """target policy noise std at the end of the run, annealed linearly from --policy-noise"""\n',
+    ),
+    ("NUM_CRITICS = 2  # clipped double Q\n", "NUM_CRITICS = 3  # REDQ: the target's min over two drawn at random\n"),
+    (
+        "def critic_loss(agent: Agent, b: TensorDict, args: Args):\n",
+        "def critic_loss(agent: Agent, b: TensorDict, args: Args, policy_noise: torch.Tensor):\n",
+    ),
+    (  # the noise of this iteration: a 0-d tensor the loop anneals in place (the critic step is captured)
+        '(torch.randn_like(b["actions"]) * args.policy_noise)',
+        '(torch.randn_like(b["actions"]) * policy_noise)',
+    ),
+    (
+        '        next_out = agent.q_out(agent.critic_target, b["next_obs_n"], next_action)\n',
+        "        # REDQ: two target critics drawn at random for this step, on the device (no host read)\n"
+        "        pair = torch.rand(NUM_CRITICS, device=b.device).argsort()[:2]\n"
+        '        next_out = agent.q_out(agent.critic_target, b["next_obs_n"], next_action).index_select(0, pair)\n',
+    ),
+    (
+        "def critic_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict) -> torch.Tensor:\n",
+        "def critic_step(\n"
+        "    agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict, policy_noise: torch.Tensor\n"
+        ") -> torch.Tensor:\n",
+    ),
+    (
+        "    q_loss, q_mean = critic_loss(agent, b, args)\n",
+        "    q_loss, q_mean = critic_loss(agent, b, args, policy_noise)\n",
+    ),
+    (
+        "    noise_std = draw_noise_std(args, device)\n",
+        "    noise_std = draw_noise_std(args, device)\n"
+        "    policy_noise = torch.tensor(args.policy_noise, device=device)  # annealed in place by the loop\n",
+    ),
+    (
+        'replicated={"reward_normalizer": reward_normalizer, "counters": counters}',
+        'replicated={"reward_normalizer": reward_normalizer, "counters": counters, "policy_noise": policy_noise}',
+    ),
+    (
+        "    critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)\n",
+        "    critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch, policy_noise)\n",
+    ),
+    (
+        '            with timed(run, "update"):\n',
+        "            # the target policy noise of this iteration's updates, linear in the env steps of the run\n"
+        "            progress = min(run.global_step / total_steps, 1.0)\n"
+        "            policy_noise.fill_(args.policy_noise + (args.policy_noise_final - args.policy_noise) * progress)\n"
+        '            with timed(run, "update"):\n',
+    ),
+]
+# A direct run of the copy: 20 iterations of 8 envs, the updates from the first iteration on (1-step targets)
+DIRECT = dict(
+    device="cpu",
+    progress=False,
+    run_name="run",
+    env_id="Pendulum-v1",
+    num_envs=8,
+    batch_size=32,
+    buffer_size=240,
+    learning_starts=0,
+    n_step=1,
+    hidden_sizes=(32, 32),
+    num_eval_envs=4,
+    eval_interval=0,
+    save_interval=10_000,
+    log_interval=1,  # the stop (--max-wall-seconds) is checked at every iteration
+    policy_noise=0.2,
+    policy_noise_final=0.05,
+    total_timesteps=8 * 20,
+)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
+
+
+def test_a_td3_copy_with_redq_critics_and_annealed_policy_noise_passes_the_contract_tests(tmp_path):
+    """A fresh checkout (algos/, common/, tests/, pyproject.toml) with the copy in algos/ (REDQ_COPY); the tests that
+    find the scripts in algos/ run on it (tests/test_copies.PER_SCRIPT_TESTS) as the README copy's do: the contract,
+    the generated bad flag values, --help's settings, the device-kernel guard (the pair's draw traced in the update),
+    the layout and flag parity of the originals. Left out, as there, what runs td3's code paths unchanged at a cost of
+    minutes (torchrun faults, the two-process resume, videos) and the compiled runs of td3's other capture layouts
+    (one update per phase, an adapter's env): the compiled run of the plain layout, where the captured update draws
+    the pair and reads the annealed noise, stays. Then a direct run shows the idea live: three critics and their
+    targets in the checkpoint, and the noise where the schedule puts it, mid-run and at the end."""
+    for part in ("algos", "common", "tests"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    common_before = digest(tmp_path / "common")
+    assert common_before == digest(ROOT / "common")
+    original = (tmp_path / "algos" / "td3.py").read_text()
+    text = original
+    for anchor, replacement in REDQ_COPY:
+        assert text.count(anchor) == 1, f"the copy's edit no longer applies to algos/td3.py: {anchor!r}"
+        text = text.replace(anchor, replacement)
+    added = [line for line in difflib.unified_diff(original.splitlines(), text.splitlines(), n=0) if line[:1] == "+"]
+    assert len(added) - 1 >= 10, f"the copy adds {len(added) - 1} lines"
+    copy = tmp_path / "algos" / "td3_redq.py"
+    copy.write_text(text)
+
+    env = dict(subprocess_env(), PYTHONPATH=str(tmp_path))  # its common/, not one installed from elsewhere
+    others = [
+        f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[td3_redq-{i}]"
+        for i in (1, 2)
+    ]
+    costly = "not sigterm and not sigkill and not video and not two_process"
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            *PER_SCRIPT_TESTS,
+            "-k",
+            f"test_layout or test_flag_parity or every_script or (td3_redq and {costly})",
+            *others,
+        ],
+        timeout=1200,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
+    assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]
+    passed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PASSED ")]
+    for tests in PER_SCRIPT_TESTS:  # each file ran, on the copy where the copy is a parameter
+        assert any(test.startswith(f"{tests}::") for test in passed), (tests, result.stdout[-4000:])
+    for tests in PER_SCRIPT_TESTS[:4]:
+        assert any(test.startswith(f"{tests}::") and "td3_redq" in test for test in passed), (tests, passed)
+    # the contract's runs of the idea: an exact resume, compiled as eager, captured without a host read, and the
+    # graphs a GPU would run free of device-dispatched kernels
+    for test in (
+        "test_scripts.py::test_resume_is_bit_identical_to_an_uninterrupted_run[td3_redq]",
+        "test_scripts.py::test_compiled_run_computes_what_eager_computes[td3_redq-0]",
+        "test_scripts.py::test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync",
+        "test_device_kernels.py::test_compiled_and_captured_functions_hold_no_device_dispatched_kernel",
+    ):
+        name = f"tests/{test}" if test.endswith("]") else f"tests/{test}[td3_redq-0]"
+        assert name in passed, (name, passed)
+    assert digest(tmp_path / "common") == common_before, "the copy changed common/"
+
+    # the idea is live: three critics, and the noise annealed in place and checkpointed
+    try:
+        redq = load_script("td3_redq", copy)
+        run_main(redq, **DIRECT, output_dir=str(tmp_path / "mid"), max_wall_seconds=0.0)  # stops after iteration 1
+        run_main(redq, **DIRECT, output_dir=str(tmp_path / "end"))
+    finally:
+        sys.modules.pop("td3_redq", None)
+    for stage, steps in (("mid", 8), ("end", 8 * 20)):
+        state = torch.load(tmp_path / stage / "run" / "checkpoints" / "last.pt", weights_only=True)
+        assert state["global_step"] == steps and state["state"]["counters"]["update_count"] > 0, stage
+        for name in ("critic", "critic_target"):
+            weights = [v for k, v in state["model"].items() if k.startswith(f"{name}.") and k.endswith("weight")]
+            assert weights and all(w.shape[0] == 3 for w in weights), (name, [w.shape for w in weights])
+        noise = state["state"]["policy_noise"]
+        expected = 0.2 + (0.05 - 0.2) * steps / (8 * 20)
+        assert noise.shape == () and noise.item() == pytest.approx(expected, rel=1e-6), (stage, noise, expected)
