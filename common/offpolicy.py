@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import TensorDict
 
-from common.capture import captured  # noqa: F401  (tests/replay.py patches it here; drop with that line)
 from common.checkpoint import save
 from common.evaluation import evaluate
 from common.nets import vector_size
