@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
 Args -> Agent -> GAE, the adaptive learning rate -> the PPO loss (rsl_rl's symmetry) -> targets -> update -> train
-(setup, the iteration's functions, the loop); the run around it is in common/. `--num-envs` is per process,
+(setup; the iteration's functions, the rollout among them; the block that compiles and captures them; the loop:
+rollout -> targets -> update -> log -> eval/save); the run around it is in common/. `--num-envs` is per process,
 `--total-timesteps` counts env steps over all. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022,
 "The 37 implementation details of PPO"; Rudin et al. 2022 (rsl_rl); Mittal et al. 2024 (symmetry).
 """
@@ -32,13 +33,13 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import acting_autocast, timed
+from common.capture import acting_autocast, captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
-from common.run import closing, finish, make_envs, open_run, start_run
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
 from common.settings import rsl_rl_settings
-from common.stats import add_to, explained_variance
+from common.stats import add_to, explained_variance, record_env_log
 
 ALGO = "ppo"
 
@@ -289,7 +290,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     return loss, logged
 
 
-# --- One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update ---
+# --- One iteration: rollout (train's env_step and rollout_fn) -> targets -> update ---
 # Functions of tensors that live as long as the run, so that on CUDA they compile and capture whole.
 @torch.no_grad()
 def targets(
@@ -359,7 +360,15 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
+    batch_size = args.num_envs * args.num_steps  # per process
+    if batch_size % args.num_minibatches != 0:  # a one-line error before anything runs
+        raise SystemExit(
+            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
+            f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
+        )
+    minibatch_size = batch_size // args.num_minibatches
+    global_batch = batch_size * run.world_size
+    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
@@ -426,7 +435,13 @@ def train(run, args: Args) -> dict:
         return losses
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return loop.rollout(run, env_step, obs, storage)
+        """The env step --num-steps times, each transition into the storage at its step and the env's own metrics
+        recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
+        for step in range(args.num_steps):
+            obs, transition, info = env_step(obs)
+            storage.write(step, transition)
+            record_env_log(run, info)
+        return obs
 
     def targets_fn(obs: TensorDict):
         return targets(
@@ -440,12 +455,25 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
-    steps = {"acting": policy_step, "final value": final_value}  # an adapter's: captured apart, the env stepped between
-    env_step, (policy_step, final_value), update_minibatch, targets_fn, rollout_fn, update_fn = (
-        loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
-    )
-    loop.begin_iterations(run, global_batch, envs)
+    # --- compile and capture (--compile / --cudagraphs) the functions above, by the names their callers read ---
+    if whole_rollout := getattr(envs, "capturable", False):
+        env_step = compiled(run, env_step)  # a built-in env steps inside the graph: the whole rollout is one
+    else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        final_value = captured(run, "final value", compiled(run, final_value))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch apart
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
+        update_fn = captured(run, "update", update_fn)
+    graphs = "off"  # what the CUDA graphs hold, as the start line says it
+    if args.cudagraphs:
+        graphs = "the whole rollout, " if whole_rollout else "each acting step, "
+        graphs += "the targets and the whole update" if args.target_kl is None else "the targets, each minibatch update"
+    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)"
+    begin_training(run, said, global_batch, graphs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -458,8 +486,12 @@ def train(run, args: Args) -> dict:
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)
-        # the log, evaluation and checkpoints that are due, the same on every rank
-        if loop.end_iteration(run, stats, {"charts/learning_rate": lr}, eval_envs, agent_inference, state, next_obs):
+        # the log (one host read), evaluation and checkpoints that are due, the same on every rank
+        due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
+        if due.log:  # every --log-interval iterations, and before an evaluation or a save
+            iterations_since_last_log = (run.global_step - run.reduced_step) // global_batch
+            loop.log_iteration(run, stats, iterations_since_last_log, {"charts/learning_rate": lr})
+        if loop.evaluate_and_save(run, due, eval_envs, agent_inference, state, next_obs):
             break
     return finish(run, agent)
 

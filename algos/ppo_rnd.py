@@ -38,13 +38,13 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import acting_autocast, timed
+from common.capture import acting_autocast, captured, compiled, timed
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
-from common.run import closing, finish, make_envs, open_run, start_run
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due
 from common.settings import rsl_rl_settings
-from common.stats import add_to, explained_variance, nonfinite
+from common.stats import add_to, explained_variance, nonfinite, record_env_log
 
 ALGO = "ppo_rnd"
 
@@ -302,7 +302,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     return loss, logged
 
 
-# --- One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update (ppo.py) ---
+# --- One iteration: rollout (train's env_step and rollout_fn) -> targets -> update (ppo.py) ---
 @torch.no_grad()
 def targets(
     agent: Agent,
@@ -387,7 +387,15 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
+    batch_size = args.num_envs * args.num_steps  # per process
+    if batch_size % args.num_minibatches != 0:  # a one-line error before anything runs
+        raise SystemExit(
+            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
+            f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
+        )
+    minibatch_size = batch_size // args.num_minibatches
+    global_batch = batch_size * run.world_size
+    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
     next_obs, _ = envs.reset()  # the seeds make_envs gave them
     data_augmentation, output_mirror = symmetry.mirrors(envs, next_obs, args, device)
@@ -480,7 +488,13 @@ def train(run, args: Args) -> dict:
         return {**losses, "rnd_loss": rnd_loss.detach()}
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return loop.rollout(run, env_step, obs, storage)
+        """The env step --num-steps times, each transition into the storage at its step and the env's own metrics
+        recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
+        for step in range(args.num_steps):
+            obs, transition, info = env_step(obs)
+            storage.write(step, transition)
+            record_env_log(run, info)
+        return obs
 
     def targets_fn(obs: TensorDict):
         normalizers = (reward_normalizer, int_normalizer)
@@ -496,13 +510,25 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged, as ppo.py (common.loop) ---
-    # an adapter's: captured apart, the env stepped between
-    steps = {"acting": policy_step, "values and novelty": step_values}
-    env_step, (policy_step, step_values), update_minibatch, targets_fn, rollout_fn, update_fn = (
-        loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
-    )
-    loop.begin_iterations(run, global_batch, envs)
+    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged, as ppo.py ---
+    if whole_rollout := getattr(envs, "capturable", False):
+        env_step = compiled(run, env_step)  # a built-in env steps inside the graph: the whole rollout is one
+    else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        step_values = captured(run, "values and novelty", compiled(run, step_values))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch apart
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
+        update_fn = captured(run, "update", update_fn)
+    graphs = "off"  # what the CUDA graphs hold, as the start line says it
+    if args.cudagraphs:
+        graphs = "the whole rollout, " if whole_rollout else "each acting step, "
+        graphs += "the targets and the whole update" if args.target_kl is None else "the targets, each minibatch update"
+    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)"
+    begin_training(run, said, global_batch, graphs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps all the same
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
@@ -516,9 +542,13 @@ def train(run, args: Args) -> dict:
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)
-        # the log, evaluation and checkpoints that are due, the same on every rank
-        local = {"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight}
-        if loop.end_iteration(run, stats, local, eval_envs, agent_inference, state, next_obs, ("losses", "charts")):
+        # the log (one host read), evaluation and checkpoints that are due, the same on every rank
+        due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
+        if due.log:  # every --log-interval iterations, and before an evaluation or a save
+            iterations_since_last_log = (run.global_step - run.reduced_step) // global_batch
+            local = {"charts/learning_rate": lr, "charts/rnd_weight": rnd_weight}
+            loop.log_iteration(run, stats, iterations_since_last_log, local, ("losses", "charts"))
+        if loop.evaluate_and_save(run, due, eval_envs, agent_inference, state, next_obs):
             break
     return finish(run, agent)
 

@@ -39,14 +39,14 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
-from common.capture import timed  # noqa: E402
+from common.capture import captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
 from common.nets import ACTIVATIONS, agent_and_twin, group_encoder, layer_init  # noqa: E402
 from common.nets import observation_shape, pixel_high  # noqa: E402
 from common.normalize import observation_normalizer  # noqa: E402
-from common.run import closing, finish, make_envs, open_run, start_run  # noqa: E402
-from common.stats import add_to, nonfinite  # noqa: E402
+from common.run import begin_training, closing, finish, make_envs, open_run, start_run, what_is_due  # noqa: E402
+from common.stats import add_to, nonfinite, record_env_log  # noqa: E402
 
 ALGO = "pqn"
 
@@ -215,7 +215,7 @@ def epsilon_at(step: int, total_steps: int, args: Args) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# One iteration: rollout (train's env_step, common.loop.rollout) -> targets -> update, each a function of tensors
+# One iteration: rollout (train's env_step and rollout_fn) -> targets -> update, each a function of tensors
 # that live as long as the run, so that on CUDA they are compiled and captured whole (with a built-in env, all T
 # steps of the rollout are one CUDA graph; the targets and all epochs and minibatches of the update another).
 # `stats` gathers on the device, by name, what the logs read every --log-interval iterations.
@@ -273,7 +273,15 @@ def main(args: Args) -> dict:
 def train(run, args: Args) -> dict:
     open_run(run)  # the run directory and the checkpoint to resume (whose flags it takes): nothing written yet
     device = run.device
-    global_batch, total_steps = loop.iteration_sizes(run)  # or a clear error: the minibatches must divide
+    batch_size = args.num_envs * args.num_steps  # per process
+    if batch_size % args.num_minibatches != 0:  # a one-line error before anything runs
+        raise SystemExit(
+            f"error: the batch of num_envs*num_steps = {args.num_envs}*{args.num_steps} = {batch_size} does "
+            f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
+        )
+    minibatch_size = batch_size // args.num_minibatches
+    global_batch = batch_size * run.world_size
+    total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(
         run, gym.spaces.Discrete, hint="for continuous actions use algos/ppo.py, algos/td3.py or algos/sac.py"
     )
@@ -342,7 +350,13 @@ def train(run, args: Args) -> dict:
         return {"td_loss": loss.detach(), "q_values": q.mean().detach()}
 
     def rollout_fn(obs: TensorDict) -> TensorDict:
-        return loop.rollout(run, env_step, obs, storage)
+        """The env step --num-steps times, each transition into the storage at its step and the env's own metrics
+        recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
+        for step in range(args.num_steps):
+            obs, transition, info = env_step(obs)
+            storage.write(step, transition)
+            record_env_log(run, info)
+        return obs
 
     def targets_fn(obs: TensorDict):
         return targets(qnet, storage.data, obs, ep_stats, stats["episodes"], args)
@@ -353,14 +367,21 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged (common.loop) ---
-    steps = {"acting": policy_step, "final value": final_q_max}  # an adapter's: captured apart, the env stepped between
-    env_step, (policy_step, final_q_max), update_minibatch, targets_fn, rollout_fn, update_fn = (
-        loop.compile_and_capture(run, envs, env_step, steps, update_minibatch, targets_fn, rollout_fn, update_fn)
-    )
-    loop.begin_iterations(run, global_batch, envs)
-    # Counted in env steps, not iterations: a run resumed with another world size still ends at
-    # --total-timesteps and its schedules (functions of the global step) continue where they were.
+    # --- compile and capture (--compile / --cudagraphs) the functions above, by the names their callers read ---
+    if whole_rollout := getattr(envs, "capturable", False):
+        env_step = compiled(run, env_step)  # a built-in env steps inside the graph: the whole rollout is one
+    else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        final_q_max = captured(run, "final value", compiled(run, final_q_max))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+    update_fn = captured(run, "update", update_fn)  # the targets and every epoch of the update: the batch stays in it
+    graphs = "off"  # what the CUDA graphs hold, as the start line says it
+    if args.cudagraphs:
+        graphs = f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update"
+    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)"
+    begin_training(run, said, global_batch, graphs)
+    # counted in env steps: a run resumed with another world size ends at --total-timesteps, its schedules continuing
     while run.global_step + global_batch <= total_steps:
         run.iteration += 1
         lr_now = args.learning_rate * (1.0 - run.global_step / total_steps) if args.anneal_lr else None
@@ -375,12 +396,16 @@ def train(run, args: Args) -> dict:
         run.global_step += global_batch
         with timed(run, "update"):
             update_fn(next_obs)
-        # the log, evaluation and checkpoints that are due, the same on every rank (epsilon: the mean over all envs)
-        local = {
-            "charts/learning_rate": lr_now if lr_now is not None else lr,
-            "charts/epsilon": eps_now * eps_mean_scale,
-        }
-        if loop.end_iteration(run, stats, local, eval_envs, qnet_inference, state, next_obs):
+        # the log (one host read), evaluation and checkpoints that are due, the same on every rank
+        due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
+        if due.log:  # every --log-interval iterations, and before an evaluation or a save
+            iterations_since_last_log = (run.global_step - run.reduced_step) // global_batch
+            local = {
+                "charts/learning_rate": lr_now if lr_now is not None else lr,
+                "charts/epsilon": eps_now * eps_mean_scale,  # the mean over all envs
+            }
+            loop.log_iteration(run, stats, iterations_since_last_log, local)
+        if loop.evaluate_and_save(run, due, eval_envs, qnet_inference, state, next_obs):
             break
     return finish(run, qnet)
 
