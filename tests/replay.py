@@ -207,7 +207,6 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
     of every function `script` (an imported algos/ module) and common.evaluation capture;
     `before_call(name, fn)` runs before every call."""
     import common.evaluation
-    import common.loop
 
     signatures: dict[str, list] = {}
 
@@ -231,7 +230,6 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
 
     # where the capture happens: the script's own compile-and-capture block, and the evaluation's chunk of steps
     monkeypatch.setattr(script, "captured", recording)
-    monkeypatch.setattr(common.loop, "captured", recording)  # TEMP until the PPO family's block is in the scripts
     monkeypatch.setattr(common.evaluation, "captured", recording)
     return signatures
 

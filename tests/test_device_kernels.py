@@ -107,11 +107,9 @@ def traced_graphs(monkeypatch, module) -> TracedGraphs:
     """Install TracedGraphs in a script's module and in common.evaluation (its evaluation step, whose captured
     chunk of steps is made short: dynamo unrolls the chunk, and every step in it is the same)."""
     import common.evaluation
-    import common.loop
 
     traced = TracedGraphs()
-    # the script's compile-and-capture block, the evaluation's chunk (common.loop: TEMP)
-    for target in (module, common.loop, common.evaluation):
+    for target in (module, common.evaluation):  # the script's compile-and-capture block, the evaluation's chunk
         for name in ("compiled", "captured"):
             if hasattr(target, name):
                 monkeypatch.setattr(target, name, getattr(traced, name))

@@ -142,7 +142,7 @@ SPEED_SECTIONS = ("speed", "speed-pendulum", "speed-quick")
 MARKER = "GPU_CHECK_RESULT "
 HOST_READS = ("reduce_iteration", "log", "evaluate", "checkpoints_to_write", "save", "finish", "eval_only")
 HOST_READS += ("log_eval_save",)  # td3.py's and sac.py's log, evaluation and save (common/offpolicy.py)
-HOST_READS += ("log_iteration", "evaluate_and_save", "end_iteration")  # the PPO family's (common/loop.py)
+HOST_READS += ("log_iteration", "evaluate_and_save")  # the PPO family's, as its loops call them (`loop.log_iteration`)
 SPEED_ROWS = [
     ("speed", "CartPole-v1", 4096, ("ppo", "ppo_lstm", "pqn")),
     ("speed", "CartPole-v1", 65536, ("ppo",)),
@@ -268,7 +268,6 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
     import common.capture
     import common.evaluation
     import common.loop
-    import common.offpolicy
     from tests.replay import changes, python_state
 
     window = SyncWindow(cuda, files)
@@ -348,13 +347,12 @@ def check_run(module, args: dict, cuda: bool, files: set[str]) -> dict:
         originals.setdefault((owner, name), getattr(owner, name))
         setattr(owner, name, value)
 
-    # where a script's functions are captured: its own calls, and the compile_and_capture of the PPO family
-    # (common.loop) and of td3 and sac (common.offpolicy)
-    for owner in (module, common.capture, common.loop, common.offpolicy, common.evaluation):
-        if hasattr(owner, "captured"):  # (distill.py's come through common.loop alone)
+    # where a script's functions are captured: its own compile-and-capture block, and the evaluation's chunk
+    for owner in (module, common.capture, common.evaluation):
+        if hasattr(owner, "captured"):
             patch(owner, "captured", captured)
     patch(module, "timed", timed)
-    # a host-read point as the script calls it: by its own name, or as common.loop's (`loop.end_iteration`)
+    # a host-read point as the script calls it: by its own name, or as common.loop's (`loop.log_iteration`)
     for owner, name in ((owner, name) for owner in (module, common.loop) for name in HOST_READS):
         if hasattr(owner, name):
             patch(owner, name, closing_window(getattr(owner, name)))
