@@ -4,11 +4,8 @@
     next_obs = restore(run, state, next_obs)       # in place, from --resume (or a torchrun restart)
     save(run, names, state, next_obs)              # best.pt / last.pt / step_N.pt of this iteration
 
-A checkpoint is one file holding a dict of tensors and plain Python values (never pickled
-objects): format version, algorithm, env id, args, counters, model/optimizer/normalizer state
-dicts, best eval return, the RNG states of every rank and the env state where available.
-Writes are atomic (temporary file in the same directory, fsync, rename), so a process killed
-in the middle of a save leaves the previous `last.pt` intact.
+A checkpoint is a dict of tensors and plain values, never pickled objects (a safe load refuses those). Writes are
+atomic (temporary file, fsync, rename): a process killed mid-save leaves the previous `last.pt` intact.
 """
 
 from __future__ import annotations
@@ -35,12 +32,9 @@ from common.lock import lock_lost
 if TYPE_CHECKING:
     from common.record import Run
 
-# 4: a script's own state in namespaces of its own: TrainingState.replicated under "state", each rank's
-#    TrainingState.per_rank under ranks[r]["state"] (3 had them beside the format's keys; still read)
-# 3: a script's host counters under "counters", a tensor learning rate as a tensor
-# 2: per-rank state (RNG, env, ...) under "ranks", optimizers under "optimizers" (1: "rng", "env", "optimizer")
+# 4: TrainingState.replicated under "state", each rank's per_rank under ranks[r]["state"]. 3, still read, had them
+# beside the format's own keys (FORMAT_KEYS, RANK_KEYS): its other keys are the script's state.
 FORMAT_VERSION = 4
-# The keys of the format itself (v3 and v4): a v3 checkpoint's other keys are the script's own state.
 FORMAT_KEYS = {
     "format_version",
     "algo",
@@ -68,16 +62,13 @@ class CheckpointError(RuntimeError):
 
 
 def algorithm_of(ckpt: dict) -> str:
-    """The algorithm a checkpoint is of (the ALGO of the script that wrote it): its "algorithm" entry, or, in a
-    checkpoint written before scripts took their names from their files, its "algo"."""
+    """The ALGO of the script that wrote `ckpt` ("algo" in one older than scripts named by their files)."""
     return ckpt.get("algorithm", ckpt.get("algo"))
 
 
 def check_written_by(run: Run, ckpt: dict, path) -> None:
-    """That `ckpt`, which --resume points to, continues a run of this script. A checkpoint of another
-    algorithm cannot (CheckpointError); one that another script of the same algorithm wrote (a copy, or
-    the original of this copy) stops with one line naming both and the way on, unless
-    --resume-other-script says the user means it. --eval-only reads any checkpoint of the algorithm."""
+    """That `ckpt` (--resume's) continues a run of this script: not another algorithm's, nor, without
+    --resume-other-script, another script's of the same algorithm (a copy). --eval-only reads any of the algorithm."""
     writer = ckpt.get("algo")
     if algorithm_of(ckpt) != run.algorithm:
         raise CheckpointError(f"{path} was written by {writer!r}, not {run.algo!r}: it cannot resume this script")
@@ -90,10 +81,8 @@ def check_written_by(run: Run, ckpt: dict, path) -> None:
 
 
 def run_totals(run: Run) -> dict:
-    """What a run's summary adds up over all its processes (a run resumed k times has k + 1): wall and phase
-    seconds, the number of processes, and the last training and eval returns (a process that finished no
-    episode, or ran no evaluation, keeps the one before). Saved in every checkpoint; the next process starts
-    from the one it resumes."""
+    """What a run's summary adds up over its processes (a run resumed k times has k + 1). Saved in every
+    checkpoint; the next process starts from the one it resumes."""
     before = run.totals
     seconds = dict(before.get("seconds", {}))
     for phase, s in run.seconds.items():
@@ -162,8 +151,7 @@ def load_checkpoint(
     env_id: str | None = None,
     map_location: str | torch.device = "cpu",
 ) -> dict:
-    """Load a checkpoint safely and check that it belongs to `algo` (an ALGO: a copy's checkpoints belong to its
-    original's) and `env_id` when given."""
+    """Load a checkpoint safely and check that it belongs to `algo` (a copy's belong to its original's) and `env_id`."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: check the path, or start without --resume")
@@ -214,15 +202,10 @@ def load_checkpoint(
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """`optimizer.load_state_dict(state)` that keeps this run's device-dependent settings.
-
-    load_state_dict copies the saved param groups' settings over the current ones. For Adam
-    that includes `capturable`: a checkpoint written on CPU and resumed on CUDA would come back
-    non-capturable (CUDA graph capture of `step()` then fails, and every step syncs on `lr`), and
-    one written on CUDA fails on CPU. So `capturable`, `foreach` and `fused` stay as this run
-    built them, step counters move to where that setting wants them, and a tensor learning rate
-    stays the same tensor (schedules and captured graphs hold it), filled with the saved value.
-    """
+    """`optimizer.load_state_dict(state)` that keeps this run's device-dependent settings. Plain load_state_dict
+    copies the saved `capturable` over: a CPU checkpoint resumed on CUDA would fail graph capture of `step()` (and
+    sync on `lr` every step), a CUDA one fail on CPU. So `capturable`, `foreach` and `fused` stay this run's, step
+    counters move where that wants them, and a tensor lr stays the same tensor (schedules and graphs hold it)."""
     kept = [{k: g[k] for k in ("capturable", "foreach", "fused", "lr") if k in g} for g in optimizer.param_groups]
     optimizer.load_state_dict(state)
     for group, own in zip(optimizer.param_groups, kept):
@@ -292,17 +275,11 @@ def elastic_restart_count() -> int:
 
 
 def stable_run_name(run_name: str | None, default_name: str, output_dir: str | os.PathLike) -> tuple[str, bool]:
-    """The run name that survives torchrun restarts of the worker group, and whether an earlier
-    worker group of this launch started it (the workers then continue from its last.pt).
-
-    The default name carries a timestamp, which a restarted worker would compute anew and so
-    lose its run directory. Under torchrun, the first worker group of a launch records the name
-    in a marker keyed by the launch (torchrun's run id, i.e. --rdzv-id, or this host and the
-    launcher's pid when the run id is the default 'none'); the groups after it read it back.
-    With a run id, a marker is enough to tell a later group: torchrun re-forms the group when a
-    node joins or leaves without counting a restart, and a new node's agent counts from 0. Call
-    it on rank 0 only. Outside torchrun: (run_name or default_name, False).
-    """
+    """The run name that survives torchrun restarts of the worker group, and whether an earlier worker group of this
+    launch started it (the workers then continue from its last.pt). Rank 0 only. The default name's timestamp would
+    change on a restart, so the first group records the name in a marker keyed by the launch (--rdzv-id, or host and
+    launcher pid for 'none'). With a run id a marker alone tells a later group: torchrun re-forms the group without
+    counting a restart when a node joins or leaves, and a new node's agent counts from 0."""
     name = run_name or default_name
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None:
@@ -325,23 +302,18 @@ def stable_run_name(run_name: str | None, default_name: str, output_dir: str | o
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class TrainingState:
-    """What a script's checkpoints hold besides the run's counters, declared once in its `train`:
-    `save` writes it and `restore` reads it back in place, so the two never disagree on a name.
+    """What a script's checkpoints hold besides the run's counters, declared once in its `train`: `save` writes it
+    and `restore` reads it back in place, so the two never disagree on a name.
 
     - `model`, `optimizers`: the same on every rank; rank 0's are written.
-    - `replicated`: {name: object}, the same on every rank: a module or another object with
-      state_dict/load_state_dict (a normalizer), a tensor (a learning rate, a running statistic:
-      filled in place), or a dict of host counters (updated in place). Saved under "state".
-    - `per_rank`: {name: tensor} of this rank's envs (episode statistics, partial returns, hidden
-      states, exploration noise): gathered to rank 0 with the rank's RNG states and env snapshot
-      (under ranks[r]["state"]), and read back in place only where this rank's envs continue their
-      episodes exactly (the run names those it cannot restore).
+    - `replicated`: {name: a module or object with state_dict/load_state_dict, a tensor (filled in place) or a dict
+      of host counters (updated in place)}, the same on every rank.
+    - `per_rank`: {name: tensor} of this rank's envs, gathered to rank 0 with its RNG states and env snapshot, and
+      read back only where this rank's envs continue their episodes exactly (the run names those it cannot).
+    - `buffer`: a replay buffer, in last.pt when `save_buffer`.
 
-    The names are the script's own (no name of the format can collide with them). A checkpoint to
-    resume must hold exactly the names the script declares: a copy that adds one resumes its own
+    A checkpoint to resume must hold exactly the names the script declares: a copy that adds one resumes its own
     runs, and starts from another script's with --init-from.
-    - `buffer`: a replay buffer (common.buffer.ReplayBuffer), written into last.pt when
-      `save_buffer`, and read back from a checkpoint that holds one.
     """
 
     model: torch.nn.Module
@@ -386,8 +358,7 @@ def _to_device(x, device):
 
 
 def export_run_policy(run: Run, out_dir, model: torch.nn.Module, source) -> Path:
-    """The deterministic policy of `model` exported to `out_dir` (common.export), labelled with the run. A failed
-    write raises OutputError naming `out_dir`; the earlier export stays whole."""
+    """The deterministic policy of `model` exported to `out_dir`, labelled with the run; a failed write: OutputError."""
     info = {
         "algo": run.algo,
         "env_id": run.args.env_id,
@@ -403,13 +374,7 @@ def export_run_policy(run: Run, out_dir, model: torch.nn.Module, source) -> Path
 
 def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
     """Write the checkpoints `names` (BEST, LAST, step_N.pt) of this iteration. A collective: every rank calls it.
-
-    Rank 0's model, optimizers and replicated state are written; each rank's own state (RNG states, env
-    snapshot, `next_obs`, state.per_rank) is gathered to rank 0 as CPU tensors, so that no rank
-    rebuilds another's tensors on its GPU. The replay buffer goes into last.pt only. Rank 0 writes
-    each file atomically, keeps the newest --keep-checkpoints numbered ones, and exports the policy
-    with best.pt under --export-best.
-    """
+    Each rank's own state goes to rank 0 as CPU tensors, so that no rank rebuilds another's tensors on its GPU."""
     args = run.args
     mine = {"rng": capture_rng_state(), "env": state.envs.state_dict(), "next_obs": next_obs, "state": state.per_rank}
     if LAST in names and state.save_buffer:
@@ -454,12 +419,9 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
 
 
 def upload_checkpoints(run: Run) -> None:
-    """With --track, log the checkpoints written since their last upload (last.pt, best.pt, the exported policy)
-    as wandb artifacts of type "model", named `<run name>-last`, `-best` and `-policy`, each version with the
-    aliases "latest" and "step_<global step>": a run whose disk is lost resumes from its artifact. wandb stages a
-    copy of each file at once and uploads it in the background (with WANDB_MODE=offline, at `wandb sync`). A copy
-    that cannot be written (wandb's staging folder on a full disk) raises OutputError naming it; the run's own files
-    are whole."""
+    """With --track, log the checkpoints written since their last upload as wandb artifacts: a run whose disk is lost
+    resumes from one. wandb stages a copy of each file at once (uploaded in the background); a copy it cannot write
+    (its staging folder on a full disk) raises OutputError naming it, and the run's own files are whole."""
     import wandb
 
     base = re.sub(r"[^\w.-]", "-", run.run_dir.name)  # an artifact's name allows letters, digits, - _ .
@@ -483,17 +445,10 @@ def upload_checkpoints(run: Run) -> None:
 
 
 def restore(run: Run, state: TrainingState, next_obs):
-    """Read the resumed checkpoint (run.checkpoint) back into `state` in place, or, for a new run with
-    --init-from, its weights and normalizers (`init_from`). Returns the next observation to act on:
-    the checkpoint's where this rank's envs continue, else `next_obs`.
-
-    Model, optimizers and replicated state always come back. This rank's RNG states come back when the
-    checkpoint has the run's world size and --num-envs (otherwise its env and RNG streams are
-    re-derived from the seed, and the run says so); its env snapshot, next observation and
-    per-rank tensors too when the envs can be snapshotted (gym: and mjlab: envs start fresh
-    episodes; the run names the per-rank tensors it leaves at their start). A replay buffer in the
-    checkpoint is read back, or the run says it refills it.
-    """
+    """Read the resumed checkpoint back into `state` in place, or a new run's --init-from (`init_from`); returns the
+    next observation to act on. Model, optimizers and replicated state always come back; this rank's RNG states only
+    with the same world size and --num-envs (else re-derived from the seed); its env snapshot, next observation and
+    per-rank tensors only where the envs can be snapshotted (gym:, mjlab: start fresh). The run says what it leaves."""
     ckpt, args = run.checkpoint, run.args
     if ckpt is None:
         if run.init_checkpoint is not None:
@@ -564,9 +519,8 @@ def _check_own_state(run: Run, state: TrainingState, ckpt: dict) -> None:
 
 
 def init_from(run: Run, state: TrainingState) -> None:
-    """A new run from --init-from's checkpoint: its model tensors whose name and shape match this run's,
-    and the shared normalizers (modules) of the same name; nothing else (no counters, optimizer state,
-    schedules, RNG or env state). Says what it took and what it left at this run's initialisation."""
+    """A new run from --init-from's checkpoint: the model tensors whose name and shape match, and the normalizers
+    (modules) of the same name; no counters, optimizer, RNG or env state. Says what it took and what it left."""
     ckpt, path = run.init_checkpoint, run.init_path
     own = state.model.state_dict()
     # A tensor shared under several names (ppo's --shared-encoder) loads from its first name only: a checkpoint of

@@ -2,23 +2,11 @@
 
     python algos/ppo.py --eval-only --resume runs/RUN/checkpoints/best.pt --export exported/
 
-writes `policy.pt2` (`torch.export`: load it with `torch.export.load(path).module()`),
-`policy.onnx` and `policy.json`. Both models map a batch of raw "policy" observations [B, obs_dim]
-(float32), or frames [B, C, H, W] (uint8) for an image policy, to the env's actions: the observation
-normalization is folded in, and the action is the script's deterministic one (PPO: the Gaussian
-mean clipped to the bounds, or the most likely action; TD3/SAC: the squashed action scaled to
-the bounds; PQN: the greedy action). Each script's model provides it as `deterministic(obs)`.
-A policy on a group of terms (a gymnasium Dict observation space) takes one input per term, named
-after it, in sorted order (policy.json lists them).
-
-A recurrent policy (ppo_lstm) provides `recurrent_step(obs, state) -> (action, next_state)` and
-`state_shape` (rows, hidden): its exported models take `obs` [B, obs_dim] and `state` [rows, B,
-hidden] and return `action` and `next_state`; policy.json says the shape and the reset rule.
-
-torch.export, not TorchScript: `torch.jit.load` warns on current torch that TorchScript is
-deprecated, and torch.export's program loads without a warning and has the batch dimension
-dynamic by declaration (`Dim("batch")`) rather than by a tracer's luck. Runtimes without Python
-take policy.onnx.
+writes `policy.pt2` (`torch.export.load(path).module()`), `policy.onnx` and `policy.json`: raw "policy" observations
+[B, ...] (float32, or uint8 frames; a term group: one input per term, in sorted order; a recurrent policy: also
+`state` [rows, B, hidden]) to the model's `deterministic` actions, the normalization folded in. torch.export, not
+TorchScript: TorchScript is deprecated, and the batch dimension is dynamic by declaration (`Dim("batch")`) rather
+than by a tracer's luck. Runtimes without Python take policy.onnx.
 """
 
 from __future__ import annotations
@@ -104,9 +92,8 @@ def export_policy(
     policy = (RecurrentPolicy(model) if recurrent else DeterministicPolicy(model, terms)).eval()
     spaces = [observation_space[k] for k in terms] if terms else [observation_space]
     example = tuple(_example(space) for space in spaces)
-    inputs = terms or [
-        "obs"
-    ]  # a term group: one input per term, named after it in ONNX (positional in the pt2 program)
+    # a term group: one input per term, named after it in ONNX (positional in the pt2 program)
+    inputs = terms or ["obs"]
     names = {
         "input_names": inputs,
         "output_names": ["action"],
@@ -120,10 +107,8 @@ def export_policy(
             "output_names": ["action", "next_state"],
             "dynamic_axes": {**names["dynamic_axes"], "state": {1: "batch"}, "next_state": {1: "batch"}},
         }
-    batch = torch.export.Dim("batch")
-    dynamic = (
-        ({0: batch}, {1: batch}) if recurrent else (({0: batch},) * len(example),)
-    )  # obs [B, ...]; state [rows, B, hidden]
+    batch = torch.export.Dim("batch")  # obs [B, ...]; state [rows, B, hidden]
+    dynamic = ({0: batch}, {1: batch}) if recurrent else (({0: batch},) * len(example),)
     # both models in memory first, then the three files written together (write_together): a failed write leaves
     # the earlier export whole, and a full disk is the OSError of a write, not an exporter's error about it
     pt2, onnx_model = io.BytesIO(), io.BytesIO()
@@ -173,9 +158,8 @@ def export_policy(
 
 
 def write_together(out: Path, files: dict[str, bytes]) -> None:
-    """Write `files` ({name: bytes}) into the folder `out` as one: each to a temporary file beside it (written and
-    synced), then all renamed over the old ones. A failed write (OSError: a full disk, a quota) leaves the earlier
-    files as they were and no temporary file behind."""
+    """Write `files` ({name: bytes}) into the folder `out` as one: each to a synced temporary file beside it, then all
+    renamed over the old ones. A failed write (OSError) leaves the earlier files and no temporary file behind."""
     out.mkdir(parents=True, exist_ok=True)
     tmps = {name: out / f".{name}.{os.getpid()}.tmp" for name in files}
     try:

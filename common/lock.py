@@ -1,12 +1,6 @@
-"""One run, one writer: the run directory's lock, taken by rank 0 of a training run for the process's life.
-
-    lock = acquire(run_dir)      # or LockRefused: the one line that names the live holder and what to do
-    ...                          # a thread refreshes the lock's heartbeat
-    release(lock)
-
-common.run calls them through `take_lock(run)`, `release_lock(run)` and `lock_error(run_dir)` (the judgement alone,
-writing nothing). This module imports no torch: the race tests start hundreds of processes that import it alone.
-"""
+"""One run, one writer: the run directory's lock, taken by rank 0 of a training run for the process's life (`acquire`,
+a heartbeat thread, `release`; a live holder: LockRefused). No torch import: the race tests start hundreds of
+processes that import this module alone."""
 
 from __future__ import annotations
 
@@ -26,17 +20,14 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from common.record import Run
 
-# Rank 0 of a training run holds {run_dir}/.lock for the process's life: a JSON record of its holder (host, pid,
-# the pid's start time, the torchrun job) whose mtime is a heartbeat that a thread refreshes. Not flock(): the
-# kernel would release it when its holder dies, as a lock should, but on a cluster's shared filesystem flock is
-# node-local or refused (Lustre without -o flock, some NFS mounts), so two nodes could both hold it. The record
-# works wherever the run directory is shared, and a reader judges its holder by what it can know: on the same host,
-# whether that pid still runs with the same start time (not a reused pid), which sees a kill -9 at once; on
-# another host, whether the heartbeat is fresh (a lost node stops beating; a cluster's clocks agree to seconds,
-# far below LOCK_STALE_SECONDS).
+# The lock is a JSON record of its holder (host, pid, the pid's start time, the torchrun job) whose mtime is a heartbeat
+# that a thread refreshes. Not flock(): on a cluster's shared filesystem flock is node-local or refused (Lustre
+# without -o flock, some NFS mounts), so two nodes could both hold it. A reader judges the holder by what it can know:
+# on the same host, whether that pid still runs with the same start time (not a reused pid), which sees a kill -9 at
+# once; on another host, whether the heartbeat is fresh (a lost node stops beating; a cluster's clocks agree to
+# seconds, far below LOCK_STALE_SECONDS).
 #
-# Every change of hands is one system call that happens whole or not at all, on NFS too, so that of processes that
-# try at the same moment exactly one wins:
+# Every change of hands is one atomic system call (NFS too), so of processes that try at once exactly one wins:
 # - a lock is created by link(2) of a complete temporary record onto .lock, which fails where .lock exists (an
 #   exclusive open(O_CREAT|O_EXCL) where the filesystem has no hard links);
 # - a stale lock is taken over in three steps, each exclusive: the takers of one stale record create its marker
@@ -44,12 +35,10 @@ if TYPE_CHECKING:
 #   record is still there, renames it to a unique name (the renamed file is checked to be the judged one, and put
 #   back if it is not) and creates .lock exclusively, which a process that starts at that moment may win instead.
 #
-# A torchrun restart of the worker group (new pids, the same job: torchrun's run id, --rdzv-id, with SLURM's restart
-# count) proves its earlier holder gone as anyone else does: torchrun stops the earlier workers before it restarts,
-# so on the same host their pids are dead and the lock is taken at once; rank 0 restarted on another host waits
-# until the earlier holder's heartbeat is LOCK_STALE_SECONDS old. Two launches that share a job id (one --rdzv-id for
-# two SLURM job steps) are two writers: the second one stops. A requeued SLURM job whose old instance still runs
-# has another restart count: another job.
+# A torchrun restart (new pids, the same job: --rdzv-id with SLURM's restart count) proves its earlier holder gone as
+# anyone does: torchrun stops the earlier workers first, so on the same host their pids are dead; on another host
+# rank 0 waits until the heartbeat is LOCK_STALE_SECONDS old. Two launches sharing a job id (one --rdzv-id for two
+# SLURM job steps) are two writers: the second stops. A requeued SLURM job has another restart count: another job.
 LOCK = ".lock"
 LOCK_HEARTBEAT_SECONDS = 15.0
 LOCK_STALE_SECONDS = 120.0  # eight missed heartbeats: the holder on another host is gone
@@ -75,8 +64,7 @@ class Lock:
 
 @dataclass(frozen=True)
 class _Seen:
-    """A lock file as read once: its bytes, what tells this file from any other (device, inode, bytes), its
-    heartbeat."""
+    """A lock file as read once: its bytes, what tells it from any other file (device, inode, bytes), its mtime."""
 
     data: bytes
     identity: tuple
@@ -158,9 +146,8 @@ def _parse(data: bytes) -> dict:
 
 
 def _judge(run_dir: Path, seen: _Seen, patient: bool = True) -> _Verdict:
-    """Whether the holder of the lock `seen` of `run_dir` is gone (a notice), lives (an error), or cannot be told
-    yet (wait: a record still being written; this job's holder on another host, until its heartbeat is stale or,
-    not `patient` any more, until it counts as live)."""
+    """Whether the holder of the lock `seen` is gone (notice), lives (error), or cannot be told yet (wait: a record
+    being written; this job's holder on another host, while `patient` and its heartbeat is not yet stale)."""
     record, age, mine = _parse(seen.data), time.time() - seen.mtime, _lock_record()
     host, pid = record.get("host"), record.get("pid")
     who = f"pid {pid} on host {host}"
@@ -394,8 +381,7 @@ def release(lock: Lock) -> None:
 
 
 def take_lock(run: Run) -> str | None:
-    """Rank 0: take the run directory's lock (`acquire`; its notices through run.say). Returns the error line when a
-    live process holds it, else None."""
+    """Rank 0: `acquire` with its notices through run.say; the error line when a live process holds it, else None."""
     try:
         run.lock = acquire(run.run_dir, run.say)
     except LockRefused as e:

@@ -1,7 +1,5 @@
 """Plumbing the rollout-based scripts (the PPO family, distill.py, pqn.py) call around their algorithm, in view in
-their loops: the statistics an iteration gathers on the device, the Atari game's score beside a life's, a rollout's
-episodes and non-finite counts, an update's mean losses, the storage's layout said once, the log of an iteration's
-statistics (one host read) and the evaluation and checkpoints that end an iteration."""
+their loops."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ if TYPE_CHECKING:
 
 
 def iteration_stats(device, kinds: tuple[str, ...] = ("losses",)) -> dict:
-    """What an iteration's compiled functions gather on the device for the log (log_iteration reads it every
-    --log-interval): "episodes", the finished episodes' sums (common.stats.episode_sums); one dict of named sums per
-    kind (a loss returns a dict: common.stats.add_to); "nonfinite", the counts of the NaN guard, by name."""
+    """What an iteration's compiled functions gather on the device for log_iteration: "episodes" (episode_sums), one
+    dict of named sums per kind (add_to), "nonfinite" (the NaN guard's counts)."""
     return {"episodes": torch.zeros(3, device=device, dtype=torch.float64), **{k: {} for k in kinds}, "nonfinite": {}}
 
 
@@ -36,9 +33,7 @@ def with_game_score(transition: dict, info: dict) -> dict:
 
 
 def rollout_episodes(data: TensorDict, dones: torch.Tensor, ep_stats: torch.Tensor, episodes: torch.Tensor) -> None:
-    """The sums of the episodes that ended in a [T, N] rollout into `episodes` (common.stats.episode_sums, the running
-    return and length of each env in `ep_stats`): the game's score where the env reports one apart from the learner's
-    rewards (with_game_score), the learner's own returns otherwise."""
+    """The sums of the episodes that ended in a [T, N] rollout into `episodes`: the game's score where there is one."""
     episode_sums(ep_stats, data.get("game_rewards", data["rewards"]), data.get("game_over", dones), sums=episodes)
 
 
@@ -48,18 +43,15 @@ def rollout_nonfinite(data: TensorDict) -> dict:
 
 
 def add_update_means(stats: dict, loss_sums: dict, num_updates: int) -> None:
-    """The mean over an update's `num_updates` minibatches of each loss summed in `loss_sums`, by name, into
-    stats["losses"], and how many of them are non-finite into stats["nonfinite"] (the NaN guard's "losses")."""
+    """Each loss's mean over an update's `num_updates` minibatches into stats["losses"]; the non-finite ones counted."""
     means = {name: total / num_updates for name, total in loss_sums.items()}
     add_to(stats["losses"], means)
     add_to(stats["nonfinite"], {"losses": (~torch.isfinite(torch.stack(list(means.values())))).sum()})
 
 
 def log_iteration(run: Run, stats: dict, iterations: int, local: dict, kinds: tuple[str, ...] = ("losses",)) -> None:
-    """Log the statistics gathered on the device since the last log, over all ranks in one host read: stats'
-    "episodes", the mean over `iterations` of each of its sums of `kinds` (tagged kind/name; a name with its own tag,
-    as charts/symmetry_error, keeps it), its "nonfinite" counts as the NaN guard, and `local` (rank 0's, e.g. the
-    learning rate); then zero the sums for the next. A collective."""
+    """Log the statistics gathered on the device since the last log, over all ranks in one host read, then zero them.
+    The means over `iterations` are tagged kind/name (a name with its own tag keeps it). A collective."""
     means = {
         name if "/" in name else f"{kind}/{name}": total / iterations
         for kind in kinds

@@ -1,8 +1,5 @@
-"""Plumbing td3.py and sac.py share, plain functions their loops call: the replay's size and the action space
-checked against the flags, the observation sizes, the sums gathered between two logs, and the loop's tail (one
-host read, evaluation, checkpoints, stop). tests/benchmarks/gpu_check.py wraps a script's `log_eval_save`, where
-its host reads start.
-"""
+"""Plumbing td3.py and sac.py share, plain functions their loops call. tests/benchmarks/gpu_check.py wraps a script's
+`log_eval_save`, where its host reads start."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ if TYPE_CHECKING:
 
 
 def replay_capacity(args) -> int:
-    """Slots per env of the replay buffer (--buffer-size over --num-envs): a clear error when an n-step window
-    does not fit in them."""
+    """Slots per env of the replay buffer (--buffer-size over --num-envs); an error when an n-step window won't fit."""
     capacity = args.buffer_size // args.num_envs
     if capacity < args.n_step:
         raise SystemExit(
@@ -34,8 +30,7 @@ def replay_capacity(args) -> int:
 
 
 def action_bounds(envs, args, algo: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The low and high bounds (float32 tensors) of the envs' Box action space, which a tanh policy is scaled
-    to: a clear error for an unbounded one."""
+    """The float32 low and high bounds of the Box action space a tanh policy is scaled to; an error if unbounded."""
     space = envs.single_action_space
     if not space.is_bounded():
         raise SystemExit(
@@ -46,25 +41,22 @@ def action_bounds(envs, args, algo: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def obs_dims(obs: TensorDict, args, script: str) -> tuple[int, int | None]:
-    """Sizes of the policy's observations and of the critics' own ('critic' group, with --asymmetric-critic where
-    the env provides one; else None: the critics take the policy's)."""
+    """Sizes of the policy's observations and of the critics' own (the 'critic' group, else None: the policy's)."""
     critic = args.asymmetric_critic and "critic" in obs.keys()
     return vector_size(obs, "policy", script), vector_size(obs, "critic", script) if critic else None
 
 
 def new_stats(device: torch.device) -> dict:
-    """The sums the loop gathers between two logs, by name: finished episodes, the critic's and the actor's
-    statistics (what their steps return), the non-finite counts of the collected data."""
+    """The sums the loop gathers between two logs: episodes, the critic's and actor's statistics, non-finite counts."""
     return {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "critic": {}, "actor": {}, "nonfinite": {}}
 
 
 def log_eval_save(
     run: Run, final_iteration: bool, stats: dict, updates: dict, eval_envs, agent, state, next_obs
 ) -> bool:
-    """Once per log interval (and before evals and saves): the means of the critic's and the actor's statistics
-    over their `updates` (losses/<name>), the episodes and the NaN guard in one host read; then the evaluation
-    of `agent` and the checkpoints that are due (the same decisions on every rank). Zeroes the sums and
-    `updates`; returns whether the run stops."""
+    """Once per log interval: the critic's and actor's mean statistics over their `updates`, the episodes and the NaN
+    guard in one host read, then the evaluation and checkpoints due (the same decisions on every rank: a collective).
+    Zeroes the sums and `updates`; returns whether the run stops."""
     due = what_is_due(run, final_iteration)
     if not due.log:
         return False

@@ -1,8 +1,5 @@
 """The record of one run: its handles and counters, one small dataclass that every `common` module passes around.
-
-A leaf: it imports no other `common` module, so the modules below `common.run` (capture, checkpoint, stats,
-evaluation) take the type from here and no import circle runs through `run.py`.
-"""
+A leaf (it imports no other `common` module), so that no import circle runs through `run.py`."""
 
 from __future__ import annotations
 
@@ -60,9 +57,7 @@ class Run:
     final_step: int = 0  # the global step the run ends at (begin_training)
     totals: dict = field(default_factory=dict)  # wall and phase seconds of the run's earlier processes (its checkpoint)
     foreign_flags: dict = field(default_factory=dict)  # flags of the resumed run that this script lacks: kept, unused
-    algorithm: str | None = (
-        None  # the ALGO the script declares (a copy keeps its original's): whose checkpoints it reads
-    )
+    algorithm: str | None = None  # the ALGO the script declares (a copy keeps its original's)
     steps_per_iteration: int = 0  # env steps of one iteration over all ranks (begin_training)
     iteration_at_start: int = 0  # the iteration this process started from (a resumed run's checkpoint's)
     last_eval_return: float = math.nan  # of the latest evaluation (a resumed run: its checkpoint's until one runs)

@@ -1,15 +1,6 @@
-"""The recurrent cell's plumbing that ppo_lstm.py and distill.py share (the cell's step, the hidden state's carry-over
-and resets, the replay of the update, the losses, the checkpointed state and the loop stay in the scripts):
-
-    rnn = recurrent_cell(args.cell, in_dim, args.rnn_hidden_size, args.rnn_layers)  # orthogonal weights, zero biases
-    state_shape = state_shape_of(rnn)          # (rows, hidden) of one env's hidden state
-    eval_policy = EvalPolicy(policy, num_eval_envs)  # one hidden state per eval env (common/evaluation.py)
-    with closing(start_run(...)) as run, allow_rnn(): ...
-
-The hidden state of a batch of envs is one tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h
-rows, then the c rows; the layout of common.nets.rnn_step), the batch at dim 1; the exported policy takes it so
-(common/export.py).
-"""
+"""The recurrent cell's plumbing that ppo_lstm.py and distill.py share. The hidden state of a batch of envs is one
+tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h rows, then the c rows; the layout of
+common.nets.rnn_step), the batch at dim 1, as the exported policy takes it."""
 
 from __future__ import annotations
 
@@ -27,8 +18,7 @@ def recurrent_cell(cell: str, input_size: int, hidden_size: int, layers: int) ->
 
 
 def state_shape_of(rnn: nn.LSTM | nn.GRU | None) -> tuple[int, int]:
-    """(rows, hidden) of one env's hidden state: k * layers rows (k = 2 for an LSTM: h, then c) of the cell's hidden
-    size; without a cell (None) no rows, of size 1."""
+    """(rows, hidden) of one env's hidden state (the layout above); without a cell (None) no rows, of size 1."""
     if rnn is None:
         return 0, 1
     return (2 if isinstance(rnn, nn.LSTM) else 1) * rnn.num_layers, rnn.hidden_size
@@ -41,10 +31,9 @@ def allow_rnn():
 
 
 class EvalPolicy(nn.Module):
-    """A recurrent policy as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes, in place, one
-    hidden state per eval env; `reset_state(done)` zeroes those whose episode ended (after every step). `policy` has
-    `recurrent_step(obs, state) -> (action, next state)`, which is exported, and `state_shape`; it is held under
-    `name`, by which the exported programs name its weights (model.<name>.rnn.weight_ih_l0, ...)."""
+    """A recurrent policy as common/evaluation.py evaluates it: `deterministic(obs)` reads and writes one hidden state
+    per eval env in place; `reset_state(done)` zeroes those whose episode ended. `policy` is held under `name`, by
+    which the exported programs name its weights (model.<name>.rnn.weight_ih_l0, ...)."""
 
     def __init__(self, policy: nn.Module, num_envs: int, name: str = "policy"):
         super().__init__()

@@ -1,13 +1,6 @@
-"""The teacher of a distillation (algos/distill.py), around the script's own networks: the observation group it reads,
-its checkpoint checked against the task before anything runs, and the record of which file taught (path and sha256,
-in the student's checkpoints and summary).
-
-    group = teacher_group(args, next_obs)                      # --teacher-obs or the env's full state; or an error
-    ckpt, digest = teacher_checkpoint(path, obs_dim, group, action_space, env_id, TEACHERS)
-    note_teacher(run, teacher_info, args.teacher, digest)      # after the resume: a notice if the file changed
-
-The script rebuilds the teacher's actor from `ckpt` with its own network class (by the tensors' names) and freezes it.
-"""
+"""The teacher of a distillation (algos/distill.py): the observation group it reads, its checkpoint checked against
+the task before anything runs, and the record of which file taught. The script rebuilds the teacher's actor from the
+checkpoint with its own network class and freezes it."""
 
 from __future__ import annotations
 
@@ -24,8 +17,7 @@ if TYPE_CHECKING:
 
 
 def teacher_group(args, obs) -> str:
-    """The observation group the teacher reads: --teacher-obs, or "critic" where the env has one (the full state), else
-    "policy". Training without --teacher, or with a group the env does not have, stops in one line."""
+    """The observation group the teacher reads: --teacher-obs, or "critic" (the full state) where the env has one."""
     group = args.teacher_obs or ("critic" if "critic" in obs.keys() else "policy")
     if args.teacher is None:
         raise SystemExit(
@@ -42,10 +34,8 @@ def teacher_group(args, obs) -> str:
 def teacher_checkpoint(
     path: str, obs_dim: int, group: str, action_space: gym.Space, env_id: str, teachers: tuple[str, ...]
 ) -> tuple[dict, str]:
-    """The checkpoint at `path` and the file's sha256, where it is a teacher: written by one of the algorithms
-    `teachers` (or a copy of one), its actor reading the `obs_dim` observations of the env's `group` and acting in
-    `action_space` (a Gaussian's log_std for a Box, none for Discrete; a distilled student has none for either).
-    Anything else stops in one line."""
+    """The checkpoint at `path` and the file's sha256, where it is a teacher: of one of the algorithms `teachers` (or
+    a copy), its actor reading `obs_dim` observations of `group` and acting in `action_space`; else one line stops."""
     try:
         ckpt = load_checkpoint(path)
     except CheckpointError as e:
@@ -77,8 +67,7 @@ def teacher_checkpoint(
 
 
 def note_teacher(run: Run, info: dict, path: str, digest: str) -> None:
-    """The teacher's file (resolved path, sha256) into `info`, which the checkpoints and the summary keep; a run
-    resumed with another file than the one it distilled from says so first."""
+    """The teacher's file (resolved path, sha256) into `info`, which the checkpoints keep; a notice if it changed."""
     if info["sha256"] not in (None, digest):
         run.say(f"notice: --teacher {path} is not the file the checkpoint's run distilled from (sha256 differs)")
     info.update(path=str(Path(path).resolve()), sha256=digest)

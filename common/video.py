@@ -1,11 +1,5 @@
-"""Evaluation videos: frames to an mp4 file, to TensorBoard and to wandb.
-
-The frames come from the eval envs' `render(env_ids)` (gymnasium's own renderers for the
-built-in classic envs and `gym:` envs), only for the recorded envs and only during an evaluation
-with --capture-video. Pixel envs without a renderer of their own (the built-in MinAtar games,
-envpool's Atari) draw their frames from the observation itself (common.envs.frames).
-The writers are optional dependencies: the `[video]` extra.
-"""
+"""Evaluation videos to an mp4 file, to TensorBoard and to wandb: the eval envs' `render(env_ids)` frames (pixel envs
+without a renderer draw them from the observation: common.envs.frames). The writers are the `[video]` extra."""
 
 from __future__ import annotations
 
@@ -40,12 +34,9 @@ def check_dependencies(pygame: bool) -> None:
 
 def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:
     """H.264 mp4 of uint8 [H, W, 3] frames (sides padded to even sizes, as the codec needs), written whole or not at
-    all: ffmpeg writes a temporary file beside `path`, which replaces `path` once ffmpeg has succeeded. A failure
-    (a full disk, a quota) raises OutputError naming `path` and ffmpeg's cause, and leaves no file behind.
-
-    ffmpeg runs here rather than through imageio's writer, which ignores ffmpeg's exit status: a full disk there
-    leaves a truncated mp4 and ffmpeg's own lines on stderr. The command is imageio's for the same options (libx264,
-    quality 7 = crf 15, yuv420p, no resizing), so the files are the same."""
+    all; a failure raises OutputError naming `path` and ffmpeg's cause. ffmpeg runs here, not through imageio's
+    writer, which ignores ffmpeg's exit status (a full disk left a truncated mp4); the command is imageio's for the
+    same options (libx264, quality 7 = crf 15, yuv420p), so the files are the same."""
     import imageio_ffmpeg
 
     h, w = frames[0].shape[:2]
@@ -88,8 +79,7 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:
 
 
 def _ffmpeg_error(said: str, code: int) -> OSError:
-    """ffmpeg's failure as an OSError: the system's error its lines name (No space left on device, ...), else its
-    last line."""
+    """ffmpeg's failure as an OSError: the system error its lines name (No space left on device, ...), or its last."""
     for number in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EIO):
         if os.strerror(number) in said:
             return OSError(number, os.strerror(number))
@@ -98,8 +88,7 @@ def _ffmpeg_error(said: str, code: int) -> OSError:
 
 
 def add_video(writer, tag: str, frames: list[np.ndarray], step: int, fps: float) -> None:
-    """A video in TensorBoard's images tab (an animated GIF, which is what SummaryWriter.add_video
-    writes, without its moviepy dependency)."""
+    """A video in TensorBoard's images tab: an animated GIF, as SummaryWriter.add_video writes, without moviepy."""
     from PIL import Image
     from torch.utils.tensorboard.summary import Summary
 
