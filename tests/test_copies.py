@@ -480,36 +480,40 @@ PER_SCRIPT_TESTS = [
 ]
 
 
-def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
-    """A fresh checkout (algos/, common/, tests/, pyproject.toml), then the README's copy:
-    `cp algos/ppo.py algos/ppo_myidea.py` and 20+ lines of an idea in it (README_COPY: a KL penalty with two
-    flags of declared ranges, a coefficient adapted in place and checkpointed, a logged statistic). Every test
-    of the suite that finds the scripts in algos/ runs on it as the README's test command would run it
-    (PER_SCRIPT_TESTS: the contract, the generated bad flag values, --help's settings, the device-kernel guard,
-    the layout and the flag parity of the originals, which hold a copy to no size budget and compare no copy
-    with ppo.py), but for what runs ppo's code paths unchanged at a cost of minutes, which ppo's own runs check:
-    the torchrun faults and two-process resume (SIGTERM, SIGKILL), videos, and the compiled runs of the other
-    capture layouts; tests/test_bench.py's gpu_check test (every script's iterations and torchrun again) is
-    left out for the same reason, its CPU checks of a captured function are among the contract's."""
+def checkout_with_copy(directory: Path, script: str, name: str, edits: list, least: int) -> tuple[Path, str]:
+    """A fresh checkout in `directory` (algos/, common/, tests/, pyproject.toml) with a researcher's copy of
+    algos/`script`.py in its algos/ as `name`.py: the original's text with `edits` (anchor -> replacement, each anchor
+    found exactly once, so a change to the original that moves one fails here loudly), at least `least` lines added.
+    Returns the copy's path and the original's text."""
     import difflib
     import shutil
 
     for part in ("algos", "common", "tests"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    original = (tmp_path / "algos" / "ppo.py").read_text()
+        shutil.copytree(ROOT / part, directory / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    shutil.copy(ROOT / "pyproject.toml", directory)
+    original = (directory / "algos" / f"{script}.py").read_text()
     text = original
-    for anchor, replacement in README_COPY:
-        assert text.count(anchor) == 1, f"the README's copy no longer applies to algos/ppo.py: {anchor!r}"
+    for anchor, replacement in edits:
+        assert text.count(anchor) == 1, f"the copy's edit no longer applies to algos/{script}.py: {anchor!r}"
         text = text.replace(anchor, replacement)
     added = [line for line in difflib.unified_diff(original.splitlines(), text.splitlines(), n=0) if line[:1] == "+"]
-    assert len(added) - 1 >= 20, f"the README's copy is an idea of 20+ lines, not {len(added) - 1}"
-    (tmp_path / "algos" / "ppo_myidea.py").write_text(text)
-    env = dict(subprocess_env(), PYTHONPATH=str(tmp_path))  # its common/, not one installed from elsewhere
-    # compiled against eager in the plain layout only: the other layouts compile ppo's code, which ppo's own runs check
+    assert len(added) - 1 >= least, f"the copy is an idea of {least}+ lines, not {len(added) - 1}"
+    path = directory / "algos" / f"{name}.py"
+    path.write_text(text)
+    return path, original
+
+
+def run_contract_tests(checkout: Path, name: str, layouts: int) -> list[str]:
+    """Every test of the suite that finds the scripts in algos/ (PER_SCRIPT_TESTS), run in `checkout` on the copy
+    `name` as the README's test command would run them (its own common/, not one installed from elsewhere), but for
+    what runs the original's code paths unchanged at a cost of minutes, which the original's own runs check: the
+    torchrun faults and two-process resume (SIGTERM, SIGKILL), videos, and the compiled runs of the capture layouts
+    past the plain one (`layouts` of them in all). Fails unless all passed, each file ran, and ran on the copy where
+    the copy is a parameter. Returns the passed tests' ids."""
+    env = dict(subprocess_env(), PYTHONPATH=str(checkout))
     others = [
-        f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[ppo_myidea-{i}]"
-        for i in range(1, 5)
+        f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[{name}-{i}]"
+        for i in range(1, layouts)
     ]
     costly = "not sigterm and not sigkill and not video and not two_process"
     result = run(
@@ -525,12 +529,12 @@ def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
             "no:xdist",
             *PER_SCRIPT_TESTS,
             "-k",
-            f"test_layout or test_flag_parity or every_script or (ppo_myidea and {costly})",
+            f"test_layout or test_flag_parity or every_script or ({name} and {costly})",
             *others,
         ],
         timeout=1200,
         env=env,
-        cwd=tmp_path,
+        cwd=checkout,
     )
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
     assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]
@@ -538,14 +542,27 @@ def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
     for tests in PER_SCRIPT_TESTS:  # each file ran, on the copy where the copy is a parameter
         assert any(test.startswith(f"{tests}::") for test in passed), (tests, result.stdout[-4000:])
     for tests in PER_SCRIPT_TESTS[:4]:
-        assert any(test.startswith(f"{tests}::") and "ppo_myidea" in test for test in passed), (tests, passed)
+        assert any(test.startswith(f"{tests}::") and name in test for test in passed), (tests, passed)
     assert (
         "tests/test_flags.py::test_every_bad_numeric_or_choice_flag_value_of_every_script_is_a_one_line_usage_error"
         in passed
     )
+    return passed
+
+
+def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
+    """A fresh checkout, then the README's copy: `cp algos/ppo.py algos/ppo_myidea.py` and 20+ lines of an idea in it
+    (README_COPY: a KL penalty with two flags of declared ranges, a coefficient adapted in place and checkpointed, a
+    logged statistic). Every test of the suite that finds the scripts in algos/ runs on it (run_contract_tests: the
+    contract, the generated bad flag values, --help's settings, the device-kernel guard, the layout and the flag
+    parity of the originals, which hold a copy to nothing and compare no copy with ppo.py); tests/test_bench.py's
+    gpu_check test (every script's iterations and torchrun again) is left out for the same reason as the costly
+    cases, its CPU checks of a captured function are among the contract's."""
+    path, _ = checkout_with_copy(tmp_path, "ppo", "ppo_myidea", README_COPY, least=20)
+    run_contract_tests(tmp_path, "ppo_myidea", layouts=5)
     # and the idea is live: its coefficient adapted in place and checkpointed, its penalty logged
     try:
-        idea = load_script("ppo_myidea", tmp_path / "algos" / "ppo_myidea.py")
+        idea = load_script("ppo_myidea", path)
         run_main(idea, **PLAIN, output_dir=str(tmp_path / "idea"), total_timesteps=2 * ITERATION)
     finally:
         sys.modules.pop("ppo_myidea", None)

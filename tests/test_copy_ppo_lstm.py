@@ -10,15 +10,14 @@ touched. The per-script contract tests then run on the copy, as tests/test_copie
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import ROOT, load_script, run, run_main, subprocess_env
-from tests.test_copies import PER_SCRIPT_TESTS
+from tests.helpers import load_script, run_main
+from tests.test_copies import checkout_with_copy, run_contract_tests
 from tests.test_scripts import COMMON, TINY
 
 NAME = "ppo_lstm_chunks"
@@ -131,16 +130,6 @@ SMALL = {**COMMON, **TINY["ppo_lstm"]["kwargs"]}
 ITERATION = 16 * 8
 
 
-def write_copy(algos: Path) -> Path:
-    text = (algos / "ppo_lstm.py").read_text()
-    for anchor, replacement in CHUNKS:
-        assert text.count(anchor) == 1, f"the chunked copy's edit no longer applies to algos/ppo_lstm.py: {anchor!r}"
-        text = text.replace(anchor, replacement)
-    path = algos / f"{NAME}.py"
-    path.write_text(text)
-    return path
-
-
 def files(directory: Path) -> dict:
     return {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*.py")}
 
@@ -160,45 +149,9 @@ def test_a_chunked_bptt_copy_of_ppo_lstm_passes_the_contract_tests_and_its_idea_
     otherwise than --seq-len == --num-steps, which is ppo_lstm.py's run exactly."""
     from tests.test_scripts import assert_same
 
-    for part in ("algos", "common", "tests"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    path, _ = checkout_with_copy(tmp_path, "ppo_lstm", NAME, CHUNKS, least=10)
     common_before = files(tmp_path / "common")
-    path = write_copy(tmp_path / "algos")
-
-    env = dict(subprocess_env(), PYTHONPATH=str(tmp_path))  # its common/, not one installed from elsewhere
-    others = [
-        f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[{NAME}-{i}]"
-        for i in range(1, len(TINY["ppo_lstm"]["captures"]))
-    ]
-    costly = "not sigterm and not sigkill and not video and not two_process"
-    result = run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-rA",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:xdist",
-            *PER_SCRIPT_TESTS,
-            "-k",
-            f"test_layout or test_flag_parity or every_script or ({NAME} and {costly})",
-            *others,
-        ],
-        timeout=1200,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
-    assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]
-    passed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PASSED ")]
-    for tests in PER_SCRIPT_TESTS:  # each file ran, on the copy where the copy is a parameter
-        assert any(test.startswith(f"{tests}::") for test in passed), (tests, result.stdout[-4000:])
-    for tests in PER_SCRIPT_TESTS[:4]:
-        assert any(test.startswith(f"{tests}::") and NAME in test for test in passed), (tests, passed)
+    run_contract_tests(tmp_path, NAME, layouts=len(TINY["ppo_lstm"]["captures"]))
 
     chunks, original = load_script(NAME, path), load_script("ppo_lstm")
     try:

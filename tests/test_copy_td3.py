@@ -12,17 +12,15 @@ so a change to td3.py that moves one fails here loudly, not silently):
 
 from __future__ import annotations
 
-import difflib
 import hashlib
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import ROOT, load_script, run, run_main, subprocess_env
-from tests.test_copies import PER_SCRIPT_TESTS
+from tests.helpers import ROOT, load_script, run_main
+from tests.test_copies import checkout_with_copy, run_contract_tests
 
 REDQ_COPY = [
     (
@@ -116,54 +114,10 @@ def test_a_td3_copy_with_redq_critics_and_annealed_policy_noise_passes_the_contr
     (one update per phase, an adapter's env): the compiled run of the plain layout, where the captured update draws
     the pair and reads the annealed noise, stays. Then a direct run shows the idea live: three critics and their
     targets in the checkpoint, and the noise where the schedule puts it, mid-run and at the end."""
-    for part in ("algos", "common", "tests"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    copy, _ = checkout_with_copy(tmp_path, "td3", "td3_redq", REDQ_COPY, least=10)
     common_before = digest(tmp_path / "common")
     assert common_before == digest(ROOT / "common")
-    original = (tmp_path / "algos" / "td3.py").read_text()
-    text = original
-    for anchor, replacement in REDQ_COPY:
-        assert text.count(anchor) == 1, f"the copy's edit no longer applies to algos/td3.py: {anchor!r}"
-        text = text.replace(anchor, replacement)
-    added = [line for line in difflib.unified_diff(original.splitlines(), text.splitlines(), n=0) if line[:1] == "+"]
-    assert len(added) - 1 >= 10, f"the copy adds {len(added) - 1} lines"
-    copy = tmp_path / "algos" / "td3_redq.py"
-    copy.write_text(text)
-
-    env = dict(subprocess_env(), PYTHONPATH=str(tmp_path))  # its common/, not one installed from elsewhere
-    others = [
-        f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[td3_redq-{i}]"
-        for i in (1, 2)
-    ]
-    costly = "not sigterm and not sigkill and not video and not two_process"
-    result = run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-rA",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:xdist",
-            *PER_SCRIPT_TESTS,
-            "-k",
-            f"test_layout or test_flag_parity or every_script or (td3_redq and {costly})",
-            *others,
-        ],
-        timeout=1200,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
-    assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]
-    passed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PASSED ")]
-    for tests in PER_SCRIPT_TESTS:  # each file ran, on the copy where the copy is a parameter
-        assert any(test.startswith(f"{tests}::") for test in passed), (tests, result.stdout[-4000:])
-    for tests in PER_SCRIPT_TESTS[:4]:
-        assert any(test.startswith(f"{tests}::") and "td3_redq" in test for test in passed), (tests, passed)
+    passed = run_contract_tests(tmp_path, "td3_redq", layouts=3)
     # the contract's runs of the idea: an exact resume, compiled as eager, captured without a host read, and the
     # graphs a GPU would run free of device-dispatched kernels
     for test in (
