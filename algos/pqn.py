@@ -58,7 +58,7 @@ class Args(RunArgs):
     adapter id"""
     num_envs: int = 1024
     eval_only: bool = False
-    """load --resume, evaluate the greedy policy, print the returns, and exit"""
+    """load --resume, evaluate the policy (epsilon-greedy with --eval-epsilon), print the returns, and exit"""
 
     # --- PQN ---
     num_steps: Annotated[int, Ge(1)] = 16
@@ -90,6 +90,10 @@ class Args(RunArgs):
     """fraction of --total-timesteps over which epsilon decays from start_e to end_e"""
     epsilon_spread: Annotated[float, Ge(0), Le(1)] = 0.0
     """per-env exploration: env i of M (over all processes) uses epsilon * (1 - spread * i / (M - 1)); 0: all alike"""
+    eval_epsilon: Annotated[float, Ge(0), Le(1)] = 0.05
+    """epsilon of the evaluated policy, the DQN protocol's (Mnih et al. 2015, CleanRL's DQN evaluation): a greedy
+    policy can repeat one action forever (Breakout without FIRE); 0 evaluates the greedy policy, which --export
+    writes whatever this is"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (128, 128)
     """hidden layer sizes of the Q-network (each Linear -> LayerNorm -> activation)"""
     activation: Literal["relu", "tanh", "elu", "silu"] = "relu"
@@ -124,7 +128,8 @@ SETTINGS = {
     # PQN's own Atari config (purejaxql's pqn_atari): 128 envs x 32 steps, 32 minibatches, 2 epochs, 2.5e-4 over 10M
     # steps, lambda 0.65, gradient clip 10, epsilon decayed over the first 10%, with CleanRL's pqn_atari_envpool.py's
     # end epsilon 0.01 and annealed lr (purejaxql's: 0.001, constant); rewards clipped (the atari preset) and unscaled;
-    # the nature CNN (its Linear with a LayerNorm) under one linear head
+    # the nature CNN (its Linear with a LayerNorm) under one linear head; an evaluation on 8 envs every 512,000 steps
+    # (purejaxql's 8 test envs; 20 over the 10M steps: at most 5% of the steps, common.evaluation's budget)
     "atari": dict(
         env_kwargs='{"preset": "atari"}',
         total_timesteps=10_000_000,
@@ -137,6 +142,7 @@ SETTINGS = {
         reward_scale=1.0,
         hidden_sizes=(),
         num_eval_envs=8,
+        eval_interval=125,
     ),
 }
 
@@ -166,16 +172,22 @@ class QNetwork(nn.Module):
         layers.append(layer_init(nn.Linear(last, num_actions), gain=1.0))
         self.q = nn.Sequential(*layers)
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
+        self.eval_epsilon = args.eval_epsilon
 
     def forward(self, obs_n: torch.Tensor) -> torch.Tensor:  # Q-values [..., num_actions] of normalized obs
         return self.q(obs_n)
 
     def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        """The evaluated (and exported) policy on raw observations: the greedy action."""
+        """The exported policy on raw observations: the greedy action."""
         return self.q(self.obs_rms(obs)).argmax(-1)
 
-    def act(self, obs: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
-        """Epsilon-greedy with one epsilon per env (a tensor [N]): a uniform action with probability epsilon."""
+    def evaluation_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The evaluated policy (common.evaluation): epsilon-greedy with --eval-epsilon."""
+        return self.act(obs, self.eval_epsilon)
+
+    def act(self, obs: torch.Tensor, epsilon: torch.Tensor | float) -> torch.Tensor:
+        """Epsilon-greedy with one epsilon per env (a tensor [N]) or one for all: a uniform action with probability
+        epsilon."""
         q = self.q(self.obs_rms(obs))
         random_action = torch.randint(q.shape[-1], q.shape[:-1], device=q.device)
         explore = torch.rand(q.shape[:-1], device=q.device) < epsilon

@@ -107,7 +107,7 @@ class RunArgs:
     env_id: str = "CartPole-v1"
     """environment id: a built-in env (CartPole-v1, Pendulum-v1, ...) or an adapter prefix (gym:..., mjlab:...)"""
     settings: str | None = None
-    """named settings of the script (listed at the end of --help) under the flags given; default: the set of the env
+    """named settings of the script (listed at the top of --help) under the flags given; default: the set of the env
     id's family (gym MuJoCo, Atari, MinAtar, mjlab tasks) where the script has one, else builtin (the plain defaults)"""
     num_envs: Annotated[int, Ge(1)] = 4096
     """parallel environments per process (per GPU)"""
@@ -151,7 +151,9 @@ class RunArgs:
     """also write last.pt when this many seconds have passed since the last write (checked when the statistics are
     logged)"""
     eval_interval: Annotated[int, Ge(0)] = 10
-    """iterations between evaluations (0 disables); best.pt is written when the eval return improves"""
+    """iterations between evaluations (0 disables); best.pt is written when the eval return improves. An evaluation
+    plays at most 5% of the steps trained between two (at least 1,000 an episode per eval env): the episodes it cuts
+    count with their return so far, and a line says so"""
     eval_episodes: Annotated[int, Ge(1)] = 1
     """episodes per eval env in an evaluation"""
     num_eval_envs: Annotated[int, Ge(1)] = 128
@@ -183,7 +185,8 @@ class RunArgs:
     wandb_entity: str | None = None
     """wandb team or user"""
     progress: bool = True
-    """show a progress bar on the main process (only on a terminal, never under CI)"""
+    """print a progress line (step, SPS, last training return, time left) at the first log point after each 30 s
+    (plain lines: a terminal and a log file alike; more often with a smaller --log-interval)"""
     compile: bool | Literal["auto"] = "auto"
     """torch.compile the hot functions (acting with the env step, targets, update): True, False, or auto (on CUDA,
     where it pays for itself within a minute; on a CPU compiling takes a minute or more, and eager is as fast for

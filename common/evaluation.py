@@ -1,11 +1,14 @@
-"""Evaluation of the deterministic policy (`policy.deterministic(obs)`) on the eval envs, with its video and export."""
+"""Evaluation of a policy on the eval envs, within a step budget, with its video and export.
+
+The evaluated action is the policy's `evaluation_action(obs)` where it has one (pqn.py: epsilon-greedy, the DQN
+protocol), else its deterministic one, `deterministic(obs)`, which is also what --export writes."""
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,18 +19,17 @@ from common import distributed, video
 from common.capture import captured, compiled
 from common.checkpoint import export_run_policy
 from common.args import eval_seed
-from common.run import close
+from common.run import EVAL_CHUNK, EVAL_FLOOR, EVAL_SHARE, close, eval_steps
+from common.stats import plural, train_return
 
 if TYPE_CHECKING:
     from common.record import Run
 
 
-EVAL_CHUNK = 64  # eval steps between two host reads ("has every env finished?"); one graph with --cudagraphs
-
-
 def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> TensorDict:
-    """One deterministic step of every eval env; each env's first `episodes` episodes summed into `acc` in place."""
-    obs, reward, terminated, truncated, info = eval_envs.step(model.deterministic(obs["policy"]))
+    """One evaluated step of every eval env; each env's first `episodes` episodes summed into `acc` in place."""
+    act = getattr(model, "evaluation_action", model.deterministic)
+    obs, reward, terminated, truncated, info = eval_envs.step(act(obs["policy"]))
     if hasattr(model, "reset_state"):  # a recurrent policy: zero the hidden state of the envs whose episode ended
         model.reset_state(terminated | truncated)
     running, done_count = acc["running"], acc["done_count"]
@@ -71,44 +73,85 @@ def _eval_chunk(run: Run | None, eval_envs, model, episodes: int):
     return cache[key]
 
 
+@contextmanager
+def seeded(seed: int, device: torch.device):
+    """The random draws of an evaluation (an exploring policy's) from generators seeded by `seed`: it replays exactly,
+    and the training's random streams, forked here, go on as if it had not run."""
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.default_generator.manual_seed(seed)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
+
+
 @torch.no_grad()
 def run_episodes(
-    eval_envs, model: torch.nn.Module, episodes: int, seed: int, record: int = 0, run: Run | None = None
+    eval_envs,
+    model: torch.nn.Module,
+    episodes: int,
+    seed: int,
+    record: int = 0,
+    run: Run | None = None,
+    max_steps: int | None = None,
 ) -> dict:
     """The first `episodes` episodes of every eval env, reduced over all ranks (a collective): mean return and
     length, success rate and the first `record` envs' frames. A recurrent policy's `reset_state(done)` (bool
-    [num_eval_envs]) zeroes those envs' state in place. One host read per EVAL_CHUNK steps (per step when recording)."""
+    [num_eval_envs]) zeroes those envs' state in place. One host read per EVAL_CHUNK steps (per step when recording).
+
+    `max_steps` (whole chunks) is the budget of each eval env: where it runs out, the episodes still running count
+    with their returns and lengths so far, as truncated ones (what a time limit does), and "unfinished" says how many
+    (over all ranks); those it never started do not count."""
     chunk, acc = _eval_chunk(run, eval_envs, model, episodes)
     for t in acc.values():
         t.zero_()
-    obs, _ = eval_envs.reset(seed=seed)
-    if hasattr(model, "reset_state"):
-        model.reset_state(torch.ones(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device))
-    recorded = list(range(min(record, eval_envs.num_envs)))
-    frames = {i: [f] for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
-    max_steps = getattr(eval_envs, "max_episode_steps", None) or 10_000
-    done_count = acc["done_count"]
-    for start in range(0, max_steps * episodes + 1, EVAL_CHUNK):  # the steps past an env's episodes add nothing
-        if not recorded:
-            obs = chunk(obs)
-        else:
-            for _ in range(EVAL_CHUNK):
-                obs = _eval_step(eval_envs, model, episodes, acc, obs)
-                # the recorded envs that are still within their episodes: one host read per step
-                alive = [i for i, c in zip(recorded, done_count[recorded].tolist()) if c < episodes]
-                for i, f in zip(alive, eval_envs.render(alive) if alive else []):
-                    frames[i].append(f)
-                recorded = alive
-        if bool((done_count >= episodes).all()):  # one sync per chunk, not per step
-            break
-    sums = distributed.all_reduce(acc["sums"].clone())
-    ret, length, count, succ, rep = sums.tolist()
+    with seeded(seed, eval_envs.device):
+        obs, _ = eval_envs.reset(seed=seed)
+        if hasattr(model, "reset_state"):
+            model.reset_state(torch.ones(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device))
+        recorded = list(range(min(record, eval_envs.num_envs)))
+        frames = {i: [f] for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
+        limit = (getattr(eval_envs, "max_episode_steps", None) or 10_000) * episodes + 1
+        done_count, finished = acc["done_count"], False
+        for start in range(0, limit if max_steps is None else min(limit, max_steps), EVAL_CHUNK):
+            if not recorded:
+                obs = chunk(obs)
+            else:
+                for _ in range(EVAL_CHUNK):
+                    obs = _eval_step(eval_envs, model, episodes, acc, obs)
+                    # the recorded envs that are still within their episodes: one host read per step
+                    alive = [i for i, c in zip(recorded, done_count[recorded].tolist()) if c < episodes]
+                    for i, f in zip(alive, eval_envs.render(alive) if alive else []):
+                        frames[i].append(f)
+                    recorded = alive
+            if bool((done_count >= episodes).all()):  # one sync per chunk, not per step
+                finished = True
+                break
+    sums = torch.cat([acc["sums"], torch.zeros_like(acc["sums"][:1])])  # and the unfinished episodes
+    if not finished:
+        running = acc["running"]
+        cut = ((done_count < episodes) & (running[1] > 0)).double()
+        sums[[0, 1, 2, 5]] += torch.stack([(running[0] * cut).sum(), (running[1] * cut).sum(), cut.sum(), cut.sum()])
+    ret, length, count, succ, rep, unfinished = distributed.all_reduce(sums).tolist()
     return {
         "return": ret / count,
         "length": length / count,
         "success_rate": succ / rep if rep > 0 else None,
         "frames": [frame for i in sorted(frames) for frame in frames[i]],
+        "episodes": int(count),
+        "unfinished": int(unfinished),
     }
+
+
+def say_cut(run: Run, result: dict, budget: int) -> None:
+    """The line of an evaluation that its budget cut, and what its return counts."""
+    if result["unfinished"]:
+        run.say(
+            f"notice: the evaluation at step {run.global_step:,} stopped at its budget of {plural(budget, 'step')} per "
+            f"eval env ({EVAL_SHARE:.0%} of the steps trained between two evaluations, at least {EVAL_FLOOR:,} an "
+            f"episode; a larger --eval-interval gives more): {plural(result['unfinished'], 'episode')} unfinished, "
+            f"counted with {'its' if result['unfinished'] == 1 else 'their'} return so far as truncated"
+        )
 
 
 def record_video(run: Run, eval_envs, frames: list, writer=None) -> Path:
@@ -129,8 +172,15 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0  # rank 0's envs are the ones shown
     t0 = time.time()
+    budget = eval_steps(run)
     result = run_episodes(
-        eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run
+        eval_envs,
+        model,
+        args.eval_episodes,
+        seed=eval_seed(run, run.iteration),
+        record=record,
+        run=run,
+        max_steps=budget,
     )
     run.seconds["evaluation"] = run.seconds.get("evaluation", 0.0) + time.time() - t0  # ends with a host read
     ret = result["return"]
@@ -142,11 +192,13 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
         if result["frames"]:
             record_video(run, eval_envs, result["frames"], run.writer)
         run.writer.flush()
-    train = "no episode finished yet" if math.isnan(run.last_train_return) else f"{run.last_train_return:.2f}"
     run.say(
-        f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, train return {train}, "
-        f"SPS {run.sps:,.0f}"
+        f"iteration {run.iteration} step {run.global_step:,}: eval return {ret:.2f}, train return "
+        f"{train_return(run)}, SPS {run.sps:,.0f}"
     )
+    say_cut(run, result, budget)
+    if run.progress is not None:
+        run.progress.shown()
     run.last_eval_return = ret
     if ret > run.best_eval_return:  # best.pt is due (common.run.checkpoints_to_write)
         run.best_eval_return, run.best_iteration = ret, run.iteration
@@ -160,9 +212,17 @@ def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
     checkpoint iteration's evaluation's: best.pt gives back the return it was saved for (exactly, on CPU)."""
     args = run.args
     record = args.video_envs if args.capture_video and run.is_main else 0
+    budget = eval_steps(run)
     result = run_episodes(
-        eval_envs, model, args.eval_episodes, seed=eval_seed(run, run.iteration), record=record, run=run
+        eval_envs,
+        model,
+        args.eval_episodes,
+        seed=eval_seed(run, run.iteration),
+        record=record,
+        run=run,
+        max_steps=budget,
     )
+    say_cut(run, result, budget)
     out = {
         "eval_episodic_return": result["return"],
         "eval_episodic_length": result["length"],

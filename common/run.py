@@ -32,7 +32,6 @@ import errno
 import json
 import logging
 import math
-import os
 import random
 import shutil
 import sys
@@ -75,7 +74,7 @@ from common.checkpoint import (
 from common.envs import draws_with_pygame, eval_env_kwargs, make_env
 from common.lock import LOCK, lock_error, release_lock, take_lock
 from common.record import Run
-from common.stats import closing_words, continue_command
+from common.stats import PROGRESS_SECONDS, Progress, closing_words, continue_command, plural
 
 CONFIG = "config.json"  # the run's named settings and resolved values
 
@@ -96,11 +95,6 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     given = given_flags(args)
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
     cuda = info.device.type == "cuda"
-    notes = [settings.choose_threads() if from_command_line(args) else None]  # not for a run inside another program
-    if untranslated := getattr(args, "_settings_origin", ("", []))[1]:
-        notes.append(f"settings {args.settings}: the task's config has no flag here for {'; '.join(untranslated)}")
-    for line in filter(None, notes) if info.is_main else ():
-        print(line, flush=True)
     for name, (on_cuda, elsewhere) in {"log_interval": (1, 1), **(device_defaults or {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, on_cuda if cuda else elsewhere)
@@ -120,6 +114,12 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
             "error: --export DIR goes with --eval-only --resume PATH (or use --export-best while training)"
         )
     _check_extras(args)
+    # the flags are good: what the machine and the named settings mean for the run, before anything else is said
+    notes = [settings.choose_threads() if from_command_line(args) else None]  # not for a run inside another program
+    if untranslated := getattr(args, "_settings_origin", ("", []))[1]:
+        notes.append(f"settings {args.settings}: the task's config has no flag here for {'; '.join(untranslated)}")
+    for line in filter(None, notes) if info.is_main else ():
+        print(line, flush=True)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.use_deterministic_algorithms(args.torch_deterministic, warn_only=True)
     if args.compile:
@@ -304,14 +304,13 @@ def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
 
 def begin_training(run: Run, description: str, steps_per_iteration: int, graphs: str | None = None) -> None:
     """Write the run directory (config.json, TensorBoard, wandb), print what runs (`description`, then
-    compile and CUDA graphs, `graphs` saying what is captured), and start the clocks, the signal
-    handler and the progress bar: the loop starts next. A collective.
+    compile and CUDA graphs, `graphs` saying what is captured) and its cadence, and start the clocks, the
+    signal handler and the progress lines: the loop starts next. A collective.
 
     A resumed run that is at its end already (no whole iteration left) says so and exits (status 0)
     before anything is written: its summary, logs and checkpoints stay as they were.
 
-    The run ends at the last whole iteration within --total-timesteps (at least one): the progress
-    bar counts to those steps, run.final_step."""
+    The run ends at the last whole iteration within --total-timesteps (at least one), run.final_step."""
     args = run.args
     total = max(args.total_timesteps, steps_per_iteration)
     run.final_step = run.global_step + (total - run.global_step) // steps_per_iteration * steps_per_iteration
@@ -355,27 +354,47 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
     origin = getattr(args, "_settings_origin", ("", []))[0]
     named = f"settings {args.settings}{f' ({origin})' if origin else ''}; " if args.settings else ""
     print(
-        f"{run.algo}{copied} on {args.env_id}: {run.world_size} process(es) x {args.num_envs} envs on {run.device}; "
-        f"{named}"
+        f"{run.algo}{copied} on {args.env_id}: {plural(run.world_size, 'process', 'processes')} x "
+        f"{plural(args.num_envs, 'env')} on {run.device}; {named}"
         f"{description}; compile {compiling}, CUDA graphs: {graphs or ('on' if args.cudagraphs else 'off')}; "
         f"{iterations_to_run(run)} to step {run.final_step:,}; "
-        f"run dir {run.run_dir}",
+        f"run dir {run.run_dir}\n{cadence(run)}",
         flush=True,
     )
-    if args.progress and not os.environ.get("CI") and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        run.progress = tqdm(
-            total=run.final_step, initial=run.global_step, unit="step", unit_scale=True, dynamic_ncols=True
-        )
+    if args.progress:
+        run.progress = Progress(run)
 
 
 def iterations_to_run(run: Run) -> str:
     """The iterations this process runs, in words: of a resumed run, also how many the run has in all."""
     left = (run.final_step - run.global_step) // run.steps_per_iteration
     if run.iteration == 0:
-        return f"{left} iterations"
-    return f"{left} iterations this sitting, {run.iteration + left} in all,"
+        return plural(left, "iteration")
+    return f"{plural(left, 'iteration')} this sitting, {run.iteration + left} in all,"
+
+
+def cadence(run: Run) -> str:
+    """The start's second line: when the run evaluates, checkpoints and logs, in env steps. The flags count
+    iterations, whose size --num-envs scales (and the world size): the line names both."""
+    args, per = run.args, run.steps_per_iteration
+    every = lambda n: f"every {plural(n * per, 'step')} ({plural(n, 'iteration')}"  # noqa: E731
+    if args.eval_interval > 0:
+        where = " per process" if run.world_size > 1 else ""
+        said = (
+            f"eval {every(args.eval_interval)} of {per:,}; {plural(args.num_eval_envs, 'env')}{where} x "
+            f"{plural(args.eval_episodes, 'episode')}, at most {plural(eval_steps(run), 'step')} each)"
+        )
+    else:
+        said = "no evaluation (--eval-interval 0)"
+    timed = f" or {args.save_interval_seconds:g} s" if args.save_interval_seconds else ""
+    said += f", last.pt {every(args.save_interval)}){timed}"
+    if args.checkpoint_interval > 0:
+        kept = f", the newest {args.keep_checkpoints} kept" if args.keep_checkpoints else ""
+        said += f", step_<step>.pt {every(args.checkpoint_interval)}{kept})"
+    said += f", a log {every(args.log_interval)})"
+    if args.progress:
+        said += f" with a progress line there once {PROGRESS_SECONDS:.0f} s have passed"
+    return said
 
 
 def _write_run_dir(run: Run) -> str | None:
@@ -459,6 +478,24 @@ class Due:
     numbered: bool  # step_<global_step>.pt: every --checkpoint-interval iterations
 
 
+EVAL_CHUNK = 64  # eval steps between two host reads (common.evaluation: "has every env finished?"); one CUDA graph
+EVAL_SHARE = 0.05  # an evaluation plays at most this share of the env steps a process trains between two of them
+EVAL_FLOOR = 1_000  # and at least this many steps an episode: a whole classic-control, MuJoCo or mjlab episode
+
+
+def eval_steps(run: Run) -> int:
+    """The budget of an evaluation: the most steps each eval env plays in it, EVAL_SHARE of the steps this process
+    trains between two evaluations spread over its eval envs, at least EVAL_FLOOR per episode, in whole chunks.
+    --eval-only keeps the budget of the run's evaluations (its steps per iteration from its checkpoint's counters),
+    so that it replays them."""
+    args, per = run.args, run.steps_per_iteration / run.world_size
+    if not per and run.checkpoint is not None:
+        ckpt = run.checkpoint
+        per = ckpt["global_step"] / max(ckpt["iteration"], 1) / ckpt.get("world_size", 1)
+    steps = max(EVAL_FLOOR * args.eval_episodes, math.ceil(EVAL_SHARE * args.eval_interval * per / args.num_eval_envs))
+    return -(-steps // EVAL_CHUNK) * EVAL_CHUNK
+
+
 def what_is_due(run: Run, final_iteration: bool) -> Due:
     """This iteration's Due. Reads the run, changes nothing."""
     args, i = run.args, run.iteration
@@ -488,7 +525,7 @@ def checkpoints_to_write(run: Run, due: Due) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 def close(run: Run) -> None:
     """Let go of everything the run holds, in the order that cannot hang: the signal handlers, the
-    progress bar, the writers, the CUDA graphs, and last the process group. Called by `finish` and
+    writers, the CUDA graphs, and last the process group. Called by `finish` and
     `eval_only`, and by `closing` on any other exit; a second call does nothing.
 
     On an error each step is tried and its own failure reported, so that the process group still
@@ -498,7 +535,6 @@ def close(run: Run) -> None:
     run.closed = True
     steps = [
         ("signal handlers", run.guard.restore if run.guard is not None else None),
-        ("progress bar", run.progress.close if run.progress is not None else None),
         ("TensorBoard writer", run.writer.close if run.writer is not None else None),
         ("wandb", run.wandb_run.finish if run.wandb_run is not None else None),
         ("run directory's lock", lambda: release_lock(run)),  # after the writers: nothing of this run writes now

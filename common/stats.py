@@ -9,6 +9,7 @@ one host read, checked for non-finite values, and written to TensorBoard.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -197,11 +198,79 @@ def log(run: Run, stats: dict[str, float]) -> None:
         run.writer.add_scalar(f"charts/{phase}_seconds", seconds / iterations, run.global_step)
     run.writer.flush()
     if run.progress is not None:
-        run.progress.update(run.global_step - run.progress.n)
-        ret = (
-            "-" if run.last_train_return != run.last_train_return else f"{run.last_train_return:.1f}"
-        )  # none finished yet
-        run.progress.set_postfix(sps=f"{run.sps:,.0f}", ret=ret, refresh=False)
+        run.progress.at_log_point(run)
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """`n` and its noun, singular or plural: "1 iteration", "2,048 steps", "1 process", "2 processes"."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def train_return(run: Run) -> str:
+    """The last training return as the lines say it."""
+    return "no episode finished yet" if math.isnan(run.last_train_return) else f"{run.last_train_return:.2f}"
+
+
+def duration(seconds: float) -> str:
+    """A time left in words: "40 s", "12 min", "3 h 05 min", "2 d 04 h"."""
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return f"{seconds:.0f} s"
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 24 * 60:
+        return f"{minutes // 60} h {minutes % 60:02d} min"
+    return f"{minutes // (24 * 60)} d {minutes // 60 % 24:02d} h"
+
+
+PROGRESS_SECONDS = 30.0  # the most wall time between two lines of a run that logs at least that often
+
+
+class Progress:
+    """--progress on rank 0: a line that shows the run is alive (step, SPS, the last training return, the time left)
+    at the first log point once PROGRESS_SECONDS have passed since the start line or the last such line (an
+    evaluation's line counts as one). Printed at the log points only, so it costs no host read of its own, and
+    plain lines (no carriage returns), so a terminal and a log file read alike. Where the log points themselves are
+    further apart than twice that, it says once how to get more: they are the only points a line can come from."""
+
+    def __init__(self, run: Run):
+        self.last_line = self.last_log = time.monotonic()
+        self.last_log_iteration = run.iteration
+        self.told = False
+
+    def write(self, line: str) -> None:  # Run.say's
+        print(line, flush=True)
+
+    def shown(self) -> None:
+        """A line that says as much was printed (an evaluation's)."""
+        self.last_line = time.monotonic()
+
+    def at_log_point(self, run: Run) -> None:
+        now = time.monotonic()
+        apart, iterations = now - self.last_log, run.iteration - self.last_log_iteration
+        first = self.last_log_iteration == run.iteration_at_start  # its time holds the start-up (compiling)
+        self.last_log, self.last_log_iteration = now, run.iteration
+        if now - self.last_line >= PROGRESS_SECONDS:
+            self.last_line = now
+            left = (run.final_step - run.global_step) / run.sps if run.sps > 0 else math.inf
+            print(
+                f"iteration {run.iteration} step {run.global_step:,} of {run.final_step:,}: train return "
+                f"{train_return(run)}, SPS {run.sps:,.0f}, {duration(left) if left < math.inf else '?'} left",
+                flush=True,
+            )
+        if not first and not self.told and iterations > 0 and apart > 2 * PROGRESS_SECONDS:
+            self.told = True
+            each = apart / iterations
+            how = (
+                f"--log-interval {max(1, int(PROGRESS_SECONDS // each))} logs every {PROGRESS_SECONDS:.0f} s"
+                if each < PROGRESS_SECONDS
+                else "fewer --num-envs or --num-steps make shorter iterations"
+            )
+            print(
+                f"notice: the log points are {apart:.0f} s apart ({plural(iterations, 'iteration')} of {each:.1f} s), "
+                f"so are the progress lines; {how}",
+                flush=True,
+            )
 
 
 # Run flags the command that continues a run does not repeat: it names the run directory and --resume auto itself;
@@ -215,7 +284,7 @@ def closing_words(run: Run, summary: dict) -> list[str]:
     are, and, when it stopped early, the command that continues it."""
     args, reason = run.args, summary["stop_reason"]
     lines = [
-        f"{run.algo} on {args.env_id}: {run.global_step:,} steps ({run.iteration} iterations"
+        f"{run.algo} on {args.env_id}: {plural(run.global_step, 'step')} ({plural(run.iteration, 'iteration')}"
         f"{f', {run.iteration - run.iteration_at_start} this sitting' if run.iteration_at_start else ''}) in "
         f"{summary['wall_seconds']:.0f} s, {run.sps:,.0f} steps/s; {_why_it_ended(run, reason)}"
     ]
@@ -239,7 +308,7 @@ def _why_it_ended(run: Run, reason: str) -> str:
     if reason == "total_timesteps" and step < total:
         return (
             f"--total-timesteps {total:,} rounded down to whole iterations of {per:,} steps "
-            f"({total - step:,} steps not run)"
+            f"({plural(total - step, 'step')} not run)"
         )
     if reason == "total_timesteps" and step > total:
         return f"--total-timesteps {total:,} is less than an iteration of {per:,} steps: one ran"

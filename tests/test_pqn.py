@@ -160,3 +160,79 @@ def test_batch_that_does_not_divide(tmp_path):
     with pytest.raises(SystemExit, match="does not divide into --num-minibatches 4"):
         train(tmp_path, num_envs=10, num_steps=3, num_minibatches=4)
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# evaluation: epsilon-greedy (the DQN protocol), within a step budget
+# --------------------------------------------------------------------------------------------
+def untrained_breakout(eval_epsilon: float, num_envs: int = 16):
+    from common.envs import make_env
+
+    envs = make_env("MinAtar/Breakout-v1", num_envs, torch.device("cpu"), seed=5)
+    obs, _ = envs.reset()
+    args = pqn.Args(env_id="MinAtar/Breakout-v1", encoder="minatar", hidden_sizes=(32,), eval_epsilon=eval_epsilon)
+    torch.manual_seed(0)
+    return envs, pqn.QNetwork(tuple(obs["policy"].shape[1:]), int(envs.single_action_space.n), args, 1.0)
+
+
+def test_the_evaluated_policy_is_epsilon_greedy_and_the_exported_one_greedy():
+    """--eval-epsilon 0.05 by default (CleanRL's DQN evaluation, the DQN papers'): the evaluation acts at random 5% of
+    the time; `deterministic`, which --export writes, stays greedy."""
+    assert pqn.Args().eval_epsilon == 0.05
+    envs, qnet = untrained_breakout(0.05, num_envs=4000)
+    obs = envs.reset()[0]["policy"]
+    greedy = qnet.deterministic(obs)
+    assert torch.equal(greedy, qnet(qnet.obs_rms(obs)).argmax(-1))
+    differs = (qnet.evaluation_action(obs) != greedy).float().mean().item()
+    assert 0.02 < differs < 0.05  # 5% random actions, a 1/3 (MinAtar Breakout's three actions) of them the greedy one
+    qnet.eval_epsilon = 0.0
+    assert torch.equal(qnet.evaluation_action(obs), greedy)
+
+
+def test_an_untrained_breakout_evaluation_ends_within_its_step_budget():
+    """The evaluation stops at its budget of steps per eval env, however many episodes it was asked for: the episodes
+    still running count with their returns and lengths so far (truncated), so every step played is in the mean; its
+    random draws come from its own seeded generators, leaving the training's streams where they were."""
+    from common.evaluation import run_episodes
+
+    envs, qnet = untrained_breakout(0.05)
+    before = torch.random.get_rng_state()
+    result = run_episodes(envs, qnet, episodes=10_000, seed=3, max_steps=256)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert 0 < result["unfinished"] <= 16 and result["episodes"] > 16
+    assert result["length"] * result["episodes"] == pytest.approx(16 * 256)  # every step played, none past the budget
+    assert run_episodes(envs, qnet, episodes=10_000, seed=3, max_steps=256) == result  # it replays exactly
+    # without a budget, whole episodes only (each env's first two end long before the env's time limit)
+    whole = run_episodes(envs, qnet, episodes=2, seed=3)
+    assert whole["unfinished"] == 0 and whole["episodes"] == 32
+
+
+def test_a_cut_evaluation_says_so_and_eval_only_replays_it(tmp_path, capsys, monkeypatch):
+    """A pqn Breakout run whose evaluations outgrow their budget: one line each, the return that best.pt was saved
+    for given back by --eval-only (the same budget, from the checkpoint's counters)."""
+    import common.run
+
+    monkeypatch.setattr(common.run, "EVAL_FLOOR", 1)  # the budget is 5% of the steps between evaluations
+    flags = dict(env_id="MinAtar/Breakout-v1", encoder="minatar", hidden_sizes=(32,), num_minibatches=4)
+    summary = train(tmp_path, eval_interval=2, eval_episodes=50, num_eval_envs=2, **flags)  # budget: 64 steps
+    said = capsys.readouterr().out
+    assert said.count("notice: the evaluation at step ") == 2 and "stopped at its budget of 64 steps per eval env" in (
+        said
+    ), said
+    assert "at most 64 steps each" in said
+    best = tmp_path / "run" / "checkpoints" / "best.pt"
+    replayed = train(tmp_path, eval_only=True, resume=str(best), eval_episodes=50, num_eval_envs=2, **flags)
+    assert replayed["eval_return"] == pytest.approx(summary["best_eval_return"], abs=1e-9)
+    assert "notice: the evaluation at step " in capsys.readouterr().out
+
+
+def test_evaluations_leave_the_training_as_it_was(tmp_path):
+    """An epsilon-greedy evaluation draws random numbers of its own: a run that evaluates every iteration trains the
+    same weights as one that never does."""
+    train(tmp_path / "with", eval_interval=1)
+    train(tmp_path / "without", eval_interval=0)
+    a, b = (
+        torch.load(tmp_path / d / "run" / "checkpoints" / "last.pt", weights_only=True) for d in ("with", "without")
+    )
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

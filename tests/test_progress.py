@@ -1,0 +1,117 @@
+"""What a run says while it runs: the start's lines (plurals, the cadence in env steps), the progress lines between the
+logged iterations, and nothing said before a usage error."""
+
+import re
+
+import pytest
+
+import common.run
+import common.settings
+import common.stats
+from common.args import parse_args
+from tests.helpers import load_script
+
+pqn = load_script("pqn")
+ppo = load_script("ppo")
+
+TINY = dict(
+    device="cpu",
+    run_name="run",
+    num_envs=16,
+    num_steps=8,
+    num_minibatches=2,
+    total_timesteps=16 * 8 * 4,
+    num_eval_envs=4,
+    hidden_sizes=(16,),
+)
+
+
+def test_the_start_says_its_cadence_in_env_steps_and_its_plurals(tmp_path, capsys):
+    """One process of one env: singular nouns; the evaluation, checkpoint and log intervals in env steps beside the
+    iterations they are counted in, whose size (--num-envs x --num-steps) the line names."""
+    flags = dict(TINY, num_envs=1, num_steps=128, num_minibatches=1, total_timesteps=128, eval_interval=2)
+    pqn.main(pqn.Args(output_dir=str(tmp_path), progress=False, save_interval=3, checkpoint_interval=4, **flags))
+    said = capsys.readouterr().out.splitlines()
+    assert (
+        said[0].startswith("pqn on CartPole-v1: 1 process x 1 env on cpu;") and "; 1 iteration to step 128;" in said[0]
+    )
+    assert said[1] == (
+        "eval every 256 steps (2 iterations of 128; 4 envs x 1 episode, at most 1,024 steps each), last.pt every "
+        "384 steps (3 iterations), step_<step>.pt every 512 steps (4 iterations), a log every 128 steps (1 iteration)"
+    ), said[1]
+    assert any(line.startswith("pqn on CartPole-v1: 128 steps (1 iteration) in ") for line in said), said
+
+    # --num-envs scales the iterations, and with them every interval: the line follows
+    ppo.main(ppo.Args(output_dir=str(tmp_path / "wide"), progress=True, **dict(TINY, num_envs=64, eval_interval=0)))
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith("ppo on CartPole-v1: 1 process x 64 envs on cpu;")
+    assert said[1] == (
+        "no evaluation (--eval-interval 0), last.pt every 25,600 steps (50 iterations), a log every 512 steps "
+        "(1 iteration) with a progress line there once 30 s have passed"
+    ), said[1]
+
+
+def test_progress_lines_come_at_the_log_points_once_their_time_has_passed(tmp_path, capsys, monkeypatch):
+    """A line with the step, the speed, the last training return and the time left at the first log point after
+    PROGRESS_SECONDS (here 0: every log point), plain lines that a file keeps as they are; where the log points are
+    further apart than twice that, one notice says how to get more. None with --no-progress."""
+    monkeypatch.setattr(common.stats, "PROGRESS_SECONDS", 0.0)
+    pqn.main(pqn.Args(output_dir=str(tmp_path), progress=True, eval_interval=0, **TINY))
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    lines = [line for line in out.splitlines() if line.startswith("iteration ")]
+    assert len(lines) == 4, out
+    for i, line in enumerate(lines, 1):
+        pattern = (
+            rf"iteration {i} step {128 * i} of 512: train return (no episode finished yet|-?\d+\.\d\d), SPS [\d,]+, "
+        )
+        assert re.fullmatch(pattern + r"(\d+ s|\d+ min|\d+ h \d\d min|\d+ d \d\d h|\?) left", line), line
+    assert out.count("notice: the log points are ") == 1, out  # the first interval (the start-up's) is not judged
+
+    pqn.main(pqn.Args(output_dir=str(tmp_path / "quiet"), progress=False, eval_interval=0, **TINY))
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith(("iteration ", "notice"))]
+
+
+def test_an_evaluation_line_is_a_progress_line(tmp_path, capsys, monkeypatch):
+    """The evaluation's line says what a progress line says: the time until the next one starts over from it."""
+    clock = iter(range(0, 10_000, 20))  # every call 20 s later: the progress line is due at every other log point
+    monkeypatch.setattr(common.stats.time, "monotonic", lambda: next(clock))
+    pqn.main(pqn.Args(output_dir=str(tmp_path), progress=True, eval_interval=1, **TINY))
+    out = capsys.readouterr().out
+    assert "eval return" in out and not re.search(r"^iteration \d+ step \d+ of ", out, re.M), out
+
+
+def test_durations_read_as_words():
+    duration = common.stats.duration
+    assert [duration(s) for s in (0, 59.4, 60, 3599, 3600 + 5 * 60, 2 * 86400 + 4 * 3600)] == [
+        "0 s",
+        "59 s",
+        "1 min",
+        "59 min",
+        "1 h 05 min",
+        "2 d 04 h",
+    ]
+    assert common.stats.plural(1, "process", "processes") == "1 process" and common.stats.plural(2048, "step") == (
+        "2,048 steps"
+    )
+
+
+def test_nothing_is_said_before_a_usage_error(monkeypatch, capsys):
+    """The threads line (and any other note on the run) comes once the flags have passed their checks."""
+    monkeypatch.setattr(common.settings, "choose_threads", lambda: "threads: torch uses 1 of 2 cores")
+    args = parse_args(pqn.Args, ["--eval-epsilon", "2", "--device", "cpu"])
+    with pytest.raises(SystemExit) as exit:
+        common.run.start_run(args, "pqn")
+    assert exit.value.code == 2
+    captured = capsys.readouterr()
+    assert "threads:" not in captured.out + captured.err
+    assert captured.err.strip() == "error: --eval-epsilon must be in [0, 1], got 2.0", captured.err
+
+
+def test_the_settings_help_says_where_the_sets_are(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(pqn.Args, ["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "listed at the top of --help" in out and out.index("named settings (--settings NAME") < out.index(
+        "--settings"
+    )
