@@ -391,7 +391,8 @@ def train(run, args: Args) -> dict:
     graphs = "off"  # what the CUDA graphs hold, as the start line says it
     if args.cudagraphs:
         graphs = f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update"
-    said = f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {minibatch_size} per process)"
+    minibatches = f"{args.num_minibatches} minibatch{'es' if args.num_minibatches > 1 else ''}"
+    said = f"batch {global_batch} per iteration ({minibatches} of {minibatch_size} per process)"
     begin_training(run, said, global_batch, graphs)
     # counted in env steps: a run resumed with another world size ends at --total-timesteps, its schedules continuing
     while run.global_step + global_batch <= total_steps:

@@ -185,8 +185,8 @@ class RunArgs:
     wandb_entity: str | None = None
     """wandb team or user"""
     progress: bool = True
-    """print a progress line (step, SPS, last training return, time left) at the first log point after each 30 s
-    (plain lines: a terminal and a log file alike; more often with a smaller --log-interval)"""
+    """print a progress line (step, SPS, last training return, time left) at least every 30 s, at the log points
+    (where they are further apart, a smaller --log-interval gives more); plain lines, a terminal and a file alike"""
     compile: bool | Literal["auto"] = "auto"
     """torch.compile the hot functions (acting with the env step, targets, update): True, False, or auto (on CUDA,
     where it pays for itself within a minute; on a CPU compiling takes a minute or more, and eager is as fast for

@@ -393,7 +393,7 @@ def cadence(run: Run) -> str:
         said += f", step_<step>.pt {every(args.checkpoint_interval)}{kept})"
     said += f", a log {every(args.log_interval)})"
     if args.progress:
-        said += f" with a progress line there once {PROGRESS_SECONDS:.0f} s have passed"
+        said += f", a progress line at one of them at least every {PROGRESS_SECONDS:.0f} s"
     return said
 
 

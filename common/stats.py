@@ -228,13 +228,16 @@ PROGRESS_SECONDS = 30.0  # the most wall time between two lines of a run that lo
 
 class Progress:
     """--progress on rank 0: a line that shows the run is alive (step, SPS, the last training return, the time left)
-    at the first log point once PROGRESS_SECONDS have passed since the start line or the last such line (an
-    evaluation's line counts as one). Printed at the log points only, so it costs no host read of its own, and
-    plain lines (no carriage returns), so a terminal and a log file read alike. Where the log points themselves are
-    further apart than twice that, it says once how to get more: they are the only points a line can come from."""
+    at the last log point before PROGRESS_SECONDS pass since the start line or the last such line (an evaluation's
+    line counts as one), the next log point expected as far off as the last one was. Printed at the log points only,
+    so it costs no host read of its own, and plain lines (no carriage returns), so a terminal and a log file read
+    alike. Where the log points themselves are further apart than twice that, it says once how to get more: they
+    are the only points a line can come from."""
+
+    clock = staticmethod(time.monotonic)
 
     def __init__(self, run: Run):
-        self.last_line = self.last_log = time.monotonic()
+        self.last_line = self.last_log = self.clock()
         self.last_log_iteration = run.iteration
         self.told = False
 
@@ -243,14 +246,14 @@ class Progress:
 
     def shown(self) -> None:
         """A line that says as much was printed (an evaluation's)."""
-        self.last_line = time.monotonic()
+        self.last_line = self.clock()
 
     def at_log_point(self, run: Run) -> None:
-        now = time.monotonic()
+        now = self.clock()
         apart, iterations = now - self.last_log, run.iteration - self.last_log_iteration
         first = self.last_log_iteration == run.iteration_at_start  # its time holds the start-up (compiling)
         self.last_log, self.last_log_iteration = now, run.iteration
-        if now - self.last_line >= PROGRESS_SECONDS:
+        if now - self.last_line + apart >= PROGRESS_SECONDS:
             self.last_line = now
             left = (run.final_step - run.global_step) / run.sps if run.sps > 0 else math.inf
             print(

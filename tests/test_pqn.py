@@ -236,3 +236,32 @@ def test_evaluations_leave_the_training_as_it_was(tmp_path):
     )
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+@pytest.mark.sims
+def test_a_greedy_pqn_on_atari_breakout_is_evaluated_within_its_budget(tmp_path, capsys):
+    """The report's case: an untrained greedy policy that never presses FIRE plays Breakout to ALE's 27,000-step cap;
+    the evaluation stops at its budget (1,024 steps an eval env here), counts the games so far and says so."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    flags = dict(env_id="gym:ALE/Breakout-v5", hidden_sizes=(), eval_epsilon=0.0)  # raw frames: no FIRE at a reset
+    summary = train(
+        tmp_path,
+        num_envs=4,
+        num_steps=4,
+        num_minibatches=1,
+        total_timesteps=16,
+        eval_interval=1,
+        num_eval_envs=2,
+        **flags,
+    )
+    said = capsys.readouterr().out
+    assert "at most 1,024 steps each" in said and "notice: the evaluation at step 16 stopped at its budget" in said, (
+        said
+    )
+    acc = EventAccumulator(str(tmp_path / "run"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("eval/episodic_length")] == [1024.0]
+    assert summary["evaluation_seconds"] < 60, summary

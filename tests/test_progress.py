@@ -47,7 +47,7 @@ def test_the_start_says_its_cadence_in_env_steps_and_its_plurals(tmp_path, capsy
     assert said[0].startswith("ppo on CartPole-v1: 1 process x 64 envs on cpu;")
     assert said[1] == (
         "no evaluation (--eval-interval 0), last.pt every 25,600 steps (50 iterations), a log every 512 steps "
-        "(1 iteration) with a progress line there once 30 s have passed"
+        "(1 iteration), a progress line at one of them at least every 30 s"
     ), said[1]
 
 
@@ -72,13 +72,22 @@ def test_progress_lines_come_at_the_log_points_once_their_time_has_passed(tmp_pa
     assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith(("iteration ", "notice"))]
 
 
-def test_an_evaluation_line_is_a_progress_line(tmp_path, capsys, monkeypatch):
-    """The evaluation's line says what a progress line says: the time until the next one starts over from it."""
-    clock = iter(range(0, 10_000, 20))  # every call 20 s later: the progress line is due at every other log point
-    monkeypatch.setattr(common.stats.time, "monotonic", lambda: next(clock))
-    pqn.main(pqn.Args(output_dir=str(tmp_path), progress=True, eval_interval=1, **TINY))
+def test_progress_lines_come_before_30_s_pass_and_an_evaluation_line_counts_as_one(tmp_path, capsys, monkeypatch):
+    """A progress line comes at the last log point before 30 s pass (the next expected as far off as the last one
+    was): log points 10 s apart give one every other log point. The evaluation's line says what a progress line
+    says: the time until the next one starts over from it."""
+    clock = iter(range(0, 10_000, 10))  # one log point every 10 s (the start line at 0)
+    monkeypatch.setattr(common.stats.Progress, "clock", staticmethod(lambda: next(clock)))
+    pqn.main(pqn.Args(output_dir=str(tmp_path), progress=True, eval_interval=0, **TINY))
+    lines = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("iteration")]
+    assert lines == ["iteration 2 step 256 of 512", "iteration 4 step 512 of 512"], lines
+
+    # log points at 10, 30, 50, 70 s, each followed by an evaluation's line 15 s later
+    clock = iter([0, *(t for i in range(4) for t in (10 + 20 * i, 25 + 20 * i))])
+    monkeypatch.setattr(common.stats.Progress, "clock", staticmethod(lambda: next(clock)))
+    pqn.main(pqn.Args(output_dir=str(tmp_path / "evaluated"), progress=True, eval_interval=1, **TINY))
     out = capsys.readouterr().out
-    assert "eval return" in out and not re.search(r"^iteration \d+ step \d+ of ", out, re.M), out
+    assert out.count(": eval return ") == 4 and not re.search(r"^iteration \d+ step \d+ of ", out, re.M), out
 
 
 def test_durations_read_as_words():
