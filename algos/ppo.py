@@ -60,6 +60,16 @@ class Args(RunArgs):
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
     """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
+    kl_estimator: Literal["k3", "analytic"] = "k3"
+    """the KL the adaptive schedule and --target-kl read: the sampled k3 estimate from the log-prob ratios, or the
+    analytic KL(old || new) between the distribution the rollout acted with (stored with it) and the current one
+    (rsl_rl)"""
+    lr_adapt: Literal["after-step", "before-step"] = "after-step"
+    """when the adaptive schedule changes the rate: after a minibatch's step, for the next one, or before it, from the
+    KL measured on that same minibatch, a KL of exactly 0 (the policy not moved yet) leaving the rate as it is (rsl_rl)
+    """
+    lr_max: Annotated[float, Gt(0)] = 5e-3
+    """the adaptive rate's cap (rsl_rl: 1e-2; adapt_learning_rate says why ours is lower)"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
     gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
@@ -73,9 +83,17 @@ class Args(RunArgs):
     ent_coef: Annotated[float, Ge(0)] = 0.005
     """entropy bonus coefficient"""
     vf_coef: Annotated[float, Ge(0)] = 1.0
-    """value loss coefficient"""
+    """value loss coefficient (the value loss is 0.5 * (V - R)^2: rsl_rl's value_loss_coef, without the 0.5, is half
+    of it)"""
     max_grad_norm: Annotated[float, Gt(0)] = 1.0
-    """global gradient-norm clip"""
+    """gradient-norm clip (--grad-clip: of what)"""
+    grad_clip: Literal["global", "per-network"] = "global"
+    """clip one norm over all the gradients, or the actor's (its std among them) and the critic's apart (rsl_rl 5)"""
+    adam_eps: Annotated[float, Gt(0)] = 1e-5
+    """Adam's epsilon (CleanRL's 1e-5; rsl_rl's is torch's default, 1e-8)"""
+    shuffle: Literal["every-epoch", "once", "never"] = "every-epoch"
+    """the minibatches: a new shuffle of the batch every epoch, one shuffle for all the epochs of an update (rsl_rl),
+    or the batch in order"""
     target_kl: Annotated[float | None, Gt(0)] = None
     """stop the epoch loop early when the approximate KL exceeds this"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
@@ -86,6 +104,9 @@ class Args(RunArgs):
     """encoder of uint8 image groups [C, H, W]: the Atari DQN CNN, IMPALA's ResNet, MinAtar's conv, or flat frames"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
+    std_type: Literal["log", "scalar"] = "log"
+    """the Gaussian's state-independent std, learned as its log, or as the std itself, floored at 1e-6 (rsl_rl's
+    "scalar")"""
     shared_encoder: bool = False
     """one image encoder under both heads, trained by both losses (CleanRL's Atari agent); the critic reads 'policy'"""
     asymmetric_critic: bool = True
@@ -163,9 +184,9 @@ SETTINGS = {
 # --- Networks ---
 class Agent(nn.Module):
     """Actor and critic MLPs and the observation normalizers, so that one state_dict holds all. Discrete spaces get a
-    Categorical over logits; Box spaces a diagonal Gaussian with a state-independent log-std. The critic reads the
-    "critic" group when given. A group's shape is one env's (common.nets.group_mlp): an image group is never
-    normalized."""
+    Categorical over logits; Box spaces a diagonal Gaussian with a state-independent std (learned as its log, or as
+    itself: --std-type). The critic reads the "critic" group when given. A group's shape is one env's
+    (common.nets.group_mlp): an image group is never normalized."""
 
     def __init__(self, obs_shape, critic_obs_shape, action_space: gym.Space, args: Args, pixel_high=(255.0, 255.0)):
         super().__init__()
@@ -179,26 +200,39 @@ class Agent(nn.Module):
         self.shared_encoder = args.shared_encoder  # the critic's head on the actor's encoder (one module)
         if self.shared_encoder:
             nets.share_encoder(self.actor, self.critic, critic_obs_shape)
-        if not self.discrete:
+        self.std_type = args.std_type
+        if not self.discrete and args.std_type == "log":
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
+        elif not self.discrete:  # rsl_rl's "scalar": the std itself is the parameter
+            self.std = nn.Parameter(torch.full((act_dim,), args.init_log_std).exp())
         nets.register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
     normalize = normalize_groups  # each group through its own statistics (common.normalize)
 
+    def action_std(self) -> torch.Tensor:
+        return self.log_std.exp() if self.std_type == "log" else self.std.clamp(min=1e-6)  # rsl_rl 5's floor
+
     def value(self, obs_n: TensorDict) -> torch.Tensor:
         return self.critic(obs_n[self.critic_key]).squeeze(-1).float()
 
-    def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the mean
+    def distribution(self, out: torch.Tensor, std=None) -> torch.distributions.Distribution:  # out: logits, or the mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
-        return torch.distributions.Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
+        std = self.action_std() if std is None else std  # another std: the one a rollout acted with
+        return torch.distributions.Normal(out, std.expand_as(out), validate_args=False)
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.distribution(out)
         return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
+
+    def kl(self, old_out: torch.Tensor, old_std, out: torch.Tensor) -> torch.Tensor:
+        """KL(old || new) of each row, exact: the distribution the rollout acted with (its output, its std) against the
+        current one (rsl_rl's measure for the adaptive rate)."""
+        kl = torch.distributions.kl_divergence(self.distribution(old_out, old_std), self.distribution(out))
+        return kl if self.discrete else kl.sum(-1)
 
     to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
@@ -208,10 +242,10 @@ class Agent(nn.Module):
         return out.argmax(-1) if self.discrete else self.to_env(out)
 
     def act(self, obs: TensorDict):
-        """One acting step: normalize, sample, return the action and its log-prob."""
-        d = self.distribution(self.actor(self.obs_rms(obs["policy"])).float())  # float32 even under bf16 autocast
-        action = nets.sample(d)
-        return action, d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
+        """One acting step: normalize, sample; the action, its log-prob and the actor's output (the logits or mean)."""
+        out = self.actor(self.obs_rms(obs["policy"])).float()  # float32 even under bf16 autocast
+        action = nets.sample(d := self.distribution(out))
+        return action, (d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)), out
 
 
 # --- GAE with truncation bootstrapping; the adaptive learning rate ---
@@ -233,12 +267,26 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
     return advantages, advantages + values
 
 
-def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
-    """rsl_rl's schedule, in place on the device: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, lr *
-    1.5 below half of it, kept in [1e-5, 5e-3]: not rsl_rl's cap of 1e-2, where a solved task's rate sits (its
-    advantages are noise) and the policy drifts off what it solved."""
-    factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
-    lr.copy_((lr * factor).clamp(1e-5, 5e-3))
+def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, args: Args) -> None:
+    """rsl_rl's schedule, in place on the device: lr / 1.5 when a minibatch's KL is above 2x --desired-kl, lr * 1.5
+    below half of it, kept in [1e-5, --lr-max]. Our cap is 5e-3, not rsl_rl's 1e-2, where a solved task's rate sits (its
+    advantages are noise) and the policy drifts off what it solved. Before the step (--lr-adapt before-step, rsl_rl's),
+    a KL of exactly 0 leaves the rate: the policy has not moved yet, the first minibatch of an update."""
+    lower = kl < 0.5 * args.desired_kl
+    if args.lr_adapt == "before-step":
+        lower = lower & (kl > 0.0)
+    factor = torch.where(kl > 2.0 * args.desired_kl, 1 / 1.5, torch.where(lower, 1.5, 1.0))
+    lr.copy_((lr * factor).clamp(1e-5, args.lr_max))
+
+
+def gradient_groups(agent: Agent, args: Args) -> list[list[nn.Parameter]]:
+    """The parameters whose gradient norm is clipped to --max-grad-norm, group by group: all of them as one, or rsl_rl
+    5's two models apart (--grad-clip per-network), the actor with the Gaussian's std and the critic (a shared encoder
+    in both, as rsl_rl shares its CNN)."""
+    if args.grad_clip == "global":
+        return [list(agent.parameters())]
+    actor = [p for name, p in agent.named_parameters() if not name.startswith("critic.")]
+    return [actor, list(agent.critic.parameters())]
 
 
 # --- The PPO loss of a minibatch, with rsl_rl's symmetry ---
@@ -261,11 +309,14 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
-        approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
+        if args.kl_estimator == "analytic":  # rsl_rl's: the distribution the rollout acted with against this one
+            approx_kl = agent.kl(mb["old_out"][:b], None if agent.discrete else mb["old_std"][:b], out[:b]).mean()
+        else:
+            approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     adv = mb["advantages"]
-    if args.adv_norm == "minibatch":
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    if args.adv_norm == "minibatch":  # the originals' statistics (rsl_rl normalizes before it adds the mirror images)
+        adv = (adv - adv[:b].mean()) / (adv[:b].std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
@@ -327,24 +378,30 @@ def targets(
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     update_group_statistics(agent, data["obs"])  # the next rollout's statistics come from this rollout only
     batch = {"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values}
+    if args.kl_estimator == "analytic":  # the distribution the rollout acted with (env_step stored it)
+        batch.update({key: data[key] for key in ("old_out", "old_std") if key in data.keys()})
     batch = TensorDict({**batch, "advantages": advantages, "returns": returns, **mirrored}, values.shape, values.device)
     return batch.reshape(-1), {"explained_variance": explained_variance(returns, values)}, nonfinite_counts
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
-    """Epochs of shuffled minibatches over the batch; the adaptive learning rate after each
-    minibatch from the ranks' mean KL (the same lr on every rank). Adds the mean losses, by name, to stats."""
+    """Epochs of minibatches over the batch (--shuffle); the adaptive learning rate after each minibatch from the ranks'
+    mean KL (the same lr on every rank), or before its step (--lr-adapt before-step: update_minibatch adapts it). Adds
+    the mean losses, by name, to stats."""
     batch_size = batch.shape[0]
     minibatch_size = batch_size // args.num_minibatches
     loss_sums, num_updates = {}, 0
     for epoch in range(args.update_epochs):
-        perm = torch.randperm(batch_size, device=batch.device)
+        if args.shuffle == "never":
+            perm = torch.arange(batch_size, device=batch.device)
+        elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch (rsl_rl's)
+            perm = torch.randperm(batch_size, device=batch.device)
         for start in range(0, batch_size, minibatch_size):
             losses = update_minibatch(batch[perm[start : start + minibatch_size]])
             add_to(loss_sums, losses)
             num_updates += 1
-            if args.lr_schedule == "adaptive":
-                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
+            if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
+                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
         if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
@@ -379,7 +436,8 @@ def train(run, args: Args) -> dict:
     )
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=args.adam_eps, capturable=device.type == "cuda")
+    clip_groups = gradient_groups(agent, args)  # --grad-clip: all the gradients, or the actor's and the critic's apart
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
@@ -410,7 +468,7 @@ def train(run, args: Args) -> dict:
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         with torch.no_grad(), acting_autocast(device, args.bf16):  # bf16 without a cache of cast weights
-            action, logprob = policy_step(obs)
+            action, logprob, out = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         transition = {
             "obs": obs,
@@ -421,16 +479,25 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
+        if (
+            args.kl_estimator == "analytic"
+        ):  # the distribution acted with: the update's KL(old || new) reads it (rsl_rl)
+            transition["old_out"] = out
+            if not agent_inference.discrete:
+                transition["old_std"] = agent_inference.action_std().expand_as(out)
         # Atari: a life is the learner's episode, the game's score is what is logged
         return next_obs, TensorDict(loop.with_game_score(transition, info), batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch (gradients averaged over ranks); returns its losses."""
         loss, losses = ppo_loss(agent, mb, args, output_mirror)
+        if args.lr_schedule == "adaptive" and args.lr_adapt == "before-step":  # rsl_rl's: this step at the new rate
+            adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         distributed.all_reduce_gradients(agent.parameters())
-        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        for group in clip_groups:
+            nn.utils.clip_grad_norm_(group, args.max_grad_norm)
         optimizer.step()
         return losses
 

@@ -76,6 +76,13 @@ class Args(RunArgs):
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
     """KL the adaptive schedule aims for (adapt_learning_rate)"""
+    kl_estimator: Literal["k3", "analytic"] = "k3"
+    """ppo.py's: the sampled k3 estimate, or the analytic KL(old || new) of the acting and the current distribution
+    (rsl_rl)"""
+    lr_adapt: Literal["after-step", "before-step"] = "after-step"
+    """ppo.py's: the adapted rate for the next minibatch's step, or (rsl_rl) for this one's, from its KL"""
+    lr_max: Annotated[float, Gt(0)] = 1e-2
+    """the adaptive rate's cap (rsl_rl's 1e-2; ppo.py's 5e-3)"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
     gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
@@ -91,7 +98,15 @@ class Args(RunArgs):
     vf_coef: Annotated[float, Ge(0)] = 1.0
     """value loss coefficient"""
     max_grad_norm: Annotated[float, Gt(0)] = 0.5
-    """global gradient-norm clip (CleanRL's 0.5, tighter than ppo.py's 1.0)"""
+    """gradient-norm clip (CleanRL's 0.5, tighter than ppo.py's 1.0; --grad-clip: of what)"""
+    grad_clip: Literal["global", "per-network"] = "global"
+    """one norm over all the gradients, or the actor's and the critic's apart (rsl_rl 5; the cell and the policy
+    group's encoder, which both heads read, are in both)"""
+    adam_eps: Annotated[float, Gt(0)] = 1e-5
+    """Adam's epsilon (CleanRL's 1e-5; rsl_rl's is torch's default, 1e-8)"""
+    shuffle: Literal["every-epoch", "once", "never"] = "every-epoch"
+    """the minibatches of envs: a new shuffle every epoch, one for all the epochs of an update, or the envs in order
+    (rsl_rl's recurrent minibatches)"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64,)
     """hidden layer sizes of the actor and critic heads after the cell"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
@@ -100,6 +115,8 @@ class Args(RunArgs):
     """encoder of image groups (uint8 [C, H, W]) before the cell or the critic head: as ppo.py's --encoder"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
+    std_type: Literal["log", "scalar"] = "log"
+    """ppo.py's: the Gaussian's std learned as its log, or as itself, floored at 1e-6 (rsl_rl's "scalar")"""
     asymmetric_critic: bool = True
     """feed the critic head the env's 'critic' observations (beside the cell's output) when it provides them"""
     obs_norm: bool = True
@@ -164,8 +181,11 @@ class Agent(nn.Module):
         self.state_shape = state_shape_of(self.rnn)  # one env's (rows, hidden): k * layers rows of hidden units
         self.actor = nets.mlp(args.rnn_hidden_size, act_dim, args.hidden_sizes, args.activation, out_gain=0.01)
         self.critic = nets.mlp(args.rnn_hidden_size + critic_dim, 1, args.hidden_sizes, args.activation, out_gain=1.0)
-        if not self.discrete:
+        self.std_type = args.std_type
+        if not self.discrete and args.std_type == "log":
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
+        elif not self.discrete:  # rsl_rl's "scalar": the std itself is the parameter
+            self.std = nn.Parameter(torch.full((act_dim,), args.init_log_std).exp())
         nets.register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
@@ -193,25 +213,39 @@ class Agent(nn.Module):
         return self.critic(out).squeeze(-1).float()
 
     def dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
-        x = self.actor(out).float()  # the logits or the mean, float32 even under bf16 autocast
+        return self.distribution(self.actor(out).float())  # the logits or the mean, float32 even under bf16 autocast
+
+    def action_std(self) -> torch.Tensor:
+        return self.log_std.exp() if self.std_type == "log" else self.std.clamp(min=1e-6)  # rsl_rl 5's floor
+
+    def distribution(self, x: torch.Tensor, std=None) -> torch.distributions.Distribution:  # x: logits, or the mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=x, validate_args=False)
-        return torch.distributions.Normal(x, self.log_std.exp().expand_as(x), validate_args=False)
+        std = self.action_std() if std is None else std  # another std: the one a rollout acted with
+        return torch.distributions.Normal(x, std.expand_as(x), validate_args=False)
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.dist(out)
         return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
 
+    def kl(self, old_x: torch.Tensor, old_std, out: torch.Tensor) -> torch.Tensor:
+        """ppo.py's: KL(old || new) of each step, exact, the distribution the rollout acted with (the actor's output
+        `old_x`, its std) against the one of the cell's outputs `out`."""
+        kl = torch.distributions.kl_divergence(self.distribution(old_x, old_std), self.dist(out))
+        return kl if self.discrete else kl.sum(-1)
+
     to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
     def act(self, obs: TensorDict, state: torch.Tensor):
-        """One acting step: (sampled action, its log-prob, the value, the next state)."""
+        """One acting step: (sampled action, its log-prob, the value, the next state, the actor's output: the logits
+        or the mean)."""
         obs_n = self.normalize(obs)
         out, state = self.memory(obs_n["policy"], state)
-        action = nets.sample(d := self.dist(out))
+        x = self.actor(out).float()  # float32 even under bf16 autocast
+        action = nets.sample(d := self.distribution(x))
         logprob = d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
-        return action, logprob, self.value(out, obs_n), state
+        return action, logprob, self.value(out, obs_n), state, x
 
     def value_from(self, obs: TensorDict, state: torch.Tensor) -> torch.Tensor:
         """V(obs) for observations reached with the hidden state `state`: one cell step, then the critic."""
@@ -265,11 +299,25 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
     return advantages, advantages + values
 
 
-def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
-    """rsl_rl's schedule in place: lr / 1.5 when the last minibatch's KL is above 2x the desired KL, * 1.5 below half,
-    in [1e-5, 1e-2] (a higher cap than ppo.py's 5e-3)."""
-    factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
-    lr.copy_((lr * factor).clamp(1e-5, 1e-2))
+def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, args: Args) -> None:
+    """rsl_rl's schedule in place: lr / 1.5 when a minibatch's KL is above 2x --desired-kl, * 1.5 below half, in
+    [1e-5, --lr-max]; before the step (--lr-adapt before-step), a KL of exactly 0 (the policy not moved yet) leaves it.
+    """
+    lower = kl < 0.5 * args.desired_kl
+    if args.lr_adapt == "before-step":
+        lower = lower & (kl > 0.0)
+    factor = torch.where(kl > 2.0 * args.desired_kl, 1 / 1.5, torch.where(lower, 1.5, 1.0))
+    lr.copy_((lr * factor).clamp(1e-5, args.lr_max))
+
+
+def gradient_groups(agent: Agent, args: Args) -> list[list[nn.Parameter]]:
+    """The groups of parameters whose gradient norm --max-grad-norm clips apart (--grad-clip, as ppo.py's): all of
+    them, or the actor's and the critic's, the cell and the policy group's encoder in both (both heads read them)."""
+    if args.grad_clip == "global":
+        return [list(agent.parameters())]
+    named = list(agent.named_parameters())
+    actor = [p for name, p in named if name.split(".")[0] not in ("critic", "critic_encoder")]
+    return [actor, [p for name, p in named if name.split(".")[0] not in ("actor", "log_std", "std")]]
 
 
 def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
@@ -279,10 +327,14 @@ def ppo_loss(agent: Agent, mb: TensorDict, state: torch.Tensor, args: Args):
         out = agent.replay(mb["obs_n", "policy"], state, mb["starts"])
         newlogprob, entropy = agent.log_prob_entropy(out, mb["actions"])
         newvalue = agent.value(out, mb["obs_n"])
+        if args.kl_estimator == "analytic":  # rsl_rl's: the distribution the rollout acted with against this one
+            with torch.no_grad():
+                approx_kl = agent.kl(mb["old_out"], None if agent.discrete else mb["old_std"], out).mean()
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - logratio).mean()  # k3 estimator: unbiased, always >= 0
+        if args.kl_estimator == "k3":
+            approx_kl = ((ratio - 1) - logratio).mean()  # k3 estimator: unbiased, always >= 0
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     adv = mb["advantages"]
     if args.adv_norm == "minibatch":
@@ -339,6 +391,8 @@ def targets(
     update_group_statistics(agent, data["obs"])  # the next rollout's statistics come from this rollout only
     starts = episode_starts(dones)  # where the replay zeroes the state, as the rollout did
     batch = dict(obs_n=obs_n, starts=starts, actions=data["actions"], logprobs=data["logprobs"], values=values)
+    if args.kl_estimator == "analytic":  # the distribution the rollout acted with (env_step stored it)
+        batch.update({key: data[key] for key in ("old_out", "old_std") if key in data.keys()})
     batch = TensorDict({**batch, "advantages": advantages, "returns": returns}, values.shape, values.device)
     return batch, {"explained_variance": explained_variance(returns, values)}, nonfinite_counts
 
@@ -349,14 +403,17 @@ def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr:
     num_envs, loss_sums, num_updates = batch.shape[1], {}, 0
     envs_per_minibatch = num_envs // args.num_minibatches
     for epoch in range(args.update_epochs):
-        perm = torch.randperm(num_envs, device=batch.device)
+        if args.shuffle == "never":  # the envs in order (rsl_rl's recurrent minibatches)
+            perm = torch.arange(num_envs, device=batch.device)
+        elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch
+            perm = torch.randperm(num_envs, device=batch.device)
         for start in range(0, num_envs, envs_per_minibatch):
             envs = perm[start : start + envs_per_minibatch]
             losses = update_minibatch(batch[:, envs], initial_state[:, envs])
             add_to(loss_sums, losses)
             num_updates += 1
-            if args.lr_schedule == "adaptive":
-                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
+            if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
+                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
     loop.add_update_means(stats, loss_sums, num_updates)
 
 
@@ -384,7 +441,8 @@ def train(run, args: Args) -> dict:
     )
     eval_policy = EvalPolicy(agent_inference, args.num_eval_envs, "agent")  # one hidden state per eval env
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=args.adam_eps, capturable=device.type == "cuda")
+    clip_groups = gradient_groups(agent, args)  # --grad-clip: all the gradients, or the actor's and the critic's apart
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
 
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
@@ -427,7 +485,7 @@ def train(run, args: Args) -> dict:
 
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
-        action, logprob, value, state = policy_step(obs)
+        action, logprob, value, state, out = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value = end_step(info["final_obs"], state, terminated | truncated)
         transition = {
@@ -440,16 +498,25 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
+        if (
+            args.kl_estimator == "analytic"
+        ):  # the distribution acted with: the update's KL(old || new) reads it (rsl_rl)
+            transition["old_out"] = out
+            if not agent_inference.discrete:
+                transition["old_std"] = agent_inference.action_std().expand_as(out)
         transition = loop.with_game_score(transition, info)  # Atari: the game's score is what is logged
         return next_obs, TensorDict(transition, batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict, state: torch.Tensor):
         """One gradient step on a minibatch of sequences (gradients averaged over ranks); returns its losses."""
         loss, losses = ppo_loss(agent, mb, state, args)
+        if args.lr_schedule == "adaptive" and args.lr_adapt == "before-step":  # rsl_rl's: this step at the new rate
+            adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         distributed.all_reduce_gradients(agent.parameters())
-        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        for group in clip_groups:
+            nn.utils.clip_grad_norm_(group, args.max_grad_norm)
         optimizer.step()
         return losses
 

@@ -65,6 +65,13 @@ class Args(RunArgs):
     """constant; linear anneal to 0; or adaptive from the measured KL (rsl_rl)"""
     desired_kl: Annotated[float, Gt(0)] = 0.01
     """KL the adaptive schedule aims for: lr / 1.5 above 2x, lr * 1.5 below 0.5x"""
+    kl_estimator: Literal["k3", "analytic"] = "k3"
+    """the KL the adaptive schedule and --target-kl read: ppo.py's sampled k3 estimate, or the analytic KL(old || new)
+    (rsl_rl)"""
+    lr_adapt: Literal["after-step", "before-step"] = "after-step"
+    """ppo.py's: the adapted rate for the next minibatch's step, or (rsl_rl) for this one's, from its KL"""
+    lr_max: Annotated[float, Gt(0)] = 5e-3
+    """the adaptive rate's cap (rsl_rl: 1e-2; ppo.py's adapt_learning_rate says why ours is lower)"""
     gamma: Annotated[float, Ge(0), Le(1)] = 0.99
     """discount factor"""
     gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
@@ -78,9 +85,15 @@ class Args(RunArgs):
     ent_coef: Annotated[float, Ge(0)] = 0.005
     """entropy bonus coefficient"""
     vf_coef: Annotated[float, Ge(0)] = 1.0
-    """value loss coefficient"""
+    """value loss coefficient (of each head's 0.5 * (V - R)^2, as ppo.py's)"""
     max_grad_norm: Annotated[float, Gt(0)] = 1.0
-    """global gradient-norm clip"""
+    """gradient-norm clip of the agent (--grad-clip: of what; the predictor is not clipped, as in rsl_rl)"""
+    grad_clip: Literal["global", "per-network"] = "global"
+    """ppo.py's: one norm over all the agent's gradients, or the actor's and the critic's apart (rsl_rl 5)"""
+    adam_eps: Annotated[float, Gt(0)] = 1e-5
+    """epsilon of both Adams, the agent's and the predictor's (rsl_rl's is torch's default, 1e-8)"""
+    shuffle: Literal["every-epoch", "once", "never"] = "every-epoch"
+    """ppo.py's: a new shuffle every epoch, one for all the epochs of an update (rsl_rl), or the batch in order"""
     target_kl: Annotated[float | None, Gt(0)] = None
     """stop the epoch loop early when the approximate KL exceeds this"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
@@ -91,6 +104,8 @@ class Args(RunArgs):
     """encoder of image groups (uint8 [C, H, W]): Atari DQN CNN, IMPALA ResNet, MinAtar's conv, or flattened frames"""
     init_log_std: float = 0.0
     """initial log standard deviation of the Gaussian policy (continuous actions)"""
+    std_type: Literal["log", "scalar"] = "log"
+    """ppo.py's: the Gaussian's std learned as its log, or as itself, floored at 1e-6 (rsl_rl's "scalar")"""
     shared_encoder: bool = False
     """one image encoder under the policy and both value heads, trained by both losses; the critic reads 'policy'"""
     asymmetric_critic: bool = True
@@ -169,27 +184,39 @@ class Agent(nn.Module):
         self.shared_encoder = args.shared_encoder  # the critic's heads on the actor's encoder (one module)
         if self.shared_encoder:
             nets.share_encoder(self.actor, self.critic, critic_obs_shape)
-        if not self.discrete:
+        self.std_type = args.std_type
+        if not self.discrete and args.std_type == "log":
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
+        elif not self.discrete:  # rsl_rl's "scalar": the std itself is the parameter
+            self.std = nn.Parameter(torch.full((act_dim,), args.init_log_std).exp())
         nets.register_action_bounds(self, action_space)  # Gaussian samples are clipped to them on their way to the env
         self.obs_rms = observation_normalizer(obs_shape, args.obs_norm, args.obs_clip)
         self.critic_obs_rms = observation_normalizer(critic_obs_shape, args.obs_norm, args.obs_clip)
 
     normalize = normalize_groups  # each group through its own statistics (common.normalize)
 
+    def action_std(self) -> torch.Tensor:
+        return self.log_std.exp() if self.std_type == "log" else self.std.clamp(min=1e-6)  # rsl_rl 5's floor
+
     def value(self, obs_n: TensorDict) -> torch.Tensor:
         """[..., 2]: the extrinsic value, then the intrinsic one."""
         return self.critic(obs_n[self.critic_key]).float()  # float32 even under bf16 autocast
 
-    def distribution(self, out: torch.Tensor) -> torch.distributions.Distribution:  # out: logits, or the mean
+    def distribution(self, out: torch.Tensor, std=None) -> torch.distributions.Distribution:  # out: logits, or the mean
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
-        return torch.distributions.Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
+        std = self.action_std() if std is None else std  # another std: the one a rollout acted with
+        return torch.distributions.Normal(out, std.expand_as(out), validate_args=False)
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.distribution(out)
         return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
+
+    def kl(self, old_out: torch.Tensor, old_std, out: torch.Tensor) -> torch.Tensor:
+        """ppo.py's: KL(old || new) of each row, exact, the distribution the rollout acted with against this one."""
+        kl = torch.distributions.kl_divergence(self.distribution(old_out, old_std), self.distribution(out))
+        return kl if self.discrete else kl.sum(-1)
 
     to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
 
@@ -199,10 +226,10 @@ class Agent(nn.Module):
         return out.argmax(-1) if self.discrete else self.to_env(out)
 
     def act(self, obs: TensorDict):
-        """One acting step: normalize, sample, return the action and its log-prob."""
-        d = self.distribution(self.actor(self.obs_rms(obs["policy"])).float())  # float32 even under bf16 autocast
-        action = nets.sample(d)
-        return action, d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)
+        """One acting step: normalize, sample; the action, its log-prob and the actor's output (the logits or mean)."""
+        out = self.actor(self.obs_rms(obs["policy"])).float()  # float32 even under bf16 autocast
+        action = nets.sample(d := self.distribution(out))
+        return action, (d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)), out
 
 
 class RND(nn.Module):
@@ -250,11 +277,23 @@ def compute_advantages(rewards, values, next_value, final_values, terminated, tr
     return advantages, advantages + values
 
 
-def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, desired_kl: float) -> None:
-    """rsl_rl's schedule, in place on the device: lr / 1.5 when the KL of the last minibatch is
-    above 2x the desired KL, lr * 1.5 below half of it, kept in [1e-5, 5e-3] (ppo.py says why 5e-3)."""
-    factor = torch.where(kl > 2.0 * desired_kl, 1 / 1.5, torch.where(kl < 0.5 * desired_kl, 1.5, 1.0))
-    lr.copy_((lr * factor).clamp(1e-5, 5e-3))
+def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, args: Args) -> None:
+    """rsl_rl's schedule, in place on the device: lr / 1.5 when a minibatch's KL is above 2x --desired-kl, lr * 1.5
+    below half of it, kept in [1e-5, --lr-max] (ppo.py says why 5e-3); before the step (--lr-adapt before-step), a KL
+    of exactly 0 (the policy not moved yet) leaves it."""
+    lower = kl < 0.5 * args.desired_kl
+    if args.lr_adapt == "before-step":
+        lower = lower & (kl > 0.0)
+    factor = torch.where(kl > 2.0 * args.desired_kl, 1 / 1.5, torch.where(lower, 1.5, 1.0))
+    lr.copy_((lr * factor).clamp(1e-5, args.lr_max))
+
+
+def gradient_groups(agent: Agent, args: Args) -> list[list[nn.Parameter]]:
+    """ppo.py's: the groups of parameters whose gradient norm --max-grad-norm clips apart (--grad-clip)."""
+    if args.grad_clip == "global":
+        return [list(agent.parameters())]
+    actor = [p for name, p in agent.named_parameters() if not name.startswith("critic.")]
+    return [actor, list(agent.critic.parameters())]
 
 
 def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
@@ -274,11 +313,14 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
-        approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
+        if args.kl_estimator == "analytic":  # rsl_rl's: the distribution the rollout acted with against this one
+            approx_kl = agent.kl(mb["old_out"][:b], None if agent.discrete else mb["old_std"][:b], out[:b]).mean()
+        else:
+            approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     adv = mb["advantages"]
-    if args.adv_norm == "minibatch":
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    if args.adv_norm == "minibatch":  # the originals' statistics (rsl_rl normalizes before it adds the mirror images)
+        adv = (adv - adv[:b].mean()) / (adv[:b].std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
@@ -352,6 +394,8 @@ def targets(
     rnd.obs_rms.update(data["obs", args.rnd_obs_group])
     batch = {"obs_n": obs_n, "rnd_obs_n": rnd_obs_n, "actions": data["actions"], "logprobs": data["logprobs"]}
     batch = {**batch, "values": values, "advantages": advantages, "returns": returns, **mirrored}
+    if args.kl_estimator == "analytic":  # the distribution the rollout acted with (env_step stored it)
+        batch.update({key: data[key] for key in ("old_out", "old_std") if key in data.keys()})
     batch = TensorDict(batch, dones.shape, values.device)
     charts = {"intrinsic_reward": (rnd_weight * int_rewards).mean()}  # as the advantage weighs it
     rollout_stats = {"explained_variance": explained_variance(ret_ext, values[..., 0])}  # the extrinsic head's
@@ -359,19 +403,22 @@ def targets(
 
 
 def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
-    """Epochs of shuffled minibatches; the adaptive lr after each from the ranks' mean KL; the mean losses into
-    stats."""
+    """Epochs of minibatches (--shuffle); the adaptive lr after each from the ranks' mean KL (or before its step:
+    update_minibatch); the mean losses into stats."""
     batch_size = batch.shape[0]
     minibatch_size = batch_size // args.num_minibatches
     loss_sums, num_updates = {}, 0
-    for _ in range(args.update_epochs):
-        perm = torch.randperm(batch_size, device=batch.device)
+    for epoch in range(args.update_epochs):
+        if args.shuffle == "never":
+            perm = torch.arange(batch_size, device=batch.device)
+        elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch (rsl_rl's)
+            perm = torch.randperm(batch_size, device=batch.device)
         for start in range(0, batch_size, minibatch_size):
             losses = update_minibatch(batch[perm[start : start + minibatch_size]])
             add_to(loss_sums, losses)
             num_updates += 1
-            if args.lr_schedule == "adaptive":
-                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args.desired_kl)
+            if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
+                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
         if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
             if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
                 break
@@ -406,7 +453,8 @@ def train(run, args: Args) -> dict:
     )
     lr = torch.tensor(args.learning_rate, device=device)  # a tensor: schedules update it in place
     # capturable on CUDA: step counts and lr stay on the device, so optimizer.step() never syncs.
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, capturable=device.type == "cuda")
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=args.adam_eps, capturable=device.type == "cuda")
+    clip_groups = gradient_groups(agent, args)  # --grad-clip: all the gradients, or the actor's and the critic's apart
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
     rnd_shape = nets.chosen_group_shape(next_obs, args.rnd_obs_group, "--rnd-obs-group", args.env_id)
@@ -414,7 +462,9 @@ def train(run, args: Args) -> dict:
     # one random target and one predictor on every rank, and the grad-free twin the rollout reads
     rnd, rnd_inference = nets.agent_and_twin(lambda: RND(rnd_shape, args, rnd_high), device)
     rnd_lr = torch.tensor(args.rnd_learning_rate, device=device)
-    rnd_optimizer = torch.optim.Adam(rnd.predictor.parameters(), lr=rnd_lr, eps=1e-5, capturable=device.type == "cuda")
+    rnd_optimizer = torch.optim.Adam(
+        rnd.predictor.parameters(), lr=rnd_lr, eps=args.adam_eps, capturable=device.type == "cuda"
+    )
     # not clipped: the raw scale would be lost (the intrinsic advantage is weighed against the extrinsic one)
     int_normalizer = RewardNormalizer(args.num_envs, args.rnd_gamma, clip=None).to(device)
     rnd_weight = torch.tensor(args.rnd_weight, device=device)  # set from the schedule every iteration
@@ -458,7 +508,7 @@ def train(run, args: Args) -> dict:
     def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         with acting_autocast(device, args.bf16):  # under no_grad (the rollout's); bf16 without a cache of cast weights
-            action, logprob = policy_step(obs)
+            action, logprob, out = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value, novelty = step_values(next_obs, info["final_obs"], terminated | truncated)
         transition = {
@@ -471,18 +521,27 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
+        if (
+            args.kl_estimator == "analytic"
+        ):  # the distribution acted with: the update's KL(old || new) reads it (rsl_rl)
+            transition["old_out"] = out
+            if not agent_inference.discrete:
+                transition["old_std"] = agent_inference.action_std().expand_as(out)
         # Atari: a life is the learner's episode, the game's score is what is logged
         return next_obs, TensorDict(loop.with_game_score(transition, info), batch_size=[envs.num_envs]), info
 
     def update_minibatch(mb: TensorDict):
         """A gradient step of the agent and of the predictor (not clipped, as rsl_rl's) on a minibatch; its losses."""
         loss, losses = ppo_loss(agent, mb, args, output_mirror)
+        if args.lr_schedule == "adaptive" and args.lr_adapt == "before-step":  # rsl_rl's: this step at the new rate
+            adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
         rnd_loss = rnd.error(mb["rnd_obs_n"]).mean()
         optimizer.zero_grad(set_to_none=False)
         rnd_optimizer.zero_grad(set_to_none=False)
         (loss + rnd_loss).backward()  # no parameter in common: each gets its own loss's gradient
         distributed.all_reduce_gradients([*agent.parameters(), *rnd.predictor.parameters()])
-        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        for group in clip_groups:
+            nn.utils.clip_grad_norm_(group, args.max_grad_norm)
         optimizer.step()
         rnd_optimizer.step()
         return {**losses, "rnd_loss": rnd_loss.detach()}

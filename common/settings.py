@@ -3,16 +3,19 @@ field (`rsl_rl_settings`); and the torch threads a run takes on a busy CPU (`cho
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
+import sys
 
 
 # ----------------------------------------------------------------------------------------------
 # mjlab tasks: the task's registered rsl_rl runner config, field by field
 # ----------------------------------------------------------------------------------------------
 def rsl_rl_settings(env_id: str, fields: set[str]):
-    """the task's rsl_rl runner config (load_rl_cfg), translated field by field"""
-    task = env_id.split(":", 1)[1]
+    """the task's rsl_rl runner config (load_rl_cfg), translated field by field, with rsl_rl's update"""
+    task = env_id.split(":", 1)[-1]
     try:
         from mjlab.tasks.registry import load_rl_cfg
 
@@ -21,7 +24,12 @@ def rsl_rl_settings(env_id: str, fields: set[str]):
         return {}, []
     except (KeyError, ValueError):  # an unknown task: make_env names the registered ones
         return {}, []
-    return translate_rsl_rl(rl_cfg, fields)
+    from common.args import RunArgs, flag_value
+
+    # max_iterations counts iterations of this run's size: its envs (the command line's --num-envs) and processes
+    num_envs = flag_value(sys.argv[1:], "num_envs")
+    num_envs = int(num_envs) if num_envs is not None and num_envs.isdigit() else RunArgs.num_envs
+    return translate_rsl_rl(rl_cfg, fields, num_envs, int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def _get(cfg, name: str, default=None):
@@ -30,10 +38,58 @@ def _get(cfg, name: str, default=None):
     return cfg.get(name, default) if isinstance(cfg, dict) else getattr(cfg, name, default)
 
 
-def translate_rsl_rl(rl_cfg, fields: set[str]) -> tuple[dict, list[str]]:
-    """({flag: value}, [what has no flag here]) of an rsl_rl 2-3 / Isaac Lab or rsl_rl 5 / mjlab 1.6 runner config.
-    Only `fields` are set; a value the script cannot take is named, never dropped silently."""
-    values, untranslated = {}, []
+def _names(cfg) -> list[str]:
+    """The fields a config holds (a dict's keys, a dataclass's fields, an object's attributes), None ones left out."""
+    if cfg is None:
+        return []
+    if isinstance(cfg, dict):
+        names = list(cfg)
+    elif dataclasses.is_dataclass(cfg):
+        names = [f.name for f in dataclasses.fields(cfg)]
+    else:
+        names = [n for n in vars(cfg) if not n.startswith("_")]
+    return [n for n in names if _get(cfg, n) is not None]
+
+
+# What rsl_rl's update does where ours differs (each a flag of the PPO family; docs/rsl_rl.md says what each is), set by
+# every runner config: the `task` settings train as rsl_rl trains, the plain defaults keep ours.
+RSL_RL_UPDATE = dict(
+    kl_estimator="analytic",  # KL(old || new) of the stored and the current Gaussians, not the sampled k3 estimate
+    lr_adapt="before-step",  # the KL of a minibatch, before its step, sets that step's rate
+    lr_max=1e-2,  # the adaptive rate's cap
+    adam_eps=1e-8,  # torch's default: rsl_rl's optimizer is a plain Adam
+    reward_norm=False,  # the rewards as the env gives them
+)
+# The runner's fields that are not the training's (where it logs, what it loads, its device): ours are --output-dir,
+# --run-name, --track, --resume, --device, --compile; clip_actions is the mjlab adapter's (the env's action bounds),
+# read by make_env from the same registered config.
+RUNNER_BOOKKEEPING = {
+    "class_name",
+    "experiment_name",
+    "run_name",
+    "logger",
+    "neptune_project",
+    "wandb_tags",
+    "resume",
+    "load_run",
+    "load_checkpoint",
+    "upload_model",
+    "device",
+    "check_for_nan",
+    "torch_compile_mode",
+    "clip_actions",
+}
+ACTIVATIONS = {"elu": "elu", "relu": "relu", "tanh": "tanh", "silu": "silu", "swish": "silu"}  # rsl_rl's -> ours
+
+
+def translate_rsl_rl(rl_cfg, fields: set[str], num_envs: int = 4096, world_size: int = 1) -> tuple[dict, list[str]]:
+    """({flag: value}, [what has no flag here, one line each]) of an rsl_rl runner config: rsl_rl 5 / mjlab 1.6's
+    (`actor` and `critic` model configs) or rsl_rl 2-3 / Isaac Lab's (one `policy` config). Every field is translated
+    or named: only `fields` (the script's flags) are set, a value the script cannot take is named, never dropped; the
+    runner's bookkeeping (RUNNER_BOOKKEEPING) is not the training's. rsl_rl's update comes with it (RSL_RL_UPDATE, the
+    gradient clip of the layout's rsl_rl, its minibatch order and its time-out bootstrap). `num_envs` x `world_size`
+    envs turn max_iterations into --total-timesteps."""
+    values, named = {}, []
 
     def put(flag: str, value, source: str):
         if value is None:
@@ -41,45 +97,146 @@ def translate_rsl_rl(rl_cfg, fields: set[str]) -> tuple[dict, list[str]]:
         if flag in fields:
             values[flag] = value
         else:
-            untranslated.append(f"{source}={value!r}")
+            named.append(f"{source}={value!r}")
 
-    algorithm = _get(rl_cfg, "algorithm")
-    put("num_steps", _get(rl_cfg, "num_steps_per_env"), "num_steps_per_env")
-    policy, actor, critic = _get(rl_cfg, "policy"), _get(rl_cfg, "actor"), _get(rl_cfg, "critic")
-    if actor is not None:  # rsl_rl 5 / mjlab 1.6: two model configs
+    def unknown(cfg, known: set[str], where: str):  # a field this translation does not know: named, never dropped
+        for name in _names(cfg):
+            if name not in known:
+                named.append(f"{where}{name}={_get(cfg, name)!r}")
+
+    algorithm, policy, actor = _get(rl_cfg, "algorithm"), _get(rl_cfg, "policy"), _get(rl_cfg, "actor")
+    layout_2_3 = policy is not None and actor is None  # rsl_rl 2-3 / Isaac Lab: one actor-critic, one gradient norm
+    runner_fields = {"seed", "num_steps_per_env", "max_iterations", "obs_groups", "save_interval", "wandb_project"}
+    runner_fields |= {"algorithm", "policy", "actor", "critic", "empirical_normalization", "obs_normalization"}
+    unknown(rl_cfg, runner_fields | RUNNER_BOOKKEEPING, "")
+    if _get(rl_cfg, "class_name", "OnPolicyRunner") != "OnPolicyRunner":
+        named.append(f"class_name={_get(rl_cfg, 'class_name')!r} (ppo's runner here)")
+    put("seed", _get(rl_cfg, "seed"), "seed")
+    num_steps = _get(rl_cfg, "num_steps_per_env")
+    put("num_steps", num_steps, "num_steps_per_env")
+    put("save_interval", _get(rl_cfg, "save_interval"), "save_interval")
+    put("wandb_project_name", _get(rl_cfg, "wandb_project"), "wandb_project")
+    iterations = _get(rl_cfg, "max_iterations")
+    if iterations is not None and num_steps is not None:  # the iterations of this run's envs and processes
+        put("total_timesteps", num_envs * num_steps * iterations * world_size, f"max_iterations={iterations}: steps")
+    elif iterations is not None:
+        named.append(f"max_iterations={iterations} (without num_steps_per_env: --total-timesteps is the plain one)")
+    recurrent = _models(rl_cfg, policy, actor, layout_2_3, fields, put, named, unknown)
+    _algorithm(algorithm, fields, put, named, unknown)
+    _obs_groups(_get(rl_cfg, "obs_groups"), _get(algorithm, "rnd_cfg") is not None, fields, put, named)
+    for flag, value in RSL_RL_UPDATE.items():
+        put(flag, value, flag)
+    put("grad_clip", "global" if layout_2_3 else "per-network", "grad_clip")  # rsl_rl 2-3 clips one norm, 5 two
+    put("shuffle", "never" if recurrent else "once", "shuffle")  # rsl_rl's minibatch generators
+    if "adv_norm" not in values and "adv_norm" in fields and algorithm is not None:
+        values["adv_norm"] = "batch"  # rsl_rl's default: normalize_advantage_per_mini_batch=False
+    return values, named
+
+
+def _models(rl_cfg, policy, actor, layout_2_3: bool, fields: set[str], put, named: list, unknown) -> bool:
+    """The networks' fields of either layout; whether the task's actor is recurrent."""
+    critic = _get(rl_cfg, "critic")
+    if layout_2_3:  # rsl_rl 2-3 / Isaac Lab: one policy config
+        unknown(
+            policy,
+            {"class_name", "init_noise_std", "noise_std_type", "state_dependent_std", "actor_obs_normalization"}
+            | {"critic_obs_normalization", "actor_hidden_dims", "critic_hidden_dims", "activation", "rnn_type"}
+            | {"rnn_hidden_dim", "rnn_num_layers"},
+            "policy.",
+        )
+        kind = _get(policy, "class_name", "ActorCritic")
+        recurrent = kind == "ActorCriticRecurrent" or _get(policy, "rnn_type") is not None
+        if kind not in ("ActorCritic", "ActorCriticRecurrent"):
+            named.append(f"policy.class_name={kind!r} (an MLP actor and critic here)")
+        actor_dims, critic_dims = _get(policy, "actor_hidden_dims"), _get(policy, "critic_hidden_dims")
+        activations = {_get(policy, "activation")} - {None}
+        norm = {_get(policy, "actor_obs_normalization"), _get(policy, "critic_obs_normalization")} - {None}
+        norm = norm or {_get(rl_cfg, "empirical_normalization"), _get(rl_cfg, "obs_normalization")} - {None}
+        init_std, std_type = _get(policy, "init_noise_std"), _get(policy, "noise_std_type", "scalar")
+        if _get(policy, "state_dependent_std"):
+            named.append("policy.state_dependent_std=True (a state-independent std here)")
+        rnn, critic_rnn = policy, policy if recurrent else None  # ActorCriticRecurrent: a memory for each
+    else:  # rsl_rl 5 / mjlab 1.6: two model configs
+        for name in ("empirical_normalization", "obs_normalization"):  # rsl_rl 2's switch, ignored by rsl_rl 5
+            if _get(rl_cfg, name) is not None:
+                named.append(f"{name}={_get(rl_cfg, name)!r} (rsl_rl 5 reads the models' obs_normalization)")
+        for model, where in ((actor, "actor."), (critic, "critic.")):
+            known = {"class_name", "hidden_dims", "activation", "obs_normalization", "distribution_cfg", "rnn_type"}
+            unknown(model, known | {"rnn_hidden_dim", "rnn_num_layers", "cnn_cfg"}, where)
+            if _get(model, "cnn_cfg") is not None:
+                named.append(f"{where}cnn_cfg={_get(model, 'cnn_cfg')!r} (image groups are read by --encoder here)")
+        recurrent = _get(actor, "rnn_type") is not None or _get(actor, "class_name") == "RNNModel"
+        critic_recurrent = _get(critic, "rnn_type") is not None or _get(critic, "class_name") == "RNNModel"
         actor_dims, critic_dims = _get(actor, "hidden_dims"), _get(critic, "hidden_dims")
         activations = {_get(actor, "activation"), _get(critic, "activation")} - {None}
         norm = {_get(actor, "obs_normalization"), _get(critic, "obs_normalization")} - {None}
-        init_std = _get(_get(actor, "distribution_cfg"), "init_std")
-        std_type = _get(_get(actor, "distribution_cfg"), "std_type")
-        if std_type not in (None, "log"):  # same initial noise, another parameter learned: named, not dropped
-            untranslated.append(f"actor std_type={std_type!r} (a learned log-std here)")
-        for model, name in ((actor, "actor"), (critic, "critic")):
-            for extra in ("rnn_type", "cnn_cfg"):
-                if _get(model, extra) is not None:
-                    untranslated.append(f"{name}.{extra}={_get(model, extra)!r}")
-    else:  # rsl_rl 2-3 / Isaac Lab: one policy config
-        actor_dims, critic_dims = _get(policy, "actor_hidden_dims"), _get(policy, "critic_hidden_dims")
-        activations = {_get(policy, "activation")} - {None}
-        norm = {_get(rl_cfg, "empirical_normalization"), _get(rl_cfg, "obs_normalization")} - {None}
-        init_std = _get(policy, "init_noise_std")
+        distribution = _get(actor, "distribution_cfg")
+        init_std, std_type = _get(distribution, "init_std"), _get(distribution, "std_type", "scalar")
+        kind = _get(distribution, "class_name", "GaussianDistribution")
+        if distribution is not None and kind != "GaussianDistribution":
+            named.append(f"actor.distribution_cfg.class_name={kind!r} (a Gaussian with a state-independent std here)")
+        for name in _names(distribution):
+            if name not in ("class_name", "init_std", "std_type"):  # std_range, learn_std: a learned, floored std here
+                named.append(f"actor.distribution_cfg.{name}={_get(distribution, name)!r}")
+        rnn, critic_rnn = actor, critic if critic_recurrent else None
     if actor_dims is not None and critic_dims is not None and tuple(actor_dims) != tuple(critic_dims):
-        untranslated.append(
+        named.append(
             f"critic hidden dims {tuple(critic_dims)} (one --hidden-sizes for both: the actor's {tuple(actor_dims)})"
         )
     put("hidden_sizes", None if actor_dims is None else tuple(actor_dims), "actor hidden dims")
-    if len(activations) == 1:
-        put("activation", activations.pop(), "activation")
+    if len(activations) == 1 and min(activations) in ACTIVATIONS:
+        put("activation", ACTIVATIONS[min(activations)], "activation")
+    elif len(activations) == 1:
+        named.append(f"activation={min(activations)!r} (one of {', '.join(sorted(set(ACTIVATIONS.values())))} here)")
     elif activations:
-        untranslated.append(f"activations {sorted(activations)} (one --activation for both)")
+        named.append(f"activations {sorted(activations)} (one --activation for both)")
     if len(norm) == 1:
         put("obs_norm", bool(norm.pop()), "obs normalization")
     elif norm:
-        untranslated.append("obs normalization of the actor only or the critic only (one --obs-norm for both)")
+        named.append("obs normalization of the actor only or the critic only (one --obs-norm for both)")
     if init_std is not None:
-        put("init_log_std", round(math.log(init_std), 6), "init_noise_std")
+        put("init_log_std", round(math.log(init_std), 6), "init_std")
+        put("std_type", std_type, "std_type")
+    _memory(rnn, critic_rnn, recurrent, fields, put, named)
+    return recurrent
+
+
+def _memory(rnn, critic_rnn, recurrent: bool, fields: set[str], put, named: list) -> None:
+    """A recurrent actor's cell: ppo_lstm.py's flags, or the line that says to use it."""
+    cell, size, layers = _get(rnn, "rnn_type"), _get(rnn, "rnn_hidden_dim"), _get(rnn, "rnn_num_layers")
+    if recurrent and "cell" not in fields:
+        named.append(
+            f"rnn_type={cell!r}, rnn_hidden_dim={size!r}, rnn_num_layers={layers!r} (this task's config is "
+            "recurrent: use algos/ppo_lstm.py)"
+        )
+    elif recurrent:
+        if cell is not None and cell.lower() not in ("lstm", "gru"):
+            named.append(f"rnn_type={cell!r} (an lstm or a gru here)")
+        else:
+            put("cell", None if cell is None else cell.lower(), "rnn_type")
+        put("rnn_hidden_size", size, "rnn_hidden_dim")
+        put("rnn_layers", layers, "rnn_num_layers")
+        if critic_rnn is not None:
+            named.append("the critic's own memory (rsl_rl's: one for each network; one cell here, read by both heads)")
+        else:
+            named.append("a critic without a memory (rsl_rl's MLP critic; here the critic head reads the cell too)")
+    elif "cell" in fields:
+        named.append("a policy without a memory (the task's config is not recurrent: the cell is ppo_lstm.py's own)")
+
+
+def _algorithm(algorithm, fields: set[str], put, named: list, unknown) -> None:
+    """The algorithm's fields: ppo.py's flags, rsl_rl's value loss scale, the RND and symmetry configs."""
+    own = {"learning_rate", "desired_kl", "num_learning_epochs", "num_mini_batches", "clip_param", "gamma", "lam"}
+    own |= {"entropy_coef", "max_grad_norm", "use_clipped_value_loss", "schedule", "value_loss_coef", "optimizer"}
+    own |= {"class_name", "normalize_advantage_per_mini_batch", "share_cnn_encoders", "rnd_cfg", "symmetry_cfg"}
+    unknown(algorithm, own, "algorithm.")
+    if _get(algorithm, "class_name", "PPO") != "PPO":
+        named.append(f"algorithm.class_name={_get(algorithm, 'class_name')!r} (PPO here)")
     schedule = _get(algorithm, "schedule")
-    put("lr_schedule", {"fixed": "constant", "adaptive": "adaptive"}.get(schedule, schedule), "schedule")
+    if schedule not in (None, "fixed", "adaptive"):
+        named.append(f"schedule={schedule!r} (fixed or adaptive)")
+    else:
+        put("lr_schedule", {"fixed": "constant", "adaptive": "adaptive"}.get(schedule), "schedule")
     for ours, theirs in (
         ("learning_rate", "learning_rate"),
         ("desired_kl", "desired_kl"),
@@ -88,46 +245,94 @@ def translate_rsl_rl(rl_cfg, fields: set[str]) -> tuple[dict, list[str]]:
         ("clip_coef", "clip_param"),
         ("gamma", "gamma"),
         ("gae_lambda", "lam"),
-        ("vf_coef", "value_loss_coef"),
         ("ent_coef", "entropy_coef"),
         ("max_grad_norm", "max_grad_norm"),
         ("clip_vloss", "use_clipped_value_loss"),
     ):
         put(ours, _get(algorithm, theirs), theirs)
+    value_loss_coef = _get(algorithm, "value_loss_coef")  # of (V - R)^2; ours weighs 0.5 * (V - R)^2
+    put("vf_coef", None if value_loss_coef is None else 2.0 * value_loss_coef, "value_loss_coef")
     per_minibatch = _get(algorithm, "normalize_advantage_per_mini_batch")
     if per_minibatch is not None:
         put("adv_norm", "minibatch" if per_minibatch else "batch", "normalize_advantage_per_mini_batch")
-    if _get(algorithm, "optimizer", "adam") != "adam":
-        untranslated.append(f"optimizer={_get(algorithm, 'optimizer')!r} (Adam here)")
+    if str(_get(algorithm, "optimizer", "adam")).lower() != "adam":
+        named.append(f"optimizer={_get(algorithm, 'optimizer')!r} (Adam here)")
+    if _get(algorithm, "share_cnn_encoders"):
+        named.append("share_cnn_encoders=True (--shared-encoder shares one under both heads, the critic on 'policy')")
     symmetry = _get(algorithm, "symmetry_cfg")
     if symmetry is not None and "symmetry" in fields:
         augment, mirror = bool(_get(symmetry, "use_data_augmentation")), bool(_get(symmetry, "use_mirror_loss"))
-        values["symmetry"] = {(True, True): "both", (True, False): "augmentation", (False, True): "mirror-loss"}.get(
-            (augment, mirror), "none"
+        put(
+            "symmetry",
+            {(True, True): "both", (True, False): "augmentation", (False, True): "mirror-loss"}.get(
+                (augment, mirror), "log"
+            ),
+            "symmetry_cfg",
         )
-        if mirror:
-            put("mirror_loss_coef", _get(symmetry, "mirror_loss_coeff"), "symmetry_cfg.mirror_loss_coeff")
+        put("mirror_loss_coef", _get(symmetry, "mirror_loss_coeff"), "symmetry_cfg.mirror_loss_coeff")
     elif symmetry is not None:
-        untranslated.append("symmetry_cfg (ppo.py's --symmetry)")
+        named.append("symmetry_cfg (ppo.py's --symmetry)")
     rnd = _get(algorithm, "rnd_cfg")
-    if rnd is not None:
-        if "rnd_weight" not in fields:
-            untranslated.append("rnd_cfg (ppo_rnd.py's RND)")
-        else:
-            put("rnd_weight", _get(rnd, "weight"), "rnd_cfg.weight")
-            put("rnd_learning_rate", _get(rnd, "learning_rate"), "rnd_cfg.learning_rate")
-            put("rnd_state_norm", _get(rnd, "state_normalization"), "rnd_cfg.state_normalization")
-            put("rnd_reward_norm", _get(rnd, "reward_normalization"), "rnd_cfg.reward_normalization")
-            for ours, theirs in (
-                ("rnd_hidden_sizes", "predictor_hidden_dims"),
-                ("rnd_target_hidden_sizes", "target_hidden_dims"),
-            ):
-                dims = _get(rnd, theirs)
+    if rnd is not None and "rnd_weight" not in fields:
+        named.append("rnd_cfg (ppo_rnd.py's RND)")
+    elif rnd is not None:
+        put("rnd_weight", _get(rnd, "weight"), "rnd_cfg.weight")
+        put("rnd_learning_rate", _get(rnd, "learning_rate"), "rnd_cfg.learning_rate")
+        put("rnd_state_norm", _get(rnd, "state_normalization"), "rnd_cfg.state_normalization")
+        put("rnd_reward_norm", _get(rnd, "reward_normalization"), "rnd_cfg.reward_normalization")
+        for ours, theirs in (
+            ("rnd_hidden_sizes", "predictor_hidden_dims"),
+            ("rnd_target_hidden_sizes", "target_hidden_dims"),
+        ):
+            dims = _get(rnd, theirs)
+            if dims is not None and -1 in dims:  # rsl_rl's -1: as wide as the input
+                named.append(f"rnd_cfg.{theirs}={dims!r} (-1, the input's size: give --{ours.replace('_', '-')})")
+            else:
                 put(ours, None if dims is None else tuple(dims), f"rnd_cfg.{theirs}")
-            put("rnd_num_outputs", _get(rnd, "num_outputs"), "rnd_cfg.num_outputs")
-            if _get(rnd, "weight_schedule") is not None:
-                untranslated.append(f"rnd_cfg.weight_schedule={_get(rnd, 'weight_schedule')!r} (--rnd-weight-final)")
-    return values, untranslated
+        put("rnd_num_outputs", _get(rnd, "num_outputs"), "rnd_cfg.num_outputs")
+        _rnd_schedule(_get(rnd, "weight_schedule"), put, named)
+        known = {"weight", "learning_rate", "state_normalization", "reward_normalization", "predictor_hidden_dims"}
+        unknown(rnd, known | {"target_hidden_dims", "num_outputs", "weight_schedule"}, "rnd_cfg.")
+
+
+def _rnd_schedule(schedule, put, named: list) -> None:
+    """rsl_rl's weight_schedule: --rnd-weight-final and --rnd-weight-steps (docs/rsl_rl.md's table)."""
+    mode = _get(schedule, "mode", "constant") if schedule is not None else "constant"
+    if mode == "constant":
+        return
+    final_step, final_value = _get(schedule, "final_step"), _get(schedule, "final_value")
+    if mode in ("linear", "step") and final_step is not None and final_value is not None:
+        start = _get(schedule, "initial_step", 0) if mode == "linear" else final_step
+        put("rnd_weight_final", final_value, "rnd_cfg.weight_schedule.final_value")
+        put("rnd_weight_steps", (int(start), int(final_step)), "rnd_cfg.weight_schedule steps")
+    else:
+        named.append(f"rnd_cfg.weight_schedule={schedule!r} (--rnd-weight-final)")
+
+
+def _obs_groups(obs_groups, rnd: bool, fields: set[str], put, named: list) -> None:
+    """rsl_rl's observation sets (actor, or rsl_rl 3's policy; critic; rnd_state) as the env groups the mjlab adapter
+    maps to "policy" and "critic" (--env-kwargs obs_groups: a group the task lacks stops make_env in one line), with
+    rsl_rl's time-out bootstrap (final_obs "pre_step": V of the observation before a time-out, not after it)."""
+    groups, kwargs = dict(obs_groups or {}), {}
+    for key, sets in (("policy", ("actor", "policy")), ("critic", ("critic",))):
+        theirs = next((groups[s] for s in sets if s in groups), None)
+        theirs = [theirs] if isinstance(theirs, str) else theirs
+        if theirs is not None and len(theirs) == 1:
+            kwargs[key] = theirs[0]
+        elif theirs is not None:  # rsl_rl concatenates them; the adapter maps one group per network
+            named.append(f"obs_groups[{sets[0]!r}]={tuple(theirs)!r} (one group per network here)")
+    rnd_state = groups.get("rnd_state")
+    rnd_state = [rnd_state] if isinstance(rnd_state, str) else rnd_state
+    if rnd and rnd_state is not None and "rnd_obs_group" in fields:
+        mapped = {group: key for key, group in kwargs.items()}
+        if len(rnd_state) == 1 and rnd_state[0] in mapped:
+            put("rnd_obs_group", mapped[rnd_state[0]], "obs_groups['rnd_state']")
+        else:
+            named.append(f"obs_groups['rnd_state']={tuple(rnd_state)!r} (--rnd-obs-group reads policy or critic)")
+    for name in set(groups) - {"actor", "policy", "critic", "rnd_state"}:
+        named.append(f"obs_groups[{name!r}]={groups[name]!r} (no such network here)")
+    env_kwargs = {"obs_groups": kwargs} if kwargs else {}
+    put("env_kwargs", json.dumps({**env_kwargs, "final_obs": "pre_step"}), "time-out bootstrap")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -425,6 +425,7 @@ class FakeAlgorithmCfg:
     use_clipped_value_loss: bool | None = None
     normalize_advantage_per_mini_batch: bool | None = None
     optimizer: str = "adam"
+    rnd_cfg: dict | None = None  # Isaac Lab's RslRlRndCfg as rsl_rl takes it (mjlab 1.6's config has no such field)
 
 
 @dataclass
@@ -437,15 +438,24 @@ class FakeModelCfg:
     distribution_cfg: dict | None = None
     rnn_type: str | None = None
     cnn_cfg: dict | None = None
+    rnn_hidden_dim: int = 256
+    rnn_num_layers: int = 1
+    class_name: str = "MLPModel"
 
 
 @dataclass
 class FakeRunnerCfg:
+    """mjlab 1.6's RslRlOnPolicyRunnerCfg, its fields None where a task's config leaves them out."""
+
     clip_actions: float | None = None
     algorithm: FakeAlgorithmCfg = field(default_factory=FakeAlgorithmCfg)
     num_steps_per_env: int | None = None
     actor: FakeModelCfg | None = None
     critic: FakeModelCfg | None = None
+    seed: int | None = None
+    max_iterations: int | None = None
+    obs_groups: dict | None = None
+    save_interval: int | None = None
 
 
 # A task's own PPO config, as mjlab 1.6 registers one (the G1 velocity task's shape): every field ppo.py has a flag

@@ -948,9 +948,11 @@ def test_mjlab_terminal_takes_the_same_transitions_as_mjlabs_rsl_rl_wrapper():
 @requires_mjlab
 @pytest.mark.parametrize("task", ["Mjlab-Velocity-Flat-Unitree-G1", "Mjlab-Velocity-Flat-Unitree-Go1"])
 @pytest.mark.parametrize("script", ["ppo", "ppo_rnd", "ppo_lstm"])
-def test_task_settings_are_the_registered_rsl_rl_config(task, script):
+def test_task_settings_are_the_registered_rsl_rl_config(task, script, monkeypatch):
     """`--env-id mjlab:<task>` alone resolves to the task's registered runner config (load_rl_cfg), field by field,
-    read here from mjlab's own config objects; what has no flag is named at start."""
+    read here from mjlab's own config objects, with rsl_rl's update; nothing is named at start (ppo_lstm.py: only
+    that the config has no memory, its cell its own). tests/test_settings.py holds the G1 config's every field."""
+    import json
     import math
 
     import mjlab.tasks  # noqa: F401  (registers the tasks)
@@ -958,18 +960,27 @@ def test_task_settings_are_the_registered_rsl_rl_config(task, script):
 
     from common.args import parse_args
     from tests.helpers import load_script
+    from tests.test_settings import RSL_RL
 
     cfg = load_rl_cfg(task)
     actor, algorithm = cfg.actor, cfg.algorithm
     assert tuple(cfg.critic.hidden_dims) == tuple(actor.hidden_dims)  # else named at start, not checked here
-    args = parse_args(load_script(script).Args, ["--env-id", f"mjlab:{task}"])
+    argv = ["--env-id", f"mjlab:{task}", "--num-envs", "256"]
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = parse_args(load_script(script).Args, argv)
+    groups = {"policy": cfg.obs_groups["actor"][0], "critic": cfg.obs_groups["critic"][0]}
     expected = dict(
         settings="task",
+        seed=cfg.seed,
         num_steps=cfg.num_steps_per_env,
+        total_timesteps=256 * cfg.num_steps_per_env * cfg.max_iterations,
+        save_interval=cfg.save_interval,
         hidden_sizes=tuple(actor.hidden_dims),
         activation=actor.activation,
         obs_norm=actor.obs_normalization,
         init_log_std=round(math.log(actor.distribution_cfg["init_std"]), 6),
+        std_type=actor.distribution_cfg.get("std_type", "scalar"),
         learning_rate=algorithm.learning_rate,
         lr_schedule={"fixed": "constant"}.get(algorithm.schedule, algorithm.schedule),
         desired_kl=algorithm.desired_kl,
@@ -978,15 +989,15 @@ def test_task_settings_are_the_registered_rsl_rl_config(task, script):
         clip_coef=algorithm.clip_param,
         gamma=algorithm.gamma,
         gae_lambda=algorithm.lam,
-        vf_coef=algorithm.value_loss_coef,
+        vf_coef=2 * algorithm.value_loss_coef,  # rsl_rl's weighs (V - R)^2, ours 0.5 * (V - R)^2
         ent_coef=algorithm.entropy_coef,
         max_grad_norm=algorithm.max_grad_norm,
         clip_vloss=algorithm.use_clipped_value_loss,
         adv_norm="minibatch" if algorithm.normalize_advantage_per_mini_batch else "batch",
+        **{**RSL_RL, "env_kwargs": json.dumps({"obs_groups": groups, "final_obs": "pre_step"})},
     )
+    if script == "ppo_lstm":
+        expected["shuffle"] = "never" if actor.rnn_type is not None else "once"
     assert {k: getattr(args, k) for k in expected} == expected
-    # every other field of these configs has its flag; the std's parameterization is named at start
-    std_type = actor.distribution_cfg.get("std_type")
-    assert args._settings_origin[1] == (
-        [] if std_type in (None, "log") else [f"actor std_type={std_type!r} (a learned log-std here)"]
-    )
+    no_memory = "a policy without a memory (the task's config is not recurrent: the cell is ppo_lstm.py's own)"
+    assert args._settings_origin[1] == ([no_memory] if script == "ppo_lstm" else [])

@@ -133,17 +133,29 @@ def test_smoke_every_builtin_env(tmp_path, env_id):
 # --------------------------------------------------------------------------------------------
 # flags of the algorithm
 # --------------------------------------------------------------------------------------------
-def test_adaptive_learning_rate_follows_the_measured_kl():
+@pytest.mark.parametrize("script", ["ppo", "ppo_rnd", "ppo_lstm"])
+def test_adaptive_learning_rate_follows_the_measured_kl(script):
+    """lr / 1.5 above 2x --desired-kl, * 1.5 below half of it, in [1e-5, --lr-max] (each script's own cap); before the
+    step (rsl_rl's --lr-adapt before-step) a KL of exactly 0, the policy not moved yet, leaves the rate."""
+    module = load_script(script)
+    args = module.Args(desired_kl=0.01)
     lr = torch.tensor(1e-3)
     for kl, expected in [(0.05, 1e-3 / 1.5), (0.001, 1e-3), (0.01, 1e-3)]:  # above 2x, below 0.5x, in the band
-        ppo.adapt_learning_rate(lr, torch.tensor(kl), desired_kl=0.01)
+        module.adapt_learning_rate(lr, torch.tensor(kl), args)
         assert lr.item() == pytest.approx(expected)
     for _ in range(40):
-        ppo.adapt_learning_rate(lr, torch.tensor(1.0), desired_kl=0.01)
+        module.adapt_learning_rate(lr, torch.tensor(1.0), args)
     assert lr.item() == pytest.approx(1e-5)  # clamped at both ends
     for _ in range(40):
-        ppo.adapt_learning_rate(lr, torch.tensor(0.0), desired_kl=0.01)
-    assert lr.item() == pytest.approx(5e-3)
+        module.adapt_learning_rate(lr, torch.tensor(0.0), args)
+    assert lr.item() == pytest.approx({"ppo_lstm": 1e-2}.get(script, 5e-3)) == pytest.approx(args.lr_max)
+    rsl_rl = module.Args(desired_kl=0.01, lr_adapt="before-step", lr_max=1e-2)
+    lr.fill_(1e-3)
+    module.adapt_learning_rate(lr, torch.tensor(0.0), rsl_rl)
+    assert lr.item() == pytest.approx(1e-3)  # no move yet: the rate stays
+    for _ in range(40):
+        module.adapt_learning_rate(lr, torch.tensor(1e-4), rsl_rl)
+    assert lr.item() == pytest.approx(1e-2)
 
 
 def test_the_linear_schedule_anneals_to_zero_and_cleanrls_flag_names_it(tmp_path):

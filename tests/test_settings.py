@@ -241,6 +241,20 @@ def test_config_records_the_set_and_resume_keeps_its_values_whatever_the_set_has
 # --------------------------------------------------------------------------------------------
 # mjlab tasks: their rsl_rl runner config
 # --------------------------------------------------------------------------------------------
+# rsl_rl's update, which every runner config brings with it (common.settings.RSL_RL_UPDATE, the layout's clip, the
+# minibatch order, the time-out bootstrap); a test's config without obs_groups: the adapter finds the groups by name
+RSL_RL = dict(
+    kl_estimator="analytic",
+    lr_adapt="before-step",
+    lr_max=1e-2,
+    adam_eps=1e-8,
+    reward_norm=False,
+    grad_clip="per-network",
+    shuffle="once",
+    env_kwargs='{"final_obs": "pre_step"}',
+)
+
+
 def test_a_mjlab_task_brings_its_rsl_rl_config_and_names_what_has_no_flag(monkeypatch):
     fake_mjlab.install(monkeypatch)
     ppo = load_script("ppo")
@@ -252,6 +266,7 @@ def test_a_mjlab_task_brings_its_rsl_rl_config_and_names_what_has_no_flag(monkey
         activation="elu",
         obs_norm=True,
         init_log_std=round(math.log(0.5), 6),
+        std_type="scalar",  # rsl_rl 5 learns the std itself
         learning_rate=1e-4,  # given: it wins
         lr_schedule="constant",
         desired_kl=0.02,
@@ -260,23 +275,25 @@ def test_a_mjlab_task_brings_its_rsl_rl_config_and_names_what_has_no_flag(monkey
         clip_coef=0.3,
         gamma=0.98,
         gae_lambda=0.9,
-        vf_coef=0.7,
+        vf_coef=1.4,  # rsl_rl's value_loss_coef 0.7 weighs (V - R)^2; ours weighs 0.5 * (V - R)^2
         ent_coef=0.002,
         max_grad_norm=0.8,
         clip_vloss=False,
         adv_norm="batch",
+        **RSL_RL,
     )
     assert {k: getattr(args, k) for k in expected} == expected
     untranslated = args._settings_origin[1]
     assert any("critic hidden dims (64, 32)" in u for u in untranslated)
     assert any("optimizer='adamw'" in u for u in untranslated)
-    assert any("std_type='scalar'" in u for u in untranslated)  # rsl_rl 5 learns the std itself: named
-    assert len(untranslated) == 3
+    assert len(untranslated) == 2
 
     mirrored = parse_args(ppo.Args, ["--env-id", "mjlab:Fake-Point-Symmetric"])
     assert mirrored.symmetry == "augmentation"
     lstm = parse_args(load_script("ppo_lstm").Args, ["--env-id", "mjlab:Fake-Point-Symmetric"])
     assert any("symmetry_cfg" in u for u in lstm._settings_origin[1])  # ppo_lstm.py has no --symmetry: named
+    plain = parse_args(ppo.Args, ["--env-id", "mjlab:Fake-Point-Tuned", "--settings", "builtin"])
+    assert {k: getattr(plain, k) for k in RSL_RL} == {k: getattr(ppo.Args(), k) for k in RSL_RL}  # ours
 
 
 def test_a_mjlab_run_says_what_its_task_config_has_that_the_script_cannot_take(monkeypatch, tmp_path, capsys):
@@ -291,6 +308,302 @@ def test_a_mjlab_run_says_what_its_task_config_has_that_the_script_cannot_take(m
     )
     assert "critic hidden dims" in line and "optimizer" in line
     assert "settings task (for mjlab:Fake-Point-Tuned" in out
+
+
+# mjlab 1.6's G1 velocity task's runner config as mjlab's train.py hands it to rsl_rl's runner (asdict of
+# unitree_g1_ppo_runner_cfg(): src/mjlab/tasks/velocity/config/g1/rl_cfg.py, the rest mjlab.rl.config's defaults)
+MJLAB_G1 = {
+    "seed": 42,
+    "num_steps_per_env": 24,
+    "max_iterations": 30_000,
+    "obs_groups": {"actor": ("actor",), "critic": ("critic",)},
+    "save_interval": 50,
+    "experiment_name": "g1_velocity",
+    "run_name": "",
+    "logger": "wandb",
+    "wandb_project": "mjlab",
+    "wandb_tags": (),
+    "resume": False,
+    "load_run": ".*",
+    "load_checkpoint": "model_.*.pt",
+    "clip_actions": None,
+    "upload_model": True,
+    "class_name": "OnPolicyRunner",
+    "actor": {
+        "hidden_dims": (512, 256, 128),
+        "activation": "elu",
+        "obs_normalization": True,
+        "cnn_cfg": None,
+        "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 1.0, "std_type": "scalar"},
+        "rnn_type": None,
+        "rnn_hidden_dim": 256,
+        "rnn_num_layers": 1,
+        "class_name": "MLPModel",
+    },
+    "critic": {
+        "hidden_dims": (512, 256, 128),
+        "activation": "elu",
+        "obs_normalization": True,
+        "cnn_cfg": None,
+        "distribution_cfg": None,
+        "rnn_type": None,
+        "rnn_hidden_dim": 256,
+        "rnn_num_layers": 1,
+        "class_name": "MLPModel",
+    },
+    "algorithm": {
+        "num_learning_epochs": 5,
+        "num_mini_batches": 4,
+        "learning_rate": 1.0e-3,
+        "schedule": "adaptive",
+        "gamma": 0.99,
+        "lam": 0.95,
+        "entropy_coef": 0.01,
+        "desired_kl": 0.01,
+        "max_grad_norm": 1.0,
+        "value_loss_coef": 1.0,
+        "use_clipped_value_loss": True,
+        "clip_param": 0.2,
+        "normalize_advantage_per_mini_batch": False,
+        "optimizer": "adam",
+        "share_cnn_encoders": False,
+        "class_name": "PPO",
+    },
+}
+G1_FLAGS = dict(  # each field's flag: nothing of the config is left without one, nothing named
+    seed=42,
+    num_steps=24,
+    total_timesteps=4096 * 24 * 30_000,  # max_iterations of --num-envs' default on one process
+    save_interval=50,
+    wandb_project_name="mjlab",
+    hidden_sizes=(512, 256, 128),
+    activation="elu",
+    obs_norm=True,
+    init_log_std=0.0,
+    std_type="scalar",
+    update_epochs=5,
+    num_minibatches=4,
+    learning_rate=1e-3,
+    lr_schedule="adaptive",
+    gamma=0.99,
+    gae_lambda=0.95,
+    ent_coef=0.01,
+    desired_kl=0.01,
+    max_grad_norm=1.0,
+    vf_coef=2.0,
+    clip_vloss=True,
+    clip_coef=0.2,
+    adv_norm="batch",
+    **{**RSL_RL, "env_kwargs": '{"obs_groups": {"policy": "actor", "critic": "critic"}, "final_obs": "pre_step"}'},
+)
+
+
+@pytest.mark.parametrize("script", ["ppo", "ppo_rnd", "ppo_lstm"])
+def test_mjlab_g1s_config_is_every_field_a_flag(script):
+    """mjlab 1.6's G1 config, every field: its flag (rsl_rl's update with it), or a runner field that is not the
+    training's (where it logs and what it loads: RUNNER_BOOKKEEPING); ppo.py and ppo_rnd.py name nothing at start,
+    ppo_lstm.py only that the config has no memory (its cell is its own)."""
+    fields = set(load_script(script).Args.__dataclass_fields__)
+    values, named = settings.translate_rsl_rl(MJLAB_G1, fields)
+    assert values == G1_FLAGS
+    assert named == ([] if script != "ppo_lstm" else [next(n for n in named if "a policy without a memory" in n)])
+    assert set(MJLAB_G1) - {"actor", "critic", "algorithm"} <= settings.RUNNER_BOOKKEEPING | {
+        "seed", "num_steps_per_env", "max_iterations", "obs_groups", "save_interval", "wandb_project"
+    }  # fmt: skip
+
+
+def test_max_iterations_counts_the_runs_envs_and_processes(monkeypatch):
+    """max_iterations -> --total-timesteps = num_envs x num_steps x max_iterations x world size: the command line's
+    --num-envs (the default without one) and torchrun's WORLD_SIZE, so the run has the config's iterations."""
+    fake_mjlab.install(monkeypatch)
+    tuned = fake_mjlab.TASKS["Fake-Point-Tuned"]
+    monkeypatch.setitem(fake_mjlab.TASKS, "Fake-Long", (tuned[0], {**MJLAB_G1, "max_iterations": 100}))
+    ppo = load_script("ppo")
+    argv = ["--env-id", "mjlab:Fake-Long", "--num-envs", "64"]
+    monkeypatch.setattr(common_args.sys, "argv", ["ppo.py", *argv])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert parse_args(ppo.Args, argv).total_timesteps == 64 * 24 * 100 * 2
+    monkeypatch.setattr(common_args.sys, "argv", ["ppo.py", *argv, "--total-timesteps", "1000"])
+    assert parse_args(ppo.Args, [*argv, "--total-timesteps", "1000"]).total_timesteps == 1000  # given: it wins
+
+
+# Isaac Lab's rsl_rl 2-3 runner config with a recurrent policy, as its to_dict() gives it (isaaclab_rl's
+# RslRlOnPolicyRunnerCfg with RslRlPpoActorCriticRecurrentCfg): what mjlab's earlier config looked like too
+ISAAC_LAB_LSTM = {
+    "seed": 7,
+    "device": "cuda:0",
+    "num_steps_per_env": 32,
+    "max_iterations": 1500,
+    "empirical_normalization": None,
+    "obs_groups": {"policy": ["policy"], "critic": ["critic"]},
+    "clip_actions": None,
+    "save_interval": 100,
+    "experiment_name": "anymal_c_rough",
+    "run_name": "",
+    "logger": "tensorboard",
+    "neptune_project": "isaaclab",
+    "wandb_project": "isaaclab",
+    "resume": False,
+    "load_run": ".*",
+    "load_checkpoint": "model_.*.pt",
+    "class_name": "OnPolicyRunner",
+    "policy": {
+        "class_name": "ActorCriticRecurrent",
+        "init_noise_std": 0.5,
+        "noise_std_type": "log",
+        "state_dependent_std": False,
+        "actor_obs_normalization": False,
+        "critic_obs_normalization": False,
+        "actor_hidden_dims": [128, 64],
+        "critic_hidden_dims": [128, 64],
+        "activation": "elu",
+        "rnn_type": "gru",
+        "rnn_hidden_dim": 96,
+        "rnn_num_layers": 2,
+    },
+    "algorithm": {
+        "class_name": "PPO",
+        "num_learning_epochs": 4,
+        "num_mini_batches": 8,
+        "learning_rate": 5e-4,
+        "schedule": "adaptive",
+        "gamma": 0.995,
+        "lam": 0.9,
+        "entropy_coef": 0.005,
+        "desired_kl": 0.02,
+        "max_grad_norm": 0.5,
+        "value_loss_coef": 0.5,
+        "use_clipped_value_loss": True,
+        "clip_param": 0.1,
+        "normalize_advantage_per_mini_batch": True,
+        "rnd_cfg": None,
+        "symmetry_cfg": None,
+    },
+}
+# Where each field of ISAAC_LAB_LSTM goes: (flag, value) for ppo_lstm.py, or the words of its line at start, or
+# BOOKKEEPING (the runner's, not the training's)
+BOOKKEEPING = "the runner's bookkeeping"
+ISAAC_LAB_FIELDS = {
+    "seed": ("seed", 7),
+    "device": BOOKKEEPING,
+    "num_steps_per_env": ("num_steps", 32),
+    "max_iterations": ("total_timesteps", 4096 * 32 * 1500),
+    "obs_groups": ("env_kwargs", '{"obs_groups": {"policy": "policy", "critic": "critic"}, "final_obs": "pre_step"}'),
+    "save_interval": ("save_interval", 100),
+    "experiment_name": BOOKKEEPING,
+    "run_name": BOOKKEEPING,
+    "logger": BOOKKEEPING,
+    "neptune_project": BOOKKEEPING,
+    "wandb_project": ("wandb_project_name", "isaaclab"),
+    "resume": BOOKKEEPING,
+    "load_run": BOOKKEEPING,
+    "load_checkpoint": BOOKKEEPING,
+    "class_name": BOOKKEEPING,
+    "policy.class_name": "the critic's own memory",  # ActorCriticRecurrent: a memory for the actor and the critic
+    "policy.init_noise_std": ("init_log_std", round(math.log(0.5), 6)),
+    "policy.noise_std_type": ("std_type", "log"),
+    "policy.state_dependent_std": ("std_type", "log"),  # False: the state-independent std
+    "policy.actor_obs_normalization": ("obs_norm", False),
+    "policy.critic_obs_normalization": ("obs_norm", False),
+    "policy.actor_hidden_dims": ("hidden_sizes", (128, 64)),
+    "policy.critic_hidden_dims": ("hidden_sizes", (128, 64)),
+    "policy.activation": ("activation", "elu"),
+    "policy.rnn_type": ("cell", "gru"),
+    "policy.rnn_hidden_dim": ("rnn_hidden_size", 96),
+    "policy.rnn_num_layers": ("rnn_layers", 2),
+    "algorithm.class_name": ("update_epochs", 4),  # PPO
+    "algorithm.num_learning_epochs": ("update_epochs", 4),
+    "algorithm.num_mini_batches": ("num_minibatches", 8),
+    "algorithm.learning_rate": ("learning_rate", 5e-4),
+    "algorithm.schedule": ("lr_schedule", "adaptive"),
+    "algorithm.gamma": ("gamma", 0.995),
+    "algorithm.lam": ("gae_lambda", 0.9),
+    "algorithm.entropy_coef": ("ent_coef", 0.005),
+    "algorithm.desired_kl": ("desired_kl", 0.02),
+    "algorithm.max_grad_norm": ("max_grad_norm", 0.5),
+    "algorithm.value_loss_coef": ("vf_coef", 1.0),
+    "algorithm.use_clipped_value_loss": ("clip_vloss", True),
+    "algorithm.clip_param": ("clip_coef", 0.1),
+    "algorithm.normalize_advantage_per_mini_batch": ("adv_norm", "minibatch"),
+}
+
+
+def leaves(cfg: dict, prefix: str = "") -> set[str]:
+    """The config's fields with a value, nested ones as `section.field` (a dict-valued obs_groups is one field)."""
+    out = set()
+    for name, value in cfg.items():
+        if isinstance(value, dict) and name != "obs_groups":
+            out |= leaves(value, f"{prefix}{name}.")
+        elif value is not None:
+            out.add(f"{prefix}{name}")
+    return out
+
+
+def test_isaac_labs_recurrent_config_is_every_field_a_flag_of_ppo_lstm_or_a_line():
+    """rsl_rl 2-3's layout (one policy config, an LSTM/GRU actor-critic, both normalization switches, the std's
+    type) for ppo_lstm.py: every field is its flag or its line at start (ISAAC_LAB_FIELDS holds every field of the
+    dict, the test says so first); rsl_rl 2-3's one gradient norm over the whole actor-critic (--grad-clip global),
+    its recurrent minibatches (envs in order: --shuffle never). ppo.py takes the same config and says at start that it
+    is recurrent: use algos/ppo_lstm.py."""
+    assert leaves(ISAAC_LAB_LSTM) == set(ISAAC_LAB_FIELDS)
+    values, named = settings.translate_rsl_rl(ISAAC_LAB_LSTM, set(load_script("ppo_lstm").Args.__dataclass_fields__))
+    for field, where in ISAAC_LAB_FIELDS.items():
+        if isinstance(where, tuple):
+            assert values[where[0]] == where[1], field
+        elif where != BOOKKEEPING:
+            assert any(where in line for line in named), (field, named)
+    assert (values["grad_clip"], values["shuffle"], values["reward_norm"]) == ("global", "never", False)
+    assert {k: values[k] for k in ("kl_estimator", "lr_adapt", "lr_max", "adam_eps")} == {
+        k: RSL_RL[k] for k in ("kl_estimator", "lr_adapt", "lr_max", "adam_eps")
+    }
+    assert named == ["the critic's own memory (rsl_rl's: one for each network; one cell here, read by both heads)"]
+
+    values, named = settings.translate_rsl_rl(ISAAC_LAB_LSTM, set(load_script("ppo").Args.__dataclass_fields__))
+    assert named == [
+        "rnn_type='gru', rnn_hidden_dim=96, rnn_num_layers=2 (this task's config is recurrent: use algos/ppo_lstm.py)"
+    ]
+    assert "cell" not in values and values["hidden_sizes"] == (128, 64)
+
+
+def test_a_recurrent_task_says_so_at_the_start_of_ppo_py_and_runs_with_ppo_lstm(monkeypatch, tmp_path, capsys):
+    """mjlab 1.6's spelling of a recurrent actor (RNNModel, rnn_type): ppo.py runs its MLP and its start names the
+    config recurrent; ppo_lstm.py takes the cell's flags."""
+    fake_mjlab.install(monkeypatch)
+    actor = fake_mjlab.FakeModelCfg(hidden_dims=(16,), rnn_type="lstm", rnn_hidden_dim=24, class_name="RNNModel")
+    cfg = fake_mjlab.FakeRunnerCfg(num_steps_per_env=8, actor=actor, critic=fake_mjlab.FakeModelCfg(hidden_dims=(16,)))
+    monkeypatch.setitem(fake_mjlab.TASKS, "Fake-Memory", (fake_mjlab.FakeEnvCfg(), cfg))
+    argv = ["--env-id", "mjlab:Fake-Memory", "--num-envs", "4", "--total-timesteps", "32", "--eval-interval", "0"]
+    run_parsed(
+        load_script("ppo"), [*argv, "--device", "cpu", "--no-progress", "--output-dir", str(tmp_path)], monkeypatch
+    )
+    out = capsys.readouterr().out
+    assert "this task's config is recurrent: use algos/ppo_lstm.py" in out.split("\nppo on mjlab:Fake-Memory")[0]
+    lstm = parse_args(load_script("ppo_lstm").Args, argv)
+    assert (lstm.cell, lstm.rnn_hidden_size, lstm.rnn_layers, lstm.hidden_sizes, lstm.shuffle) == (
+        "lstm",
+        24,
+        1,
+        (16,),
+        "never",
+    )
+
+
+def test_obs_groups_pick_the_task_groups_and_one_the_task_lacks_is_a_one_line_error(monkeypatch, tmp_path):
+    """obs_groups: the task groups the actor and the critic read (the adapter's obs_groups); a group the task lacks
+    stops the run in one line before it trains; several groups for one network (rsl_rl concatenates them) are named."""
+    fake_mjlab.install(monkeypatch)
+    cfg = fake_mjlab.FakeRunnerCfg(num_steps_per_env=8, obs_groups={"actor": ("actor",), "critic": ("actor",)})
+    monkeypatch.setitem(fake_mjlab.TASKS, "Fake-Groups", (fake_mjlab.FakeEnvCfg(), cfg))
+    ppo = load_script("ppo")
+    args = parse_args(ppo.Args, ["--env-id", "mjlab:Fake-Groups"])
+    assert json.loads(args.env_kwargs)["obs_groups"] == {"policy": "actor", "critic": "actor"}
+    cfg.obs_groups = {"actor": ("actor", "camera"), "critic": ("critic",)}
+    args = parse_args(ppo.Args, ["--env-id", "mjlab:Fake-Groups"])
+    assert "obs_groups['actor']=('actor', 'camera') (one group per network here)" in args._settings_origin[1]
+    cfg.obs_groups = {"actor": ("actor",), "critic": ("privileged",)}
+    argv = ["--env-id", "mjlab:Fake-Groups", "--num-envs", "4", "--total-timesteps", "32", "--device", "cpu"]
+    with pytest.raises(SystemExit, match=r"^error: .*observation group\(s\) \['privileged'\] not in the task's groups"):
+        run_parsed(ppo, [*argv, "--no-progress", "--output-dir", str(tmp_path)], monkeypatch)
 
 
 def test_isaac_lab_spelling_and_rnd_cfg_translate_too():
@@ -330,15 +643,39 @@ def test_isaac_lab_spelling_and_rnd_cfg_translate_too():
         activation="elu",
         obs_norm=True,
         init_log_std=0.0,
+        std_type="scalar",  # Isaac Lab's noise_std_type default
         lr_schedule="adaptive",
         learning_rate=1e-3,
         ent_coef=0.01,
+        adv_norm="batch",  # rsl_rl's default: normalize_advantage_per_mini_batch=False
+        **{**RSL_RL, "grad_clip": "global"},  # rsl_rl 2-3: one norm over the one actor-critic
     )
     assert untranslated == ["rnd_cfg (ppo_rnd.py's RND)"]
     values, untranslated = settings.translate_rsl_rl(cfg, set(ppo_rnd.Args.__dataclass_fields__))
     assert (values["rnd_weight"], values["rnd_hidden_sizes"], values["rnd_num_outputs"]) == (0.5, (32,), 8)
     assert (values["rnd_state_norm"], values["rnd_reward_norm"]) == (True, False)
     assert untranslated == ["rnd_cfg.weight_schedule={'mode': 'step'} (--rnd-weight-final)"]
+    cfg["algorithm"]["rnd_cfg"]["weight_schedule"] = {"mode": "linear", "initial_step": 10, "final_step": 90}
+    cfg["algorithm"]["rnd_cfg"]["weight_schedule"]["final_value"] = 0.1
+    cfg["obs_groups"] = {"policy": ["policy"], "critic": ["critic"], "rnd_state": ["critic"]}
+    values, untranslated = settings.translate_rsl_rl(cfg, set(ppo_rnd.Args.__dataclass_fields__))
+    assert (values["rnd_weight_final"], values["rnd_weight_steps"], values["rnd_obs_group"]) == (
+        0.1,
+        (10, 90),
+        "critic",
+    )
+    assert untranslated == []
+
+
+def test_every_unknown_field_is_named_never_dropped():
+    """A field the translation does not know, at any level, is named at start with its value."""
+    cfg = {**MJLAB_G1, "curriculum": "hard", "algorithm": {**MJLAB_G1["algorithm"], "kl_penalty": 0.3}}
+    cfg["actor"] = {
+        **MJLAB_G1["actor"],
+        "distribution_cfg": {**MJLAB_G1["actor"]["distribution_cfg"], "learn_std": False},
+    }
+    _, named = settings.translate_rsl_rl(cfg, set(load_script("ppo").Args.__dataclass_fields__))
+    assert named == ["curriculum='hard'", "actor.distribution_cfg.learn_std=False", "algorithm.kl_penalty=0.3"]
 
 
 # --------------------------------------------------------------------------------------------

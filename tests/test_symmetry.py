@@ -290,7 +290,8 @@ def test_augmentation_adds_the_mirrored_minibatch_with_the_originals_old_values(
     """rsl_rl's augmentation: the actor and critic read the originals, then their mirror images (mirrored raw, then
     normalized: not the mirror image of the normalized observation, whose mean is not symmetric), the log-probs are
     of the mirrored actions, and the surrogate, value loss and KL are what the originals' old log-probs, values,
-    advantages and returns, repeated, give: computed here by hand."""
+    advantages (normalized per minibatch before the images are added, as rsl_rl does) and returns, repeated, give:
+    computed here by hand."""
     args = ppo.Args(symmetry="augmentation", hidden_sizes=(16,))
     agent, env, batch, (mirrored_n, original_n) = symmetric_batch("Pendulum-v1", args, offset=0.7)
     signs = env.mirror_obs(TensorDict({"policy": torch.ones(1, 3)}, batch_size=[1]))["policy"]
@@ -315,8 +316,8 @@ def test_augmentation_adds_the_mirrored_minibatch_with_the_originals_old_values(
     with torch.no_grad():
         d = torch.distributions.Normal(agent.actor(obs_n), agent.log_std.exp())
         logratio = d.log_prob(seen["actions"]).sum(-1) - mb["logprobs"].repeat(2)
-        ratio, adv = logratio.exp(), mb["advantages"].repeat(2)
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        ratio, adv = logratio.exp(), mb["advantages"]
+        adv = ((adv - adv.mean()) / (adv.std() + 1e-8)).repeat(2)  # the originals' statistics, as rsl_rl normalizes
         pg = torch.max(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean()
         new_v, old_v, ret = (
             value(TensorDict({"policy": obs_n}, [2 * B])),
