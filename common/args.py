@@ -1,11 +1,6 @@
-"""The flags of the run around an algorithm: each script's `Args` extends `RunArgs` with its own.
-
-Every flag has a one-line docstring (tyro prints it with --help). `RUN_FLAGS` are the flags that
-change how a run is driven, not what its networks are. Also here: the numeric checks
-(`check_numbers`), the command line (`parse_args`: the algorithm's flags, then the run's), the
-flags a run was given and those a checkpoint supplies (`given_flags`, `take_flags_from`), and the
-seeds derived from --seed (`derive_seed`).
-"""
+"""The flags of the run around an algorithm: each script's `Args` extends `RunArgs` with its own, each flag with a
+docstring (its --help). Also: the numeric checks, the command line, the flags a run was given and those a checkpoint
+supplies, and the seeds derived from --seed."""
 
 from __future__ import annotations
 
@@ -17,8 +12,7 @@ from typing import Annotated, Literal
 
 
 # ----------------------------------------------------------------------------------------------
-# Numeric flags: each flag that has a valid range declares it beside its default, and the run checks
-# those declarations when it starts, before anything is written. A flag without one is accepted.
+# Numeric flags: a valid range is declared beside the default, and checked before anything is written
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bound:
@@ -53,8 +47,8 @@ def Lt(value: float) -> Bound:  # noqa: N802
 
 
 def declared_bounds(args_class) -> dict[str, tuple[Bound, ...]]:
-    """{flag: its bounds} as the classes of `args_class` declare them. A class that re-declares a
-    field without bounds (to change its default) keeps its base's; one that declares bounds replaces them."""
+    """{flag: its bounds}. A class that re-declares a field without bounds (to change its default) keeps its
+    base's; one that declares bounds replaces them."""
     import typing
 
     bounds = {}
@@ -81,8 +75,7 @@ def usage_error(line: str) -> SystemExit:
 
 
 def check_numbers(args) -> None:
-    """Every numeric flag within the bounds declared with it: otherwise stop with one line naming the flag (a usage
-    error: exit status 2)."""
+    """Every numeric flag within its declared bounds, or a usage error naming it."""
     for name, bounds in declared_bounds(type(args)).items():
         value = getattr(args, name, None)
         values = value if isinstance(value, (tuple, list)) else (value,)
@@ -272,8 +265,7 @@ def family(env_id: str) -> str | None:
 
 
 def resolve_settings(settings: dict, script: str, env_id: str, name: str | None, fields: set[str]):
-    """(name, {flag: value}, where they come from, the fields of a task config that have no flag) for `env_id`:
-    the set `name` (--settings), else the one of its family, else builtin (no values)."""
+    """(name, {flag: value}, where they come from, a task config's fields that have no flag) for `env_id`."""
     names = [BUILTIN, *settings]
     if name is not None and name not in names:
         raise usage_error(f"error: --settings {name}: {script}.py has {', '.join(names)}; see --help")
@@ -311,8 +303,7 @@ def describe_settings(settings: dict, defaults: dict) -> str:
 
 
 def as_flag(name: str, value) -> str:
-    """The command-line spelling of one flag's value, quoted for a shell: --n-step 1, --no-reward-norm,
-    --hidden-sizes 64 64 (--hidden-sizes alone: no layers), --env-kwargs '{"preset": "atari"}'."""
+    """One flag's value as a command line spells it, quoted for a shell: --no-reward-norm, --hidden-sizes 64 64."""
     import shlex
 
     flag = "--" + name.replace("_", "-")
@@ -351,8 +342,7 @@ def field_docs(cls) -> dict[str, str]:
 
 
 def parse_args(args_class, argv: list[str] | None = None):
-    """`args_class` (a script's Args, which extends RunArgs) from the command line. The flags stay flat
-    (--learning-rate, --env-id); --help shows the algorithm's own first and the run's after them."""
+    """A script's Args from the command line, the flags flat; --help shows the algorithm's first, the run's after."""
     import typing
 
     import tyro
@@ -467,10 +457,8 @@ def check_flag_names(argv: list[str], names: set[str]) -> None:
 
 
 def check_flag_values(argv: list[str], hints: dict) -> None:
-    """Stop with one line (a usage error, exit status 2) for a value a numeric or choice flag cannot take: not a
-    number, not an integer, not one of its choices, or not as many numbers as it takes. tyro stops there too, in a
-    box of nine lines; this says it in one, as every other bad flag is said. `hints`: the Args' type hints, extras
-    included. The ranges are check_numbers'; other flags (strings, switches) are tyro's."""
+    """A usage error in one line for a value a numeric or choice flag cannot take (tyro says it in a box of nine
+    lines). The ranges are check_numbers'; other flags (strings, switches) are tyro's."""
     i = 0
     while i < len(argv):
         token, i = argv[i], i + 1
@@ -489,8 +477,7 @@ def check_flag_values(argv: list[str], hints: dict) -> None:
 
 
 def _bad_values(hint, values: list[str]) -> str | None:
-    """What a flag of type `hint` takes and what it got, where `values` (its words on the command line) do not fit;
-    None where they do, or where the flag is not a number, a tuple of numbers or a choice."""
+    """What a flag of type `hint` takes and what it got, where `values` (its words) do not fit; else None."""
     import types
     import typing
 
@@ -533,24 +520,21 @@ def _bad_values(hint, values: list[str]) -> str | None:
 # The flags given, the ones a checkpoint supplies, and the seeds derived from --seed
 # ----------------------------------------------------------------------------------------------
 def given_flags(args) -> set[str]:
-    """The flags this run was given: those its command line names (parse_args), and any flag whose
-    value is not its default. A checkpoint supplies the others (open_run)."""
+    """The flags this run was given: those its command line names, and any whose value is not its default."""
     defaults = {**asdict(type(args)()), **getattr(args, "_settings", {})}  # a named set's values are defaults
     given = {f.name for f in fields(args) if getattr(args, f.name) != defaults[f.name]}
     return given | getattr(args, "_command_line", set())
 
 
 def from_command_line(args) -> bool:
-    """Whether `args` was parsed from a command line (the script runs as a program), not built in code."""
+    """Whether `args` was parsed from a command line, not built in code."""
     return hasattr(args, "_command_line")
 
 
 def take_flags_from(run, checkpoint: dict) -> None:
-    """The flags of the run `checkpoint` continues, for every one the command line left alone: every flag the run was
-    started with (its env, named settings, sizes, intervals and the algorithm's flags, network shapes among them),
-    but those of one sitting (SITTING_FLAGS). Says which ones it took ("from the checkpoint: ...", a shell fragment)
-    and which ones the command line changes. One given that contradicts the run's env id or its named settings is an
-    error (a network shape that does not fit is restore's)."""
+    """The flags of the run `checkpoint` continues, for every one the command line left alone but those of one
+    sitting (SITTING_FLAGS), said in a shell fragment, and the ones the command line changes. Another env id or named
+    set is an error (a network shape that does not fit is restore's)."""
     args, saved = run.args, checkpoint.get("args", {})
     if "env_id" in run.given and saved.get("env_id", args.env_id) != args.env_id:
         raise SystemExit(

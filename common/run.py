@@ -20,10 +20,6 @@ Collectives: `open_run`, `restore`, `reduce_iteration`, `evaluate`, `save` and `
 the other ranks, so every rank calls them at the same points of the loop; what guards them (`due`,
 `checkpoints_to_write`, `run.stop_reason`) depends on reduced values only, so it is the same on
 every rank.
-
-The other modules: common.args (the run's flags), common.stats (statistics and the NaN guard),
-common.evaluation (evaluation, video, export), common.capture (compile, CUDA graphs, timing),
-common.checkpoint (what a script checkpoints, save and restore).
 """
 
 from __future__ import annotations
@@ -85,12 +81,9 @@ CONFIG = "config.json"  # the run's named settings and resolved values
 def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) -> Run:
     """Join torchrun's process group (when launched by it) and pick this rank's device. Writes nothing.
 
-    `algo` is the script's ALGO, the algorithm it implements; the run takes its name from the script's file
-    (`script_name`), so a copy is a script of its own that still reads its original's checkpoints.
-    `device_defaults` {flag: (on CUDA, elsewhere)} fills the flags left at None once the device is
-    known (sizes that suit a GPU starve a CPU of gradient steps); the resolved values are what the
-    run's config.json and checkpoints record.
-    """
+    `algo` is the script's ALGO; the run is named after the script's file (`script_name`), so a copy is a script of
+    its own that still reads its original's checkpoints. `device_defaults` {flag: (on CUDA, elsewhere)} fills the
+    flags left at None (sizes that suit a GPU starve a CPU of gradient steps)."""
     check_torch()  # a torch outside pyproject.toml's range: one line, and the run goes on
     given = given_flags(args)
     info = distributed.setup(args.device, timeout_seconds=args.dist_timeout)
@@ -98,10 +91,7 @@ def start_run(args, algo: str, device_defaults: dict[str, tuple] | None = None) 
     for name, (on_cuda, elsewhere) in {"log_interval": (1, 1), **(device_defaults or {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, on_cuda if cuda else elsewhere)
-    for name in (
-        "compile",
-        "cudagraphs",
-    ):  # they pay for their start-up within a minute on a GPU; eager is faster on a CPU
+    for name in ("compile", "cudagraphs"):  # they pay for their start-up within a minute on a GPU, not on a CPU
         if getattr(args, name) == "auto":
             setattr(args, name, cuda)
     if args.torch_deterministic == "auto":
@@ -165,11 +155,8 @@ def _not_a_profiler_notice(record: logging.LogRecord) -> bool:
 
 
 def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
-    """This rank's training and eval envs, then the torch seed of this rank.
-
-    `action_space` (gym.spaces.Box or Discrete) is the kind the script can act in: another kind
-    stops here, before anything is written, with `hint` pointing at the scripts that can.
-    """
+    """This rank's training and eval envs, then the torch seed of this rank. An action space not of the kind
+    `action_space` (gym.spaces.Box or Discrete) stops here, with `hint` pointing at the scripts that can act in it."""
     args = run.args
     try:
         kwargs, eval_kwargs = (_json_object(flag, getattr(args, flag)) for flag in ("env_kwargs", "eval_env_kwargs"))
@@ -221,15 +208,12 @@ def _json_object(flag: str, text: str | None) -> dict:
 
 
 def open_run(run: Run) -> dict | None:
-    """Decide the run directory (one name across torchrun restarts) and load the checkpoint to resume
-    from, taking from it the flags the command line left alone. Writes nothing: a run that cannot
-    start leaves no directory behind (`begin_training` writes). A collective. Returns the checkpoint.
+    """Decide the run directory (one name across torchrun restarts, which resume) and load the checkpoint to resume
+    from, taking from it the flags the command line left alone. Writes nothing: a run that cannot start leaves no
+    directory behind (`begin_training` writes). A collective. Returns the checkpoint.
 
-    A run directory that exists is never written over: without --resume the run stops and says how
-    to go on (--resume auto, another --run-name, or --overwrite, which clears it when the training
-    begins, once this process holds its lock). A torchrun restart of the worker group keeps its name
-    on purpose and resumes. A run directory that a live process trains (its lock) stops any run of it
-    but --eval-only."""
+    An existing run directory is never written over (_existing_run_dir); one that a live process trains (its lock)
+    stops any run of it but --eval-only."""
     args = run.args
     run_name, later_group, error = args.run_name, False, None
     if run.is_main:
@@ -303,14 +287,11 @@ def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
 
 
 def begin_training(run: Run, description: str, steps_per_iteration: int, graphs: str | None = None) -> None:
-    """Write the run directory (config.json, TensorBoard, wandb), print what runs (`description`, then
-    compile and CUDA graphs, `graphs` saying what is captured) and its cadence, and start the clocks, the
-    signal handler and the progress lines: the loop starts next. A collective.
+    """Write the run directory (config.json, TensorBoard, wandb), print what runs (`description`; `graphs`: what is
+    captured) and its cadence, and start the clocks, the signal handler and the progress lines. A collective.
 
-    A resumed run that is at its end already (no whole iteration left) says so and exits (status 0)
-    before anything is written: its summary, logs and checkpoints stay as they were.
-
-    The run ends at the last whole iteration within --total-timesteps (at least one), run.final_step."""
+    A resumed run that is at its end already says so and exits (status 0) before anything is written. The run ends
+    at the last whole iteration within --total-timesteps (at least one), run.final_step."""
     args = run.args
     total = max(args.total_timesteps, steps_per_iteration)
     run.final_step = run.global_step + (total - run.global_step) // steps_per_iteration * steps_per_iteration
@@ -440,8 +421,8 @@ def _write_run_dir(run: Run) -> str | None:
 
 
 def _clear_run_dir(run_dir: Path) -> None:
-    """--overwrite: remove everything in `run_dir` but its lock (and the lock's temporary files), which this
-    process holds."""
+    """--overwrite: remove everything in `run_dir` but its lock (and its temporary files), which this process
+    holds."""
     for entry in run_dir.iterdir():
         if entry.name == LOCK or entry.name.startswith(LOCK + "."):
             continue
@@ -452,8 +433,7 @@ def _clear_run_dir(run_dir: Path) -> None:
 
 
 def _write_config(run: Run) -> None:
-    """config.json: the named settings and the resolved values. Written atomically (a failed write, OutputError,
-    leaves the earlier one whole), and not at all where it holds these values already (a resume that changes
+    """config.json, atomically, and not at all where it holds these values already (a resume that changes
     nothing)."""
     path = run.run_dir / CONFIG
     text = json.dumps({**run.foreign_flags, **asdict(run.args)}, indent=2).encode()
@@ -508,10 +488,8 @@ def what_is_due(run: Run, final_iteration: bool) -> Due:
 
 
 def checkpoints_to_write(run: Run, due: Due) -> list[str]:
-    """The checkpoints to write after this iteration's log and evaluation: best.pt when its
-    evaluation improved on the best return; last.pt when due, or when the run stops or
-    --save-interval-seconds has passed (both known from the log); step_<global_step>.pt when due.
-    Reads the run, changes nothing."""
+    """The checkpoints to write after this iteration's log and evaluation (a stop and --save-interval-seconds are
+    known from the log). Reads the run, changes nothing."""
     names = [BEST] if run.best_iteration == run.iteration else []
     if due.last or run.stop_reason or (due.log and run.save_time_due):
         names.append(LAST)
@@ -553,13 +531,10 @@ def close(run: Run) -> None:
 
 @contextmanager
 def closing(run: Run):
-    """`with closing(run):` around a script's training: whatever ends it (a return, an error such as
-    the NaN guard's or an out-of-memory, Ctrl-C), the run is closed (`close`) before the exception
-    goes on, so a failed rank releases its graphs and leaves the process group at once instead of
-    hanging in its teardown, and the process exits with the error's status.
-
-    A file of the run that cannot be written (a checkpoint, an event file, summary.json: a full disk, a quota, a
-    read-only directory) ends the run with one line (`output_failed`) instead of the error's traceback."""
+    """`with closing(run):` around a script's training: whatever ends it (a return, an error, Ctrl-C), the run is
+    closed before the exception goes on, so a failed rank releases its graphs and leaves the process group at once
+    instead of hanging in its teardown. A file of the run that cannot be written (a full disk, a quota, a read-only
+    directory) ends the run with one line (`output_failed`) instead of the error's traceback."""
     try:
         yield run
     except OSError as e:
@@ -587,9 +562,8 @@ def _unwritten(run: Run, error: OSError) -> str | None:
 
 
 def output_failed(run: Run, what: str, error: OSError) -> str:
-    """The one line of a run that cannot write `what`: the cause, the last good checkpoint and its step, and the
-    command that continues the run. The earlier files stay as they were (all writes are atomic or appends); the
-    summary.json of what ran is written where it still can be."""
+    """The one line of a run that cannot write `what`: the cause, the last good checkpoint and the command that
+    continues the run (all writes are atomic or appends: nothing earlier is lost); summary.json where it can be."""
     run.output_failed = True
     cause = f"{error.strerror or error}" + (f" [errno {error.errno}]" if error.errno else "")
     full = error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -635,8 +609,7 @@ def _quiet_writer_thread() -> None:
 
 
 def summary_of(run: Run, params_in_sync: bool | None, extra: dict | None = None, error: str | None = None) -> dict:
-    """The run's summary.json: the same fields for every script, and a script's `extra` ones; a run that a failed
-    write ended has stop_reason "error", the `error`, and params_in_sync None (unchecked)."""
+    """The run's summary.json: the same fields for every script, and a script's `extra` ones."""
     read_timings(run)
     ckpts = checkpoint_dir(run.run_dir)
     totals = run_totals(run)  # the whole run's: this process's seconds on top of its earlier processes'
@@ -680,9 +653,8 @@ def write_summary(run: Run, summary: dict) -> None:
 
 
 def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
-    """Check that the ranks' parameters agree, write summary.json (the same fields for every
-    script, and a script's `extra` ones), close the writers and leave the process group. A collective.
-    Returns the summary."""
+    """Check that the ranks' parameters agree, write summary.json, close the run. A collective. Returns the
+    summary."""
     in_sync = distributed.check_in_sync(model)  # averaged gradients keep every rank's weights bit-identical
     if not in_sync and run.is_main:
         print(
