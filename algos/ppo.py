@@ -3,11 +3,13 @@
     python algos/ppo.py --env-id CartPole-v1 --num-envs 4096
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
-Args -> Agent -> GAE, the adaptive learning rate -> the PPO loss (rsl_rl's symmetry) -> targets -> update -> train
-(setup; the iteration's functions, the rollout among them; the block that compiles and captures them; the loop:
-rollout -> targets -> update -> log -> eval/save); the run around it is in common/. `--num-envs` is per process,
-`--total-timesteps` counts env steps over all. References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022,
-"The 37 implementation details of PPO"; Rudin et al. 2022 (rsl_rl); Mittal et al. 2024 (symmetry).
+Args -> Agent -> GAE, the adaptive learning rate, the gradient clip's groups -> the PPO loss (rsl_rl's symmetry) ->
+targets -> update -> train (setup; the iteration's functions, the rollout among them; the block that compiles and
+captures them; the loop: rollout -> targets -> update -> log -> eval/save); the run around it is in common/.
+`--num-envs` is per process, `--total-timesteps` counts env steps over all. An mjlab task's rsl_rl config brings
+rsl_rl's update (--kl-estimator, --lr-adapt, --lr-max, --grad-clip, --adam-eps, --shuffle, --std-type; the plain
+defaults are ours: docs/rsl_rl.md). References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37
+implementation details of PPO"; Rudin et al. 2022 (rsl_rl); Mittal et al. 2024 (symmetry).
 """
 
 from __future__ import annotations
@@ -248,7 +250,7 @@ class Agent(nn.Module):
         return action, (d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)), out
 
 
-# --- GAE with truncation bootstrapping; the adaptive learning rate ---
+# --- GAE with truncation bootstrapping; the adaptive learning rate; the gradient clip's groups ---
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout. A *terminated* episode has no future: no bootstrap. A *truncated* one does:
     its last reward gets gamma * V(final_obs), the true last observation's value, and the lambda-chain stops there.

@@ -283,7 +283,7 @@ def env_minibatches(args: Args) -> int:
     return args.num_envs // args.num_minibatches
 
 
-# --- GAE with truncation bootstrapping, the adaptive learning rate (as in ppo.py); the loss of sequences ---
+# --- GAE with truncation bootstrapping, the adaptive learning rate, the clip's groups (as ppo.py's); the loss ---
 def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
     """GAE(lambda) over a [T, N] rollout. A truncated episode's last reward gets gamma * V(final_obs)
     and the lambda-chain stops there; a terminated one gets no bootstrap (Pardo et al., 2018)."""
