@@ -70,6 +70,6 @@ class Run:
         self.algorithm = self.algorithm or self.algo
 
     def say(self, msg: str) -> None:
-        """Print a line on rank 0 (above the progress bar, if one is shown)."""
+        """Print a line on rank 0."""
         if self.is_main:
             self.progress.write(msg) if self.progress is not None else print(msg, flush=True)

@@ -339,8 +339,8 @@ def test_a_copy_is_its_own_script_in_its_run_name_summary_and_checkpoints(mine, 
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert (state["algo"], state["algorithm"]) == ("ppo_mine", "ppo")
     said = capsys.readouterr().out
-    assert "ppo_mine (a copy of ppo.py) on Pendulum-v1: 1 process(es) x 16 envs on cpu;" in said
-    assert "ppo_mine on Pendulum-v1: 128 steps (1 iterations)" in said
+    assert "ppo_mine (a copy of ppo.py) on Pendulum-v1: 1 process x 16 envs on cpu;" in said
+    assert "ppo_mine on Pendulum-v1: 128 steps (1 iteration)" in said
 
 
 def test_a_resume_never_crosses_scripts_unasked_and_keeps_every_flag_of_the_run(mine, tmp_path, capsys):
