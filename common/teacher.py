@@ -54,12 +54,13 @@ def teacher_checkpoint(
     last = model[max(head, key=lambda k: int(k.split(".")[1]))]  # the actor's output layer
     discrete = isinstance(action_space, gym.spaces.Discrete)
     space = f"Discrete({action_space.n})" if discrete else f"Box{list(action_space.shape)}"
-    other_kind = algorithm != "distill" and ("log_std" in model) == discrete  # ppo's Gaussians have a log_std
+    gaussian = "log_std" in model or "std" in model  # ppo's Gaussians: a learned log-std, or the std (--std-type)
+    other_kind = algorithm != "distill" and gaussian == discrete
     outputs = int(action_space.n) if discrete else action_space.shape[0]
     if first.shape[1] != obs_dim or last.shape[0] != outputs or other_kind:
         raise SystemExit(
             f"error: --teacher {path} ({ckpt['algo']} on {ckpt['env_id']}) reads {first.shape[1]} observations "
-            f"and has {last.shape[0]} action outputs{' (Gaussian)' if 'log_std' in model else ''}; {env_id}'s "
+            f"and has {last.shape[0]} action outputs{' (Gaussian)' if gaussian else ''}; {env_id}'s "
             f"{group!r} observations have {obs_dim} and its actions are {space}: give a teacher of this task "
             f"(--teacher-obs names the group it reads)"
         )

@@ -92,6 +92,19 @@ def test_a_teacher_that_does_not_fit_the_task_stops_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_teacher_whose_gaussian_learns_its_std_itself_teaches(tmp_path):
+    """ppo.py's --std-type scalar (rsl_rl's, the task set's) keeps the std itself, not its log: its checkpoint is a
+    Gaussian teacher all the same, refused for a Discrete task and taken for its own."""
+    distill = load_script("distill")
+    teacher = untrained_teacher(tmp_path / "scalar.pt", "Pendulum-v1", std_type="scalar")
+    assert "std" in torch.load(teacher, weights_only=True)["model"]
+    common = dict(PLAIN, num_envs=8, num_steps=4, total_timesteps=32, eval_interval=0)
+    summary = run_main(distill, **common, output_dir=str(tmp_path / "out"), env_id="Pendulum-v1", teacher=str(teacher))
+    assert summary["global_step"] == 32
+    with pytest.raises(SystemExit, match=r"has 1 action outputs \(Gaussian\); CartPole-v1's"):
+        run_main(distill, **common, output_dir=str(tmp_path / "no"), env_id="CartPole-v1", teacher=str(teacher))
+
+
 def as_copys(path, to, algo: str, algorithm: str):
     """The checkpoint at `path` as the script `algo`, a copy of `algorithm`'s, writes it (its two names) at `to`."""
     ckpt = torch.load(path, weights_only=True)
