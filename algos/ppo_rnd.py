@@ -521,9 +521,8 @@ def train(run, args: Args) -> dict:
             "terminated": terminated,
             "truncated": truncated,
         }
-        if (
-            args.kl_estimator == "analytic"
-        ):  # the distribution acted with: the update's KL(old || new) reads it (rsl_rl)
+        # the distribution acted with: the update's KL(old || new) reads it (rsl_rl)
+        if args.kl_estimator == "analytic":
             transition["old_out"] = out
             if not agent_inference.discrete:
                 transition["old_std"] = agent_inference.action_std().expand_as(out)
