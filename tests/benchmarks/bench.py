@@ -232,7 +232,7 @@ def prepare_inference(env_id, num_envs, device, mode, steps, warmup, hidden_size
     def run(n: int) -> None:
         o = state["obs"]
         for _ in range(n):
-            action, _ = policy_step(o)
+            action = policy_step(o)[0]  # (action, log-prob, the actor's output)
             o, _, _, _, _ = env.step(twin.to_env(action))
         state["obs"] = o
 
