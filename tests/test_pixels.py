@@ -186,7 +186,8 @@ def test_a_pixel_run_stores_uint8_frames_and_normalizes_only_vector_groups(algo,
 def test_learns_catch_from_pixels(algo, steps, num_steps, tmp_path):
     """The MinAtar-sized encoder learns to catch from the frames alone: eval return 1.0 is every ball caught;
     a policy that ignores the frame (random, or staying put) gets -0.67 (10,000 episodes of each). ppo_lstm's
-    encoder feeds its LSTM, replayed over 16-step sequences."""
+    encoder feeds its LSTM, replayed over 16-step sequences. pqn's greedy policy is what it learned: it is
+    evaluated so here (--eval-epsilon 0), not with the DQN protocol's random actions."""
     result = run_main(
         load_script(algo),
         env_id=CATCH,
@@ -202,6 +203,7 @@ def test_learns_catch_from_pixels(algo, steps, num_steps, tmp_path):
         eval_interval=steps // 256,
         progress=False,
         hidden_sizes=(64,),
+        **({"eval_epsilon": 0.0} if algo == "pqn" else {}),
     )
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
 
@@ -447,10 +449,17 @@ def test_learns_catch_from_a_group_of_terms(tmp_path):
     """With terms=True the frame shows the ball alone and the paddle starts in a random column that only the
     "proprio" term gives: the best a policy on the frame alone can do is 0.67 (for a ball in column c, one fixed
     sequence of moves catches it from at most max(6 - c, c + 1) of the 6 starting columns), on the paddle alone
-    -0.67; PQN on both terms (the frame flattened beside the normalized column) catches every ball."""
+    -0.67; PQN on both terms (the frame flattened beside the normalized column) catches every ball, greedily
+    (--eval-epsilon 0: what it learned, without the DQN protocol's random actions)."""
     flags = {**TERMS, "num_envs": 32, "num_steps": 8, "num_minibatches": 4, "eval_interval": 240, "hidden_sizes": (64,)}
     result = run_main(
-        load_script("pqn"), **flags, encoder="mlp", total_timesteps=61440, seed=1, output_dir=str(tmp_path)
+        load_script("pqn"),
+        **flags,
+        encoder="mlp",
+        total_timesteps=61440,
+        seed=1,
+        eval_epsilon=0.0,
+        output_dir=str(tmp_path),
     )
     assert result["best_eval_return"] >= 0.9, result["best_eval_return"]
 
