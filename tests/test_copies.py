@@ -480,39 +480,33 @@ PER_SCRIPT_TESTS = [
 ]
 
 
-def checkout_with_copy(directory: Path, script: str, name: str, edits: list, least: int) -> tuple[Path, str]:
-    """A fresh checkout in `directory` (algos/, common/, tests/, pyproject.toml) with a researcher's copy of
-    algos/`script`.py in its algos/ as `name`.py: the original's text with `edits` (anchor -> replacement, each anchor
-    found exactly once, so a change to the original that moves one fails here loudly), at least `least` lines added.
-    Returns the copy's path and the original's text."""
+def copy_text(script: str, edits: list, least: int) -> str:
+    """A researcher's copy of algos/`script`.py: its text with `edits` (anchor -> replacement, each anchor found
+    exactly once, so a change to the original that moves one fails here loudly), at least `least` lines added."""
     import difflib
-    import shutil
 
-    for part in ("algos", "common", "tests"):
-        shutil.copytree(ROOT / part, directory / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    shutil.copy(ROOT / "pyproject.toml", directory)
-    original = (directory / "algos" / f"{script}.py").read_text()
+    original = (ROOT / "algos" / f"{script}.py").read_text()
     text = original
     for anchor, replacement in edits:
         assert text.count(anchor) == 1, f"the copy's edit no longer applies to algos/{script}.py: {anchor!r}"
         text = text.replace(anchor, replacement)
     added = [line for line in difflib.unified_diff(original.splitlines(), text.splitlines(), n=0) if line[:1] == "+"]
     assert len(added) - 1 >= least, f"the copy is an idea of {least}+ lines, not {len(added) - 1}"
-    path = directory / "algos" / f"{name}.py"
-    path.write_text(text)
-    return path, original
+    return text
 
 
-def run_contract_tests(checkout: Path, name: str, layouts: int) -> list[str]:
-    """Every test of the suite that finds the scripts in algos/ (PER_SCRIPT_TESTS), run in `checkout` on the copy
-    `name` as the README's test command would run them (its own common/, not one installed from elsewhere), but for
-    what runs the original's code paths unchanged at a cost of minutes, which the original's own runs check: the
-    torchrun faults and two-process resume (SIGTERM, SIGKILL), videos, and the compiled runs of the capture layouts
-    past the plain one (`layouts` of them in all). Fails unless all passed, each file ran, and ran on the copy where
-    the copy is a parameter. Returns the passed tests' ids."""
+def run_contract_tests(checkout: Path, copies: dict[str, int]) -> list[str]:
+    """Every test of the suite that finds the scripts in algos/ (PER_SCRIPT_TESTS), run once in `checkout` on its
+    copies (`copies`: name -> capture layouts of its original) as the README's test command would run them (its own
+    common/, not one installed from elsewhere), but for what runs the originals' code paths unchanged at a cost of
+    minutes, which the originals' own runs check: the torchrun faults and two-process resume (SIGTERM, SIGKILL),
+    videos, and the compiled runs of the capture layouts past the plain one. Fails unless all passed, each file ran,
+    and ran on each copy where the copy is a parameter, among them its exact resume and its compiled run against its
+    eager one. Returns the passed tests' ids."""
     env = dict(subprocess_env(), PYTHONPATH=str(checkout))
     others = [
         f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[{name}-{i}]"
+        for name, layouts in copies.items()
         for i in range(1, layouts)
     ]
     costly = "not sigterm and not sigkill and not video and not two_process"
@@ -529,20 +523,27 @@ def run_contract_tests(checkout: Path, name: str, layouts: int) -> list[str]:
             "no:xdist",
             *PER_SCRIPT_TESTS,
             "-k",
-            f"test_layout or test_flag_parity or every_script or ({name} and {costly})",
+            f"test_layout or test_flag_parity or every_script or (({' or '.join(copies)}) and {costly})",
             *others,
         ],
-        timeout=1200,
+        timeout=1800,
         env=env,
         cwd=checkout,
     )
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-4000:]
     assert " failed" not in result.stdout and "error" not in result.stdout.splitlines()[-1], result.stdout[-4000:]
     passed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("PASSED ")]
-    for tests in PER_SCRIPT_TESTS:  # each file ran, on the copy where the copy is a parameter
+    for tests in PER_SCRIPT_TESTS:  # each file ran, on each copy where the copy is a parameter
         assert any(test.startswith(f"{tests}::") for test in passed), (tests, result.stdout[-4000:])
-    for tests in PER_SCRIPT_TESTS[:4]:
-        assert any(test.startswith(f"{tests}::") and name in test for test in passed), (tests, passed)
+    for name in copies:
+        for tests in PER_SCRIPT_TESTS[:4]:
+            assert any(test.startswith(f"{tests}::") and f"[{name}" in test for test in passed), (name, tests, passed)
+        for test in (
+            f"test_resume_is_bit_identical_to_an_uninterrupted_run[{name}]",
+            f"test_compiled_run_computes_what_eager_computes[{name}-0]",
+            f"test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync[{name}-0]",
+        ):
+            assert f"tests/test_scripts.py::{test}" in passed, (test, passed)
     assert (
         "tests/test_flags.py::test_every_bad_numeric_or_choice_flag_value_of_every_script_is_a_one_line_usage_error"
         in passed
@@ -550,19 +551,42 @@ def run_contract_tests(checkout: Path, name: str, layouts: int) -> list[str]:
     return passed
 
 
-def test_a_copy_made_as_the_readme_says_passes_the_contract_tests(tmp_path):
-    """A fresh checkout, then the README's copy: `cp algos/ppo.py algos/ppo_myidea.py` and 20+ lines of an idea in it
-    (README_COPY: a KL penalty with two flags of declared ranges, a coefficient adapted in place and checkpointed, a
-    logged statistic). Every test of the suite that finds the scripts in algos/ runs on it (run_contract_tests: the
-    contract, the generated bad flag values, --help's settings, the device-kernel guard, the layout and the flag
-    parity of the originals, which hold a copy to nothing and compare no copy with ppo.py); tests/test_bench.py's
-    gpu_check test (every script's iterations and torchrun again) is left out for the same reason as the costly
-    cases, its CPU checks of a captured function are among the contract's."""
-    path, _ = checkout_with_copy(tmp_path, "ppo", "ppo_myidea", README_COPY, least=20)
-    run_contract_tests(tmp_path, "ppo_myidea", layouts=5)
-    # and the idea is live: its coefficient adapted in place and checkpointed, its penalty logged
+def test_copies_made_as_a_researcher_would_pass_the_contract_tests(tmp_path):
+    """A fresh checkout (algos/, common/, tests/, pyproject.toml) and three copies in its algos/, each made from its
+    script's text alone, common/ untouched: the README's (`cp algos/ppo.py algos/ppo_myidea.py` and 20+ lines of an
+    idea in it, README_COPY: a KL penalty with two flags of declared ranges, a coefficient adapted in place and
+    checkpointed, a logged statistic), td3.py with REDQ's random pair of three critics and annealed target policy
+    noise (tests/test_copy_td3.py), and ppo_lstm.py with chunked BPTT (tests/test_copy_ppo_lstm.py). Every test of the
+    suite that finds the scripts in algos/ runs on the three in one run (run_contract_tests: the contract, the
+    generated bad flag values, --help's settings, the device-kernel guard, the layout and the flag parity of the
+    originals, which hold a copy to nothing and compare no copy with its original); tests/test_bench.py's gpu_check
+    test (every script's iterations and torchrun again) is left out for the same reason as the costly cases, its CPU
+    checks of a captured function are among the contract's. Then the README's idea is live (the other two copies'
+    ideas: their own files)."""
+    import hashlib
+    import shutil
+
+    from tests.test_copy_ppo_lstm import CHUNKS
+    from tests.test_copy_td3 import REDQ_COPY
+    from tests.test_scripts import TINY
+
+    for part in ("algos", "common", "tests"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    copies = {  # name: (its original, the idea, the least lines it adds)
+        "ppo_myidea": ("ppo", README_COPY, 20),
+        "td3_redq": ("td3", REDQ_COPY, 10),
+        "ppo_lstm_chunks": ("ppo_lstm", CHUNKS, 10),
+    }
+    for name, (script, edits, least) in copies.items():
+        (tmp_path / "algos" / f"{name}.py").write_text(copy_text(script, edits, least))
+    digest = lambda: {p: hashlib.sha256(p.read_bytes()).digest() for p in sorted((tmp_path / "common").rglob("*.py"))}
+    common_before = digest()
+    run_contract_tests(tmp_path, {name: len(TINY[script]["captures"]) for name, (script, _, _) in copies.items()})
+    assert digest() == common_before, "a copy needs no change to common/"
+    # and the README's idea is live: its coefficient adapted in place and checkpointed, its penalty logged
     try:
-        idea = load_script("ppo_myidea", path)
+        idea = load_script("ppo_myidea", tmp_path / "algos" / "ppo_myidea.py")
         run_main(idea, **PLAIN, output_dir=str(tmp_path / "idea"), total_timesteps=2 * ITERATION)
     finally:
         sys.modules.pop("ppo_myidea", None)

@@ -5,19 +5,18 @@ each anchor found exactly once, so a change to ppo_lstm.py that moves one fails 
 cuts each env's rollout into chunks of that many steps (it must divide --num-steps, its own one-line error otherwise),
 minibatches of chunks (--num-minibatches divides num_envs * num_steps / seq_len, the rule adapted), each chunk
 replayed from the hidden state the rollout stored at its first step, and a start line of its own. common/ is not
-touched. The per-script contract tests then run on the copy, as tests/test_copies.py runs them on the README's copy.
+touched. tests/test_copies.py runs the per-script contract tests on the copy, beside the README's; here, the idea.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import load_script, run_main
-from tests.test_copies import checkout_with_copy, run_contract_tests
+from tests.test_copies import copy_text
 from tests.test_scripts import COMMON, TINY
 
 NAME = "ppo_lstm_chunks"
@@ -130,29 +129,22 @@ SMALL = {**COMMON, **TINY["ppo_lstm"]["kwargs"]}
 ITERATION = 16 * 8
 
 
-def files(directory: Path) -> dict:
-    return {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*.py")}
-
-
 def without_run_specifics(ckpt: dict) -> dict:
     """What two runs of different scripts and flags that trained alike hold alike: all but the script's name, the
     flags and the clocks."""
     return {k: v for k, v in ckpt.items() if k not in ("algo", "args", "totals")}
 
 
-def test_a_chunked_bptt_copy_of_ppo_lstm_passes_the_contract_tests_and_its_idea_is_live(tmp_path, capsys):
-    """A fresh checkout (algos/, common/, tests/, pyproject.toml) with the copy in its algos/; the per-script contract
-    tests on the copy in a subprocess (tests/test_copies.py's PER_SCRIPT_TESTS, without the costly cases that run
-    ppo_lstm's code paths unchanged: torchrun faults, videos, two-process resume, the compiled runs of the other
-    capture layouts); then the idea, directly: the two one-line errors, the start line, the chunks replayed from the
-    stored states (the first minibatch's log-probs and values are the rollout's), --seq-len < --num-steps training
-    otherwise than --seq-len == --num-steps, which is ppo_lstm.py's run exactly."""
+def test_a_chunked_bptt_copy_of_ppo_lstm_is_live(tmp_path, capsys):
+    """The copy (CHUNKS, made from ppo_lstm.py's text alone) passes every per-script contract test beside the
+    README's copy (tests/test_copies.py::test_copies_made_as_a_researcher_would_pass_the_contract_tests). Here the
+    idea, directly: the two one-line errors, the start line, the chunks replayed from the stored states (the first
+    minibatch's log-probs and values are the rollout's), --seq-len < --num-steps training otherwise than --seq-len ==
+    --num-steps, which is ppo_lstm.py's run exactly."""
     from tests.test_scripts import assert_same
 
-    path, _ = checkout_with_copy(tmp_path, "ppo_lstm", NAME, CHUNKS, least=10)
-    common_before = files(tmp_path / "common")
-    run_contract_tests(tmp_path, NAME, layouts=len(TINY["ppo_lstm"]["captures"]))
-
+    path = tmp_path / f"{NAME}.py"
+    path.write_text(copy_text("ppo_lstm", CHUNKS, least=10))
     chunks, original = load_script(NAME, path), load_script("ppo_lstm")
     try:
         # the rules, each in one line before anything runs: --seq-len divides --num-steps; --num-minibatches divides
@@ -215,4 +207,3 @@ def test_a_chunked_bptt_copy_of_ppo_lstm_passes_the_contract_tests_and_its_idea_
         assert "rnn.weight_hh_l0" in differs, differs
     finally:
         sys.modules.pop(NAME, None)
-    assert files(tmp_path / "common") == common_before, "the copy needs no change to common/"
