@@ -37,6 +37,7 @@ if importlib.util.find_spec("common") is None:
         f"error: {Path(__file__).name} needs the project's common/ package: keep it in algos/, or pip install -e ."
     )
 
+from common.settings import brax_sac_settings
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
@@ -122,6 +123,7 @@ SETTINGS = {
     "mujoco": dict(
         num_envs=32, batch_size=512, n_step=1, q_lr=1e-3, policy_lr=1e-3, num_eval_envs=10, eval_interval=1563
     ),
+    "task": brax_sac_settings,  # a Playground DM Control task's brax SAC config, field by field
 }
 
 # Sizes resolved once the device is known: (on CUDA, elsewhere). The CUDA ones are FastTD3's; a CPU, where the env

@@ -239,7 +239,10 @@ MUJOCO_TASKS = (
 )
 # family -> (what it holds, whether an env id belongs to it); the first that matches is the env id's family
 FAMILIES = {
-    "task": ("mjlab tasks: their registered rsl_rl runner config", lambda env_id: env_id.startswith("mjlab:")),
+    "task": (
+        "mjlab and MuJoCo Playground tasks: their own training config",
+        lambda env_id: env_id.startswith(("mjlab:", "playground:")),
+    ),
     "mujoco": (
         "gymnasium / envpool MuJoCo on CPU simulators",
         lambda env_id: re.fullmatch(rf"(gym|envpool):({MUJOCO_TASKS})-v\d+", env_id) is not None,

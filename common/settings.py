@@ -11,11 +11,15 @@ import sys
 
 
 # ----------------------------------------------------------------------------------------------
-# mjlab tasks: the task's registered rsl_rl runner config, field by field
+# mjlab and Playground tasks: the task's rsl_rl runner config, field by field
 # ----------------------------------------------------------------------------------------------
 def rsl_rl_settings(env_id: str, fields: set[str]):
-    """the task's rsl_rl runner config (load_rl_cfg), translated field by field, with rsl_rl's update"""
+    """the task's own training config, translated field by field: mjlab's registered rsl_rl runner config
+    (load_rl_cfg) or Playground's rsl_rl config, with rsl_rl's update; Playground's brax PPO config for a DM Control
+    task, which has no rsl_rl config"""
     task = env_id.split(":", 1)[-1]
+    if env_id.startswith("playground:"):
+        return playground_ppo_settings(task, fields)
     try:
         from mjlab.tasks.registry import load_rl_cfg
 
@@ -30,6 +34,152 @@ def rsl_rl_settings(env_id: str, fields: set[str]):
     num_envs = flag_value(sys.argv[1:], "num_envs")
     num_envs = int(num_envs) if num_envs is not None and num_envs.isdigit() else RunArgs.num_envs
     return translate_rsl_rl(rl_cfg, fields, num_envs, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def _command_line_envs(default: int) -> int:
+    """--num-envs as the command line gives it, else `default` (a set's values are read before the flags are)."""
+    from common.args import flag_value
+
+    num_envs = flag_value(sys.argv[1:], "num_envs")
+    return int(num_envs) if num_envs is not None and num_envs.isdigit() else default
+
+
+# ----------------------------------------------------------------------------------------------
+# MuJoCo Playground tasks: the rsl_rl config Playground ships (locomotion, manipulation), else its brax PPO config
+# ----------------------------------------------------------------------------------------------
+def playground_ppo_settings(task: str, fields: set[str]):
+    """Playground's rsl_rl config of a locomotion or manipulation task, else its brax PPO config (DM Control)."""
+    from common.envs.playground_adapter import configure_jax_memory
+
+    configure_jax_memory()  # the configs import JAX: its allocator is set before
+    try:
+        from mujoco_playground import registry
+        from mujoco_playground.config import dm_control_suite_params, locomotion_params, manipulation_params
+    except ImportError:  # make_env says how to install it
+        return {}, []
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if task in registry.locomotion.ALL_ENVS or task in registry.manipulation.ALL_ENVS:
+        params = locomotion_params if task in registry.locomotion.ALL_ENVS else manipulation_params
+        try:
+            rl_cfg = params.rsl_rl_config(task).to_dict()
+        except (KeyError, ValueError):  # a task without a tuned rsl_rl config
+            return {}, [f"Playground has no rsl_rl config for {task}: the plain defaults"]
+        from common.args import RunArgs
+
+        return translate_rsl_rl(rl_cfg, fields, _command_line_envs(RunArgs.num_envs), world_size)
+    if task in registry.dm_control_suite.ALL_ENVS:
+        try:
+            config = dm_control_suite_params.brax_ppo_config(task).to_dict()
+        except (KeyError, ValueError):
+            return {}, [f"Playground has no brax PPO config for {task}: the plain defaults"]
+        return translate_brax_ppo(config, fields, _command_line_envs(int(config["num_envs"])), world_size)
+    return {}, []  # an unknown task: make_env names the known ones
+
+
+# brax's ppo.train defaults that Playground's DM Control configs leave as they are, where ours differ
+BRAX_PPO_DEFAULTS = dict(clip_coef=0.3, lr_schedule="constant", activation="silu", std_type="scalar")
+BRAX_PPO_UNTRANSLATED = (
+    "brax's networks: policy 4x32, value 5x256 (one --hidden-sizes here for both; ours kept)",
+    "brax's tanh-squashed Gaussian (a Gaussian clipped to the action bounds here)",
+    "brax's max_grad_norm=None, no gradient clip (--max-grad-norm here)",
+)
+
+
+def translate_brax_ppo(config: dict, fields: set[str], num_envs: int, world_size: int = 1) -> tuple[dict, list[str]]:
+    """({flag: value}, [what has no flag here]) of a brax PPO config of Playground (`brax_ppo_config`), for a run of
+    `num_envs` envs per process. brax collects batch_size x num_minibatches unrolls of unroll_length steps per update:
+    so many steps over this run's envs are one iteration's --num-steps (GAE over the whole rollout, where brax
+    bootstraps each unroll's end). Every field is translated or named; brax's own defaults where ours differ too."""
+    values, named = {}, []
+
+    def put(flag: str, value, source: str):
+        if flag in fields:
+            values[flag] = value
+        else:
+            named.append(f"{source}={value!r}")
+
+    known = {"num_envs", "batch_size", "num_minibatches", "unroll_length", "num_updates_per_batch", "discounting"}
+    known |= {"learning_rate", "entropy_cost", "normalize_observations", "num_timesteps", "num_evals"}
+    known |= {"reward_scaling", "episode_length", "action_repeat", "num_resets_per_eval"}
+    put("num_envs", int(config["num_envs"]), "num_envs")
+    per_update = int(config["batch_size"]) * int(config["num_minibatches"]) * int(config["unroll_length"])
+    num_steps = max(1, round(per_update / (num_envs * world_size)))
+    if num_steps * num_envs * world_size != per_update:
+        named.append(
+            f"batch_size x num_minibatches x unroll_length = {per_update} steps per update "
+            f"({num_steps * num_envs * world_size} here)"
+        )
+    put("num_steps", num_steps, "unroll_length")
+    put("num_minibatches", int(config["num_minibatches"]), "num_minibatches")
+    put("update_epochs", int(config["num_updates_per_batch"]), "num_updates_per_batch")
+    put("gamma", float(config["discounting"]), "discounting")
+    put("learning_rate", float(config["learning_rate"]), "learning_rate")
+    put("ent_coef", float(config["entropy_cost"]), "entropy_cost")
+    put("obs_norm", bool(config["normalize_observations"]), "normalize_observations")
+    put("total_timesteps", int(config["num_timesteps"]), "num_timesteps")
+    if config.get("num_evals"):
+        iterations = max(1, int(config["num_timesteps"]) // (num_steps * num_envs * world_size))
+        put("eval_interval", max(1, iterations // int(config["num_evals"])), "num_evals")
+    for flag, value in BRAX_PPO_DEFAULTS.items():
+        put(flag, value, f"brax's {flag}")
+    named.append(f"reward_scaling={config.get('reward_scaling')!r} (--reward-norm scales by the return's std here)")
+    named.append(
+        f"episode_length={config.get('episode_length')!r}, action_repeat={config.get('action_repeat')!r} "
+        f"(the task config's; --env-kwargs sets them)"
+    )
+    if "num_resets_per_eval" in config:
+        named.append(f"num_resets_per_eval={config['num_resets_per_eval']!r} (eval envs start a new episode each time)")
+    named.extend(f"{name}={config[name]!r}" for name in sorted(set(config) - known))
+    named.extend(BRAX_PPO_UNTRANSLATED)
+    return values, named
+
+
+def brax_sac_settings(env_id: str, fields: set[str]):
+    """Playground's brax SAC config of a DM Control task, translated field by field"""
+    if not env_id.startswith("playground:"):
+        return {}, []
+    task = env_id.split(":", 1)[-1]
+    from common.envs.playground_adapter import configure_jax_memory
+
+    configure_jax_memory()  # the configs import JAX: its allocator is set before
+    try:
+        from mujoco_playground.config import dm_control_suite_params
+    except ImportError:
+        return {}, []
+    try:
+        config = dm_control_suite_params.brax_sac_config(task).to_dict()
+    except (KeyError, ValueError, AttributeError):
+        return {}, [f"Playground has no brax SAC config for {task}: the plain defaults"]
+    return translate_brax_sac(config, fields)
+
+
+def translate_brax_sac(config: dict, fields: set[str]) -> tuple[dict, list[str]]:
+    """({flag: value}, [what has no flag here]) of a brax SAC config of Playground (`brax_sac_config`), with brax's
+    one-step targets and its tau of 0.005."""
+    values, named = {}, []
+
+    def put(flag: str, value, source: str):
+        if flag in fields:
+            values[flag] = value
+        else:
+            named.append(f"{source}={value!r}")
+
+    put("num_envs", int(config["num_envs"]), "num_envs")
+    put("batch_size", int(config["batch_size"]), "batch_size")
+    put("gamma", float(config["discounting"]), "discounting")
+    put("num_updates", int(config["grad_updates_per_step"]), "grad_updates_per_step")
+    put("q_lr", float(config["learning_rate"]), "learning_rate")
+    put("policy_lr", float(config["learning_rate"]), "learning_rate")
+    put("buffer_size", int(config["max_replay_size"]), "max_replay_size")
+    put("learning_starts", int(config["min_replay_size"]), "min_replay_size")
+    put("obs_norm", bool(config["normalize_observations"]), "normalize_observations")
+    put("total_timesteps", int(config["num_timesteps"]), "num_timesteps")
+    put("n_step", 1, "brax's n_step")
+    put("tau", 0.005, "brax's tau")
+    known = {"num_envs", "batch_size", "discounting", "grad_updates_per_step", "learning_rate", "max_replay_size"}
+    known |= {"min_replay_size", "normalize_observations", "num_timesteps"}
+    named.extend(f"{name}={config[name]!r}" for name in sorted(set(config) - known))
+    return values, named
 
 
 def _get(cfg, name: str, default=None):
@@ -78,6 +228,9 @@ RUNNER_BOOKKEEPING = {
     "check_for_nan",
     "torch_compile_mode",
     "clip_actions",
+    "runner_class_name",  # Playground's rsl_rl configs: the runner's class under rsl_rl 2's name
+    "checkpoint",
+    "resume_path",
 }
 ACTIVATIONS = {"elu": "elu", "relu": "relu", "tanh": "tanh", "silu": "silu", "swish": "silu"}  # rsl_rl's -> ours
 

@@ -12,6 +12,7 @@ simulator is an optional dependency:
     gym:<id>          gymnasium env, e.g. gym:HalfCheetah-v5, gym:ALE/Pong-v5 (preset="atari")
     envpool:<task>    envpool task, e.g. envpool:Pong-v5 (preset="atari"), envpool:HalfCheetah-v5
     mjlab:<task>      mjlab task, e.g. mjlab:Mjlab-Velocity-Flat-Unitree-G1
+    playground:<task> MuJoCo Playground task on JAX, e.g. playground:CartpoleBalance, playground:Go1JoystickFlatTerrain
 
 An Isaac Lab prefix is a small addition on top of mjlab_adapter.ManagerBasedEnvAdapter, which
 wraps any env with Isaac Lab's ManagerBasedRLEnv interface (see the README).
@@ -32,7 +33,7 @@ from common.envs.minatar import MINATAR_ENVS
 BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
     cls.env_id: cls for cls in (CartPole, Pendulum, MountainCarContinuous, Acrobot, MountainCar, *MINATAR_ENVS)
 }
-ADAPTER_PREFIXES = ("gym", "envpool", "mjlab")
+ADAPTER_PREFIXES = ("gym", "envpool", "mjlab", "playground")
 
 __all__ = [
     "ADAPTER_PREFIXES",
@@ -130,6 +131,15 @@ def make_env(
             from common.envs.mjlab_adapter import make_mjlab_env
 
             return make_mjlab_env(name, num_envs, device=device, seed=seed, **kwargs)
+        if prefix == "playground":
+            if render_mode is not None:
+                raise ValueError(
+                    f"{env_id}: this adapter cannot render frames (Playground renders trajectories after the fact, "
+                    f"not a live batch); run without --capture-video"
+                )
+            from common.envs.playground_adapter import make_playground_env
+
+            return make_playground_env(name, num_envs, device=device, seed=seed, **kwargs)
         raise ValueError(f"unknown env id prefix {prefix!r} in {env_id!r}; {_ids_help()}")
 
     cls = BUILTIN_ENVS.get(env_id)
