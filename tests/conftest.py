@@ -4,7 +4,8 @@ workers already share the cores, and two threads each would only contend for the
 Tests marked `sims` need a real simulator (ale-py, envpool, mjlab) and skip without it. With
 REQUIRE_SIMULATORS=1 (.ci/run's sims lane, where all three are installed) such a skip, or a test
 module skipped at import, is a failure instead: a simulator that stopped installing or importing
-must not pass CI as a row of skips."""
+must not pass CI as a row of skips. Tests marked `playground` (MuJoCo Playground, whose MuJoCo is not the one mjlab
+pins: a lane of its own) are held so in the playground lane."""
 
 import os
 
@@ -27,7 +28,7 @@ def _as_failure(report, what: str) -> None:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    sims = item.get_closest_marker("sims") is not None
+    sims = any(item.get_closest_marker(m) is not None for m in ("sims", "playground"))
     if REQUIRE_SIMULATORS and sims and report.skipped and not hasattr(report, "wasxfail"):
         _as_failure(report, item.nodeid)
 

@@ -51,6 +51,7 @@ off (`warp.config.quiet`)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import functools
 import math
@@ -66,6 +67,7 @@ from tensordict import TensorDict
 PLAYGROUND_GROUPS = {"policy": "state", "critic": "privileged_state"}  # Playground's dict observation keys
 INSTALL = "pip install -e '.[playground]'"
 _said: set[str] = set()  # lines said once per process
+_COMPILED: dict[tuple, PlaygroundEnv] = {}  # the first env of each kind, whose compiled functions later ones share
 
 
 def _say_once(line: str) -> None:
@@ -198,6 +200,14 @@ def make_playground_env(
             f"{env_id}: --env-kwargs {', '.join(unknown)} is no field of the task's config; its fields: "
             f"{', '.join(_config_fields(config))}; the adapter's own: randomize, full_reset"
         )
+    # Envs of one task, config, size and options share one compiled reset and step (a run's training and eval envs
+    # of the same size, a test's runs): compiling them takes tens of seconds on a CPU.
+    randomizer = registry.get_domain_randomizer(task) if randomize else None  # its models depend on the seed
+    key = (task, repr(sorted(config_overrides.items())), num_envs, full_reset, randomizer and seed, str(jax_device))
+    if key in _COMPILED:
+        adapter = copy.copy(_COMPILED[key])
+        adapter._state, adapter._needs_reset = None, True
+        return adapter
     try:
         with jax.default_device(jax_device), simulator_output_once():
             _quiet_warp()
@@ -211,12 +221,12 @@ def make_playground_env(
                 seed,
                 episode_length=int(env._config.episode_length),
                 action_repeat=int(env._config.get("action_repeat", 1)),
-                randomizer=registry.get_domain_randomizer(task) if randomize else None,
+                randomizer=randomizer,
                 full_reset=full_reset,
             )
             adapter.reset(seed=seed)  # compiles reset and step here, where their output is held back
             adapter.step(torch.zeros(num_envs, adapter.act_dim, device=torch_device))
-            adapter._needs_reset = True
+            adapter._state, adapter._needs_reset = None, True
     except Exception as e:  # assets absent: Playground clones the menagerie with git at first use
         from mujoco_playground._src import mjx_env
 
@@ -231,7 +241,8 @@ def make_playground_env(
             f"mjx_env.ensure_menagerie_exists()\" once, or clone it there by hand; the DM Control suite's tasks "
             f"(CartpoleBalance, CheetahRun, ...) need no assets"
         ) from None
-    return adapter
+    _COMPILED[key] = adapter
+    return copy.copy(adapter)
 
 
 def _quiet_warp() -> None:
@@ -242,6 +253,15 @@ def _quiet_warp() -> None:
         warp.config.quiet = True
     except Exception:  # Warp absent (MJX only) or a release without the switch
         pass
+
+
+def _split(keys):
+    """Each env's key split in two as Playground's training wrapper splits them (its `[..., 0]` and `[..., 1]`: the
+    words of the two new keys at one position each), so that the same keys draw the same episodes."""
+    import jax
+
+    pairs = jax.vmap(jax.random.split)(keys)
+    return pairs[..., 0], pairs[..., 1]
 
 
 def _to_torch(x) -> torch.Tensor:
@@ -313,11 +333,9 @@ class PlaygroundEnv:
 
     def _reset_batch(self, keys):
         """Reset every env from its key; keep each one's next key and, for full_reset=False, its first state."""
-        import jax
 
-        split = jax.vmap(jax.random.split)(keys)
-        state = self._episodes.reset(split[:, 1])
-        state.info["adapter_rng"] = split[:, 0]
+        state = self._episodes.reset(_split(keys)[1])
+        state.info["adapter_rng"] = _split(keys)[0]
         if not self.full_reset:
             state.info["adapter_first_data"] = state.data
             state.info["adapter_first_obs"] = state.obs
@@ -329,8 +347,7 @@ class PlaygroundEnv:
         import jax
         from jax import numpy as jp
 
-        split = jax.vmap(jax.random.split)(state.info["adapter_rng"])
-        next_rng, reset_key = split[:, 0], split[:, 1]
+        next_rng, reset_key = _split(state.info["adapter_rng"])
         info = dict(state.info)
         info["steps"] = jp.where(state.done > 0, jp.zeros_like(info["steps"]), info["steps"])  # a restarted episode
         stepped = self._episodes.step(state.replace(done=jp.zeros_like(state.done), info=info), action)
@@ -340,7 +357,7 @@ class PlaygroundEnv:
             return jp.where(done.reshape(done.shape + (1,) * (new.ndim - 1)), new, old)
 
         if self.full_reset:
-            fresh = self._episodes.reset(jax.vmap(jax.random.split)(reset_key)[:, 1])  # the wrapper's own reset
+            fresh = self._episodes.reset(_split(reset_key)[1])  # as the wrapper's own reset draws it
             data = jax.tree.map(where_done, fresh.data, stepped.data)
             obs = jax.tree.map(where_done, fresh.obs, stepped.obs)
             info = jax.tree.map(where_done, fresh.info, {k: v for k, v in stepped.info.items() if k in fresh.info})

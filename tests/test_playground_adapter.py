@@ -1,0 +1,247 @@
+"""The playground: adapter against MuJoCo Playground itself (its training wrapper, its torch wrapper, its configs), the
+scripts on a Playground task, and its bad inputs. Marked `playground`: .ci/run's playground lane installs the package
+(its MuJoCo is not the one mjlab pins, so it has a lane of its own) and runs them on CPU JAX with a DM Control task,
+whose model ships inside the package. The envs here share one compiled step per size (the adapter's cache)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.playground,
+    pytest.mark.skipif(importlib.util.find_spec("mujoco_playground") is None, reason="needs MuJoCo Playground"),
+]
+
+TASK = "CartpoleBalance"
+EPISODE = 10  # short episodes: several time-outs in a few dozen steps
+KWARGS = dict(impl="jax", episode_length=EPISODE)  # MJX: a few seconds to compile on a CPU, where Warp takes a minute
+N = 4
+SEED = 7
+
+
+def _numpy(x) -> np.ndarray:
+    return np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x)
+
+
+def _theirs(full_reset: bool):
+    """Playground's own batched env of the same task and config: its trainers' wrapper, reset from the keys its torch
+    wrapper derives from SEED."""
+    import jax
+    from mujoco_playground import registry
+    from mujoco_playground._src import wrapper
+
+    env = registry.load(TASK, config_overrides=KWARGS)
+    batched = wrapper.wrap_for_brax_training(env, episode_length=EPISODE, action_repeat=1, full_reset=full_reset)
+    keys = jax.random.split(jax.random.split(jax.random.PRNGKey(SEED))[0], N)
+    return env, jax.jit(batched.step), jax.jit(batched.reset)(keys)
+
+
+@pytest.mark.parametrize("full_reset", [True, False])
+def test_steps_as_playgrounds_training_wrapper_and_keeps_the_true_final_observation(full_reset):
+    """From the same keys and actions, every step's observations, rewards, dones and time-outs are the wrapper's; at
+    a reset step ours also holds the last observation: the task's own step of that env alone, before any reset."""
+    import jax
+
+    from common.envs import make_env
+
+    ours = make_env(f"playground:{TASK}", N, seed=SEED, full_reset=full_reset, **KWARGS)
+    obs, _ = ours.reset(seed=SEED)
+    env, their_step, state = _theirs(full_reset)
+    np.testing.assert_array_equal(_numpy(obs["policy"]), np.asarray(state.obs))
+    actions = torch.rand(3 * EPISODE + 3, N, 1, generator=torch.Generator().manual_seed(0)) * 2.4 - 1.2
+    single_step = jax.jit(env.step)
+    ends = 0
+    for t, action in enumerate(actions):
+        obs, reward, terminated, truncated, info = ours.step(action)
+        before = state
+        state = their_step(state, jax.numpy.asarray(action.clamp(-1, 1).numpy()))
+        np.testing.assert_array_equal(_numpy(obs["policy"]), np.asarray(state.obs), err_msg=f"step {t}")
+        np.testing.assert_array_equal(_numpy(reward), np.asarray(state.reward), err_msg=f"step {t}")
+        np.testing.assert_array_equal(_numpy(terminated | truncated), np.asarray(state.done) > 0, err_msg=f"step {t}")
+        if full_reset:  # brax's full reset hands a restarted env the reset's info, truncation 0 among it: the limit
+            timed_out = (np.asarray(state.done) > 0) & (np.asarray(state.info["steps"]) >= EPISODE)
+            np.testing.assert_array_equal(_numpy(truncated), timed_out, err_msg=f"step {t}")  # (no failure here)
+        else:
+            truncation = np.asarray(state.info["truncation"]) > 0
+            np.testing.assert_array_equal(_numpy(truncated), truncation, err_msg=f"step {t}")
+        for i in np.flatnonzero(_numpy(terminated | truncated)):
+            ends += 1
+            alone = single_step(jax.tree.map(lambda x: x[i], before), jax.numpy.asarray(action[i].clamp(-1, 1).numpy()))
+            final = _numpy(info["final_obs"]["policy"][i])
+            np.testing.assert_allclose(final, np.asarray(alone.obs), rtol=1e-6, atol=1e-6, err_msg=f"step {t} env {i}")
+            assert not np.allclose(final, _numpy(obs["policy"][i])), "the final observation is the reset's"
+    assert ends >= 3 * N  # every env timed out three times
+
+
+def test_reset_to_the_first_state_is_playgrounds_torch_wrapper():
+    """full_reset=False is what RSLRLBraxWrapper (Playground's rsl_rl path) steps: the same observations, rewards,
+    dones and time-outs from the same seed."""
+    from mujoco_playground import registry
+    from mujoco_playground._src.wrapper_torch import RSLRLBraxWrapper
+
+    from common.envs import make_env
+
+    ours = make_env(f"playground:{TASK}", N, seed=SEED, full_reset=False, **KWARGS)
+    obs, _ = ours.reset(seed=SEED)
+    theirs = RSLRLBraxWrapper(registry.load(TASK, config_overrides=KWARGS), N, SEED, EPISODE, 1)
+    their_obs = theirs.reset()
+    torch.testing.assert_close(obs["policy"], their_obs["state"], rtol=0, atol=0)
+    actions = torch.rand(2 * EPISODE + 2, N, 1, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    for action in actions:
+        obs, reward, terminated, truncated, _ = ours.step(action)
+        their_obs, their_reward, done, info = theirs.step(action)
+        torch.testing.assert_close(obs["policy"], their_obs["state"], rtol=0, atol=0)
+        torch.testing.assert_close(reward, their_reward, rtol=0, atol=0)
+        assert torch.equal(terminated | truncated, done > 0) and torch.equal(truncated, info["time_outs"] > 0)
+
+
+def test_contract_and_the_saved_state_continues_exactly():
+    """Spaces, dtypes and devices of the contract; metrics as 0-d tensors; a state_dict restored into a new env steps
+    on bit for bit as the env it came from."""
+    from common.envs import make_env
+
+    envs = make_env(f"playground:{TASK}", N, seed=SEED, **KWARGS)
+    assert envs.capturable is False and envs.num_envs == N
+    assert envs.single_action_space.shape == (1,) and envs.single_action_space.high.tolist() == [1.0]
+    assert envs.single_critic_observation_space is None and envs.max_episode_steps == EPISODE
+    obs, _ = envs.reset(seed=SEED)
+    obs, reward, terminated, truncated, info = envs.step(torch.zeros(N, 1))
+    assert obs["policy"].shape == (N, *envs.single_observation_space.shape) and obs["policy"].dtype == torch.float32
+    assert reward.dtype == torch.float32 and terminated.dtype == truncated.dtype == torch.bool
+    assert info["log"] and all(v.shape == () and v.dtype == torch.float32 for v in info["log"].values())
+    saved = envs.state_dict()
+    assert all(isinstance(v, torch.Tensor) for v in saved.values())
+    actions = torch.rand(EPISODE + 3, N, 1, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    first = [envs.step(a) for a in actions]
+    other = make_env(f"playground:{TASK}", N, seed=SEED + 1, **KWARGS)
+    other.load_state_dict(saved)
+    for a, (obs, reward, terminated, truncated, info) in zip(actions, first):
+        o, r, te, tr, i = other.step(a)
+        assert torch.equal(o["policy"], obs["policy"]) and torch.equal(r, reward)
+        assert torch.equal(te, terminated) and torch.equal(tr, truncated)
+        assert torch.equal(i["final_obs"]["policy"], info["final_obs"]["policy"])
+    with pytest.raises(ValueError, match="arrays"):
+        make_env(f"playground:{TASK}", N, seed=SEED, full_reset=False, **KWARGS).load_state_dict(saved)
+
+
+def test_bad_inputs_are_one_line_each(monkeypatch):
+    from mujoco_playground._src import mjx_env
+
+    from common.envs import make_env
+
+    def line(**kwargs) -> str:
+        env_id = kwargs.pop("env_id", f"playground:{TASK}")
+        with pytest.raises(ValueError) as e:
+            make_env(env_id, 2, **kwargs)
+        assert "\n" not in str(e.value), str(e.value)
+        return str(e.value)
+
+    assert "'CartpoleBalance'" in line(env_id="playground:CartpoleBalanc")
+    assert "no field of the task's config" in line(episode_lenght=5) and "episode_length" in line(episode_lenght=5)
+    import jax
+
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        assert "needs a CUDA build of JAX" in line(device="cuda", **KWARGS)
+    if not mjx_env.MENAGERIE_PATH.exists():  # a machine that reaches no git host
+        message = line(env_id="playground:Go1JoystickFlatTerrain")
+        assert "mujoco_menagerie" in message and str(mjx_env.MENAGERIE_PATH) in message
+    monkeypatch.setitem(sys.modules, "mujoco_playground", None)  # as if not installed
+    assert "pip install -e '.[playground]'" in line(env_id="playground:CheetahRun")
+
+
+def test_task_sets_translate_playgrounds_configs_field_by_field():
+    """ppo's task set of a DM Control task is its brax PPO config, a locomotion task's its rsl_rl config (read without
+    its assets), sac's a DM Control task's brax SAC config; what has no flag is named."""
+    from mujoco_playground.config import dm_control_suite_params, locomotion_params
+
+    from common.args import family
+    from common.settings import RSL_RL_UPDATE, translate_brax_ppo, translate_brax_sac, translate_rsl_rl
+    from tests.helpers import load_script
+
+    assert family(f"playground:{TASK}") == family("playground:Go1JoystickFlatTerrain") == "task"
+    ppo, sac = load_script("ppo"), load_script("sac")
+    ppo_fields, sac_fields = set(ppo.Args.__dataclass_fields__), set(sac.Args.__dataclass_fields__)
+
+    brax = dm_control_suite_params.brax_ppo_config(TASK)
+    values, named = translate_brax_ppo(brax.to_dict(), ppo_fields, num_envs=brax.num_envs)
+    per_update = brax.batch_size * brax.num_minibatches * brax.unroll_length
+    assert values["num_envs"] == brax.num_envs and values["num_steps"] * brax.num_envs == per_update
+    assert values["num_minibatches"] == brax.num_minibatches and values["update_epochs"] == brax.num_updates_per_batch
+    assert values["gamma"] == brax.discounting and values["learning_rate"] == brax.learning_rate
+    assert values["ent_coef"] == brax.entropy_cost and values["obs_norm"] == brax.normalize_observations
+    assert values["total_timesteps"] == brax.num_timesteps and values["lr_schedule"] == "constant"
+    assert values["eval_interval"] == brax.num_timesteps // per_update // brax.num_evals
+    assert any(n.startswith(f"reward_scaling={brax.reward_scaling!r}") for n in named)
+    assert set(values) <= ppo_fields
+    # another number of envs keeps brax's batch per update
+    values, _ = translate_brax_ppo(brax.to_dict(), ppo_fields, num_envs=64)
+    assert values["num_steps"] * 64 == per_update
+
+    rl = locomotion_params.rsl_rl_config("Go1JoystickFlatTerrain")
+    values, named = translate_rsl_rl(rl.to_dict(), ppo_fields, num_envs=4096)
+    algorithm = rl.algorithm
+    assert values["learning_rate"] == algorithm.learning_rate and values["lr_schedule"] == "constant"
+    assert values["num_steps"] == rl.num_steps_per_env and values["update_epochs"] == algorithm.num_learning_epochs
+    assert values["vf_coef"] == 2 * algorithm.value_loss_coef and values["ent_coef"] == algorithm.entropy_coef
+    assert values["hidden_sizes"] == tuple(rl.policy.actor_hidden_dims) and values["activation"] == "elu"
+    assert values["total_timesteps"] == rl.max_iterations * rl.num_steps_per_env * 4096
+    assert all(values[k] == v for k, v in RSL_RL_UPDATE.items() if k in values)
+    assert not any(n.startswith(("runner_class_name", "checkpoint", "resume_path")) for n in named)
+
+    sac_cfg = dm_control_suite_params.brax_sac_config(TASK)
+    values, named = translate_brax_sac(sac_cfg.to_dict(), sac_fields)
+    assert values["num_envs"] == sac_cfg.num_envs and values["batch_size"] == sac_cfg.batch_size
+    assert values["num_updates"] == sac_cfg.grad_updates_per_step and values["q_lr"] == sac_cfg.learning_rate
+    assert values["learning_starts"] == sac_cfg.min_replay_size and values["buffer_size"] == sac_cfg.max_replay_size
+    assert values["gamma"] == sac_cfg.discounting and values["n_step"] == 1
+    assert any(n.startswith("network_factory=") for n in named)
+
+
+# Each script for a few iterations on the task, stopped and resumed, against a run never stopped; the same tiny sizes
+# as the contract tests, 8 envs for training and evaluation alike (one compiled step).
+ENV = dict(env_id=f"playground:{TASK}", env_kwargs='{"impl": "jax", "episode_length": 16}', settings="builtin")
+RUN = dict(device="cpu", progress=False, run_name="run", num_envs=8, num_eval_envs=8, hidden_sizes=(32, 32))
+ON_POLICY = dict(num_steps=8, num_minibatches=2)
+OFF_POLICY = dict(batch_size=32, learning_starts=16, buffer_size=240, log_interval=4, save_buffer=True)
+SCRIPTS = {
+    "ppo": dict(ON_POLICY, units=8, eval_interval=2),
+    "ppo_rnd": dict(ON_POLICY, units=8, eval_interval=2, rnd_hidden_sizes=(16,), rnd_target_hidden_sizes=(16,)),
+    "ppo_lstm": dict(ON_POLICY, units=8, eval_interval=2, rnn_hidden_size=16),
+    "distill": dict(ON_POLICY, units=8, eval_interval=2, rnn_hidden_size=16, teacher_action_prob=0.5),
+    "td3": dict(OFF_POLICY, units=4, eval_interval=8),
+    "sac": dict(OFF_POLICY, units=4, eval_interval=8),
+}
+
+
+@pytest.mark.parametrize("algo", list(SCRIPTS))
+def test_every_script_trains_resumes_bit_identically_and_evaluates_on_a_playground_task(algo, tmp_path):
+    from tests.helpers import load_script, run_main
+    from tests.test_scripts import assert_same, next_second, without_flags_and_clocks
+
+    flags = dict(SCRIPTS[algo])
+    steps = flags.pop("units") * RUN["num_envs"]  # env steps of one iteration (an update unit of td3 and sac)
+    if algo == "distill":  # a teacher of the task: one iteration of ppo.py
+        ppo = dict(ENV, **RUN, **ON_POLICY, output_dir=str(tmp_path / "teacher"), total_timesteps=steps)
+        run_main(load_script("ppo"), **ppo)
+        flags["teacher"] = str(tmp_path / "teacher" / "run" / "checkpoints" / "last.pt")
+    module = load_script(algo)
+
+    def train(out, **more):
+        return run_main(module, **ENV, **RUN, **flags, output_dir=str(out), total_timesteps=4 * steps, **more)
+
+    full = train(tmp_path / "a")
+    first = train(tmp_path / "b", max_wall_seconds=0.0)
+    assert first["stop_reason"] == "max_wall_seconds" and first["global_step"] < full["global_step"]
+    next_second()
+    last = train(tmp_path / "b", resume="auto")
+    assert last["global_step"] == full["global_step"] == 4 * steps
+    ckpt = {k: torch.load(tmp_path / k / "run" / "checkpoints" / "last.pt", weights_only=True) for k in "ab"}
+    assert ckpt["a"]["ranks"][0]["env"], "the envs' JAX state is in the checkpoint"
+    assert_same(without_flags_and_clocks(ckpt["a"]), without_flags_and_clocks(ckpt["b"]))
+    assert math.isfinite(full["best_eval_return"]) and full["best_eval_return"] == last["best_eval_return"]
