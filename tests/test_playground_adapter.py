@@ -29,47 +29,59 @@ def _numpy(x) -> np.ndarray:
     return np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x)
 
 
-def _theirs(full_reset: bool):
-    """Playground's own batched env of the same task and config: its trainers' wrapper, reset from the keys its torch
-    wrapper derives from SEED."""
+@pytest.fixture(scope="module")
+def task():
+    """Playground's own env of the task and config, and its step of one env alone, compiled once."""
     import jax
     from mujoco_playground import registry
-    from mujoco_playground._src import wrapper
 
     env = registry.load(TASK, config_overrides=KWARGS)
-    batched = wrapper.wrap_for_brax_training(env, episode_length=EPISODE, action_repeat=1, full_reset=full_reset)
-    keys = jax.random.split(jax.random.split(jax.random.PRNGKey(SEED))[0], N)
-    return env, jax.jit(batched.step), jax.jit(batched.reset)(keys)
+    return env, jax.jit(env.step)
 
 
 @pytest.mark.parametrize("full_reset", [True, False])
-def test_steps_as_playgrounds_training_wrapper_and_keeps_the_true_final_observation(full_reset):
-    """From the same keys and actions, every step's observations, rewards, dones and time-outs are the wrapper's; at
-    a reset step ours also holds the last observation: the task's own step of that env alone, before any reset."""
+def test_steps_as_playgrounds_own_wrappers_and_keeps_the_true_final_observation(full_reset, task):
+    """From the same seed and actions, every step's observations, rewards, dones and time-outs are those of
+    Playground's own wrappers: its trainers' `wrap_for_brax_training(full_reset=True)` and, for full_reset=False, its
+    torch wrapper RSLRLBraxWrapper (Playground's rsl_rl path). At a reset step ours also holds the last observation:
+    the task's own step of that env alone, before any reset."""
     import jax
+    from mujoco_playground._src import wrapper
+    from mujoco_playground._src.wrapper_torch import RSLRLBraxWrapper
 
     from common.envs import make_env
 
+    env, single_step = task
     ours = make_env(f"playground:{TASK}", N, seed=SEED, full_reset=full_reset, **KWARGS)
     obs, _ = ours.reset(seed=SEED)
-    env, their_step, state = _theirs(full_reset)
+    if full_reset:  # the trainers' wrapper, reset from the keys the torch wrapper derives from SEED
+        batched = wrapper.wrap_for_brax_training(env, episode_length=EPISODE, action_repeat=1, full_reset=True)
+        their_step = jax.jit(batched.step)
+        state = jax.jit(batched.reset)(jax.random.split(jax.random.split(jax.random.PRNGKey(SEED))[0], N))
+    else:
+        theirs = RSLRLBraxWrapper(env, N, SEED, EPISODE, 1)
+        theirs.reset()
+        state = theirs.env_state
     np.testing.assert_array_equal(_numpy(obs["policy"]), np.asarray(state.obs))
     actions = torch.rand(3 * EPISODE + 3, N, 1, generator=torch.Generator().manual_seed(0)) * 2.4 - 1.2
-    single_step = jax.jit(env.step)
     ends = 0
     for t, action in enumerate(actions):
         obs, reward, terminated, truncated, info = ours.step(action)
         before = state
-        state = their_step(state, jax.numpy.asarray(action.clamp(-1, 1).numpy()))
+        if full_reset:
+            state = their_step(state, jax.numpy.asarray(action.clamp(-1, 1).numpy()))
+            # brax's full reset hands a restarted env the reset's info, truncation 0 among it: the limit it reached
+            truncation = (np.asarray(state.done) > 0) & (np.asarray(state.info["steps"]) >= EPISODE)
+        else:
+            _, _, _, their_info = theirs.step(action)  # clipped there as here
+            state = theirs.env_state
+            truncation = _numpy(their_info["time_outs"]) > 0
         np.testing.assert_array_equal(_numpy(obs["policy"]), np.asarray(state.obs), err_msg=f"step {t}")
         np.testing.assert_array_equal(_numpy(reward), np.asarray(state.reward), err_msg=f"step {t}")
         np.testing.assert_array_equal(_numpy(terminated | truncated), np.asarray(state.done) > 0, err_msg=f"step {t}")
-        if full_reset:  # brax's full reset hands a restarted env the reset's info, truncation 0 among it: the limit
-            timed_out = (np.asarray(state.done) > 0) & (np.asarray(state.info["steps"]) >= EPISODE)
-            np.testing.assert_array_equal(_numpy(truncated), timed_out, err_msg=f"step {t}")  # (no failure here)
-        else:
-            truncation = np.asarray(state.info["truncation"]) > 0
-            np.testing.assert_array_equal(_numpy(truncated), truncation, err_msg=f"step {t}")
+        np.testing.assert_array_equal(
+            _numpy(truncated), truncation, err_msg=f"step {t}"
+        )  # (CartpoleBalance never fails)
         for i in np.flatnonzero(_numpy(terminated | truncated)):
             ends += 1
             alone = single_step(jax.tree.map(lambda x: x[i], before), jax.numpy.asarray(action[i].clamp(-1, 1).numpy()))
@@ -77,28 +89,6 @@ def test_steps_as_playgrounds_training_wrapper_and_keeps_the_true_final_observat
             np.testing.assert_allclose(final, np.asarray(alone.obs), rtol=1e-6, atol=1e-6, err_msg=f"step {t} env {i}")
             assert not np.allclose(final, _numpy(obs["policy"][i])), "the final observation is the reset's"
     assert ends >= 3 * N  # every env timed out three times
-
-
-def test_reset_to_the_first_state_is_playgrounds_torch_wrapper():
-    """full_reset=False is what RSLRLBraxWrapper (Playground's rsl_rl path) steps: the same observations, rewards,
-    dones and time-outs from the same seed."""
-    from mujoco_playground import registry
-    from mujoco_playground._src.wrapper_torch import RSLRLBraxWrapper
-
-    from common.envs import make_env
-
-    ours = make_env(f"playground:{TASK}", N, seed=SEED, full_reset=False, **KWARGS)
-    obs, _ = ours.reset(seed=SEED)
-    theirs = RSLRLBraxWrapper(registry.load(TASK, config_overrides=KWARGS), N, SEED, EPISODE, 1)
-    their_obs = theirs.reset()
-    torch.testing.assert_close(obs["policy"], their_obs["state"], rtol=0, atol=0)
-    actions = torch.rand(2 * EPISODE + 2, N, 1, generator=torch.Generator().manual_seed(1)) * 2 - 1
-    for action in actions:
-        obs, reward, terminated, truncated, _ = ours.step(action)
-        their_obs, their_reward, done, info = theirs.step(action)
-        torch.testing.assert_close(obs["policy"], their_obs["state"], rtol=0, atol=0)
-        torch.testing.assert_close(reward, their_reward, rtol=0, atol=0)
-        assert torch.equal(terminated | truncated, done > 0) and torch.equal(truncated, info["time_outs"] > 0)
 
 
 def test_contract_and_the_saved_state_continues_exactly():

@@ -297,6 +297,7 @@ class PlaygroundEnv:
         self.jax_device = jax_device
         self.max_episode_steps = int(math.ceil(episode_length / action_repeat))
         self.full_reset = bool(full_reset)
+        self.seed = int(seed)
         self.task = env
         keys = jax.random.split(jax_key(seed))  # as RSLRLBraxWrapper: reset keys, randomization keys
         if randomizer is None:
@@ -395,15 +396,14 @@ class PlaygroundEnv:
         return TensorDict({k: _to_torch(v) for k, v in groups.items()}, batch_size=self._batch_size, device=self.device)
 
     def reset(self, seed: int | None = None) -> tuple[TensorDict, dict]:
-        """Reset every env; `seed` gives the reset keys (as at construction), else the keys continue."""
+        """Reset every env; `seed` gives the reset keys (the construction's seed at the first reset), else each env's
+        key goes on."""
         import jax
 
-        if seed is not None:
-            keys = jax.random.split(jax.random.split(jax_key(seed))[0], self.num_envs)
+        if seed is None and self._state is not None:
+            keys = self._state.info["adapter_rng"]
         else:
-            keys = self._state.info["adapter_rng"] if self._state is not None else None
-            if keys is None:
-                raise RuntimeError(f"{self.env_id}: the first reset needs a seed")
+            keys = jax.random.split(jax.random.split(jax_key(self.seed if seed is None else seed))[0], self.num_envs)
         with jax.default_device(self.jax_device):
             self._state = self._reset_fn(jax.device_put(keys, self.jax_device))
         self._needs_reset = False
@@ -424,7 +424,8 @@ class PlaygroundEnv:
                 f"got {list(action.shape)}"
             )
         action = jax.dlpack.from_dlpack(action.clamp(-1.0, 1.0).contiguous())
-        self._state, out = self._step_fn(self._state, action)
+        with jax.default_device(self.jax_device):  # as at the compile: JAX keys its compiled steps on it too
+            self._state, out = self._step_fn(self._state, action)
         info = {"final_obs": self._obs(out["final_obs"]), "log": {k: _to_torch(v) for k, v in out["log"].items()}}
         return (
             self._obs(out["obs"]),
