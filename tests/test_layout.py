@@ -92,6 +92,15 @@ def test_run_record_is_taken_from_below_run():
     assert common.run.Run is common.record.Run
 
 
+def test_checkpoint_and_evaluation_import_nothing_above_them():
+    """The checkpoint reads the lock handle the run carries (not common.lock), and the evaluation holds its own chunk
+    and budget (not common.run's): the run lifecycle calls both, neither calls back into it."""
+    graph = common_imports()
+    assert "common.lock" not in graph["common.checkpoint"]
+    assert "common.run" not in graph["common.evaluation"]
+    assert "common.evaluation" in graph["common.run"]
+
+
 def original_scripts(algos: Path) -> list[str]:
     """Each original script in `algos`: a file whose stem is the `ALGO = "..."` it declares. A copy
     (`cp algos/ppo.py algos/ppo_myidea.py` keeps `ALGO = "ppo"`) is left out: it is a researcher's file, held to the

@@ -39,7 +39,13 @@ from tests.helpers import (
 )
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.pixel_env import CATCH, Catch
-from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, record_captured
+from tests.replay import (
+    assert_keeps_python_state,
+    assert_no_host_sync,
+    assert_replays_alike,
+    assert_runs_compiled,
+    record_captured,
+)
 
 # Every script in algos/ joins these tests with one entry here: its tiny settings, and what the
 # tests cannot guess from outside.
@@ -145,7 +151,7 @@ TINY = {
         ),
         captures=[
             dict(learning_starts=32),
-            dict(learning_starts=32, num_updates=1),
+            dict(learning_starts=32, num_updates=1, distributional=False),  # the MSE critic beside C51
             dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16),
         ],
         tags={
@@ -201,7 +207,8 @@ TINY = {
             reward_norm=True,
             rnn_hidden_size=16,
         ),
-        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
+        # the GRU beside the default LSTM: the capture layouts share their runs between the cells
+        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16, cell="gru"), PIXELS, dict(TERMS, cell="gru")],
         tags=PPO_TAGS,
         per_read="num_steps",
         log_interval_only_logs=True,
@@ -732,6 +739,7 @@ def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_
         assert_replays_alike(name, calls)
         assert_no_host_sync(name, calls)
         assert_keeps_python_state(name, calls)
+    assert_runs_compiled(signatures)
 
 
 # --------------------------------------------------------------------------------------------
