@@ -4,9 +4,10 @@
     python algos/sac.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
 Top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob, Agent) -> the critic, actor
-and temperature losses and update steps -> the iteration's functions (the warm-up's random actions, the env step
-and the transition it stores, the delayed actor's schedule) -> train (setup; the block that compiles and captures the
-iteration's functions; the loop: act and store -> when learning starts, the updates -> log, eval, save). An iteration
+and temperature losses and update steps -> the loop's pieces (the replay write, the delayed actor's schedule, when
+learning starts) -> train (setup; the iteration's steps: acting, the warm-up's random actions, the env step with its
+replay write, the updates; the block that compiles and captures them; the loop: warm-up or act, step, store -> the
+normalizers' fold -> update, the critic every step and the actor on its delay -> log, eval, save). An iteration
 is one step of every env (`--num-envs` per process) followed by `--num-updates` gradient updates on large replay
 batches. Continuous actions. common/offpolicy.py holds the plumbing sac.py and td3.py share (the replay's size and
 action-space checks, the observation sizes, the loop's log/eval/save).

@@ -3,10 +3,11 @@
     torchrun --nproc-per-node 8 algos/td3.py --env-id <task> --num-envs 1024 --batch-size 32768
     python algos/td3.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
-Top to bottom: Args -> networks (ensemble critics, C51 projection, Agent) -> losses and update steps -> the
-iteration's functions (the warm-up's random actions, the exploration noise, the env step and the transition it
-stores, the delayed actor's schedule) -> train (setup; the block that compiles and captures the iteration's functions;
-the loop: act and store -> when learning starts, the updates -> log, eval, save). An iteration is one step of every env
+Top to bottom: Args -> networks (ensemble critics, C51 projection, Agent) -> losses and update steps -> the loop's
+pieces (the exploration noise, the replay write, the delayed actor's schedule, when learning starts) -> train (setup;
+the iteration's steps: acting, the warm-up's random actions, the env step with its replay write, the updates; the block
+that compiles and captures them; the loop: warm-up or act, step, store -> the normalizers' fold -> update, the critic
+every step and the actor on its delay -> log, eval, save). An iteration is one step of every env
 (`--num-envs` per process) followed by `--num-updates` gradient updates on large replay batches. Continuous actions.
 common/offpolicy.py holds the plumbing td3.py and sac.py share (the replay's size and action-space checks, the
 observation sizes, the loop's log/eval/save).
