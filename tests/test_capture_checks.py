@@ -22,7 +22,8 @@ from tests.replay import (
     python_state,
     record_captured,
 )
-from tests.test_scripts import COMMON, TINY, units
+from tests.contract import COMMON, CONTRACT
+from tests.test_scripts import units
 
 
 def test_the_recorder_catches_each_read_to_the_host_once_and_nothing_else():
@@ -155,7 +156,12 @@ def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_pyth
     signatures = record_captured(monkeypatch, module)
     run_main(
         module,
-        **{**COMMON, **TINY["ppo"]["kwargs"], "output_dir": str(tmp_path / "out"), "total_timesteps": units("ppo", 3)},
+        **{
+            **COMMON,
+            **CONTRACT["ppo"]["kwargs"],
+            "output_dir": str(tmp_path / "out"),
+            "total_timesteps": units("ppo", 3),
+        },
     )
     assert {"rollout", "update"} <= set(signatures)
     for name, calls in signatures.items():
@@ -280,7 +286,12 @@ def test_the_capture_contract_fails_a_captured_function_that_runs_a_compiled_bod
     signatures = record_captured(monkeypatch, module)
     run_main(
         module,
-        **{**COMMON, **TINY["td3"]["kwargs"], "output_dir": str(tmp_path / "out"), "total_timesteps": units("td3", 3)},
+        **{
+            **COMMON,
+            **CONTRACT["td3"]["kwargs"],
+            "output_dir": str(tmp_path / "out"),
+            "total_timesteps": units("td3", 3),
+        },
     )
     assert list(signatures.eager) == ["update"] and len(signatures.eager["update"]) == 1, signatures.eager
     with pytest.raises(AssertionError, match=r"update: <lambda> \(line \d+\)$"):
