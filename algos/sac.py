@@ -4,9 +4,10 @@
     python algos/sac.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
 Top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob, Agent) -> the critic, actor
-and temperature losses and update steps -> the iteration's functions (the warm-up's random actions, the env step
-and the transition it stores, the delayed actor's schedule) -> train (setup; the block that compiles and captures the
-iteration's functions; the loop: act and store -> when learning starts, the updates -> log, eval, save). An iteration
+and temperature losses and update steps -> the loop's pieces (the replay write, the delayed actor's schedule, when
+learning starts) -> train (setup; the iteration's steps: acting, the warm-up's random actions, the env step with its
+replay write, the updates; the block that compiles and captures them; the loop: warm-up or act, step, store -> the
+normalizers' fold -> update, the critic every step and the actor on its delay -> log, eval, save). An iteration
 is one step of every env (`--num-envs` per process) followed by `--num-updates` gradient updates on large replay
 batches. Continuous actions. common/offpolicy.py holds the plumbing sac.py and td3.py share (the replay's size and
 action-space checks, the observation sizes, the loop's log/eval/save).
@@ -41,7 +42,7 @@ from common.settings import brax_sac_settings
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
-from common.capture import captured, compiled, timed  # noqa: E402
+from common.capture import acting_autocast, captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
 from common.nets import EnsembleLinear, agent_and_twin, mlp  # noqa: E402
@@ -279,56 +280,24 @@ def check_args(args: Args) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# One iteration: collect (act, env step, replay write) -> update, each a function of tensors that live as long as
-# the run, so that on CUDA each is captured whole in one graph. The host only picks WHICH one runs (random actions
-# before --learning-starts, the phase of the actor's schedule). `stats` gathers what the logs read, by name.
+# The loop's pieces: the replay write, the delayed actor's phases, when learning starts. The loop itself is train's,
+# with the functions the compile-and-capture block wraps (acting, the env step, the updates).
 # ----------------------------------------------------------------------------------------------
-def act_and_step(envs, agent: Agent, policy, bf16: bool, obs: TensorDict):
-    """An action in [-1, 1] from `policy(obs)`, or uniform ones (the warm-up) when `policy` is None,
-    and one step of every env with it, scaled to the env's bounds."""
-    device = agent.action_scale.device
-    if policy is None:
-        action = torch.rand(envs.num_envs, agent.action_scale.shape[0], device=device) * 2 - 1
-    else:
-        # no autocast cache: a captured acting step must cast the weights itself at every replay
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
-            action = policy(obs)
-    return action, *envs.step(agent.to_env(action))
-
-
-def store(run, buffer: ReplayBuffer, ep_stats, stats: dict, obs, action, next_obs, reward, terminated, truncated, info):
-    """Write the transition into the replay buffer (its device half: the loop advances the host copy), and add the
-    episode statistics and the non-finite counts to `stats`. No host read. Returns which episodes ended."""
-    done = terminated | truncated
-    # The true next observation: the final one where the episode ended (next_obs has reset).
-    real_next_obs = torch.where(done, info["final_obs"], next_obs)
-    buffer.write(
-        TensorDict(
-            {
-                "obs": obs,
-                "actions": action,
-                "rewards": reward.float(),
-                "terminated": terminated,
-                "truncated": truncated,
-                "next_obs": real_next_obs,
-            },
-            batch_size=[buffer.num_envs],
-        )
-    )
+def store(run, buffer: ReplayBuffer, ep_stats: torch.Tensor, stats: dict, transition: TensorDict, info: dict) -> None:
+    """Write the transition (obs, actions, rewards, terminated, truncated, next_obs: the true final observation where
+    an episode ended) into the replay buffer (its device half: the loop advances the host copy), and add the episode
+    statistics and the non-finite counts to `stats`. No host read."""
+    buffer.write(transition)
+    reward, done = transition["rewards"], transition["terminated"] | transition["truncated"]
     episode_sums(ep_stats, reward.unsqueeze(0), done.unsqueeze(0), sums=stats["episodes"])
     add_to(
         stats["nonfinite"],
-        {"observations": (~torch.isfinite(real_next_obs["policy"])).sum(), "rewards": (~torch.isfinite(reward)).sum()},
+        {
+            "observations": (~torch.isfinite(transition["next_obs", "policy"])).sum(),
+            "rewards": (~torch.isfinite(reward)).sum(),
+        },
     )
     record_env_log(run, info)
-    return done
-
-
-def collect(run, step, buffer: ReplayBuffer, ep_stats: torch.Tensor, stats: dict, obs: TensorDict) -> TensorDict:
-    """Act and step (`step`), store the transition and its statistics. No host read. Returns the next observation."""
-    action, next_obs, reward, terminated, truncated, info = step(obs)
-    store(run, buffer, ep_stats, stats, obs, action, next_obs, reward, terminated, truncated, info)
-    return next_obs
 
 
 def actor_schedule(num_updates: int, policy_frequency: int) -> tuple[dict[int, tuple[int, ...]], int]:
@@ -346,30 +315,6 @@ def replay_ready(run, buffer: ReplayBuffer) -> bool:
     """When learning starts: an n-step window in every env, and --learning-starts env steps (all ranks) stored."""
     args = run.args
     return len(buffer) >= args.n_step and len(buffer) * args.num_envs * run.world_size >= args.learning_starts
-
-
-def fold_and_ready(
-    run, buffer: ReplayBuffer, counters: dict, obs_normalizers: dict, reward_normalizer, was_ready: bool
-) -> bool:
-    """The normalizers fold in the transitions since their last fold (`obs_normalizers`: group -> RunningMeanStd, and
-    `reward_normalizer` with --reward-norm) every --log-interval and as learning starts, so that the first update
-    sees statistics of the data it learns from (a collective where it folds). Returns whether the updates run."""
-    ready = replay_ready(run, buffer)
-    if run.iteration % run.args.log_interval == 0 or (ready and not was_ready):
-        since = min(run.iteration - counters["last_fold"], len(buffer))
-        buffer.fold_into(since, obs_normalizers, reward_normalizer if run.args.reward_norm else None)
-        counters["last_fold"] = run.iteration
-    return ready
-
-
-def update(sample, critic_step, actor_step, stats: dict, num_updates: int, actor_at: tuple[int, ...]) -> None:
-    """num_updates critic steps, each on a fresh batch (`sample()`), and an actor step after the critic
-    steps `actor_at`; their statistics, by name, into stats."""
-    for i in range(num_updates):
-        batch = sample()
-        add_to(stats["critic"], critic_step(batch))
-        if i in actor_at:
-            add_to(stats["actor"], actor_step(batch))
 
 
 def main(args: Args) -> dict:
@@ -419,36 +364,74 @@ def train(run, args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
-    # --- the iteration's functions: acting (a sample of the policy), an env step (the policy's action, or a uniform
-    # one before --learning-starts), collecting by each (act and store), an n-step batch, the critic's and actor's
-    # steps, an iteration's updates (the actor and the temperature after the critic steps of its phase) ---
-    stats = new_stats(device)
-    acting = agent_inference.act
-    policy_step = lambda obs: act_and_step(envs, agent_inference, acting, args.bf16, obs)
-    random_step = lambda obs: act_and_step(envs, agent_inference, None, False, obs)  # the warm-up: uniform actions
-    collect_policy = lambda obs: collect(run, policy_step, buffer, ep_stats, stats, obs)
-    collect_random = lambda obs: collect(run, random_step, buffer, ep_stats, stats, obs)
-    normalize_rewards = reward_normalizer.normalize if args.reward_norm else None
-    # a batch for critic_loss's n-step target, rewards + bootstrap * Q(next_obs_n): the discounted rewards of --n-step
-    # transitions (cut at an episode's end), bootstrap the discount left (0 where terminated), normalized observations
-    sample = lambda: buffer.sample_targets(args.batch_size, args.n_step, args.gamma, agent.normalize, normalize_rewards)
-    critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)
-    actor_fn = lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)
-    actor_at, phases = actor_schedule(args.num_updates, args.policy_frequency)
-    update_at = lambda at: lambda: update(sample, critic_fn, actor_fn, stats, args.num_updates, at)
+    # --- one iteration's steps, each a function of tensors that live as long as the run (on CUDA each is captured
+    # whole); a step that calls a compiled or captured function is given it. `stats` gathers what the logs read ---
+    stats = new_stats(device, counters["update_count"])
 
-    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged: the names are rebound to
-    # their compiled and captured forms, which the functions that call them read ---
+    def act(obs: TensorDict) -> torch.Tensor:
+        """A sample of the policy, in [-1, 1]."""
+        with acting_autocast(device, args.bf16):
+            return agent_inference.act(obs)
+
+    def random_act(obs: TensorDict) -> torch.Tensor:
+        """The warm-up's uniform random actions in [-1, 1]."""
+        return torch.rand(args.num_envs, low.shape[0], device=device) * 2 - 1
+
+    def act_and_step(act, obs: TensorDict):
+        """`act`'s action and every env's step with it, scaled to the env's bounds."""
+        action = act(obs)
+        return action, *envs.step(agent.to_env(action))
+
+    def collect(act_and_step, obs: TensorDict) -> TensorDict:
+        """Act and step, store the transition by name. No host read. Returns the next observation."""
+        action, next_obs, reward, terminated, truncated, info = act_and_step(obs)
+        done = terminated | truncated
+        real_next_obs = torch.where(done, info["final_obs"], next_obs)  # where an episode ended, next_obs has reset
+        transition = TensorDict(
+            obs=obs,
+            actions=action,
+            rewards=reward.float(),
+            terminated=terminated,
+            truncated=truncated,
+            next_obs=real_next_obs,
+            batch_size=[args.num_envs],
+        )
+        store(run, buffer, ep_stats, stats, transition, info)
+        return next_obs
+
+    normalize_rewards = reward_normalizer.normalize if args.reward_norm else None
+
+    def update(critic_step, actor_step, actor_at: tuple[int, ...]) -> None:
+        """--num-updates critic steps, each on a fresh n-step batch (the discounted rewards of --n-step transitions,
+        cut at an episode's end; bootstrap the discount left, 0 where terminated; normalized observations), and an
+        actor (and temperature) step after the critic steps `actor_at`; their statistics, by name, into stats."""
+        for i in range(args.num_updates):
+            batch = buffer.sample_targets(args.batch_size, args.n_step, args.gamma, agent.normalize, normalize_rewards)
+            add_to(stats["critic"], critic_step(batch))
+            if i in actor_at:
+                add_to(stats["actor"], actor_step(batch))
+
+    # --- compile (--compile) and capture (--cudagraphs) the steps above, unchanged; each caller is built after what
+    # it calls is wrapped, and is given it ---
     whole_step = getattr(envs, "capturable", False)
     if whole_step:  # a built-in env steps inside the graph: acting, env step and replay write are one
-        policy_step = compiled(run, policy_step)  # (the random warm-up's step is not worth a compile)
+        policy_act_and_step = compiled(run, lambda obs: act_and_step(act, obs))  # (the random warm-up's: eager)
     else:  # an adapter's simulator cannot be captured: it steps eagerly after the captured acting
-        acting = captured(run, "acting", compiled(run, acting))
-    collect_policy = captured(run, "step", collect_policy, capture=whole_step)
-    collect_random = captured(run, "random step", collect_random, capture=whole_step)
-    critic_fn, actor_fn = compiled(run, critic_fn), compiled(run, actor_fn)
-    update_fn = {  # one graph per phase of the actor's schedule
-        phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", update_at(at))
+        acting = captured(run, "acting", compiled(run, act))
+        policy_act_and_step = lambda obs: act_and_step(acting, obs)  # noqa: E731
+    policy_step = captured(run, "step", lambda obs: collect(policy_act_and_step, obs), capture=whole_step)
+    random_step = captured(
+        run, "random step", lambda obs: collect(lambda o: act_and_step(random_act, o), obs), capture=whole_step
+    )
+    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))
+    actor_fn = compiled(
+        run, lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)
+    )
+    actor_at, phases = actor_schedule(args.num_updates, args.policy_frequency)
+    update_step = {  # one graph per phase of the actor's schedule
+        phase: captured(
+            run, "update" if phases == 1 else f"update, phase {phase}", lambda at=at: update(critic_fn, actor_fn, at)
+        )
         for phase, at in actor_at.items()
     }
     description = f"{args.num_updates} updates of batch {args.batch_size} per step; {capacity} buffer slots per env"
@@ -460,29 +443,36 @@ def train(run, args: Args) -> dict:
             "the actor's schedule)"
         )
     begin_training(run, description, steps_per_iteration, graphs)
-    ready, updates = replay_ready(run, buffer), {"critic": 0, "actor": 0}  # updates since the last log
-    # Counted in env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
+    ready = replay_ready(run, buffer)
+    # In env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * steps_per_iteration > total_steps
-        # --- act and store: no host-device synchronisation here ---
+        # --- act, step, store: no host-device synchronisation here ---
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = (collect_random if run.global_step < args.learning_starts else collect_policy)(next_obs)
+            if run.global_step < args.learning_starts:  # the warm-up: uniform random actions
+                next_obs = random_step(next_obs)
+            else:
+                next_obs = policy_step(next_obs)
         buffer.advance_host()  # the write ran on the device (a graph replay runs no Python)
         run.global_step += steps_per_iteration
 
-        # --- the normalizers' statistics (every log interval and as learning starts), then the updates: num_updates
-        # critic steps, the actor (and the temperature) every policy_frequency-th ---
-        ready = fold_and_ready(run, buffer, counters, obs_normalizers, reward_normalizer, ready)
+        # --- the normalizers fold in the transitions since their last fold, every --log-interval and as learning
+        # starts (so that the first update sees statistics of the data it learns from; a collective where it folds)
+        ready, was_ready = replay_ready(run, buffer), ready
+        if run.iteration % args.log_interval == 0 or (ready and not was_ready):
+            since = min(run.iteration - counters["last_fold"], len(buffer))
+            buffer.fold_into(since, obs_normalizers, reward_normalizer if args.reward_norm else None)
+            counters["last_fold"] = run.iteration
+
+        # --- update: --num-updates critic steps, the actor and the temperature after every --policy-frequency-th ---
         if ready:
-            phase = counters["update_count"] % args.policy_frequency
             with timed(run, "update"):
-                update_fn[phase]()
+                update_step[counters["update_count"] % args.policy_frequency]()
             counters["update_count"] += args.num_updates
-            updates["critic"] += args.num_updates
-            updates["actor"] += len(actor_at[phase])
 
         # --- once per log interval (and before evals and saves): one host read; evaluation, checkpoints, stop ---
+        updates = counters["update_count"], args.policy_frequency  # what the logged means divide by
         if log_eval_save(run, final_iteration, stats, updates, eval_envs, agent_inference, state, next_obs):
             break
     return finish(run, agent)

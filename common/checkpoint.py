@@ -27,7 +27,6 @@ from tensordict import TensorDict, TensorDictBase
 from common import distributed
 from common.args import RUN_FLAGS
 from common.export import export_policy
-from common.lock import lock_lost
 
 if TYPE_CHECKING:
     from common.record import Run
@@ -380,8 +379,9 @@ def save(run: Run, names: list[str], state: TrainingState, next_obs) -> None:
     if LAST in names and state.save_buffer:
         mine["buffer"] = state.buffer.state_dict()
     ranks = distributed.gather_object(_to_cpu(mine))
-    if run.is_main and (lost := lock_lost(run)):  # another process holds the run now: its checkpoints stay its own
-        raise SystemExit(lost)
+    # the run's lock handle (common.lock) says when another process holds the run now: its checkpoints stay its own
+    if run.is_main and run.lock is not None and run.lock.lost:
+        raise SystemExit(run.lock.lost)
     if run.is_main:
         checkpoint = {
             "format_version": FORMAT_VERSION,

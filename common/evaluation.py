@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,11 +20,28 @@ from common import distributed, video
 from common.capture import captured, compiled
 from common.checkpoint import export_run_policy
 from common.args import eval_seed
-from common.run import EVAL_CHUNK, EVAL_FLOOR, EVAL_SHARE, close, eval_steps
 from common.stats import plural, train_return
 
 if TYPE_CHECKING:
     from common.record import Run
+
+
+EVAL_CHUNK = 64  # eval steps between two host reads ("has every env finished?"); one CUDA graph
+EVAL_SHARE = 0.05  # an evaluation plays at most this share of the env steps a process trains between two of them
+EVAL_FLOOR = 1_000  # and at least this many steps an episode: a whole classic-control, MuJoCo or mjlab episode
+
+
+def eval_steps(run: Run) -> int:
+    """The budget of an evaluation: the most steps each eval env plays in it, EVAL_SHARE of the steps this process
+    trains between two evaluations spread over its eval envs, at least EVAL_FLOOR per episode, in whole chunks.
+    --eval-only keeps the budget of the run's evaluations (its steps per iteration from its checkpoint's counters),
+    so that it replays them."""
+    args, per = run.args, run.steps_per_iteration / run.world_size
+    if not per and run.checkpoint is not None:
+        ckpt = run.checkpoint
+        per = ckpt["global_step"] / max(ckpt["iteration"], 1) / ckpt.get("world_size", 1)
+    steps = max(EVAL_FLOOR * args.eval_episodes, math.ceil(EVAL_SHARE * args.eval_interval * per / args.num_eval_envs))
+    return -(-steps // EVAL_CHUNK) * EVAL_CHUNK
 
 
 def _eval_step(eval_envs, model, episodes: int, acc: dict, obs: TensorDict) -> TensorDict:
@@ -237,5 +255,5 @@ def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
         out["export"] = str(export_run_policy(run, args.export, model, run.resume_path))
     if run.is_main:
         print(json.dumps(out))
-    close(run)
+    # closed by the script's closing(run), on this return as on any exit
     return {"eval_return": result["return"], "eval_length": result["length"], **out}

@@ -46,20 +46,25 @@ def obs_dims(obs: TensorDict, args, script: str) -> tuple[int, int | None]:
     return vector_size(obs, "policy", script), vector_size(obs, "critic", script) if critic else None
 
 
-def new_stats(device: torch.device) -> dict:
-    """The sums the loop gathers between two logs: episodes, the critic's and actor's statistics, non-finite counts."""
-    return {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "critic": {}, "actor": {}, "nonfinite": {}}
+def new_stats(device: torch.device, update_count: int) -> dict:
+    """The sums the loop gathers between two logs: episodes, the critic's and actor's statistics, non-finite counts;
+    and the run's critic updates at the last log (`update_count` to start: a resumed run's)."""
+    sums = {"episodes": torch.zeros(3, device=device, dtype=torch.float64), "critic": {}, "actor": {}, "nonfinite": {}}
+    return {**sums, "logged_updates": update_count}
 
 
 def log_eval_save(
-    run: Run, final_iteration: bool, stats: dict, updates: dict, eval_envs, agent, state, next_obs
+    run: Run, final_iteration: bool, stats: dict, updates: tuple[int, int], eval_envs, agent, state, next_obs
 ) -> bool:
-    """Once per log interval: the critic's and actor's mean statistics over their `updates`, the episodes and the NaN
-    guard in one host read, then the evaluation and checkpoints due (the same decisions on every rank: a collective).
-    Zeroes the sums and `updates`; returns whether the run stops."""
+    """Once per log interval: the critic's and actor's mean statistics over their steps since the last log, the
+    episodes and the NaN guard in one host read, then the evaluation and checkpoints due (the same decisions on every
+    rank: a collective). `updates`: the run's critic steps so far and the critic steps per actor step (the actor
+    steps after every policy_frequency-th). Zeroes the sums; returns whether the run stops."""
     due = what_is_due(run, final_iteration)
     if not due.log:
         return False
+    (critic_steps, policy_frequency), logged = updates, stats["logged_updates"]
+    updates = {"critic": critic_steps - logged, "actor": critic_steps // policy_frequency - logged // policy_frequency}
     means = {
         f"losses/{name}": total / updates[part]
         for part in ("critic", "actor")
@@ -71,8 +76,8 @@ def log_eval_save(
         **{name: torch.isfinite(total) for part in ("critic", "actor") for name, total in stats[part].items()},
     }
     log(run, reduce_iteration(run, episodes=stats["episodes"], means=means, checks=checks))
-    zero_(stats)
-    updates.update(critic=0, actor=0)
+    zero_({part: stats[part] for part in ("episodes", "critic", "actor", "nonfinite")})
+    stats["logged_updates"] = critic_steps
     if due.eval:
         evaluate(run, eval_envs, agent)
     if names := checkpoints_to_write(run, due):

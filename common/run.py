@@ -68,6 +68,7 @@ from common.checkpoint import (
     write_atomically,
 )
 from common.envs import draws_with_pygame, eval_env_kwargs, make_env
+from common.evaluation import eval_steps
 from common.lock import LOCK, lock_error, release_lock, take_lock
 from common.record import Run
 from common.stats import PROGRESS_SECONDS, Progress, closing_words, continue_command, plural
@@ -456,24 +457,6 @@ class Due:
     eval: bool  # every --eval-interval iterations and at the end
     last: bool  # last.pt: every --save-interval iterations and at the end
     numbered: bool  # step_<global_step>.pt: every --checkpoint-interval iterations
-
-
-EVAL_CHUNK = 64  # eval steps between two host reads (common.evaluation: "has every env finished?"); one CUDA graph
-EVAL_SHARE = 0.05  # an evaluation plays at most this share of the env steps a process trains between two of them
-EVAL_FLOOR = 1_000  # and at least this many steps an episode: a whole classic-control, MuJoCo or mjlab episode
-
-
-def eval_steps(run: Run) -> int:
-    """The budget of an evaluation: the most steps each eval env plays in it, EVAL_SHARE of the steps this process
-    trains between two evaluations spread over its eval envs, at least EVAL_FLOOR per episode, in whole chunks.
-    --eval-only keeps the budget of the run's evaluations (its steps per iteration from its checkpoint's counters),
-    so that it replays them."""
-    args, per = run.args, run.steps_per_iteration / run.world_size
-    if not per and run.checkpoint is not None:
-        ckpt = run.checkpoint
-        per = ckpt["global_step"] / max(ckpt["iteration"], 1) / ckpt.get("world_size", 1)
-    steps = max(EVAL_FLOOR * args.eval_episodes, math.ceil(EVAL_SHARE * args.eval_interval * per / args.num_eval_envs))
-    return -(-steps // EVAL_CHUNK) * EVAL_CHUNK
 
 
 def what_is_due(run: Run, final_iteration: bool) -> Due:

@@ -6,7 +6,9 @@ capture; `assert_replays_alike` then checks that two calls after the warm-up
 recorded the same signature, `assert_no_host_sync` that no call after the first read a value back
 to the host (on CUDA a sync inside a capture stops it: "operation not permitted when stream is
 capturing"), and `assert_keeps_python_state` that no call after the first changed Python state
-(a replay runs no Python: a counter kept in a closure would stop counting after the capture).
+(a replay runs no Python: a counter kept in a closure would stop counting after the capture), and
+`assert_runs_compiled` that no captured call ran the body of a function the script compiled outside its compiled
+form (a caller that kept the function from before the wrapping: a default argument, a functools.partial).
 """
 
 from __future__ import annotations
@@ -202,13 +204,57 @@ def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     ]
 
 
-def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
+class Recorded(dict):
+    """{captured function's name: its calls}, and `eager`: {captured function's name: the names of the compiled
+    functions whose bodies ran outside their compiled form during its calls}."""
+
+    def __init__(self):
+        super().__init__()
+        self.eager: dict[str, set[str]] = {}
+
+
+def _code_of(fn) -> types.CodeType | None:
+    """The code a call of `fn` runs: a function's, a bound method's, a functools.partial's function's."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)
+    return getattr(fn, "__code__", None)
+
+
+def record_captured(monkeypatch, script, before_call=None) -> Recorded:
     """{function name: [(ops, external storages, host syncs, Python state changes) of its first 4 calls]}
     of every function `script` (an imported algos/ module) and common.evaluation capture;
-    `before_call(name, fn)` runs before every call."""
+    `before_call(name, fn)` runs before every call. The script's compiled() is watched too: `.eager` names the
+    compiled functions whose bodies a captured call ran other than through what compiled() returned."""
     import common.evaluation
 
-    signatures: dict[str, list] = {}
+    signatures = Recorded()
+    compiled_code: dict[types.CodeType, str] = {}  # the code of every function the script compiled, by name
+    in_compiled = [0]  # calls of what compiled() returned now running
+    real_compiled = script.compiled
+
+    def watched_compiled(run, fn):
+        wrapped = real_compiled(run, fn)
+        if (code := _code_of(fn)) is not None:
+            compiled_code[code] = f"{code.co_name} (line {code.co_firstlineno})"
+
+        def call(*args, **kwargs):
+            in_compiled[0] += 1
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                in_compiled[0] -= 1
+
+        return call
+
+    def eager_bodies(name):
+        """A profile hook that notes a compiled function's body entered while no compiled form runs."""
+
+        def hook(frame, event, arg):
+            if event == "call" and not in_compiled[0] and frame.f_code in compiled_code:
+                signatures.eager.setdefault(name, set()).add(compiled_code[frame.f_code])
+
+        return hook
 
     def recording(run, name, fn, capture=True):
         if not capture:  # the script keeps it out of the graph (an adapter's env step, a host-side loop)
@@ -220,9 +266,13 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
                 before_call(name, fn)
             if len(calls) >= 4:
                 return fn(*args, **kwargs)
-            before = python_state(fn, run)
-            with ReplaySignature((args, kwargs)) as sig, SyncsOutsideTheOptimizer() as syncs:
-                out = fn(*args, **kwargs)
+            before, profile = python_state(fn, run), sys.getprofile()
+            sys.setprofile(eager_bodies(name))
+            try:
+                with ReplaySignature((args, kwargs)) as sig, SyncsOutsideTheOptimizer() as syncs:
+                    out = fn(*args, **kwargs)
+            finally:
+                sys.setprofile(profile)
             calls.append((sig.ops, sig.external, syncs.syncs, changes(before, python_state(fn, run))))
             return out
 
@@ -230,8 +280,17 @@ def record_captured(monkeypatch, script, before_call=None) -> dict[str, list]:
 
     # where the capture happens: the script's own compile-and-capture block, and the evaluation's chunk of steps
     monkeypatch.setattr(script, "captured", recording)
+    monkeypatch.setattr(script, "compiled", watched_compiled)
     monkeypatch.setattr(common.evaluation, "captured", recording)
     return signatures
+
+
+def assert_runs_compiled(signatures: Recorded) -> None:
+    """No captured function ran a compiled function's body uncompiled: under --compile and --cudagraphs, its graph
+    would hold the eager kernels (or, captured apart, stale ones)."""
+    assert not signatures.eager, "captured functions ran compiled functions' bodies uncompiled: " + "; ".join(
+        f"{name}: {', '.join(sorted(bodies))}" for name, bodies in signatures.eager.items()
+    )
 
 
 def assert_replays_alike(name: str, calls: list) -> None:

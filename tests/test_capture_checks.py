@@ -22,7 +22,8 @@ from tests.replay import (
     python_state,
     record_captured,
 )
-from tests.test_scripts import COMMON, TINY, units
+from tests.contract import COMMON, CONTRACT
+from tests.test_scripts import units
 
 
 def test_the_recorder_catches_each_read_to_the_host_once_and_nothing_else():
@@ -155,7 +156,12 @@ def test_the_capture_contract_fails_a_captured_function_with_a_host_read_or_pyth
     signatures = record_captured(monkeypatch, module)
     run_main(
         module,
-        **{**COMMON, **TINY["ppo"]["kwargs"], "output_dir": str(tmp_path / "out"), "total_timesteps": units("ppo", 3)},
+        **{
+            **COMMON,
+            **CONTRACT["ppo"]["kwargs"],
+            "output_dir": str(tmp_path / "out"),
+            "total_timesteps": units("ppo", 3),
+        },
     )
     assert {"rollout", "update"} <= set(signatures)
     for name, calls in signatures.items():
@@ -254,3 +260,39 @@ def test_rnn_step_refuses_in_one_line_what_it_does_not_compute(module, refused):
                 expected, expected_state = cell(x[None], state)
         torch.testing.assert_close(out, expected[0])
         torch.testing.assert_close(next_state, expected_state)
+
+
+# A td3 copy whose captured update calls the critic step it kept from before the wrapping: under --compile and
+# --cudagraphs its graph would hold the eager critic step (what a caller built before compiled() reads by value).
+EAGER_CRITIC = [
+    (
+        "    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))\n",
+        "    critic_eager = lambda batch: critic_step(agent, q_optimizer, args, batch)  # noqa: E731\n"
+        "    critic_fn = compiled(run, critic_eager)\n",
+    ),
+    ("lambda at=at: update(critic_fn, actor_fn, at)", "lambda at=at: update(critic_eager, actor_fn, at)"),
+]
+
+
+def test_the_capture_contract_fails_a_captured_function_that_runs_a_compiled_body_eagerly(tmp_path, monkeypatch):
+    """assert_runs_compiled names the captured update of a td3 copy that calls its critic step uncompiled; the copy
+    trains as td3 does on a CPU, so nothing else would show it."""
+    from tests.replay import assert_runs_compiled
+    from tests.test_copies import copy_text
+
+    path = tmp_path / "td3_eager_critic.py"
+    path.write_text(copy_text("td3", EAGER_CRITIC, least=2))
+    module = load_script(path.stem, path)
+    signatures = record_captured(monkeypatch, module)
+    run_main(
+        module,
+        **{
+            **COMMON,
+            **CONTRACT["td3"]["kwargs"],
+            "output_dir": str(tmp_path / "out"),
+            "total_timesteps": units("td3", 3),
+        },
+    )
+    assert list(signatures.eager) == ["update"] and len(signatures.eager["update"]) == 1, signatures.eager
+    with pytest.raises(AssertionError, match=r"update: <lambda> \(line \d+\)$"):
+        assert_runs_compiled(signatures)

@@ -568,7 +568,7 @@ def test_copies_made_as_a_researcher_would_pass_the_contract_tests(tmp_path):
 
     from tests.test_copy_ppo_lstm import CHUNKS
     from tests.test_copy_td3 import REDQ_COPY
-    from tests.test_scripts import TINY
+    from tests.contract import CONTRACT
 
     for part in ("algos", "common", "tests"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
@@ -582,7 +582,7 @@ def test_copies_made_as_a_researcher_would_pass_the_contract_tests(tmp_path):
         (tmp_path / "algos" / f"{name}.py").write_text(copy_text(script, edits, least))
     digest = lambda: {p: hashlib.sha256(p.read_bytes()).digest() for p in sorted((tmp_path / "common").rglob("*.py"))}
     common_before = digest()
-    run_contract_tests(tmp_path, {name: len(TINY[script]["captures"]) for name, (script, _, _) in copies.items()})
+    run_contract_tests(tmp_path, {name: len(CONTRACT[script]["captures"]) for name, (script, _, _) in copies.items()})
     assert digest() == common_before, "a copy needs no change to common/"
     # and the README's idea is live: its coefficient adapted in place and checkpointed, its penalty logged
     try:

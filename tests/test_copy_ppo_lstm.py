@@ -17,7 +17,7 @@ import torch
 
 from tests.helpers import load_script, run_main
 from tests.test_copies import copy_text
-from tests.test_scripts import COMMON, TINY
+from tests.contract import COMMON, CONTRACT
 
 NAME = "ppo_lstm_chunks"
 CHUNKS = [
@@ -125,7 +125,7 @@ def chunk_minibatches(args: Args) -> int:
     ),
 ]
 # ppo_lstm's tiny settings in tests/test_scripts.py (the copy joins the contract tests with them): 16 envs x 8 steps
-SMALL = {**COMMON, **TINY["ppo_lstm"]["kwargs"]}
+SMALL = {**COMMON, **CONTRACT["ppo_lstm"]["kwargs"]}
 ITERATION = 16 * 8
 
 

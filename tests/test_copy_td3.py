@@ -63,8 +63,8 @@ REDQ_COPY = [
         'replicated={"reward_normalizer": reward_normalizer, "counters": counters, "policy_noise": policy_noise}',
     ),
     (
-        "    critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch)\n",
-        "    critic_fn = lambda batch: critic_step(agent, q_optimizer, args, batch, policy_noise)\n",
+        "    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))\n",
+        "    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch, policy_noise))\n",
     ),
     (
         '            with timed(run, "update"):\n',

@@ -2,7 +2,7 @@
 
 Every function a script gives `compiled()` or `captured()` (and the evaluation step that common/evaluation.py compiles
 and captures) is traced by dynamo here, on the CPU, in the script's built-in and pixel layouts (of
-TINY[algo]["captures"] in tests/test_scripts.py), and no graph dynamo builds for it may hold an op of DEVICE_KERNELS:
+CONTRACT[algo]["captures"] in tests/contract.py), and no graph dynamo builds for it may hold an op of DEVICE_KERNELS:
 the fused RNN ops and the ops of one vendor's library (cuDNN, oneDNN, MIOpen). Such an op compiles and passes every
 parity test on a CPU and can fail on a GPU, where the same call goes to another kernel: ppo_lstm's acting step through
 `torch.lstm` did, dynamo's fake-tensor trace of it stopped on CUDA (torch 2.11) while the CPU suite passed. That failure
@@ -23,7 +23,8 @@ import torch
 
 from tests.helpers import ROOT, load_script
 from tests.pixel_env import CATCH, Catch
-from tests.test_scripts import SCRIPTS, TINY, train, units
+from tests.contract import CONTRACT, SCRIPTS
+from tests.test_scripts import train, units
 
 # The ops that dispatch to a different fused kernel per device: the fused RNNs and their cells (torch.lstm, gru,
 # rnn_tanh, rnn_relu, lstm_cell, ...; nn.LSTM / nn.GRU call them), the CUDA cells they decompose to
@@ -134,17 +135,23 @@ def guarded_run(algo: str, out, **settings) -> None:
     fields = {f.name for f in dataclasses.fields(load_script(algo).Args)}
     short = {k: v for k, v in (("num_steps", 2), ("update_epochs", 1)) if k in fields and k not in settings}
     train(
-        algo, out, compile=True, total_timesteps=units(algo, 2), eval_interval=TINY[algo]["sync"], **short, **settings
+        algo,
+        out,
+        compile=True,
+        total_timesteps=units(algo, 2),
+        eval_interval=CONTRACT[algo]["sync"],
+        **short,
+        **settings,
     )
 
 
 def guarded_layouts(algo: str) -> list[int]:
-    """The layouts of TINY[algo]["captures"] the guard traces: the built-in env's (every function the script
+    """The layouts of CONTRACT[algo]["captures"] the guard traces: the built-in env's (every function the script
     compiles and captures, its networks among them) and the first on pixels (the image encoders' convolutions).
     The other layouts regroup the same networks' ops into other captured functions (an adapter's acting step,
     td3's actor phases); compiled against eager, tests/test_scripts.py runs them all. Each traced layout costs
     seconds of dynamo; the suite keeps to its budget."""
-    captures = TINY[algo]["captures"]
+    captures = CONTRACT[algo]["captures"]
     return [0] + [i for i, c in enumerate(captures) if i and "encoder" in c][:1]
 
 
@@ -155,7 +162,7 @@ def test_compiled_and_captured_functions_hold_no_device_dispatched_kernel(algo, 
     DEVICE_KERNELS (a fused RNN, a cuDNN/oneDNN/MIOpen op): on CUDA each would go to another kernel than the
     one the CPU suite traced and ran."""
     traced = traced_graphs(monkeypatch, load_script(algo))
-    guarded_run(algo, tmp_path, **TINY[algo]["captures"][variant])
+    guarded_run(algo, tmp_path, **CONTRACT[algo]["captures"][variant])
     assert traced.called and not traced.untraced(), (traced.called, traced.untraced())
     assert traced.found() == {}, f"device-dispatched kernels in compiled or captured functions: {traced.found()}"
 
@@ -193,7 +200,7 @@ def test_the_guard_names_a_fused_rnn_put_back_into_ppo_lstm(tmp_path, monkeypatc
         text = text.replace(old, new)
     path = tmp_path / "ppo_lstm_fused.py"
     path.write_text(text)
-    monkeypatch.setitem(TINY, "ppo_lstm_fused", TINY["ppo_lstm"])
+    monkeypatch.setitem(CONTRACT, "ppo_lstm_fused", CONTRACT["ppo_lstm"])
     try:
         traced = traced_graphs(monkeypatch, load_script("ppo_lstm_fused", path))
         guarded_run("ppo_lstm_fused", tmp_path / "runs")

@@ -92,6 +92,15 @@ def test_run_record_is_taken_from_below_run():
     assert common.run.Run is common.record.Run
 
 
+def test_checkpoint_and_evaluation_import_nothing_above_them():
+    """The checkpoint reads the lock handle the run carries (not common.lock), and the evaluation holds its own chunk
+    and budget (not common.run's): the run lifecycle calls both, neither calls back into it."""
+    graph = common_imports()
+    assert "common.lock" not in graph["common.checkpoint"]
+    assert "common.run" not in graph["common.evaluation"]
+    assert "common.evaluation" in graph["common.run"]
+
+
 def original_scripts(algos: Path) -> list[str]:
     """Each original script in `algos`: a file whose stem is the `ALGO = "..."` it declares. A copy
     (`cp algos/ppo.py algos/ppo_myidea.py` keeps `ALGO = "ppo"`) is left out: it is a researcher's file, held to the
@@ -155,14 +164,15 @@ def test_every_original_script_is_mostly_algorithm():
 # What a researcher changes, by the script that holds it (design.md, "What lives in a script"): each name is defined
 # in every script listed and nowhere in common/.
 IN_THE_SCRIPTS = {
-    "td3": ("act_and_step", "store", "actor_schedule", "replay_ready", "fold_and_ready"),
-    "sac": ("act_and_step", "store", "actor_schedule", "replay_ready", "fold_and_ready"),
+    "td3": ("random_act", "act_and_step", "store", "actor_schedule", "replay_ready"),
+    "sac": ("random_act", "act_and_step", "store", "actor_schedule", "replay_ready"),
     "ppo_lstm": ("carry_over", "episode_starts", "env_minibatches"),
     "distill": ("carry_over", "episode_starts", "env_minibatches"),
 }
 # what common/ held before: a helper that ran a script's steps or decided its captures, or the recurrent state
 MOVED_OUT_OF_COMMON = {name for names in IN_THE_SCRIPTS.values() for name in names} | {
     "rollout",
+    "fold_and_ready",
     "compile_and_capture",
     "recurrent_sizes",
     "recurrent_ppo_state",

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import Job, free_port, subprocess_env
-from tests.test_scripts import TINY, checkpoint, cli_args, logged_steps, scalars, summary_of
+from tests.contract import CONTRACT
+from tests.test_scripts import checkpoint, cli_args, logged_steps, scalars, summary_of
 
 pytestmark = pytest.mark.distributed
 
@@ -118,7 +119,7 @@ def alive(pid: int) -> bool:
 
 def steps_per_iteration(algo: str) -> int:
     """Env steps of one process in one iteration."""
-    return TINY[algo]["steps"]
+    return CONTRACT[algo]["steps"]
 
 
 def last_step(run_dir: Path) -> int:
@@ -139,7 +140,7 @@ def assert_one_curve(run_dir: Path, end: int):
 def test_two_nodes_run_one_job(algo, tmp_path, clusters):
     """Two agents that rendezvous run one script as one world: one run directory, world size 2,
     global_step counting both ranks' env steps, parameters bit-identical at the end."""
-    sync = TINY[algo]["sync"]
+    sync = CONTRACT[algo]["sync"]
     total = 2 * steps_per_iteration(algo) * 6 * sync
     cluster = clusters(tmp_path, cli_args(algo, tmp_path, total_timesteps=total, save_interval=2 * sync), nnodes="2")
     a, b = cluster.start("a"), cluster.start("b")
@@ -165,7 +166,7 @@ def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     from last.pt at world size 1, having lost only the steps since that save. Then a new node
     joins: the group restarts at world size 2 from last.pt and finishes at --total-timesteps,
     with one TensorBoard curve."""
-    sync, per_rank = TINY[algo]["sync"], steps_per_iteration(algo)
+    sync, per_rank = CONTRACT[algo]["sync"], steps_per_iteration(algo)
     save_every = 4 * sync
     total = 2 * per_rank * sync * 40
     cluster = clusters(
@@ -248,7 +249,7 @@ def test_sigusr1_to_one_node_stops_every_rank_and_a_relaunch_resumes(algo, tmp_p
     """SIGUSR1 to the worker of one node only (not rank 0): the ranks agree to stop after the same
     iteration, rank 0 writes last.pt with both ranks' state, every process exits 0. A relaunch of
     both agents with --resume auto (as a requeued SLURM job does) finishes the run."""
-    sync, per_rank = TINY[algo]["sync"], steps_per_iteration(algo)
+    sync, per_rank = CONTRACT[algo]["sync"], steps_per_iteration(algo)
     total = 2 * per_rank * sync * 40
     args = cli_args(algo, tmp_path, total_timesteps=total, save_interval=10_000, resume="auto")
     first = clusters(tmp_path / "1", args, nnodes="2", rdzv_id="slurm-job-7", step_seconds=0.01)
@@ -286,7 +287,7 @@ def test_an_error_on_one_rank_ends_every_rank_and_keeps_last_pt(algo, fault, tmp
     """An exception on one rank, or NaN rewards on one rank only: every rank exits non-zero within
     seconds (the exception: the peer's collective fails as the sockets close; NaN: the guard's
     reduced check fails on every rank at once), and last.pt stays the last good checkpoint."""
-    sync, per_rank = TINY[algo]["sync"], steps_per_iteration(algo)
+    sync, per_rank = CONTRACT[algo]["sync"], steps_per_iteration(algo)
     save_every = 2 * sync
     env_steps_per_iteration = 8 if algo == "ppo" else 1  # env.step calls of one iteration
     after = env_steps_per_iteration * sync * 5 + 1  # the fault comes in the 6th unit, after the save of the 4th

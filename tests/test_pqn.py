@@ -210,9 +210,9 @@ def test_an_untrained_breakout_evaluation_ends_within_its_step_budget():
 def test_a_cut_evaluation_says_so_and_eval_only_replays_it(tmp_path, capsys, monkeypatch):
     """A pqn Breakout run whose evaluations outgrow their budget: one line each, the return that best.pt was saved
     for given back by --eval-only (the same budget, from the checkpoint's counters)."""
-    import common.run
+    import common.evaluation
 
-    monkeypatch.setattr(common.run, "EVAL_FLOOR", 1)  # the budget is 5% of the steps between evaluations
+    monkeypatch.setattr(common.evaluation, "EVAL_FLOOR", 1)  # the budget is 5% of the steps between evaluations
     flags = dict(env_id="MinAtar/Breakout-v1", encoder="minatar", hidden_sizes=(32,), num_minibatches=4)
     summary = train(tmp_path, eval_interval=2, eval_episodes=50, num_eval_envs=2, **flags)  # budget: 64 steps
     said = capsys.readouterr().out

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, record_captured
-from tests.test_scripts import GYM_16, TINY, assert_runs_alike, train, units
+from tests.contract import CONTRACT, GYM_16
+from tests.test_scripts import assert_runs_alike, train, units
 from tests.helpers import load_script
 
 # the task set's update flags, as common.settings.translate_rsl_rl sets them for an mjlab 1.6 config
@@ -41,7 +42,7 @@ def test_rsl_rls_update_replays_without_host_sync(algo, layout, tmp_path, monkey
     calls after its warm-up, and no host sync after the first (tests/replay.py)."""
     signatures = record_captured(monkeypatch, load_script(algo))
     settings = {**RSL_RL, **layout}
-    train(algo, tmp_path, **{"total_timesteps": units(algo, 5), "eval_interval": TINY[algo]["sync"], **settings})
+    train(algo, tmp_path, **{"total_timesteps": units(algo, 5), "eval_interval": CONTRACT[algo]["sync"], **settings})
     assert len(signatures) >= 2, signatures.keys()
     for name, calls in signatures.items():
         assert_replays_alike(name, calls)

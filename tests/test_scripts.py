@@ -9,14 +9,11 @@ The scripts' own algorithms (GAE, Q(lambda), projections, learning) are tested i
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,256 +32,18 @@ from tests.helpers import (
     run,
     run_main,
     torchrun_cmd,
-    untrained_teacher,
 )
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.pixel_env import CATCH, Catch
-from tests.replay import assert_keeps_python_state, assert_no_host_sync, assert_replays_alike, record_captured
-
-# Every script in algos/ joins these tests with one entry here: its tiny settings, and what the
-# tests cannot guess from outside.
-# - `steps`: env steps of one process per iteration; `sync`: iterations between two host reads (a
-#   "unit" below is `sync` iterations); `kwargs`: the tiny settings;
-# - `captures`: overrides that give each layout of its captured functions (built-in env, adapter,
-#   other update schedules), every one of which the capture test checks;
-# - `tags`: the TensorBoard tags of its own (beyond charts/ and eval/ that every script logs);
-# - `per_read`: the flag that sets the env steps between two host reads (the rollout length, or
-#   the log interval); `log_interval_only_logs`: whether --log-interval changes the logs alone (not
-#   the training, as it does where it also paces the normalizer updates);
-# - `wrong_actions`: an env of the action kind it cannot act in, and the script the error points to;
-# - `policy(module, args, obs_dim, action_space)`: its evaluated model as the export test rebuilds it
-#   (None: a recurrent policy, whose export tests/test_ppo_lstm.py runs through episodes);
-# - optional: `summary`, the script's own summary.json fields; `bounded`, a flag with a range, a value
-#   outside it and the range's words (default: --gamma 1.5, in [0, 1]).
-GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
-# tests/pixel_env.py's Catch: uint8 frames through an image encoder (and, for ppo and ppo_lstm, a vector "critic" group
-# beside them)
-PIXELS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true}', encoder="minatar")
-# Catch with a "policy" group of terms (an image term and a vector term) beside the "critic" vector group
-TERMS = dict(env_id=CATCH, env_kwargs='{"max_episode_steps": 16, "proprio": true, "terms": true}', encoder="minatar")
-PPO_TAGS = {
-    "losses/policy_loss",
-    "losses/value_loss",
-    "losses/entropy",
-    "losses/approx_kl",
-    "losses/clipfrac",
-    "losses/explained_variance",
-    "charts/learning_rate",
-    "charts/rollout_seconds",
-    "charts/update_seconds",
-}
-
-
-def box_bounds(space):
-    return [torch.as_tensor(b, dtype=torch.float32) for b in (space.low, space.high)]
-
-
-TINY = {
-    "ppo": dict(
-        steps=16 * 8,
-        sync=1,
-        kwargs=dict(
-            env_id="Pendulum-v1", num_envs=16, num_steps=8, num_minibatches=2, lr_schedule="linear", reward_norm=True
-        ),
-        captures=[
-            {},
-            dict(target_kl=1.0, symmetry="both"),
-            dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16),
-            PIXELS,
-            TERMS,
-        ],
-        tags=PPO_TAGS,
-        per_read="num_steps",
-        log_interval_only_logs=True,
-        wrong_actions=None,
-        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args),
-    ),
-    "pqn": dict(
-        steps=16 * 8,
-        sync=1,
-        kwargs=dict(
-            env_id="CartPole-v1",
-            num_envs=16,
-            num_steps=8,
-            num_minibatches=2,
-            obs_norm=True,
-            epsilon_spread=0.5,
-            exploration_fraction=0.5,
-            loss="huber",
-        ),
-        captures=[{}, dict(env_id="gym:CartPole-v1", env_kwargs=GYM_16), PIXELS, TERMS],
-        tags={
-            "losses/td_loss",
-            "losses/q_values",
-            "charts/epsilon",
-            "charts/learning_rate",
-            "charts/rollout_seconds",
-            "charts/update_seconds",
-        },
-        per_read="num_steps",
-        log_interval_only_logs=True,
-        wrong_actions=("Pendulum-v1", "ppo.py"),
-        policy=lambda module, args, obs_dim, space: module.QNetwork(obs_dim, int(space.n), args),
-    ),
-    "td3": dict(
-        steps=8,
-        sync=4,
-        kwargs=dict(
-            env_id="Pendulum-v1",
-            num_envs=8,
-            batch_size=32,
-            learning_starts=16,
-            buffer_size=240,
-            n_step=2,
-            log_interval=4,
-            reward_norm=True,
-            save_buffer=True,
-            distributional=True,
-            v_min=-100.0,
-            v_max=0.0,
-        ),
-        captures=[
-            dict(learning_starts=32),
-            dict(learning_starts=32, num_updates=1),
-            dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16),
-        ],
-        tags={
-            "losses/q_loss",
-            "losses/q_values",
-            "losses/actor_loss",
-            "charts/rollout_seconds",
-            "charts/update_seconds",
-        },
-        per_read="log_interval",
-        log_interval_only_logs=False,
-        wrong_actions=("CartPole-v1", "pqn.py"),
-        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args),
-    ),
-    "sac": dict(
-        steps=8,
-        sync=4,
-        kwargs=dict(
-            env_id="Pendulum-v1",
-            num_envs=8,
-            batch_size=32,
-            learning_starts=16,
-            buffer_size=240,
-            n_step=2,
-            log_interval=4,
-            reward_norm=True,
-            save_buffer=True,
-        ),
-        captures=[dict(learning_starts=32), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
-        tags={
-            "losses/q_loss",
-            "losses/q_values",
-            "losses/actor_loss",
-            "losses/alpha",
-            "losses/entropy",
-            "charts/rollout_seconds",
-            "charts/update_seconds",
-        },
-        per_read="log_interval",
-        log_interval_only_logs=False,
-        wrong_actions=("Acrobot-v1", "pqn.py"),
-        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args),
-    ),
-    "ppo_lstm": dict(
-        steps=16 * 8,
-        sync=1,
-        kwargs=dict(
-            env_id="Pendulum-v1",
-            num_envs=16,
-            num_steps=8,
-            num_minibatches=2,
-            lr_schedule="linear",
-            reward_norm=True,
-            rnn_hidden_size=16,
-        ),
-        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16), PIXELS, TERMS],
-        tags=PPO_TAGS,
-        per_read="num_steps",
-        log_interval_only_logs=True,
-        wrong_actions=None,
-        policy=None,
-    ),
-    # a linear weight schedule that ends within the tiny runs, so resume and compile parity cover its steps
-    "ppo_rnd": dict(
-        steps=16 * 8,
-        sync=1,
-        kwargs=dict(
-            env_id="Pendulum-v1",
-            num_envs=16,
-            num_steps=8,
-            num_minibatches=2,
-            lr_schedule="linear",
-            reward_norm=True,
-            rnd_hidden_sizes=(16,),
-            rnd_target_hidden_sizes=(16,),
-            rnd_num_outputs=4,
-            rnd_weight_final=0.0,
-            rnd_weight_steps=(8, 40),
-        ),
-        captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
-        tags=PPO_TAGS | {"losses/rnd_loss", "charts/intrinsic_reward", "charts/rnd_weight"},
-        per_read="num_steps",
-        log_interval_only_logs=True,
-        wrong_actions=None,
-        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args),
-    ),
-}
-_TEACHERS = Path(tempfile.mkdtemp(prefix="distill-teacher-"))  # distill.py's teacher: a file for every run
-atexit.register(shutil.rmtree, _TEACHERS, True)
-TINY["distill"] = dict(
-    steps=16 * 8,
-    sync=1,
-    kwargs=dict(
-        env_id="Pendulum-v1",
-        num_envs=16,
-        num_steps=8,
-        num_minibatches=2,
-        lr_schedule="linear",
-        rnn_hidden_size=16,
-        teacher_action_prob=0.5,
-        teacher=str(untrained_teacher(_TEACHERS / "teacher.pt", hidden_sizes=(32, 32))),
-    ),
-    captures=[{}, dict(cell="none"), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
-    tags={
-        "losses/distill_loss",
-        "losses/agreement",
-        "charts/learning_rate",
-        "charts/teacher_action_prob",
-        "charts/rollout_seconds",
-        "charts/update_seconds",
-    },
-    per_read="num_steps",
-    log_interval_only_logs=True,
-    wrong_actions=None,
-    policy=None,
-    summary={"teacher"},
-    bounded=("teacher_action_prob", 1.5, r"in \[0, 1\]"),
+from tests.contract import CONTRACT, COMMON, SCRIPTS, algo_of
+from tests.replay import (
+    assert_keeps_python_state,
+    assert_no_host_sync,
+    assert_replays_alike,
+    assert_runs_compiled,
+    record_captured,
 )
-SCRIPTS = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))  # every script, found, not listed
 
-
-def algo_of(script: str) -> str:
-    """The ALGO a script declares (a copy of ppo.py keeps ppo's unless it renames it)."""
-    found = re.search(r'^ALGO = "(\w+)"', (ROOT / "algos" / f"{script}.py").read_text(), re.M)
-    return found.group(1) if found else script
-
-
-# A copy in algos/ without an entry of its own joins every test with the entry of the script it was copied from.
-TINY.update({script: TINY[algo_of(script)] for script in SCRIPTS if script not in TINY and algo_of(script) in TINY})
-COMMON = dict(
-    device="cpu",
-    progress=False,
-    run_name="run",
-    num_eval_envs=4,
-    eval_interval=0,
-    save_interval=10_000,
-    hidden_sizes=(32, 32),
-    env_kwargs='{"max_episode_steps": 16}',
-)
 SUMMARY_FIELDS = {
     "algo",
     "algorithm",
@@ -338,13 +97,13 @@ def pixel_env(monkeypatch):
 
 def units(algo: str, n: int) -> int:
     """total_timesteps of n units of one process."""
-    return n * TINY[algo]["sync"] * TINY[algo]["steps"]
+    return n * CONTRACT[algo]["sync"] * CONTRACT[algo]["steps"]
 
 
 def train(algo: str, out: Path, **overrides) -> dict:
     """main() of algos/<algo>.py in this process with the tiny settings, on one intra-op thread
     (as the subprocesses get: tiny networks gain nothing from more)."""
-    return run_main(load_script(algo), **{**COMMON, **TINY[algo]["kwargs"], "output_dir": str(out), **overrides})
+    return run_main(load_script(algo), **{**COMMON, **CONTRACT[algo]["kwargs"], "output_dir": str(out), **overrides})
 
 
 def checkpoint(out: Path, name: str = "last.pt", run_name: str = "run") -> dict:
@@ -353,7 +112,7 @@ def checkpoint(out: Path, name: str = "last.pt", run_name: str = "run") -> dict:
 
 def cli_args(algo: str, out: Path, **overrides) -> list[str]:
     """The tiny settings as command-line flags."""
-    kwargs = {**COMMON, **TINY[algo]["kwargs"], "output_dir": str(out), **overrides}
+    kwargs = {**COMMON, **CONTRACT[algo]["kwargs"], "output_dir": str(out), **overrides}
     flags = []
     for key, value in kwargs.items():
         flag = "--" + key.replace("_", "-")
@@ -419,11 +178,11 @@ def logged_steps(run_dir: Path, tag: str = "charts/SPS") -> list[int]:
 # checkpoints and exact resume
 # --------------------------------------------------------------------------------------------
 def test_every_script_in_algos_has_its_entry():
-    """A script added to algos/ is found here; it joins every test below with one entry in TINY (a copy of
+    """A script added to algos/ is found here; it joins every test below with one entry in CONTRACT (a copy of
     a script that keeps its ALGO, with the entry of that script)."""
-    missing = [algo for algo in SCRIPTS if algo not in TINY]
-    assert not missing, f"add an entry to TINY in tests/test_scripts.py for {missing} (see the comment above it)"
-    assert set(TINY) <= set(SCRIPTS), set(TINY) - set(SCRIPTS)
+    missing = [algo for algo in SCRIPTS if algo not in CONTRACT]
+    assert not missing, f"add an entry to CONTRACT in tests/contract.py for {missing} (see the comment above it)"
+    assert set(CONTRACT) <= set(SCRIPTS), set(CONTRACT) - set(SCRIPTS)
 
 
 @pytest.mark.parametrize("algo", SCRIPTS)
@@ -431,7 +190,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(algo, tmp_path):
     """Stopped after the first and the second unit (a wall-time budget of 0 s) and resumed each
     time, a run ends with every checkpoint value bit-identical to a run never stopped: networks,
     optimizers, schedules, normalizers, RNG and env state, episode statistics, replay buffers."""
-    sync = TINY[algo]["sync"]
+    sync = CONTRACT[algo]["sync"]
     common = dict(total_timesteps=units(algo, 6), eval_interval=2 * sync)
     full = train(algo, tmp_path / "a", **common)
     first = train(algo, tmp_path / "b", max_wall_seconds=0.0, **common)
@@ -455,9 +214,9 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(algo, tmp_path):
 
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_checkpoints_load_weights_only_and_eval_only_gives_back_the_best_return(algo, tmp_path):
-    sync = TINY[algo]["sync"]
+    sync = CONTRACT[algo]["sync"]
     summary = train(algo, tmp_path, total_timesteps=units(algo, 4), eval_interval=2 * sync)
-    assert SUMMARY_FIELDS | TINY[algo].get("summary", set()) == set(summary), SUMMARY_FIELDS ^ set(summary)
+    assert SUMMARY_FIELDS | CONTRACT[algo].get("summary", set()) == set(summary), SUMMARY_FIELDS ^ set(summary)
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == json.loads(json.dumps(summary))
     for name in ("last.pt", "best.pt"):
         state = checkpoint(tmp_path, name)  # torch.load(weights_only=True): plain values and tensors only
@@ -472,7 +231,7 @@ def test_checkpoints_load_weights_only_and_eval_only_gives_back_the_best_return(
     # --eval-only of best.pt replays the evaluation that made it the best: the same return
     result = train(algo, tmp_path, eval_only=True, resume=str(tmp_path / "run" / "checkpoints" / "best.pt"))
     assert result["eval_return"] == pytest.approx(best["best_eval_return"], abs=1e-9)
-    if TINY[algo]["kwargs"].get("save_buffer"):  # a replay buffer goes into last.pt only
+    if CONTRACT[algo]["kwargs"].get("save_buffer"):  # a replay buffer goes into last.pt only
         assert "buffer" in checkpoint(tmp_path)["ranks"][0] and "buffer" not in best["ranks"][0]
 
 
@@ -558,7 +317,7 @@ def test_the_readme_has_a_tag_row_for_every_original_script():
 def test_tensorboard_tags_on_the_global_step(algo, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    sync, steps = TINY[algo]["sync"], TINY[algo]["steps"]
+    sync, steps = CONTRACT[algo]["sync"], CONTRACT[algo]["steps"]
     train(algo, tmp_path, total_timesteps=units(algo, 6), eval_interval=2 * sync)
     acc = EventAccumulator(str(tmp_path / "run"))
     acc.Reload()
@@ -568,7 +327,7 @@ def test_tensorboard_tags_on_the_global_step(algo, tmp_path):
         "charts/episodic_length",
         "eval/episodic_return",
         "eval/episodic_length",
-    } | TINY[algo]["tags"]
+    } | CONTRACT[algo]["tags"]
     assert expected <= set(acc.Tags()["scalars"]), expected - set(acc.Tags()["scalars"])
     if f"algos/{algo}.py" in README_TAGS:  # a copy has no row: it may log more than its original
         own = {tag for tag in acc.Tags()["scalars"] if not tag.startswith("env/")} - EVERY_SCRIPTS_TAGS
@@ -580,8 +339,8 @@ def test_tensorboard_tags_on_the_global_step(algo, tmp_path):
 
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_nan_guard_names_the_tensor_and_keeps_the_last_good_checkpoint(algo, tmp_path, monkeypatch):
-    sync = TINY[algo]["sync"]
-    env_steps_per_iteration = TINY[algo]["kwargs"].get("num_steps", 1)
+    sync = CONTRACT[algo]["sync"]
+    env_steps_per_iteration = CONTRACT[algo]["kwargs"].get("num_steps", 1)
     inject_nan_rewards(monkeypatch, after=2 * sync * env_steps_per_iteration + 1)  # in unit 3
     handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(FloatingPointError, match=rf"non-finite .*rewards.* at iteration {3 * sync}\b"):
@@ -600,7 +359,7 @@ def test_no_host_sync_per_env_step(algo, tmp_path):
     """The host reads of a unit do not grow with its number of env steps: the rollout length of
     the on-policy scripts, the log interval of the off-policy ones."""
     load_script(algo)  # imported outside the recorder
-    knob = TINY[algo]["per_read"]
+    knob = CONTRACT[algo]["per_read"]
     counts = {}
     for value in (2, 6):  # three units of 2 and of 6 env steps per env
         recorder = SyncsOutsideTheOptimizer()
@@ -609,13 +368,13 @@ def test_no_host_sync_per_env_step(algo, tmp_path):
                 algo,
                 tmp_path / str(value),
                 **{knob: value},
-                total_timesteps=3 * value * TINY[algo]["kwargs"]["num_envs"],
+                total_timesteps=3 * value * CONTRACT[algo]["kwargs"]["num_envs"],
             )
         counts[value] = len(recorder.syncs)
     assert counts[2] == counts[6], counts
 
 
-@pytest.mark.parametrize("algo", [algo for algo in SCRIPTS if TINY[algo]["log_interval_only_logs"]])
+@pytest.mark.parametrize("algo", [algo for algo in SCRIPTS if CONTRACT[algo]["log_interval_only_logs"]])
 def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_path):
     """--log-interval k: the statistics of k iterations, gathered on the device, are read once; the
     training is untouched and the logged losses are the means of the k iterations'."""
@@ -623,9 +382,9 @@ def test_log_interval_reads_less_often_and_logs_the_interval_means(algo, tmp_pat
     train(algo, every, total_timesteps=units(algo, 8), log_interval=1)
     summary = train(algo, k, total_timesteps=units(algo, 8), log_interval=4)
     assert_same(checkpoint(every)["model"], checkpoint(k)["model"])
-    steps = TINY[algo]["steps"]
+    steps = CONTRACT[algo]["steps"]
     curves_every, curves_k = scalars(every / "run"), scalars(k / "run")
-    loss = min(tag for tag in TINY[algo]["tags"] if tag.startswith("losses/"))
+    loss = min(tag for tag in CONTRACT[algo]["tags"] if tag.startswith("losses/"))
     assert [s for s, _ in curves_k[loss]] == [4 * steps, 8 * steps]
     per_iteration = [v for _, v in curves_every[loss]]
     assert [v for _, v in curves_k[loss]] == pytest.approx(
@@ -672,16 +431,18 @@ def assert_runs_alike(eager_dir: Path, compiled_dir: Path, rtol: float = 1e-4, a
             assert y == pytest.approx(x, rel=rtol, abs=atol, nan_ok=True), f"{tag}: {x} (eager) != {y} (compiled)"
 
 
-@pytest.mark.parametrize("algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(TINY[algo]["captures"]))])
+@pytest.mark.parametrize(
+    "algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(CONTRACT[algo]["captures"]))]
+)
 def test_compiled_run_computes_what_eager_computes(algo, variant, tmp_path):
-    """--compile on CPU, in each of the script's layouts of compiled functions (TINY[algo]["captures"]):
+    """--compile on CPU, in each of the script's layouts of compiled functions (CONTRACT[algo]["captures"]):
     with inductor drawing its random numbers as eager does (fallback_random), a run of a few
     iterations ends with eager's whole TrainingState and logs the same statistics, up to float
     rounding (assert_runs_alike). A compiled in-place write that is silently dropped shows here
     (tests/test_copies.py shows it failing on such a write)."""
     import torch._inductor.config
 
-    settings = dict(total_timesteps=units(algo, 2), **TINY[algo]["captures"][variant])
+    settings = dict(total_timesteps=units(algo, 2), **CONTRACT[algo]["captures"][variant])
     eager = train(algo, tmp_path / "eager", compile=False, **settings)
     with torch._inductor.config.patch(fallback_random=True):
         compiled = train(algo, tmp_path / "compiled", compile=True, **settings)
@@ -708,12 +469,14 @@ def test_a_second_run_in_one_process_compiles_its_own_functions(tmp_path):
     assert compiled[1] > 0 and compiled[2] == compiled[1], compiled
 
 
-@pytest.mark.parametrize("algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(TINY[algo]["captures"]))])
+@pytest.mark.parametrize(
+    "algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(CONTRACT[algo]["captures"]))]
+)
 def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync(
     algo, variant, tmp_path, monkeypatch
 ):
     """Every function a script captures in a CUDA graph (with --cudagraphs on CUDA), in each of the
-    script's capture layouts (TINY[algo]["captures"]: a built-in env's whole rollout or step, an
+    script's capture layouts (CONTRACT[algo]["captures"]: a built-in env's whole rollout or step, an
     adapter's acting step, other update layouts), records on CPU the same ops on the same live
     tensors in two calls after its warm-up, and no host sync in any call after the first (see
     tests/replay.py). A replay buffer samples as under --cudagraphs (against its device fill level)."""
@@ -724,14 +487,15 @@ def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_
         common.buffer.ReplayBuffer, "__init__", lambda self, *a, **k: real_init(self, *a, **{**k, "capturable": True})
     )
     signatures = record_captured(monkeypatch, load_script(algo))
-    settings = TINY[algo]["captures"][variant]
-    train(algo, tmp_path, **{"total_timesteps": units(algo, 5), "eval_interval": TINY[algo]["sync"], **settings})
-    whole_step = ":" not in settings.get("env_id", TINY[algo]["kwargs"]["env_id"])  # a built-in env
+    settings = CONTRACT[algo]["captures"][variant]
+    train(algo, tmp_path, **{"total_timesteps": units(algo, 5), "eval_interval": CONTRACT[algo]["sync"], **settings})
+    whole_step = ":" not in settings.get("env_id", CONTRACT[algo]["kwargs"]["env_id"])  # a built-in env
     assert ("evaluation" in signatures) == whole_step and len(signatures) >= 2, signatures.keys()
     for name, calls in signatures.items():
         assert_replays_alike(name, calls)
         assert_no_host_sync(name, calls)
         assert_keeps_python_state(name, calls)
+    assert_runs_compiled(signatures)
 
 
 # --------------------------------------------------------------------------------------------
@@ -744,13 +508,13 @@ def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
         train(algo, out, env_id="Nope-v0")
     with pytest.raises(SystemExit, match=r"^error: .*max_steps"):
         train(algo, out, env_kwargs='{"max_steps": 10}')
-    if TINY[algo]["wrong_actions"] is not None:
-        env_id, pointer = TINY[algo]["wrong_actions"]
+    if CONTRACT[algo]["wrong_actions"] is not None:
+        env_id, pointer = CONTRACT[algo]["wrong_actions"]
         with pytest.raises(SystemExit, match=rf"^error: {algo}\.py needs .* actions.*{pointer}"):
             train(algo, out, env_id=env_id, env_kwargs=None)
     with pytest.raises(SystemExit, match=r"^error: --total-timesteps must be >= 1, got -5"):
         train(algo, out, total_timesteps=-5)
-    flag, value, rule = TINY[algo].get("bounded", ("gamma", 1.5, r"in \[0, 1\]"))
+    flag, value, rule = CONTRACT[algo].get("bounded", ("gamma", 1.5, r"in \[0, 1\]"))
     with pytest.raises(SystemExit, match=rf"^error: --{flag.replace('_', '-')} must be {rule}, got {value}"):
         train(algo, out, **{flag: value})
     with pytest.raises(SystemExit, match=r"^error: --env-kwargs is not valid JSON .*max_episode_steps"):
@@ -810,7 +574,7 @@ def test_sigterm_under_torchrun_saves_and_resumes_on_another_world_size(algo, tm
     The checkpoint then resumes in one process, which re-derives the env streams and says so."""
     total = 2 * units(algo, 2000)  # far more than runs before the signal
     job = jobs(
-        torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, eval_interval=4 * TINY[algo]["sync"])),
+        torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, eval_interval=4 * CONTRACT[algo]["sync"])),
         tmp_path / "log",
     )
     job.wait_for(lambda: logged_steps(tmp_path / "run") and len(job.workers()) == 2, what="training to start")
@@ -839,7 +603,7 @@ def test_sigterm_under_torchrun_saves_and_resumes_on_another_world_size(algo, tm
 def test_sigkill_of_a_worker_is_survived_by_an_elastic_restart(algo, tmp_path, jobs):
     """kill -9 of one worker under torchrun --max-restarts 1: the restarted group resumes from
     last.pt in the same run directory, finishes, and each TensorBoard step is logged once."""
-    sync, per_unit = TINY[algo]["sync"], 2 * units(algo, 1)
+    sync, per_unit = CONTRACT[algo]["sync"], 2 * units(algo, 1)
     total = 200 * per_unit
     job = jobs(
         torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, save_interval=4 * sync), restarts=1),
@@ -873,9 +637,9 @@ def test_two_process_resume_is_bit_identical(algo, tmp_path):
         torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, max_wall_seconds=0.0)),
         timeout=240,
     )
-    assert cut.returncode == 0 and checkpoint(tmp_path, run_name="cut")["iteration"] == TINY[algo]["sync"], cut.stdout[
-        -4000:
-    ]
+    assert cut.returncode == 0 and checkpoint(tmp_path, run_name="cut")["iteration"] == CONTRACT[algo]["sync"], (
+        cut.stdout[-4000:]
+    )
     resumed = run(
         torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, resume="auto")), timeout=240
     )
@@ -892,8 +656,8 @@ def test_nan_guard_under_torchrun_ends_every_rank_at_once(algo, tmp_path, jobs):
     """The NaN guard fires on both ranks in the same reduction: each rank closes its run (graphs,
     then the process group) and exits with the error, within seconds and without a hang in the
     teardown; the last good last.pt stays."""
-    sync = TINY[algo]["sync"]
-    after = 2 * sync * TINY[algo]["kwargs"].get("num_steps", 1) + 1  # in unit 3
+    sync = CONTRACT[algo]["sync"]
+    after = 2 * sync * CONTRACT[algo]["kwargs"].get("num_steps", 1) + 1  # in unit 3
     cmd = torchrun_cmd(
         2,
         [
@@ -948,7 +712,7 @@ def test_capture_video_writes_the_episode_to_mp4_and_tensorboard(algo, tmp_path)
     pytest.importorskip("pygame")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    sync = TINY[algo]["sync"]
+    sync = CONTRACT[algo]["sync"]
     summary = train(
         algo, tmp_path, total_timesteps=units(algo, 2), eval_interval=2 * sync, capture_video=True, num_eval_envs=1
     )
@@ -1010,12 +774,12 @@ def build_model(algo: str, state: dict, env):
     """The script's own model with the checkpoint's weights (what the script evaluates)."""
     module = load_script(algo)
     args = module.Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in state["args"].items()})
-    model = TINY[algo]["policy"](module, args, env.single_observation_space.shape[0], env.single_action_space)
+    model = CONTRACT[algo]["policy"](module, args, env.single_observation_space.shape[0], env.single_action_space)
     model.load_state_dict(state["model"])
     return model.eval()
 
 
-@pytest.mark.parametrize("algo", [algo for algo in SCRIPTS if TINY[algo]["policy"] is not None])
+@pytest.mark.parametrize("algo", [algo for algo in SCRIPTS if CONTRACT[algo]["policy"] is not None])
 def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     from common.envs import make_env
@@ -1030,7 +794,7 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     )
     assert Path(result["export"]) == tmp_path / "export"
     state = checkpoint(tmp_path)
-    env = make_env(TINY[algo]["kwargs"]["env_id"], 64, seed=5)
+    env = make_env(CONTRACT[algo]["kwargs"]["env_id"], 64, seed=5)
     model = build_model(algo, state, env)
     assert model.obs_rms.count > 0, "the run had observation normalization"
     obs = [env.reset(seed=5)[0]["policy"]]
@@ -1076,7 +840,7 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
 
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_numbered_checkpoints_on_a_schedule_keep_the_newest(algo, tmp_path):
-    sync, steps = TINY[algo]["sync"], TINY[algo]["steps"]
+    sync, steps = CONTRACT[algo]["sync"], CONTRACT[algo]["steps"]
     train(algo, tmp_path, total_timesteps=units(algo, 6), checkpoint_interval=sync, keep_checkpoints=2)
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*.pt"))
     assert kept == sorted(f"step_{sync * steps * i}.pt" for i in (5, 6)), kept
@@ -1106,7 +870,7 @@ def test_eval_env_kwargs_and_success_rate(algo, tmp_path, monkeypatch):
 
     real_make_env = common.run.make_env
     monkeypatch.setattr(common.run, "make_env", lambda *a, **k: ReportsSuccess(real_make_env(*a, **k)))
-    sync = TINY[algo]["sync"]
+    sync = CONTRACT[algo]["sync"]
     train(
         algo,
         tmp_path,
