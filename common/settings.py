@@ -36,6 +36,21 @@ def rsl_rl_settings(env_id: str, fields: set[str]):
     return translate_rsl_rl(rl_cfg, fields, num_envs, int(os.environ.get("WORLD_SIZE", "1")))
 
 
+def _setter(fields: set[str], values: dict, named: list[str]):
+    """put(flag, value, source): the value of a config's field into `values` where the script has the flag, else named
+    in `named` as the config spells it; a None value (a field left unset) is neither."""
+
+    def put(flag: str, value, source: str):
+        if value is None:
+            return
+        if flag in fields:
+            values[flag] = value
+        else:
+            named.append(f"{source}={value!r}")
+
+    return put
+
+
 def _command_line_envs(default: int) -> int:
     """--num-envs as the command line gives it, else `default` (a set's values are read before the flags are)."""
     from common.args import flag_value
@@ -91,12 +106,7 @@ def translate_brax_ppo(config: dict, fields: set[str], num_envs: int, world_size
     so many steps over this run's envs are one iteration's --num-steps (GAE over the whole rollout, where brax
     bootstraps each unroll's end). Every field is translated or named; brax's own defaults where ours differ too."""
     values, named = {}, []
-
-    def put(flag: str, value, source: str):
-        if flag in fields:
-            values[flag] = value
-        else:
-            named.append(f"{source}={value!r}")
+    put = _setter(fields, values, named)
 
     known = {"num_envs", "batch_size", "num_minibatches", "unroll_length", "num_updates_per_batch", "discounting"}
     known |= {"learning_rate", "entropy_cost", "normalize_observations", "num_timesteps", "num_evals"}
@@ -157,12 +167,7 @@ def translate_brax_sac(config: dict, fields: set[str]) -> tuple[dict, list[str]]
     """({flag: value}, [what has no flag here]) of a brax SAC config of Playground (`brax_sac_config`), with brax's
     one-step targets and its tau of 0.005."""
     values, named = {}, []
-
-    def put(flag: str, value, source: str):
-        if flag in fields:
-            values[flag] = value
-        else:
-            named.append(f"{source}={value!r}")
+    put = _setter(fields, values, named)
 
     put("num_envs", int(config["num_envs"]), "num_envs")
     put("batch_size", int(config["batch_size"]), "batch_size")
@@ -243,14 +248,7 @@ def translate_rsl_rl(rl_cfg, fields: set[str], num_envs: int = 4096, world_size:
     gradient clip of the layout's rsl_rl, its minibatch order and its time-out bootstrap). `num_envs` x `world_size`
     envs turn max_iterations into --total-timesteps."""
     values, named = {}, []
-
-    def put(flag: str, value, source: str):
-        if value is None:
-            return
-        if flag in fields:
-            values[flag] = value
-        else:
-            named.append(f"{source}={value!r}")
+    put = _setter(fields, values, named)
 
     def unknown(cfg, known: set[str], where: str):  # a field this translation does not know: named, never dropped
         for name in _names(cfg):
