@@ -25,6 +25,7 @@ every rank.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import math
@@ -60,8 +61,10 @@ from common.checkpoint import (
     OutputError,
     check_written_by,
     checkpoint_dir,
+    checkpoints_without_last,
     elastic_restart_count,
     load_checkpoint,
+    remove_dead_temporaries,
     resolve_resume,
     run_totals,
     stable_run_name,
@@ -238,6 +241,8 @@ def open_run(run: Run) -> dict | None:
         args.resume = "auto"  # torchrun restarted or re-formed the worker group: continue from last.pt
     try:
         run.resume_path = resolve_resume(args.resume, run.run_dir) if args.resume else None
+        if args.resume == "auto" and run.resume_path is None and not args.eval_only:
+            _start_without_last(run)
         if args.eval_only and run.resume_path is None:
             raise CheckpointError("--eval-only needs --resume PATH of a checkpoint")
         if run.resume_path is not None:
@@ -270,6 +275,55 @@ def open_run(run: Run) -> dict | None:
             raise SystemExit(f"error: --init-from: {e}") from None
         run.init_path = path
     return run.checkpoint
+
+
+def _start_without_last(run: Run) -> None:
+    """--resume auto where the run directory has no last.pt. Checkpoints there: the run cannot continue by itself and
+    is not written over (one line naming them and the commands that use them). None: a run that died before its
+    first save starts again (its earlier files moved aside under the lock, `_move_earlier_files`). No directory: a new
+    run, said with its directory, so that a mistyped --run-name is seen at once."""
+    run_dir = run.run_dir
+    others = checkpoints_without_last(run_dir)
+    if others:
+        named = ", ".join(
+            f"{p.name} (global step {step:,})" if step is not None else f"{p.name} (unreadable)" for p, step in others
+        )
+        use = next((p for p, step in others if step is not None), others[0][0])
+        raise CheckpointError(
+            f"--resume auto: {run_dir} has no {LAST} but has {named}; nothing was written. Continue from one with "
+            f"the same command and --resume {use} instead of --resume auto, or start the run over with --overwrite "
+            f"(it removes them)"
+        )
+    if run_dir.is_dir() and any(p.name != LOCK for p in run_dir.iterdir()):
+        run.started_again = True
+        run.say(
+            f"--resume auto: {run_dir} has no checkpoint (its run ended before its first save): starting it again; "
+            f"its earlier files move to {_earlier_dir(run_dir).name}/ beside it"
+        )
+    elif not run_dir.exists():
+        run.say(f"--resume auto: no run in {run_dir} yet: starting it")
+
+
+def _earlier_dir(run_dir: Path) -> Path:
+    """Where a run started again keeps the files of its earlier start: beside the run directory, so that TensorBoard
+    shows them as a run of their own, never mixed into the new run's curves."""
+    for n in itertools.count(1):
+        aside = run_dir.with_name(f"{run_dir.name}.earlier-{n}")
+        if not aside.exists():
+            return aside
+
+
+def _move_earlier_files(run_dir: Path) -> None:
+    """The lock held: move the earlier start's files (events, config.json, summary.json, videos; not the lock) aside,
+    none deleted. A directory without a checkpoint has nothing else a run reads."""
+    entries = [e for e in run_dir.iterdir() if e.name != LOCK and not e.name.startswith(LOCK + ".")]
+    entries = [e for e in entries if not (e.name == "checkpoints" and e.is_dir() and not any(e.glob("*.pt")))]
+    if not entries:
+        return
+    aside = _earlier_dir(run_dir)
+    aside.mkdir()
+    for entry in entries:
+        entry.rename(aside / entry.name)
 
 
 def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
@@ -389,6 +443,10 @@ def _write_run_dir(run: Run) -> str | None:
             return error
         if args.overwrite:
             _clear_run_dir(run.run_dir)  # held: no process that started meanwhile loses a file
+        elif run.started_again:
+            _move_earlier_files(run.run_dir)  # held: the files are those of a run that no process writes
+        if notice := remove_dead_temporaries(run.run_dir):
+            run.say(notice)
         checkpoint_dir(run.run_dir).mkdir(exist_ok=True)
     except OSError as e:
         return f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir"
