@@ -883,3 +883,18 @@ def test_an_experiments_short_flags_give_the_args_its_long_flags_gave(name):
     short = resolved(module, [*common, *EXPERIMENTS[name]["flags"]])
     long = resolved(module, ["--settings", "builtin", *common, *OLD_FLAGS[name]])
     assert short == long
+
+
+def test_the_2_3_layouts_normalization_switches_that_disagree_are_said_with_their_precedence():
+    """rsl_rl 3 reads the policy's actor/critic_obs_normalization and ignores the runner's empirical_normalization:
+    where they disagree the policy's win, and the start line of the untranslated fields says so."""
+    fields = set(load_script("ppo").Args.__dataclass_fields__)
+    cfg = {
+        "empirical_normalization": False,
+        "policy": {"actor_obs_normalization": True, "critic_obs_normalization": True, "actor_hidden_dims": [32]},
+    }
+    values, untranslated = settings.translate_rsl_rl(cfg, fields)
+    assert values["obs_norm"] is True
+    assert any("empirical_normalization=False" in line and "the policy's switches win" in line for line in untranslated)
+    agreeing = {**cfg, "empirical_normalization": True}
+    assert not any("empirical_normalization" in line for line in settings.translate_rsl_rl(agreeing, fields)[1])
