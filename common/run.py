@@ -76,6 +76,7 @@ from common.record import Run
 from common.stats import PROGRESS_SECONDS, Progress, closing_words, continue_command, plural
 
 CONFIG = "config.json"  # the run's named settings and resolved values
+UNTRANSLATED = "settings_untranslated"  # config.json's list of a task config's fields that have no flag here
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,6 +252,8 @@ def open_run(run: Run) -> dict | None:
             take_flags_from(run, run.checkpoint)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
+    if run.checkpoint is not None:
+        _say_untranslated_again(run)
     if run.checkpoint is not None and not args.eval_only:
         _check_extras(args)  # the flags the run was started with (--capture-video, --track, --export-best) included
     if run.checkpoint is not None:
@@ -275,6 +278,21 @@ def open_run(run: Run) -> dict | None:
             raise SystemExit(f"error: --init-from: {e}") from None
         run.init_path = path
     return run.checkpoint
+
+
+def _say_untranslated_again(run: Run) -> None:
+    """A resumed run of a task's config: the fields that have no flag here, as its config.json keeps them, said again
+    (unless the start said them already) and kept for the config.json this process writes."""
+    args = run.args
+    origin, said = getattr(args, "_settings_origin", ("", []))
+    try:
+        # the resumed checkpoint's run: checkpoints/<name>.pt beside its config.json
+        kept = json.loads((run.resume_path.resolve().parent.parent / CONFIG).read_text()).get(UNTRANSLATED) or []
+    except (OSError, ValueError, AttributeError):
+        return
+    if kept and kept != said:
+        args._settings_origin = (origin, kept)
+        run.say(f"settings {args.settings}: the task's config has no flag here for {'; '.join(kept)} (the run's)")
 
 
 def _start_without_last(run: Run) -> None:
@@ -494,7 +512,9 @@ def _write_config(run: Run) -> None:
     """config.json, atomically, and not at all where it holds these values already (a resume that changes
     nothing)."""
     path = run.run_dir / CONFIG
-    text = json.dumps({**run.foreign_flags, **asdict(run.args)}, indent=2).encode()
+    untranslated = getattr(run.args, "_settings_origin", ("", []))[1]
+    kept = {UNTRANSLATED: list(untranslated)} if untranslated else {}
+    text = json.dumps({**run.foreign_flags, **asdict(run.args), **kept}, indent=2).encode()
     try:
         if path.read_bytes() == text:
             return

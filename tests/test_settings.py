@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import json
+from pathlib import Path
 import math
 from dataclasses import asdict
 
@@ -308,6 +309,13 @@ def test_a_mjlab_run_says_what_its_task_config_has_that_the_script_cannot_take(m
     )
     assert "critic hidden dims" in line and "optimizer" in line
     assert "settings task (for mjlab:Fake-Point-Tuned" in out
+    # kept in config.json, and said again by a resume that does not name the task
+    config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
+    assert "; ".join(config["settings_untranslated"]) in line
+    resume = ["--resume", str(Path(summary["run_dir"]) / "checkpoints" / "last.pt"), "--total-timesteps", "96"]
+    again = run_parsed(ppo, [*resume, "--device", "cpu", "--no-progress", "--output-dir", str(tmp_path)], monkeypatch)
+    assert again["global_step"] == 96
+    assert "; ".join(config["settings_untranslated"]) in capsys.readouterr().out
 
 
 # mjlab 1.6's G1 velocity task's runner config as mjlab's train.py hands it to rsl_rl's runner (asdict of
