@@ -139,6 +139,43 @@ def write_atomically(path: str | os.PathLike, write) -> Path:
     return path
 
 
+def remove_dead_temporaries(run_dir: str | os.PathLike) -> str | None:
+    """Remove the temporary files of `write_atomically` (.<name>.<pid>.tmp) that processes killed during a write left
+    in `run_dir` and its checkpoints/, never this process's nor a running pid's. Called by the lock's holder, the one
+    process that writes the run. Returns the line that says what was removed, or None."""
+    removed, size = 0, 0
+    for folder in (Path(run_dir), checkpoint_dir(run_dir)):
+        for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
+            try:
+                pid = int(tmp.name.rsplit(".", 2)[-2])
+            except (ValueError, IndexError):
+                continue  # not one of ours
+            if pid == os.getpid() or _runs(pid):
+                continue
+            try:
+                bytes_ = tmp.stat().st_size
+                tmp.unlink()
+            except OSError:
+                continue
+            removed, size = removed + 1, size + bytes_
+    if not removed:
+        return None
+    return (
+        f"notice: removed {removed} temporary file(s) ({size / 1e6:.1f} MB) that processes killed during a save "
+        f"left in {run_dir}"
+    )
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def save_checkpoint(state: dict, path: str | os.PathLike) -> Path:
     """Write `state` to `path` atomically (`write_atomically`)."""
     return write_atomically(path, lambda f: torch.save(state, f))
@@ -155,18 +192,18 @@ def load_checkpoint(
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}: check the path, or start without --resume")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-off one has no directory
-        raise CheckpointError(
-            f"{path} is truncated or corrupt (not a complete archive); resume from another checkpoint, e.g. best.pt"
-        )
+        raise CheckpointError(f"{path} is truncated or corrupt (not a complete archive); {_another_checkpoint(path)}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
+    except pickle.UnpicklingError:
+        # torch's own text is several lines with ANSI escapes: the one fact it holds is the line below
         raise CheckpointError(
-            f"{path} is not a checkpoint of this project: it holds Python objects that a safe load refuses ({e})"
+            f"{path} is not a checkpoint of this project: it holds Python objects that a safe load "
+            f"(weights_only) refuses; {_another_checkpoint(path)}"
         ) from None
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as e:
         raise CheckpointError(
-            f"{path} is truncated or corrupt ({type(e).__name__}); resume from another checkpoint, e.g. best.pt"
+            f"{path} is truncated or corrupt ({type(e).__name__}); {_another_checkpoint(path)}"
         ) from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no format_version entry)")
@@ -198,6 +235,31 @@ def load_checkpoint(
             f"{path} was trained on env {state.get('env_id')!r}, not {env_id!r}: pass --env-id {state.get('env_id')}"
         )
     return state
+
+
+def _another_checkpoint(path: Path) -> str:
+    """The advice of a checkpoint that cannot be read: the command that resumes from another one of its run, if any."""
+    others = sorted(p for p in path.parent.glob("*.pt") if p.name != path.name and not p.name.startswith("."))
+    if not others:
+        return "no other checkpoint beside it: start the run over with --overwrite (it removes the run directory)"
+    best = path.parent / BEST
+    other = best if best in others else others[-1]
+    return f"resume from another checkpoint of the run with --resume {other}"
+
+
+def checkpoints_without_last(run_dir: str | os.PathLike) -> list[tuple[Path, int | None]]:
+    """The checkpoints of `run_dir` other than last.pt (best.pt first, then step_<N>.pt by step), each with its global
+    step (None where it cannot be read)."""
+    ckpts = checkpoint_dir(run_dir)
+    found = [p for p in ckpts.glob("*.pt") if p.name != LAST and not p.name.startswith(".")] if ckpts.is_dir() else []
+    found.sort(key=lambda p: (p.name != BEST, len(p.name), p.name))
+    steps = []
+    for p in found:
+        try:
+            steps.append((p, int(torch.load(p, map_location="cpu", weights_only=True)["global_step"])))
+        except Exception:  # noqa: BLE001 -- a damaged one is named without its step
+            steps.append((p, None))
+    return steps
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:

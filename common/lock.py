@@ -145,9 +145,14 @@ def _parse(data: bytes) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def _judge(run_dir: Path, seen: _Seen, patient: bool = True) -> _Verdict:
+def _judge(run_dir: Path, seen: _Seen, patient: bool = True, still: tuple[float, float] | None = None) -> _Verdict:
     """Whether the holder of the lock `seen` is gone (notice), lives (error), or cannot be told yet (wait: a record
-    being written; this job's holder on another host, while `patient` and its heartbeat is not yet stale)."""
+    being written; this job's holder on another host, while `patient` and its heartbeat is not yet stale; a heartbeat
+    dated in the future, until it moves or stays put).
+
+    `still` (the mtime this process first saw, how many seconds ago on its own monotonic clock) judges a heartbeat
+    that another host's clock dates ahead of this one's: its age says nothing, its change does. It moves: the holder
+    lives; it stays put for LOCK_STALE_SECONDS: the holder is gone, whatever the clocks say."""
     record, age, mine = _parse(seen.data), time.time() - seen.mtime, _lock_record()
     host, pid = record.get("host"), record.get("pid")
     who = f"pid {pid} on host {host}"
@@ -164,6 +169,18 @@ def _judge(run_dir: Path, seen: _Seen, patient: bool = True) -> _Verdict:
                 "which no longer runs)"
             )
         return _Verdict(notice=f"notice: {run_dir} was locked by {who}, which no longer runs: lock taken over")
+    ahead = not here and age < -WRITING_SECONDS  # the other host's clock is ahead: its heartbeat's age is negative
+    moved = still is not None and still[0] != seen.mtime
+    if ahead and not moved:
+        if still is not None and still[1] > LOCK_STALE_SECONDS:
+            return _Verdict(
+                notice=f"notice: {run_dir} was locked by {who}, whose heartbeat (dated {-age:.0f} s ahead of this "
+                f"host's clock) has not moved for {still[1]:.0f} s (a lost node): lock taken over"
+            )
+        return _Verdict(
+            wait=f"notice: {run_dir} is locked by {who}, whose heartbeat is dated {-age:.0f} s ahead of this host's "
+            f"clock: watching it for up to {LOCK_STALE_SECONDS:.0f} s (a holder that moves it lives)"
+        )
     if not here and age > LOCK_STALE_SECONDS:
         return _Verdict(
             notice=f"notice: {run_dir} was locked by {who}, silent for {age:.0f} s (a lost node): lock taken over"
@@ -187,7 +204,12 @@ def _judge(run_dir: Path, seen: _Seen, patient: bool = True) -> _Verdict:
         + (
             ""
             if here
-            else f". If {host} is lost, its lock is taken over {LOCK_STALE_SECONDS:.0f} s after its last heartbeat"
+            else f". If {host} is lost, its lock is taken over {LOCK_STALE_SECONDS:.0f} s after its last heartbeat: "
+            + (
+                f"run this command again in {max(LOCK_STALE_SECONDS - age, 0) + 1:.0f} s"
+                if not ahead and not moved
+                else "its heartbeat moves (its host's clock is ahead of this one's): it lives"
+            )
         )
         + shared
     )
@@ -305,14 +327,20 @@ def acquire(run_dir: Path, say: Callable[[str], None] = print) -> Lock:
     data = json.dumps(mine).encode()
     tmp = _unique(path, "tmp")
     _write_new(tmp, data)
-    start, waited = time.monotonic(), False
+    start, waited, first_seen = time.monotonic(), False, {}
     try:
         while not _create_from(tmp, path, data):
             seen = _read(path)
             if seen is None:
                 continue  # released, or moved aside by a taker, this moment: create it again
             elapsed = time.monotonic() - start
-            verdict = _judge(run_dir, seen, patient=elapsed < LOCK_STALE_SECONDS + LOCK_HEARTBEAT_SECONDS)
+            mtime, since = first_seen.setdefault(seen.identity, (seen.mtime, time.monotonic()))
+            verdict = _judge(
+                run_dir,
+                seen,
+                patient=elapsed < LOCK_STALE_SECONDS + LOCK_HEARTBEAT_SECONDS,
+                still=(mtime, time.monotonic() - since),
+            )
             if verdict.error:
                 raise LockRefused(verdict.error)
             if verdict.notice and _take_over(path, tmp, data, seen):

@@ -27,6 +27,7 @@ class Run:
     wandb_run: Any = None
     checkpoint: dict | None = None  # the checkpoint this run resumes from
     resume_path: Path | None = None
+    started_again: bool = False  # --resume auto of a run directory without a checkpoint: its earlier files moved aside
     init_checkpoint: dict | None = None  # --init-from's checkpoint: a new run starts from its weights
     init_path: Path | None = None
     global_step: int = 0

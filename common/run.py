@@ -25,6 +25,7 @@ every rank.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import math
@@ -60,8 +61,10 @@ from common.checkpoint import (
     OutputError,
     check_written_by,
     checkpoint_dir,
+    checkpoints_without_last,
     elastic_restart_count,
     load_checkpoint,
+    remove_dead_temporaries,
     resolve_resume,
     run_totals,
     stable_run_name,
@@ -74,6 +77,7 @@ from common.record import Run
 from common.stats import PROGRESS_SECONDS, Progress, closing_words, continue_command, plural
 
 CONFIG = "config.json"  # the run's named settings and resolved values
+UNTRANSLATED = "settings_untranslated"  # config.json's list of a task config's fields that have no flag here
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,6 +243,8 @@ def open_run(run: Run) -> dict | None:
         args.resume = "auto"  # torchrun restarted or re-formed the worker group: continue from last.pt
     try:
         run.resume_path = resolve_resume(args.resume, run.run_dir) if args.resume else None
+        if args.resume == "auto" and run.resume_path is None and not args.eval_only:
+            _start_without_last(run)
         if args.eval_only and run.resume_path is None:
             raise CheckpointError("--eval-only needs --resume PATH of a checkpoint")
         if run.resume_path is not None:
@@ -247,6 +253,8 @@ def open_run(run: Run) -> dict | None:
             take_flags_from(run, run.checkpoint)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
+    if run.checkpoint is not None:
+        _say_untranslated_again(run)
     if run.checkpoint is not None and not args.eval_only:
         _check_extras(args)  # the flags the run was started with (--capture-video, --track, --export-best) included
     if run.checkpoint is not None:
@@ -271,6 +279,70 @@ def open_run(run: Run) -> dict | None:
             raise SystemExit(f"error: --init-from: {e}") from None
         run.init_path = path
     return run.checkpoint
+
+
+def _say_untranslated_again(run: Run) -> None:
+    """A resumed run of a task's config: the fields that have no flag here, as its config.json keeps them, said again
+    (unless the start said them already) and kept for the config.json this process writes."""
+    args = run.args
+    origin, said = getattr(args, "_settings_origin", ("", []))
+    try:
+        # the resumed checkpoint's run: checkpoints/<name>.pt beside its config.json
+        kept = json.loads((run.resume_path.resolve().parent.parent / CONFIG).read_text()).get(UNTRANSLATED) or []
+    except (OSError, ValueError, AttributeError):
+        return
+    if kept and kept != said:
+        args._settings_origin = (origin, kept)
+        run.say(f"settings {args.settings}: the task's config has no flag here for {'; '.join(kept)} (the run's)")
+
+
+def _start_without_last(run: Run) -> None:
+    """--resume auto where the run directory has no last.pt. Checkpoints there: the run cannot continue by itself and
+    is not written over (one line naming them and the commands that use them). None: a run that died before its
+    first save starts again (its earlier files moved aside under the lock, `_move_earlier_files`). No directory: a new
+    run, said with its directory, so that a mistyped --run-name is seen at once."""
+    run_dir = run.run_dir
+    others = checkpoints_without_last(run_dir)
+    if others:
+        named = ", ".join(
+            f"{p.name} (global step {step:,})" if step is not None else f"{p.name} (unreadable)" for p, step in others
+        )
+        use = next((p for p, step in others if step is not None), others[0][0])
+        raise CheckpointError(
+            f"--resume auto: {run_dir} has no {LAST} but has {named}; nothing was written. Continue from one with "
+            f"the same command and --resume {use} instead of --resume auto, or start the run over with --overwrite "
+            f"(it removes them)"
+        )
+    if run_dir.is_dir() and any(p.name != LOCK for p in run_dir.iterdir()):
+        run.started_again = True
+        run.say(
+            f"--resume auto: {run_dir} has no checkpoint (its run ended before its first save): starting it again; "
+            f"its earlier files move to {_earlier_dir(run_dir).name}/ beside it"
+        )
+    elif not run_dir.exists():
+        run.say(f"--resume auto: no run in {run_dir} yet: starting it")
+
+
+def _earlier_dir(run_dir: Path) -> Path:
+    """Where a run started again keeps the files of its earlier start: beside the run directory, so that TensorBoard
+    shows them as a run of their own, never mixed into the new run's curves."""
+    for n in itertools.count(1):
+        aside = run_dir.with_name(f"{run_dir.name}.earlier-{n}")
+        if not aside.exists():
+            return aside
+
+
+def _move_earlier_files(run_dir: Path) -> None:
+    """The lock held: move the earlier start's files (events, config.json, summary.json, videos; not the lock) aside,
+    none deleted. A directory without a checkpoint has nothing else a run reads."""
+    entries = [e for e in run_dir.iterdir() if e.name != LOCK and not e.name.startswith(LOCK + ".")]
+    entries = [e for e in entries if not (e.name == "checkpoints" and e.is_dir() and not any(e.glob("*.pt")))]
+    if not entries:
+        return
+    aside = _earlier_dir(run_dir)
+    aside.mkdir()
+    for entry in entries:
+        entry.rename(aside / entry.name)
 
 
 def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
@@ -390,6 +462,10 @@ def _write_run_dir(run: Run) -> str | None:
             return error
         if args.overwrite:
             _clear_run_dir(run.run_dir)  # held: no process that started meanwhile loses a file
+        elif run.started_again:
+            _move_earlier_files(run.run_dir)  # held: the files are those of a run that no process writes
+        if notice := remove_dead_temporaries(run.run_dir):
+            run.say(notice)
         checkpoint_dir(run.run_dir).mkdir(exist_ok=True)
     except OSError as e:
         return f"error: cannot write the run directory {run.run_dir} ({e.strerror}); choose --output-dir"
@@ -437,7 +513,9 @@ def _write_config(run: Run) -> None:
     """config.json, atomically, and not at all where it holds these values already (a resume that changes
     nothing)."""
     path = run.run_dir / CONFIG
-    text = json.dumps({**run.foreign_flags, **asdict(run.args)}, indent=2).encode()
+    untranslated = getattr(run.args, "_settings_origin", ("", []))[1]
+    kept = {UNTRANSLATED: list(untranslated)} if untranslated else {}
+    text = json.dumps({**run.foreign_flags, **asdict(run.args), **kept}, indent=2).encode()
     try:
         if path.read_bytes() == text:
             return

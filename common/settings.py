@@ -302,7 +302,14 @@ def _models(rl_cfg, policy, actor, layout_2_3: bool, fields: set[str], put, name
         actor_dims, critic_dims = _get(policy, "actor_hidden_dims"), _get(policy, "critic_hidden_dims")
         activations = {_get(policy, "activation")} - {None}
         norm = {_get(policy, "actor_obs_normalization"), _get(policy, "critic_obs_normalization")} - {None}
-        norm = norm or {_get(rl_cfg, "empirical_normalization"), _get(rl_cfg, "obs_normalization")} - {None}
+        runner_norm = {_get(rl_cfg, "empirical_normalization"), _get(rl_cfg, "obs_normalization")} - {None}
+        if norm and runner_norm and {bool(x) for x in runner_norm} != {bool(x) for x in norm}:
+            # rsl_rl 3 reads the policy's switches and ignores the runner's: said, since the two disagree
+            named.append(
+                f"empirical_normalization={min(runner_norm)!r}, which the policy's actor_obs_normalization/"
+                "critic_obs_normalization override (as in rsl_rl 3: the policy's switches win)"
+            )
+        norm = norm or runner_norm
         init_std, std_type = _get(policy, "init_noise_std"), _get(policy, "noise_std_type", "scalar")
         if _get(policy, "state_dependent_std"):
             named.append("policy.state_dependent_std=True (a state-independent std here)")

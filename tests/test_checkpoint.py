@@ -77,8 +77,15 @@ def test_missing_truncated_and_foreign_files_give_clear_errors(tmp_path):
 
     pickled = tmp_path / "pickled.pt"
     torch.save({"format_version": 1, "obj": _Opaque()}, pickled)
-    with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
+    with pytest.raises(CheckpointError, match="not a checkpoint of this project") as refused:
         load_checkpoint(pickled)
+    # one line like every other bad checkpoint: none of torch's weights_only text, no terminal escapes
+    assert (
+        "\n" not in str(refused.value)
+        and "\x1b" not in str(refused.value)
+        and "WeightsUnpickler" not in str(refused.value)
+    )
+    assert f"--resume {tmp_path}{os.sep}" in str(refused.value)  # the command that uses another checkpoint
 
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.zeros(2)}, other)

@@ -315,3 +315,41 @@ def test_overwrite_takes_the_lock_before_it_clears_and_spares_a_run_that_starts_
     summary = train("ppo", tmp_path, total_timesteps=units("ppo", 1), overwrite=True)
     assert summary["global_step"] == units("ppo", 1) and not (run_dir / "notes.txt").exists()
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1  # the old run's event files went too
+
+
+def test_a_heartbeat_dated_in_the_future_is_judged_by_its_change(tmp_path, short_lock):
+    """Another host's clock an hour ahead: its heartbeat's age is negative, never stale by age. A record whose mtime
+    does not move for LOCK_STALE_SECONDS is taken over; one that moves lives (refused)."""
+    said = []
+    write_record(tmp_path / "a", age=-3600, host="node-7", pid=4242, job="other/0")
+    t0 = time.monotonic()
+    held = acquire(tmp_path / "a", said.append)
+    waited = time.monotonic() - t0
+    release(held)
+    assert 1.4 < waited < 5, waited
+    assert "dated 3600 s ahead of this host's clock" in said[0]
+    assert said[-1].startswith(f"notice: {tmp_path / 'a'} was locked by pid 4242 on host node-7, whose heartbeat")
+
+    write_record(tmp_path / "b", age=-3600, host="node-7", pid=4242, job="other/0")
+    beating = threading.Event()
+
+    def beat():  # the holder lives: its own clock, an hour ahead, moves the mtime
+        while not beating.wait(0.1):
+            ahead = time.time() + 3600
+            os.utime(tmp_path / "b" / LOCK, (ahead, ahead))
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        with pytest.raises(LockRefused, match=r"its heartbeat moves .*: it lives"):
+            acquire(tmp_path / "b", said.append)
+    finally:
+        beating.set()
+        thread.join()
+
+
+def test_the_refusal_of_a_live_holder_on_another_host_says_when_to_run_again(tmp_path, monkeypatch):
+    write_record(tmp_path / "a", age=20, host="node-7", pid=4242, job="other/0")
+    with pytest.raises(LockRefused) as refused:
+        acquire(tmp_path / "a", print)
+    assert str(refused.value).endswith(f"run this command again in {common.lock.LOCK_STALE_SECONDS - 20 + 1:.0f} s")

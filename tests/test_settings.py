@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import json
+from pathlib import Path
 import math
 from dataclasses import asdict
 
@@ -308,6 +309,13 @@ def test_a_mjlab_run_says_what_its_task_config_has_that_the_script_cannot_take(m
     )
     assert "critic hidden dims" in line and "optimizer" in line
     assert "settings task (for mjlab:Fake-Point-Tuned" in out
+    # kept in config.json, and said again by a resume that does not name the task
+    config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
+    assert "; ".join(config["settings_untranslated"]) in line
+    resume = ["--resume", str(Path(summary["run_dir"]) / "checkpoints" / "last.pt"), "--total-timesteps", "96"]
+    again = run_parsed(ppo, [*resume, "--device", "cpu", "--no-progress", "--output-dir", str(tmp_path)], monkeypatch)
+    assert again["global_step"] == 96
+    assert "; ".join(config["settings_untranslated"]) in capsys.readouterr().out
 
 
 # mjlab 1.6's G1 velocity task's runner config as mjlab's train.py hands it to rsl_rl's runner (asdict of
@@ -883,3 +891,18 @@ def test_an_experiments_short_flags_give_the_args_its_long_flags_gave(name):
     short = resolved(module, [*common, *EXPERIMENTS[name]["flags"]])
     long = resolved(module, ["--settings", "builtin", *common, *OLD_FLAGS[name]])
     assert short == long
+
+
+def test_the_2_3_layouts_normalization_switches_that_disagree_are_said_with_their_precedence():
+    """rsl_rl 3 reads the policy's actor/critic_obs_normalization and ignores the runner's empirical_normalization:
+    where they disagree the policy's win, and the start line of the untranslated fields says so."""
+    fields = set(load_script("ppo").Args.__dataclass_fields__)
+    cfg = {
+        "empirical_normalization": False,
+        "policy": {"actor_obs_normalization": True, "critic_obs_normalization": True, "actor_hidden_dims": [32]},
+    }
+    values, untranslated = settings.translate_rsl_rl(cfg, fields)
+    assert values["obs_norm"] is True
+    assert any("empirical_normalization=False" in line and "the policy's switches win" in line for line in untranslated)
+    agreeing = {**cfg, "empirical_normalization": True}
+    assert not any("empirical_normalization" in line for line in settings.translate_rsl_rl(agreeing, fields)[1])
