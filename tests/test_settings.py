@@ -883,3 +883,23 @@ def test_an_experiments_short_flags_give_the_args_its_long_flags_gave(name):
     short = resolved(module, [*common, *EXPERIMENTS[name]["flags"]])
     long = resolved(module, ["--settings", "builtin", *common, *OLD_FLAGS[name]])
     assert short == long
+
+
+@pytest.mark.parametrize("algo", ["ppo", "ppo_rnd", "ppo_lstm", "distill", "pqn", "td3", "sac"])
+def test_a_run_by_the_env_name_alone_has_its_communitys_budget_in_whole_iterations(algo):
+    """No default run ends on a rounding notice: the plain defaults' budget is whole iterations of the default sizes
+    (td3/sac: of either device's number of envs), and each family's set carries its community's budget, whole too:
+    CleanRL's 1M steps for MuJoCo (ppo's, its 488 iterations of 2048), the MinAtar tables'. Atari keeps CleanRL's
+    10M as CleanRL states it (CleanRL rounds it down to whole iterations too; the test above holds it)."""
+    script = load_script(algo)
+    plain = parse_args(script.Args, [])
+    per_iteration = [plain.num_envs * plain.num_steps] if hasattr(plain, "num_steps") else [1024, 32]
+    assert all(plain.total_timesteps % n == 0 for n in per_iteration), (plain.total_timesteps, per_iteration)
+    budgets = {"mujoco": ("gym:Hopper-v5", 1_000_000), "minatar": ("MinAtar/Breakout-v1", 655_360)}
+    for family, (env_id, budget) in budgets.items():
+        if family not in script.SETTINGS:
+            continue
+        args = parse_args(script.Args, ["--env-id", env_id])
+        assert args.settings == family
+        per = args.num_envs * args.num_steps if hasattr(args, "num_steps") else args.num_envs
+        assert args.total_timesteps % per == 0 and budget - per < args.total_timesteps <= budget, (family, args)
