@@ -168,8 +168,7 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
             )
         render = "rgb_array" if args.capture_video else None
         eval_kwargs, implied = eval_env_kwargs(kwargs, eval_kwargs)  # a training preset implies its eval preset
-        if implied:
-            run.say(implied)
+        args._eval_notice = implied  # said after the start line (begin_training), which comes first
         eval_envs = make_env(
             args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run, 0), render_mode=render, **eval_kwargs
         )
@@ -342,6 +341,8 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
         f"run dir {run.run_dir}\n{cadence(run)}",
         flush=True,
     )
+    if getattr(args, "_eval_notice", None):
+        run.say(args._eval_notice)
     if args.progress:
         run.progress = Progress(run)
 
