@@ -543,6 +543,11 @@ def closing(run: Run):
         if what is None:
             raise
         raise SystemExit(output_failed(run, what, e)) from None
+    except SystemExit as e:  # bad input found before training began: a usage error's status, as a bad flag's (2)
+        if run.guard is None and isinstance(e.code, str) and e.code.startswith("error:"):
+            print(e.code, file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        raise
     finally:
         close(run)
 
