@@ -82,6 +82,8 @@ class Args(RunArgs):
     """hidden layer sizes of the student's actor head (give the same to ppo.py / ppo_lstm.py to fine-tune it)"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
     """activation of the actor head's hidden layers"""
+    total_timesteps: Annotated[int, Ge(1)] = 5_111_808
+    """env steps to train for, summed over all processes (by default whole iterations of the default sizes)"""
     num_steps: Annotated[int, Ge(1)] = 32
     """steps per env per rollout, also the length of the replayed sequences (truncated BPTT)"""
     num_minibatches: Annotated[int, Ge(1)] = 4

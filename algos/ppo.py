@@ -50,6 +50,8 @@ ALGO = "ppo"
 class Args(RunArgs):
     bf16: bool = False
     """run the networks under bfloat16 autocast (distribution math and losses stay float32)"""
+    total_timesteps: Annotated[int, Ge(1)] = 5_111_808
+    """env steps to train for, summed over all processes (by default whole iterations of the default sizes)"""
     num_steps: Annotated[int, Ge(1)] = 24
     """steps per env per rollout; the batch per process is num_envs * num_steps"""
     num_minibatches: Annotated[int, Ge(1)] = 4
@@ -134,6 +136,7 @@ SETTINGS = {
     # CleanRL's ppo_continuous_action.py beyond the defaults (tests/test_settings.py checks all of its values); an
     # evaluation every 51,200 steps on 8 envs
     "mujoco": dict(
+        total_timesteps=999_424,  # CleanRL's 1M-step MuJoCo run: its 488 whole iterations of 2048 steps
         num_envs=1,
         num_steps=2048,
         num_minibatches=32,
@@ -168,6 +171,7 @@ SETTINGS = {
     ),
     # the README's MinAtar table; an evaluation on 16 envs every 10 iterations
     "minatar": dict(
+        total_timesteps=655_360,  # the MinAtar tables' budget: 160 iterations of 128 x 32
         num_envs=128,
         num_steps=32,
         num_minibatches=8,

@@ -64,6 +64,8 @@ class Args(RunArgs):
     """stacked layers of the cell"""
     bf16: bool = False
     """run the networks under bfloat16 autocast (distribution math and losses stay float32)"""
+    total_timesteps: Annotated[int, Ge(1)] = 5_111_808
+    """env steps to train for, summed over all processes (by default whole iterations of the default sizes)"""
     num_steps: Annotated[int, Ge(1)] = 32
     """steps per env per rollout, also the length of the replayed sequences (truncated BPTT)"""
     num_minibatches: Annotated[int, Ge(1)] = 4
@@ -133,6 +135,7 @@ class Args(RunArgs):
 SETTINGS = {
     # ppo.py's: CleanRL's ppo_continuous_action.py (64 tanh units after the cell); an evaluation every 51,200 steps
     "mujoco": dict(
+        total_timesteps=999_424,  # CleanRL's 1M-step MuJoCo run: its 488 whole iterations of 2048 steps
         num_envs=1,
         num_steps=2048,
         num_minibatches=32,

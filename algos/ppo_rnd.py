@@ -53,6 +53,8 @@ ALGO = "ppo_rnd"
 class Args(RunArgs):
     bf16: bool = False
     """run the agent's networks under bfloat16 autocast (distribution math, losses and RND stay float32)"""
+    total_timesteps: Annotated[int, Ge(1)] = 5_111_808
+    """env steps to train for, summed over all processes (by default whole iterations of the default sizes)"""
     num_steps: Annotated[int, Ge(1)] = 24
     """steps per env per rollout; the batch per process is num_envs * num_steps"""
     num_minibatches: Annotated[int, Ge(1)] = 4
@@ -150,6 +152,7 @@ class Args(RunArgs):
 SETTINGS = {
     # ppo.py's, CleanRL's ppo_continuous_action.py; an evaluation every 51,200 steps on 8 envs
     "mujoco": dict(
+        total_timesteps=999_424,  # CleanRL's 1M-step MuJoCo run: its 488 whole iterations of 2048 steps
         num_envs=1,
         num_steps=2048,
         num_minibatches=32,

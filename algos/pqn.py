@@ -61,6 +61,8 @@ class Args(RunArgs):
     """load --resume, evaluate the policy (epsilon-greedy with --eval-epsilon), print the returns, and exit"""
 
     # --- PQN ---
+    total_timesteps: Annotated[int, Ge(1)] = 5_111_808
+    """env steps to train for, summed over all processes (by default whole iterations of the default sizes)"""
     num_steps: Annotated[int, Ge(1)] = 16
     """steps per env per rollout; the batch per process is num_envs * num_steps"""
     num_minibatches: Annotated[int, Ge(1)] = 8
@@ -114,6 +116,7 @@ SETTINGS = {
     # Adam 5e-4, epsilon to 0.05 over the first 10%, unscaled rewards, MinAtar's one-conv network and one 128-unit
     # layer; an evaluation on 16 envs every 10 iterations
     "minatar": dict(
+        total_timesteps=655_360,  # the MinAtar tables' budget: 160 iterations of 128 x 32
         num_envs=128,
         num_steps=32,
         num_minibatches=32,

@@ -61,7 +61,7 @@ class Args(RunArgs):
     num_envs: int | None = None
     """envs per process; default 1024 on CUDA, 32 elsewhere (a CPU runs the updates too: fewer envs, more updates per
     env step)"""
-    total_timesteps: int = 10_000_000
+    total_timesteps: int = 10_240_000  # whole iterations of either default num_envs (1024 or 32)
     save_interval: int = 2000
     save_buffer: bool = False
     """store every rank's replay buffer in last.pt, so that --resume continues bit-exactly (large files)"""
@@ -119,10 +119,18 @@ class Args(RunArgs):
 
 
 # Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
-# mujoco: gymnasium MuJoCo on a CPU: 1-step returns and Adam at 1e-3 for the actor and the critics (as td3.py's).
+# mujoco: gymnasium MuJoCo on a CPU: 1-step returns and Adam at 1e-3 for the actor and the critics (as td3.py's),
+# CleanRL's budget of 1M steps.
 SETTINGS = {
     "mujoco": dict(
-        num_envs=32, batch_size=512, n_step=1, q_lr=1e-3, policy_lr=1e-3, num_eval_envs=10, eval_interval=1563
+        total_timesteps=1_000_000,
+        num_envs=32,
+        batch_size=512,
+        n_step=1,
+        q_lr=1e-3,
+        policy_lr=1e-3,
+        num_eval_envs=10,
+        eval_interval=1563,
     ),
     "task": brax_sac_settings,  # a Playground DM Control task's brax SAC config, field by field
 }

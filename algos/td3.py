@@ -57,7 +57,7 @@ class Args(RunArgs):
     """environment id with a continuous (Box) action space: a built-in env or an adapter prefix (gym:..., mjlab:...)"""
     num_envs: int | None = None
     """envs per process; default 1024 on CUDA, 32 elsewhere"""
-    total_timesteps: int = 10_000_000
+    total_timesteps: int = 10_240_000  # whole iterations of either default num_envs (1024 or 32)
     save_interval: int = 2000
     save_buffer: bool = False
     """store every rank's replay buffer in last.pt, so that --resume continues bit-exactly (large files)"""
@@ -125,6 +125,7 @@ class Args(RunArgs):
 # samples of 2 of 512, twice the gradient steps: the replay of few envs turns over slowly, each step may learn more).
 SETTINGS = {
     "mujoco": dict(
+        total_timesteps=1_000_000,  # CleanRL's MuJoCo budget (31,250 iterations of 32 envs)
         num_envs=32,
         batch_size=256,
         num_updates=4,

@@ -196,6 +196,13 @@ class PreemptionGuard:
                 os._exit(128 + signum)
             return
         self.received, self._received_at = signal.Signals(signum).name, now
+        if os.environ.get("RANK", "0") == "0":  # said at once, by one process: the iteration may take seconds
+            second = "Ctrl-C" if self.received == "SIGINT" else "signal"
+            print(
+                f"{self.received}: stopping after this iteration: saving last.pt; "
+                f"a second {second} ends without saving",
+                flush=True,
+            )
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -229,6 +229,8 @@ def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:
     """--eval-only: evaluate the resumed checkpoint's policy, print the result as JSON, and end. The seeds are the
     checkpoint iteration's evaluation's: best.pt gives back the return it was saved for (exactly, on CPU)."""
     args = run.args
+    if getattr(args, "_eval_notice", None):  # the eval envs' implied preset (no start line here to follow)
+        run.say(args._eval_notice)
     record = args.video_envs if args.capture_video and run.is_main else 0
     budget = eval_steps(run)
     result = run_episodes(

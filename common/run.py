@@ -173,8 +173,7 @@ def make_envs(run: Run, action_space: type | None = None, hint: str = ""):
             )
         render = "rgb_array" if args.capture_video else None
         eval_kwargs, implied = eval_env_kwargs(kwargs, eval_kwargs)  # a training preset implies its eval preset
-        if implied:
-            run.say(implied)
+        args._eval_notice = implied  # said after the start line (begin_training), which comes first
         eval_envs = make_env(
             args.env_id, args.num_eval_envs, run.device, seed=eval_seed(run, 0), render_mode=render, **eval_kwargs
         )
@@ -415,6 +414,8 @@ def begin_training(run: Run, description: str, steps_per_iteration: int, graphs:
         f"run dir {run.run_dir}\n{cadence(run)}",
         flush=True,
     )
+    if getattr(args, "_eval_notice", None):
+        run.say(args._eval_notice)
     if args.progress:
         run.progress = Progress(run)
 
@@ -603,6 +604,11 @@ def closing(run: Run):
         if what is None:
             raise
         raise SystemExit(output_failed(run, what, e)) from None
+    except SystemExit as e:  # bad input found before training began: a usage error's status, as a bad flag's (2)
+        if run.guard is None and isinstance(e.code, str) and e.code.startswith("error:"):
+            print(e.code, file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        raise
     finally:
         close(run)
 

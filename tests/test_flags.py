@@ -274,3 +274,16 @@ def test_the_from_the_checkpoint_line_is_a_shell_fragment(capsys):
     pasted = parse_args(ppo.Args, shlex.split(line.removeprefix("from the checkpoint: ")))
     taken = {k: v for k, v in saved.items() if k not in SITTING_FLAGS}
     assert {k: v for k, v in asdict(pasted).items() if k in taken} == taken
+
+
+def test_every_bad_input_exits_2_as_a_bad_flag_does(tmp_path):
+    from tests.helpers import run
+
+    """A bad env id is found once the envs are made, a bad flag by the parser: both are usage errors, one line, 2."""
+    common = [sys.executable, "algos/ppo.py", "--output-dir", str(tmp_path), "--no-progress"]
+    for flags in (["--env-id", "NoSuchEnv-v0"], ["--num-envs", "0"]):
+        result = run([*common, *flags], timeout=120)
+        assert result.returncode == 2, (flags, result.stdout[-2000:], result.stderr[-2000:])
+        said = (result.stdout + (result.stderr or "")).strip().splitlines()
+        assert said[-1].startswith("error:") and "Traceback" not in result.stdout, said[-5:]
+    assert not any(tmp_path.iterdir())

@@ -257,3 +257,25 @@ def test_no_line_runs_past_the_line_length():
         if len(line) > limit
     ]
     assert long == [], f"lines past {limit} columns: {long}"
+
+
+def test_the_readme_reads_in_minutes_in_its_order_and_links_what_exists():
+    """A newcomer's README: at most ~350 lines, the copy recipe within its first 150, its sections in the order
+    a first reading takes them, and every page it links to there (the rest of the reference lives in docs/)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    lines = readme.splitlines()
+    assert len(lines) <= 350, len(lines)
+    headings = [line for line in lines if line.startswith("## ")]
+    order = ["## Quick start", "## Copying a script", "## Algorithms", "## Environments", "## Running", "## Results"]
+    found = [next(i for i, h in enumerate(headings) if h.startswith(name)) for name in order]
+    assert found == sorted(found), headings
+    assert next(i for i, line in enumerate(lines) if line.startswith("## Copying a script")) < 150
+    for target in re.findall(r"\]\(([^)#]+)", readme):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+    for page in (ROOT / "docs").glob("*.md"):
+        for target in re.findall(r"\]\(([^)#]+)", page.read_text()):
+            if not target.startswith("http"):
+                assert (page.parent / target).exists(), (page.name, target)

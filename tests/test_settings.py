@@ -906,3 +906,23 @@ def test_the_2_3_layouts_normalization_switches_that_disagree_are_said_with_thei
     assert any("empirical_normalization=False" in line and "the policy's switches win" in line for line in untranslated)
     agreeing = {**cfg, "empirical_normalization": True}
     assert not any("empirical_normalization" in line for line in settings.translate_rsl_rl(agreeing, fields)[1])
+
+
+@pytest.mark.parametrize("algo", ["ppo", "ppo_rnd", "ppo_lstm", "distill", "pqn", "td3", "sac"])
+def test_a_run_by_the_env_name_alone_has_its_communitys_budget_in_whole_iterations(algo):
+    """No default run ends on a rounding notice: the plain defaults' budget is whole iterations of the default sizes
+    (td3/sac: of either device's number of envs), and each family's set carries its community's budget, whole too:
+    CleanRL's 1M steps for MuJoCo (ppo's, its 488 iterations of 2048), the MinAtar tables'. Atari keeps CleanRL's
+    10M as CleanRL states it (CleanRL rounds it down to whole iterations too; the test above holds it)."""
+    script = load_script(algo)
+    plain = parse_args(script.Args, [])
+    per_iteration = [plain.num_envs * plain.num_steps] if hasattr(plain, "num_steps") else [1024, 32]
+    assert all(plain.total_timesteps % n == 0 for n in per_iteration), (plain.total_timesteps, per_iteration)
+    budgets = {"mujoco": ("gym:Hopper-v5", 1_000_000), "minatar": ("MinAtar/Breakout-v1", 655_360)}
+    for family, (env_id, budget) in budgets.items():
+        if family not in script.SETTINGS:
+            continue
+        args = parse_args(script.Args, ["--env-id", env_id])
+        assert args.settings == family
+        per = args.num_envs * args.num_steps if hasattr(args, "num_steps") else args.num_envs
+        assert args.total_timesteps % per == 0 and budget - per < args.total_timesteps <= budget, (family, args)

@@ -105,19 +105,26 @@ def test_the_probe_reports_a_write_it_finds_lost(monkeypatch):
 
 def test_a_torch_outside_the_supported_range_is_named_in_one_line(capsys, monkeypatch):
     lo, hi = TORCH_RANGE
-    check_torch()  # the torch at hand is in the range, so nothing is said
+    major, minor = (int(x) for x in hi.split("."))
+    check_torch()  # the torch at hand is one CI runs, so nothing is said
     check_torch(f"{lo}.0a0+git1234")  # a pre-release build of the oldest counts as it
+    check_torch(f"{hi}.0+cu132")  # the newest release CI runs, a CUDA build of it
     assert capsys.readouterr().out == ""
     older = f"{lo.split('.')[0]}.{int(lo.split('.')[1]) - 1}.0+cu130"
-    for version, side in ((older, "older"), (f"{hi}.0", "newer")):
-        check_torch(version)
-        assert capsys.readouterr().out == (
-            f"notice: torch {version} is {side} than the releases this project supports "
-            f"and tests (torch>={lo},<{hi}); if something fails, pip install "
-            f'"torch>={lo},<{hi}"\n'
-        )
+    check_torch(older)
+    assert capsys.readouterr().out == (
+        f"notice: torch {older} is older than the oldest release this project supports (torch>={lo}); "
+        f'if something fails, pip install "torch>={lo}"\n'
+    )
+    newer = f"{major}.{minor + 1}.0"
+    check_torch(newer)
+    assert capsys.readouterr().out == (
+        f"notice: torch {newer} is newer than the newest release this project's CI runs ({hi}): what the "
+        f'compiler does is probed and the run goes on; if something fails, pip install "torch>={lo},<{newer[:-2]}"\n'
+    )
     monkeypatch.setenv("RANK", "1")  # said once, by rank 0
     check_torch(older)
+    check_torch(newer)
     assert capsys.readouterr().out == ""
 
 
@@ -131,18 +138,22 @@ def test_a_script_says_so_at_start_on_a_torch_outside_the_range():
     )
     result = run([sys.executable, "-c", code], timeout=120)
     lines = result.stdout.strip().splitlines()
-    assert lines[0].startswith(f"notice: torch {older} is older than the releases this project supports"), lines
+    assert lines[0].startswith(f"notice: torch {older} is older than the oldest release this project supports"), lines
     assert result.returncode != 0 and "--num-envs" in lines[-1]  # and the run went on to its own checks
 
 
 def test_pyproject_and_ci_state_the_range_the_code_checks():
     lo, hi = TORCH_RANGE
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert re.findall(r'"torch[^"]*"', pyproject) == [f'"torch>={lo},<{hi}"']
-    # the second CI lane installs the oldest release of the range
-    assert re.search(rf"^OLDEST_TORCH={re.escape(lo)}\.0 ", (ROOT / ".ci" / "run").read_text(), re.M)
+    # a floor and no cap: an install never downgrades a newer torch, nor tensordict
+    assert re.findall(r'"torch[^"]*"', pyproject) == [f'"torch>={lo}"']
+    assert re.findall(r'"tensordict[^"]*"', pyproject) == ['"tensordict>=0.15"']
+    ci = (ROOT / ".ci" / "run").read_text()
+    # CI's oldest lane installs the floor, its latest lane the newest release
+    assert re.search(rf"^OLDEST_TORCH={re.escape(lo)}\.0 ", ci, re.M)
+    assert re.search(rf"^NEWEST_TORCH={re.escape(hi)}\.0 ", ci, re.M)
+    readme = (ROOT / "README.md").read_text()
     # the README's CPU install takes a torch of the range, which the project's install then keeps
-    assert (
-        f'pip install "torch>={lo},<{hi}" --index-url https://download.pytorch.org/whl/cpu'
-        in (ROOT / "README.md").read_text()
-    )
+    assert f'pip install "torch>={lo}" --index-url https://download.pytorch.org/whl/cpu' in readme
+    # and it names the releases CI runs, and what a newer torch says
+    assert f"torch {lo}.0 and {hi}.0" in readme and "is newer than the newest release this project's CI runs" in readme

@@ -363,6 +363,9 @@ class GymVecEnv:
                 import ale_py
 
                 gym.register_envs(ale_py)
+                # each emulator prints ALE's banner at its creation, before the run's start line: errors only
+                if hasattr(ale_py, "LoggerMode"):
+                    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
             except ImportError:
                 raise ValueError(f"gym:{env_id}: Atari needs ale-py: {ATARI_EXTRA}") from None
         try:
