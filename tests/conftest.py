@@ -5,7 +5,7 @@ Tests marked `sims` need a real simulator (ale-py, envpool, mjlab) and skip with
 REQUIRE_SIMULATORS=1 (.ci/run's sims lane, where all three are installed) such a skip, or a test
 module skipped at import, is a failure instead: a simulator that stopped installing or importing
 must not pass CI as a row of skips. Tests marked `playground` (MuJoCo Playground, whose MuJoCo is not the one mjlab
-pins: a lane of its own) are held so in the playground lane."""
+pins: a lane of its own) are held so with REQUIRE_SIMULATORS=playground, the playground lane's."""
 
 import os
 
@@ -15,21 +15,23 @@ import torch
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
-REQUIRE_SIMULATORS = os.environ.get("REQUIRE_SIMULATORS") == "1"
+# REQUIRE_SIMULATORS=1: the sims lane's markers (and modules) may not skip; =playground: the playground lane's tests
+REQUIRED_MARKERS = {"1": ("sims",), "playground": ("playground",)}.get(os.environ.get("REQUIRE_SIMULATORS", ""), ())
+REQUIRE_SIMULATORS = "sims" in REQUIRED_MARKERS
 
 
 def _as_failure(report, what: str) -> None:
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
-    report.longrepr = f"{what} skipped, but REQUIRE_SIMULATORS=1: {reason}"
+    report.longrepr = f"{what} skipped, but REQUIRE_SIMULATORS is set: {reason}"
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    sims = any(item.get_closest_marker(m) is not None for m in ("sims", "playground"))
-    if REQUIRE_SIMULATORS and sims and report.skipped and not hasattr(report, "wasxfail"):
+    required = any(item.get_closest_marker(m) is not None for m in REQUIRED_MARKERS)
+    if required and report.skipped and not hasattr(report, "wasxfail"):
         _as_failure(report, item.nodeid)
 
 
