@@ -52,6 +52,7 @@ from common.args import (
     given_flags,
     script_name,
     take_flags_from,
+    usage_error,
 )
 from common.capture import check_torch, peak_memory_mb, read_timings, release_graphs
 from common.checkpoint import (
@@ -605,9 +606,9 @@ def closing(run: Run):
             raise
         raise SystemExit(output_failed(run, what, e)) from None
     except SystemExit as e:  # bad input found before training began: a usage error's status, as a bad flag's (2)
-        if run.guard is None and isinstance(e.code, str) and e.code.startswith("error:"):
-            print(e.code, file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+        bad_input = not run.output_failed  # a file that could not be written is not bad input: status 1
+        if run.guard is None and isinstance(e.code, str) and e.code.startswith("error:") and bad_input:
+            raise usage_error(e.code) from None  # the line on stderr and as the message, exit status 2
         raise
     finally:
         close(run)
