@@ -840,8 +840,24 @@ def build_model(algo: str, state: dict, env):
     return model.eval()
 
 
-@pytest.mark.parametrize("algo", [algo for algo in SCRIPTS if CONTRACT[algo]["policy"] is not None])
+def exported_actions(step, obs: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+    """`step(obs, state) -> (action, next_state)` over the steps of obs [T, B, ...], fed back its own next state
+    (state None: a policy without one, `step(obs) -> action`): the actions [T, B, ...]."""
+    actions = []
+    for o in obs:
+        if state is None:
+            actions.append(step(o))
+        else:
+            action, state = step(o, state)
+            actions.append(action)
+    return torch.stack(actions)
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
 def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
+    """--export of a checkpoint: policy.pt2 and policy.onnx act as the script's evaluated model on a few steps'
+    observations and some far outside the data, the normalizer inside; a recurrent policy takes (obs, state) and
+    returns (action, next_state), its state fed back step after step."""
     onnxruntime = pytest.importorskip("onnxruntime")
     from common.envs import make_env
 
@@ -862,19 +878,30 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     for _ in range(3):  # observations of a few steps, and some far outside the data
         actions = np.stack([env.single_action_space.sample() for _ in range(64)])
         obs.append(env.step(torch.as_tensor(actions))[0]["policy"])
-    obs = torch.cat([*obs, torch.randn(64, obs[0].shape[-1]) * 5])
-    with torch.no_grad():
-        expected = model.deterministic(obs)
+    obs = torch.stack([*obs, torch.randn(64, obs[0].shape[-1]) * 5])  # [T, B, obs_dim]
+    recurrent = hasattr(model, "recurrent_step")
+    hidden = torch.zeros(model.state_shape[0], 64, model.state_shape[1]) if recurrent else None
     program = load_exported_program(tmp_path / "export" / "policy.pt2")  # no deprecation notice
-    onnx = onnxruntime.InferenceSession(str(tmp_path / "export" / "policy.onnx"))
+    session = onnxruntime.InferenceSession(str(tmp_path / "export" / "policy.onnx"))
+
+    def onnx_step(o, s=None):
+        out = session.run(None, {"obs": o.numpy()} if s is None else {"obs": o.numpy(), "state": s.numpy()})
+        return torch.as_tensor(out[0]) if s is None else tuple(torch.as_tensor(x) for x in out)
+
     with torch.no_grad():
-        got_pt2 = program(obs)
-        one_row = program(obs[:1])  # the batch dimension is dynamic: not fixed to the example's
-    got_onnx = torch.as_tensor(onnx.run(None, {"obs": obs.numpy()})[0])
+        expected = exported_actions(model.recurrent_step if recurrent else model.deterministic, obs, hidden)
+        got_pt2 = exported_actions(program, obs, hidden)
+        # the batch dimension is dynamic: not fixed to the example's
+        one_row = exported_actions(program, obs[:, :1], None if hidden is None else hidden[:, :1])
+    got_onnx = exported_actions(onnx_step, obs, hidden)
     assert got_pt2.dtype == got_onnx.dtype == expected.dtype
     torch.testing.assert_close(got_pt2, expected, rtol=0, atol=1e-5)
-    torch.testing.assert_close(one_row, expected[:1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(one_row, expected[:, :1], rtol=0, atol=1e-5)
     torch.testing.assert_close(got_onnx, expected, rtol=0, atol=1e-5)
+    if recurrent:  # the state carries: the same policy with its state zeroed at every step acts otherwise
+        with torch.no_grad():
+            forgetful = exported_actions(lambda o, s: model.recurrent_step(o, torch.zeros_like(s)), obs, hidden)
+        assert not torch.equal(forgetful[1:], expected[1:])
     # the normalizer is inside: its statistics are constants of the exported graph...
     import onnx
     from onnx import numpy_helper
@@ -889,12 +916,15 @@ def test_exported_policy_acts_as_the_script_with_its_normalizer(algo, tmp_path):
     if not isinstance(env.single_action_space, gym.spaces.Discrete):
         model.obs_rms = torch.nn.Identity()
         with torch.no_grad():
-            assert not torch.equal(model.deterministic(obs), expected)
+            unnormalized = exported_actions(model.recurrent_step if recurrent else model.deterministic, obs, hidden)
+        assert not torch.equal(unnormalized, expected)
     meta = json.loads((tmp_path / "export" / "policy.json").read_text())
     assert meta["algo"] == algo and meta["global_step"] == state["global_step"]
     assert meta["files"] == {"torch_export": "policy.pt2", "onnx": "policy.onnx"}
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["policy.json", "policy.onnx", "policy.pt2"]
     assert meta["input"]["observation_space"]["shape"] == [obs.shape[-1]]
+    if recurrent:
+        assert meta["state"]["shape"] == [model.state_shape[0], "batch", model.state_shape[1]]
     kind = type(env.single_action_space).__name__
     assert meta["output"]["action_space"]["type"] == kind
 
