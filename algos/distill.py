@@ -352,7 +352,7 @@ def train(run, args: Args) -> dict:
         carry_over(rnn_state, student_next, done)
         carry_over(teacher_state, teacher_next, done)
 
-    def env_step(obs: TensorDict):
+    def env_step(policy_step, end_step, obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         action, target, student_next, teacher_next = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(action)
@@ -376,7 +376,7 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return losses
 
-    def rollout_fn(obs: TensorDict) -> TensorDict:
+    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
         """--num-steps env steps, each transition into the storage at its step; no host sync, so that a built-in
         env's whole rollout is one CUDA graph. Returns the observation after the last step."""
         initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
@@ -389,24 +389,24 @@ def train(run, args: Args) -> dict:
     def targets_fn():
         return targets(student, storage.data, ep_stats, stats["episodes"], args)
 
-    def update_fn() -> None:
+    def update_fn(targets_fn, update_minibatch) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, nonfinite = targets_fn()
         add_to(stats["nonfinite"], nonfinite)
         update(update_minibatch, batch, initial_state, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged ---
-    # Each name is rebound to its compiled (and captured) function: the functions that call it read the name at each
-    # call. A built-in env steps inside the graph: the whole rollout is one, its env step compiled. An adapter's
-    # simulator cannot be captured: its step runs eagerly between the acting and end-of-step functions, each captured.
-    if whole_rollout := getattr(envs, "capturable", False):
-        env_step = compiled(run, env_step)
-    else:
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        end_step = captured(run, "end of step", compiled(run, end_step))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(run, "update", update_fn)  # the targets and every epoch as one graph: the batch never leaves
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
+    # what it calls is wrapped, and is given it ---
+    if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
+        step = compiled(run, lambda obs: env_step(policy_step, end_step, obs))  # rollout is one
+    else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
+        acting = captured(run, "acting", compiled(run, policy_step))
+        end_step_captured = captured(run, "end of step", compiled(run, end_step))
+        step = lambda obs: env_step(acting, end_step_captured, obs)  # noqa: E731
+    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
+    # the targets and every epoch of the update as one graph: the batch never leaves it
+    update_step = captured(run, "update", lambda: update_fn(targets_step, minibatch_step))
     # the start line: the teacher, the student, the batch as minibatches of envs
     teacher_said = f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r})"
     cell_said = "MLP" if args.cell == "none" else f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
@@ -424,10 +424,10 @@ def train(run, args: Args) -> dict:
         )
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_fn(next_obs)
+            next_obs = rollout_step(next_obs)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn()
+            update_step()
         # the log when due (every --log-interval iterations, and before an evaluation or a save: one host read) of the
         # iterations since the last log, then the evaluation and checkpoints due; a stop, the same on every rank
         due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step

@@ -471,8 +471,8 @@ def train(run, args: Args) -> dict:
         with torch.no_grad(), acting_autocast(device, args.bf16):
             return agent_inference.value(agent_inference.normalize(final_obs))
 
-    def env_step(obs: TensorDict):
-        """Act and step every env once: (next observation, the transition to store, the env's info)."""
+    def env_step(policy_step, final_value, obs: TensorDict):
+        """Act (policy_step) and step every env once: (next observation, the transition to store, the env's info)."""
         with torch.no_grad(), acting_autocast(device, args.bf16):  # bf16 without a cache of cast weights
             action, logprob, out = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
@@ -506,8 +506,8 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return losses
 
-    def rollout_fn(obs: TensorDict) -> TensorDict:
-        """The env step --num-steps times, each transition into the storage at its step and the env's own metrics
+    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
+        """`env_step` --num-steps times, each transition into the storage at its step and the env's own metrics
         recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
         for step in range(args.num_steps):
             obs, transition, info = env_step(obs)
@@ -520,26 +520,29 @@ def train(run, args: Args) -> dict:
             agent, reward_normalizer, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args
         )
 
-    def update_fn(obs: TensorDict) -> None:
+    def update_fn(targets_fn, update_minibatch, obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, rollout_stats, nonfinite_counts = targets_fn(obs)
         add_to(stats["losses"], rollout_stats)
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, by the names their callers read ---
-    if whole_rollout := getattr(envs, "capturable", False):
-        env_step = compiled(run, env_step)  # a built-in env steps inside the graph: the whole rollout is one
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
+    # what it calls is wrapped, and is given it ---
+    if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
+        step = compiled(run, lambda obs: env_step(policy_step, final_value, obs))  # rollout is one
     else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        final_value = captured(run, "final value", compiled(run, final_value))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+        acting = captured(run, "acting", compiled(run, policy_step))
+        final_value_step = captured(run, "final value", compiled(run, final_value))
+        step = lambda obs: env_step(acting, final_value_step, obs)  # noqa: E731
+    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
     if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch apart
-        targets_fn = captured(run, "targets", targets_fn)
-        update_minibatch = captured(run, "minibatch update", update_minibatch)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+        targets_step = captured(run, "targets", targets_step)
+        minibatch_step = captured(run, "minibatch update", minibatch_step)
+    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
+    update_step = lambda obs: update_fn(targets_step, minibatch_step, obs)  # noqa: E731
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
-        update_fn = captured(run, "update", update_fn)
+        update_step = captured(run, "update", update_step)
     graphs = "off"  # what the CUDA graphs hold, as the start line says it
     if args.cudagraphs:
         graphs = "the whole rollout, " if whole_rollout else "each acting step, "
@@ -553,11 +556,11 @@ def train(run, args: Args) -> dict:
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_fn(next_obs)
+            next_obs = rollout_step(next_obs)
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn(next_obs)
+            update_step(next_obs)
         # the log (one host read), evaluation and checkpoints that are due, the same on every rank
         due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
         if due.log:  # every --log-interval iterations, and before an evaluation or a save

@@ -508,7 +508,7 @@ def train(run, args: Args) -> dict:
         novelty = torch.where(done, rnd_inference.novelty(final_obs, group), rnd_inference.novelty(next_obs, group))
         return final_value, novelty
 
-    def env_step(obs: TensorDict):
+    def env_step(policy_step, step_values, obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         with acting_autocast(device, args.bf16):  # under no_grad (the rollout's); bf16 without a cache of cast weights
             action, logprob, out = policy_step(obs)
@@ -548,7 +548,7 @@ def train(run, args: Args) -> dict:
         rnd_optimizer.step()
         return {**losses, "rnd_loss": rnd_loss.detach()}
 
-    def rollout_fn(obs: TensorDict) -> TensorDict:
+    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
         """The env step --num-steps times, each transition into the storage at its step and the env's own metrics
         recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
         for step in range(args.num_steps):
@@ -563,7 +563,7 @@ def train(run, args: Args) -> dict:
             agent, rnd, normalizers, rnd_weight, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args
         )
 
-    def update_fn(obs: TensorDict) -> None:
+    def update_fn(targets_fn, update_minibatch, obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, rollout_stats, charts, nonfinite_counts = targets_fn(obs)
         add_to(stats["losses"], rollout_stats)
@@ -571,19 +571,22 @@ def train(run, args: Args) -> dict:
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, lr, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, unchanged, as ppo.py ---
-    if whole_rollout := getattr(envs, "capturable", False):
-        env_step = compiled(run, env_step)  # a built-in env steps inside the graph: the whole rollout is one
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
+    # what it calls is wrapped, and is given it ---
+    if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
+        step = compiled(run, lambda obs: env_step(policy_step, step_values, obs))  # rollout is one
     else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        step_values = captured(run, "values and novelty", compiled(run, step_values))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+        acting = captured(run, "acting", compiled(run, policy_step))
+        step_values_captured = captured(run, "values and novelty", compiled(run, step_values))
+        step = lambda obs: env_step(acting, step_values_captured, obs)  # noqa: E731
+    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
     if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch apart
-        targets_fn = captured(run, "targets", targets_fn)
-        update_minibatch = captured(run, "minibatch update", update_minibatch)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
+        targets_step = captured(run, "targets", targets_step)
+        minibatch_step = captured(run, "minibatch update", minibatch_step)
+    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
+    update_step = lambda obs: update_fn(targets_step, minibatch_step, obs)  # noqa: E731
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
-        update_fn = captured(run, "update", update_fn)
+        update_step = captured(run, "update", update_step)
     graphs = "off"  # what the CUDA graphs hold, as the start line says it
     if args.cudagraphs:
         graphs = "the whole rollout, " if whole_rollout else "each acting step, "
@@ -598,11 +601,11 @@ def train(run, args: Args) -> dict:
         rnd_weight.fill_(rnd_weight_at(run.global_step // (args.num_envs * run.world_size), args))
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_fn(next_obs)
+            next_obs = rollout_step(next_obs)
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn(next_obs)
+            update_step(next_obs)
         # the log (one host read), evaluation and checkpoints that are due, the same on every rank
         due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
         if due.log:  # every --log-interval iterations, and before an evaluation or a save

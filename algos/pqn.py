@@ -338,7 +338,7 @@ def train(run, args: Args) -> dict:
         rollout."""
         return qnet_inference(qnet_inference.obs_rms(final_obs)).amax(-1)
 
-    def env_step(obs: TensorDict):
+    def env_step(policy_step, final_q_max, obs: TensorDict):
         """Act epsilon-greedily and step every env once: (next observation, the transition to store, the env's info)."""
         action = policy_step(obs["policy"], epsilon)
         next_obs, reward, terminated, truncated, info = envs.step(action)
@@ -364,7 +364,7 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return {"td_loss": loss.detach(), "q_values": q.mean().detach()}
 
-    def rollout_fn(obs: TensorDict) -> TensorDict:
+    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
         """The env step --num-steps times, each transition into the storage at its step and the env's own metrics
         recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
         for step in range(args.num_steps):
@@ -376,21 +376,24 @@ def train(run, args: Args) -> dict:
     def targets_fn(obs: TensorDict):
         return targets(qnet, storage.data, obs, ep_stats, stats["episodes"], args)
 
-    def update_fn(obs: TensorDict) -> None:
+    def update_fn(targets_fn, update_minibatch, obs: TensorDict) -> None:
         """The Q(lambda) targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, nonfinite_counts = targets_fn(obs)
         add_to(stats["nonfinite"], nonfinite_counts)
         update(update_minibatch, batch, stats, args)
 
-    # --- compile and capture (--compile / --cudagraphs) the functions above, by the names their callers read ---
-    if whole_rollout := getattr(envs, "capturable", False):
-        env_step = compiled(run, env_step)  # a built-in env steps inside the graph: the whole rollout is one
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
+    # what it calls is wrapped, and is given it ---
+    if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
+        step = compiled(run, lambda obs: env_step(policy_step, final_q_max, obs))  # rollout is one
     else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
-        policy_step = captured(run, "acting", compiled(run, policy_step))
-        final_q_max = captured(run, "final value", compiled(run, final_q_max))
-    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
-    update_fn = captured(run, "update", update_fn)  # the targets and every epoch of the update: the batch stays in it
+        acting = captured(run, "acting", compiled(run, policy_step))
+        final_q_max_captured = captured(run, "final value", compiled(run, final_q_max))
+        step = lambda obs: env_step(acting, final_q_max_captured, obs)  # noqa: E731
+    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
+    # the targets and every epoch of the update as one graph: the batch never leaves it
+    update_step = captured(run, "update", lambda obs: update_fn(targets_step, minibatch_step, obs))
     graphs = "off"  # what the CUDA graphs hold, as the start line says it
     if args.cudagraphs:
         graphs = f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update"
@@ -407,11 +410,11 @@ def train(run, args: Args) -> dict:
         torch.mul(eps_scale, eps_now, out=epsilon)
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_fn(next_obs)
+            next_obs = rollout_step(next_obs)
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_fn(next_obs)
+            update_step(next_obs)
         # the log (one host read), evaluation and checkpoints that are due, the same on every rank
         due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
         if due.log:  # every --log-interval iterations, and before an evaluation or a save

@@ -31,8 +31,8 @@ from tests.pixel_env import CATCH
 #   the log interval); `log_interval_only_logs`: whether --log-interval changes the logs alone (not
 #   the training, as it does where it also paces the normalizer updates);
 # - `wrong_actions`: an env of the action kind it cannot act in, and the script the error points to;
-# - `policy(module, args, obs_dim, action_space)`: its evaluated model as the export test rebuilds it
-#   (None: a recurrent policy, whose export tests/test_ppo_lstm.py runs through episodes);
+# - `policy(module, args, obs_dim, action_space)`: its evaluated model as the export test rebuilds it; a
+#   recurrent one (with `recurrent_step(obs, state)` and `state_shape`) is stepped with its state fed back;
 # - optional: `summary`, the script's own summary.json fields; `bounded`, a flag with a range, a value
 #   outside it and the range's words (default: --gamma 1.5, in [0, 1]).
 GYM_16 = '{"env_kwargs": {"max_episode_steps": 16}}'  # the gym: adapter's 16-step episodes
@@ -186,7 +186,7 @@ CONTRACT = {
         per_read="num_steps",
         log_interval_only_logs=True,
         wrong_actions=None,
-        policy=None,
+        policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args),
     ),
     # a linear weight schedule that ends within the tiny runs, so resume and compile parity cover its steps
     "ppo_rnd": dict(
@@ -240,7 +240,17 @@ CONTRACT["distill"] = dict(
     per_read="num_steps",
     log_interval_only_logs=True,
     wrong_actions=None,
-    policy=None,
+    policy=lambda module, args, obs_dim, space: module.Policy(
+        obs_dim,
+        space,
+        args.cell,
+        args.rnn_hidden_size,
+        args.rnn_layers,
+        tuple(args.hidden_sizes),
+        args.activation,
+        args.obs_norm,
+        args.obs_clip,
+    ),
     summary={"teacher"},
     bounded=("teacher_action_prob", 1.5, r"in \[0, 1\]"),
 )
