@@ -78,6 +78,8 @@ class Args(RunArgs):
     """discount factor"""
     gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
     """GAE lambda"""
+    timeout_bootstrap: Literal["unless-terminated", "every-timeout"] = "unless-terminated"
+    """a step that both terminates and times out: no bootstrap (ours), or gamma * V like every time-out (rsl_rl's)"""
     adv_norm: Literal["none", "minibatch", "batch"] = "minibatch"
     """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all"""
     clip_coef: Annotated[float, Ge(0)] = 0.2
@@ -255,11 +257,21 @@ class Agent(nn.Module):
 
 
 # --- GAE with truncation bootstrapping; the adaptive learning rate; the gradient clip's groups ---
-def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
+def compute_advantages(
+    rewards,
+    values,
+    next_value,
+    final_values,
+    terminated,
+    truncated,
+    gamma: float,
+    lam: float,
+    every_timeout: bool = False,
+):
     """GAE(lambda) over a [T, N] rollout. A *terminated* episode has no future: no bootstrap. A *truncated* one does:
     its last reward gets gamma * V(final_obs), the true last observation's value, and the lambda-chain stops there.
     Treating truncation as termination teaches the critic that time-outs are terminal (Pardo et al., 2018)."""
-    bootstrap = truncated & ~terminated
+    bootstrap = truncated if every_timeout else truncated & ~terminated  # --timeout-bootstrap
     rewards = rewards + gamma * final_values * bootstrap
     dones = (terminated | truncated).float()
     advantages = torch.zeros_like(rewards)
@@ -378,7 +390,15 @@ def targets(
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
     advantages, returns = compute_advantages(
-        rewards, values, next_value, data["final_values"], terminated, truncated, args.gamma, args.gae_lambda
+        rewards,
+        values,
+        next_value,
+        data["final_values"],
+        terminated,
+        truncated,
+        args.gamma,
+        args.gae_lambda,
+        args.timeout_bootstrap == "every-timeout",
     )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

@@ -89,6 +89,8 @@ class Args(RunArgs):
     """discount factor"""
     gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
     """GAE lambda"""
+    timeout_bootstrap: Literal["unless-terminated", "every-timeout"] = "unless-terminated"
+    """a step that both terminates and times out: no bootstrap (ours), or gamma * V like every time-out (rsl_rl's)"""
     adv_norm: Literal["none", "minibatch", "batch"] = "minibatch"
     """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all"""
     clip_coef: Annotated[float, Ge(0)] = 0.2
@@ -287,10 +289,20 @@ def env_minibatches(args: Args) -> int:
 
 
 # --- GAE with truncation bootstrapping, the adaptive learning rate, the clip's groups (as ppo.py's); the loss ---
-def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
+def compute_advantages(
+    rewards,
+    values,
+    next_value,
+    final_values,
+    terminated,
+    truncated,
+    gamma: float,
+    lam: float,
+    every_timeout: bool = False,
+):
     """GAE(lambda) over a [T, N] rollout. A truncated episode's last reward gets gamma * V(final_obs)
     and the lambda-chain stops there; a terminated one gets no bootstrap (Pardo et al., 2018)."""
-    bootstrap = truncated & ~terminated
+    bootstrap = truncated if every_timeout else truncated & ~terminated  # --timeout-bootstrap
     rewards = rewards + gamma * final_values * bootstrap
     dones = (terminated | truncated).float()
     advantages = torch.zeros_like(rewards)
@@ -387,7 +399,15 @@ def targets(
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
     advantages, returns = compute_advantages(
-        rewards, values, next_value, data["final_values"], terminated, truncated, args.gamma, args.gae_lambda
+        rewards,
+        values,
+        next_value,
+        data["final_values"],
+        terminated,
+        truncated,
+        args.gamma,
+        args.gae_lambda,
+        args.timeout_bootstrap == "every-timeout",
     )
     if args.adv_norm == "batch":
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

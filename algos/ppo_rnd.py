@@ -78,6 +78,8 @@ class Args(RunArgs):
     """discount factor"""
     gae_lambda: Annotated[float, Ge(0), Le(1)] = 0.95
     """GAE lambda"""
+    timeout_bootstrap: Literal["unless-terminated", "every-timeout"] = "unless-terminated"
+    """a step that both terminates and times out: no bootstrap (ours), or gamma * V like every time-out (rsl_rl's)"""
     adv_norm: Literal["none", "minibatch", "batch"] = "minibatch"
     """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all"""
     clip_coef: Annotated[float, Ge(0)] = 0.2
@@ -264,9 +266,19 @@ def rnd_weight_at(env_steps: int, args: Args) -> float:
 
 
 # --- GAE with truncation bootstrapping, the adaptive learning rate, the PPO loss (ppo.py's, two value heads) ---
-def compute_advantages(rewards, values, next_value, final_values, terminated, truncated, gamma: float, lam: float):
+def compute_advantages(
+    rewards,
+    values,
+    next_value,
+    final_values,
+    terminated,
+    truncated,
+    gamma: float,
+    lam: float,
+    every_timeout: bool = False,
+):
     """GAE(lambda) over a [T, N] rollout; a truncated episode's last reward gets gamma * V(final_obs) (ppo.py)."""
-    bootstrap = truncated & ~terminated
+    bootstrap = truncated if every_timeout else truncated & ~terminated  # --timeout-bootstrap
     rewards = rewards + gamma * final_values * bootstrap
     dones = (terminated | truncated).float()
     advantages = torch.zeros_like(rewards)
@@ -384,7 +396,15 @@ def targets(
         int_rewards = reward_normalizers[1].normalize(int_rewards)
     final_values, no_bootstrap = data["final_values"], torch.zeros_like(int_rewards)
     adv_ext, ret_ext = compute_advantages(
-        rewards, values[..., 0], next_value[..., 0], final_values, terminated, truncated, args.gamma, args.gae_lambda
+        rewards,
+        values[..., 0],
+        next_value[..., 0],
+        final_values,
+        terminated,
+        truncated,
+        args.gamma,
+        args.gae_lambda,
+        args.timeout_bootstrap == "every-timeout",
     )
     adv_int, ret_int = compute_advantages(
         int_rewards, values[..., 1], next_value[..., 1], no_bootstrap, never, never, args.rnd_gamma, args.gae_lambda

@@ -572,14 +572,45 @@ def take_flags_from(run, checkpoint: dict) -> None:
         taken.append((name, as_flag(name, value)))
         if name == "settings":
             args._settings_origin = ("the run's, its values from its checkpoint", [])
-    names = [name for name, _ in taken]
-    if "env_id" in names and "settings" not in names and args.settings is not None:
-        # named, as the env id alone would choose its family's set: the line added to the command gives the run's values
-        taken.insert(names.index("env_id") + 1, ("settings", as_flag("settings", args.settings)))
-    if taken:
-        run.say(f"from the checkpoint: {' '.join(words for _, words in taken)}")
+    command = run_command(run, saved, own)
+    if command:
+        run.say(f"from the checkpoint: {command}")
     if changed and not args.eval_only:
         run.say(f"notice: given again with other values than the run's: {', '.join(changed)}")
+
+
+def run_command(run, saved: dict, own: set[str]) -> str:
+    """The flags that start the run `saved` holds the values of: each one whose value is not the default of the set it
+    was started with (that set's values over Args's defaults, for its env id), whatever this command line repeats, and
+    --settings wherever the env id alone would not choose that set. Pasted into a new run, it starts the same run."""
+    args = run.args
+    env_id, name = saved.get("env_id", args.env_id), saved.get("settings")
+    script_fields = {f.name: f for f in fields(type(args))}
+    module = sys.modules.get(type(args).__module__)
+    sets = getattr(module, "SETTINGS", None) or {}
+    set_values = {}
+    if name is not None:
+        _, set_values, _, _ = resolve_settings(sets, run.algo, env_id, name, set(script_fields))
+    words = []
+    if env_id != type(args).env_id:
+        words.append(as_flag("env_id", env_id))
+    if name is not None and (
+        name != BUILTIN or resolve_settings(sets, run.algo, env_id, None, set(script_fields))[0] != name
+    ):
+        words.append(as_flag("settings", name))
+    for flag, value in saved.items():
+        if flag in own or flag in ("env_id", "settings") or flag not in script_fields:
+            continue
+        f = script_fields[flag]
+        default = f.default if f.default is not MISSING else f.default_factory()
+        default = set_values.get(flag, default)
+        if isinstance(default, tuple) and isinstance(value, list):
+            value = tuple(value)
+        if isinstance(value, tuple) and isinstance(default, list):
+            default = tuple(default)
+        if value != default:
+            words.append(as_flag(flag, value))
+    return " ".join(words)
 
 
 def derive_seed(run, stream: str) -> int:

@@ -214,6 +214,7 @@ RSL_RL_UPDATE = dict(
     lr_max=1e-2,  # the adaptive rate's cap
     adam_eps=1e-8,  # torch's default: rsl_rl's optimizer is a plain Adam
     reward_norm=False,  # the rewards as the env gives them
+    timeout_bootstrap="every-timeout",  # process_env_step: gamma * V on every time-out, a terminating one too
 )
 # The runner's fields that are not the training's (where it logs, what it loads, its device): ours are --output-dir,
 # --run-name, --track, --resume, --device, --compile; clip_actions is the mjlab adapter's (the env's action bounds),

@@ -37,6 +37,7 @@ from common.args import (
 )
 from common.record import Run
 from common.run import open_run
+from tests import fake_mjlab
 from tests.helpers import ROOT, load_script, subprocess_env
 
 SCRIPTS = sorted(path.stem for path in (ROOT / "algos").glob("*.py"))
@@ -246,6 +247,76 @@ def test_a_resumed_run_keeps_every_flag_it_was_started_with_however_it_is_resume
     )
     with pytest.raises(SystemExit, match=r"^error: .*last\.pt is a run of --settings builtin, not minatar: a resume"):
         resolved(ppo, ["--settings", "minatar", "--resume", "auto", *where], monkeypatch)
+
+
+# a run of each family's set with flags of its own: (its env id, the flags it was started with, the module it needs)
+FAMILY_RUNS = {
+    "builtin-on-minatar": (
+        "MinAtar/Breakout-v1",
+        ["--settings", "builtin", "--encoder", "minatar", "--eval-interval", "5"],
+        "minatar",
+    ),
+    "minatar": ("MinAtar/Breakout-v1", ["--learning-rate", "0.001", "--no-reward-norm"], "minatar"),
+    "mujoco": ("gym:HalfCheetah-v5", ["--gamma", "0.98", "--lr-schedule", "constant"], "mujoco"),
+    "atari": ("gym:ALE/Pong-v5", ["--reward-norm", "--clip-coef", "0.2"], "ale_py"),
+    "task": ("mjlab:Fake-Point-Tuned", ["--gamma", "0.97", "--timeout-bootstrap", "unless-terminated"], None),
+}
+FAMILY_SIZES = ["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "2", "--total-timesteps", "320"]
+FAMILY_SIZES += ["--num-eval-envs", "2", "--device", "cpu", "--no-progress"]
+
+
+def from_the_checkpoint(out: str) -> list[str]:
+    (line,) = [line for line in out.splitlines() if line.startswith("from the checkpoint: ")]
+    return shlex.split(line.removeprefix("from the checkpoint: "))
+
+
+@pytest.mark.parametrize("family", FAMILY_RUNS)
+def test_the_from_the_checkpoint_line_pasted_with_the_env_id_starts_the_same_run(family, tmp_path, monkeypatch, capsys):
+    """A run of each family's set, stopped at its start, resumed with --resume auto --env-id (the env id alone would
+    choose the family's set): its "from the checkpoint" line, pasted with the env id into a new run, starts the run
+    the first one was, config.json for config.json (the sitting's flags aside). ale-py absent: the atari run skips
+    (test_the_from_the_checkpoint_line_is_each_sets_run below checks its line without an env)."""
+    env_id, flags, needs = FAMILY_RUNS[family]
+    if needs is not None:
+        pytest.importorskip(needs)
+    else:
+        fake_mjlab.install(monkeypatch)
+    ppo = load_script("ppo")
+    monkeypatch.setattr(sys, "argv", ["ppo.py"])  # the task set counts its iterations in the command line's envs
+    where = lambda name: ["--output-dir", str(tmp_path), "--run-name", name, "--max-wall-seconds", "0"]  # noqa: E731
+    run_parsed(ppo, ["--env-id", env_id, *flags, *FAMILY_SIZES, *where("first")], monkeypatch)
+    first = json.loads((tmp_path / "first" / "config.json").read_text())
+    capsys.readouterr()
+    resolved(ppo, ["--resume", "auto", "--env-id", env_id, *where("first")], monkeypatch)
+    line = from_the_checkpoint(capsys.readouterr().out)
+    assert "--settings" in line or family != "builtin-on-minatar", line
+    pasted = line if "--env-id" in line else ["--env-id", env_id, *line]
+    run_parsed(ppo, [*pasted, *where("pasted")], monkeypatch)
+    again = json.loads((tmp_path / "pasted" / "config.json").read_text())
+    assert {k: v for k, v in again.items() if k not in SITTING_FLAGS} == {
+        k: v for k, v in first.items() if k not in SITTING_FLAGS
+    }
+
+
+@pytest.mark.parametrize("family", FAMILY_RUNS)
+def test_the_from_the_checkpoint_line_is_each_sets_run(family, monkeypatch, capsys):
+    """Without an env (the atari set where ale-py is absent): the line a resume with --env-id says for the values of a
+    run of each set, pasted with the env id, parses to those values."""
+    env_id, flags, _ = FAMILY_RUNS[family]
+    fake_mjlab.install(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["ppo.py"])
+    ppo = load_script("ppo")
+    saved = json.loads(json.dumps(asdict(parse_args(ppo.Args, ["--env-id", env_id, *flags, *FAMILY_SIZES]))))
+    args = parse_args(ppo.Args, ["--resume", "auto", "--env-id", env_id, "--gamma", "0.9"])
+    run = Run(args=args, algo="ppo", rank=0, world_size=1, device=torch.device("cpu"), is_main=True)
+    run.given, run.resume_path = given_flags(args), "last.pt"
+    take_flags_from(run, {"args": saved})
+    line = from_the_checkpoint(capsys.readouterr().out)
+    line = line if "--env-id" in line else ["--env-id", env_id, *line]
+    pasted = json.loads(json.dumps(asdict(parse_args(ppo.Args, line))))
+    assert {k: v for k, v in pasted.items() if k not in SITTING_FLAGS} == {
+        k: v for k, v in saved.items() if k not in SITTING_FLAGS
+    }
 
 
 def test_the_from_the_checkpoint_line_is_a_shell_fragment(capsys):

@@ -392,3 +392,22 @@ def test_a_copy_outside_algos_without_the_package_says_how_to_get_it(tmp_path, m
         SystemExit, match=r"^error: my_ppo\.py needs the project's common/ package: .*pip install -e \."
     ):
         runpy.run_path(str(copy), run_name="copied")
+
+
+@pytest.mark.parametrize("script", ["ppo", "ppo_rnd", "ppo_lstm"])
+def test_timeout_bootstrap_on_a_step_that_also_terminates(script):
+    """One env, two steps: the first both terminates and times out, the second times out alone. Ours
+    (--timeout-bootstrap unless-terminated) bootstraps only the second; rsl_rl's (every-timeout) both, by gamma * V."""
+    module = ppo if script == "ppo" else load_script(script)
+    r = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    fv = torch.tensor([[10.0], [20.0]], dtype=torch.float64)
+    zero, nv = torch.zeros(2, 1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    term, trunc = torch.tensor([[True], [False]]), torch.tensor([[True], [True]])
+    returns = {}
+    for flag in ("unless-terminated", "every-timeout"):
+        args = parse_args(module.Args, ["--timeout-bootstrap", flag])
+        every = args.timeout_bootstrap == "every-timeout"
+        returns[flag] = module.compute_advantages(r, zero, nv, fv, term, trunc, 0.5, 1.0, every)[1][:, 0].tolist()
+    assert returns["unless-terminated"] == [1.0, 2.0 + 0.5 * 20.0]
+    assert returns["every-timeout"] == [1.0 + 0.5 * 10.0, 2.0 + 0.5 * 20.0]
+    assert parse_args(module.Args, []).timeout_bootstrap == "unless-terminated"

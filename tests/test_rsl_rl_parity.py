@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -256,6 +257,7 @@ def test_ppo_update_is_rsl_rls_on_the_same_batch(monkeypatch, tmp_path, per_mini
     args = result["ours"]["args"]
     update = (args.kl_estimator, args.lr_adapt, args.lr_max, args.grad_clip, args.adam_eps, args.shuffle)
     assert update == ("analytic", "before-step", 1e-2, "per-network", 1e-8, "once")
+    assert args.timeout_bootstrap == "every-timeout"
     assert (args.std_type, args.vf_coef, args.adv_norm) == ("scalar", 2.0, "minibatch" if per_minibatch else "batch")
     assert_rsl_rls(result)
     rates = [row["lr"] for row in result["ours"]["record"]]
@@ -324,3 +326,59 @@ def test_ppo_rnd_update_is_rsl_rls_but_for_its_second_value_head(monkeypatch, tm
     torch.testing.assert_close(std, theirs["alg"].actor.distribution.std_param, rtol=1e-5, atol=1e-6, msg="std")
     assert_same_weights(ours["rnd"].predictor, theirs["alg"].rnd.predictor, "predictor")
     assert ours["agent"].critic[-1].out_features == 2 and theirs["alg"].critic.mlp[-1].out_features == 1
+
+
+class LastValues(SimpleNamespace):
+    """The critic rsl_rl's compute_returns calls: the rollout's last values, no hidden state."""
+
+    def __init__(self, values: torch.Tensor):
+        super().__init__(values=values, get_hidden_state=lambda: None, reset=lambda **k: None)
+
+    def __call__(self, obs) -> torch.Tensor:
+        return self.values
+
+
+@pytest.mark.parametrize("script", ["ppo", "ppo_rnd", "ppo_lstm"])
+def test_returns_on_steps_that_terminate_and_time_out_are_rsl_rls(script):
+    """A rollout where some envs terminate and time out on the same step: rsl_rl's process_env_step (its time-out
+    bootstrap) and compute_returns, run on it, give the returns of the script's compute_advantages under
+    --timeout-bootstrap every-timeout (the task set's); ours (unless-terminated) differs exactly on those steps."""
+    g = torch.Generator().manual_seed(SEED)
+    rewards, values = torch.randn(NUM_STEPS, NUM_ENVS, generator=g), torch.randn(NUM_STEPS, NUM_ENVS, generator=g)
+    last_values = torch.randn(NUM_ENVS, generator=g)
+    terminated = torch.rand(NUM_STEPS, NUM_ENVS, generator=g) < 0.2
+    time_outs = torch.rand(NUM_STEPS, NUM_ENVS, generator=g) < 0.2
+    both = terminated & time_outs
+    assert both.sum() >= 2 and (~both.any(0)).any()
+    gamma, lam = 0.99, 0.95
+    # rsl_rl's bootstrap reads the stored V(s_t) (final_obs "pre_step"): the same values stand for final_values here
+    stored = []
+    none = SimpleNamespace(update_normalization=lambda obs: None, reset=lambda *a, **k: None)
+    alg = SimpleNamespace(actor=none, critic=none, rnd=None, gamma=gamma, lam=lam, device="cpu")
+    alg.storage = SimpleNamespace(add_transition=lambda t: stored.append(t.rewards.clone()))
+    for t in range(NUM_STEPS):
+        alg.transition = SimpleNamespace(values=values[t].unsqueeze(-1), clear=lambda: None)
+        PPO.process_env_step(alg, None, rewards[t], terminated[t] | time_outs[t], {"time_outs": time_outs[t]})
+    alg.storage = SimpleNamespace(
+        num_transitions_per_env=NUM_STEPS,
+        rewards=torch.stack(stored).unsqueeze(-1),
+        values=values.unsqueeze(-1),
+        dones=(terminated | time_outs).unsqueeze(-1),
+        returns=torch.zeros(NUM_STEPS, NUM_ENVS, 1),
+    )
+    alg.normalize_advantage_per_mini_batch = True
+    alg.critic = LastValues(last_values.unsqueeze(-1))
+    PPO.compute_returns(alg, None)
+    theirs = alg.storage.returns[..., 0]
+    module = load_script(script)
+    returns = {}
+    for flag in ("every-timeout", "unless-terminated"):
+        args = parse_args(module.Args, ["--timeout-bootstrap", flag])
+        every = args.timeout_bootstrap == "every-timeout"
+        step = (rewards, values, last_values, values, terminated, time_outs, gamma, lam, every)
+        returns[flag] = module.compute_advantages(*step)[1]
+    torch.testing.assert_close(returns["every-timeout"], theirs, rtol=1e-5, atol=1e-6)
+    at_both = (returns["unless-terminated"] - theirs).abs() > 1e-4
+    assert at_both[both].all(), "ours differs on every step that terminates and times out"
+    untouched = ~both.any(0)  # the envs without such a step: the two agree on every step
+    torch.testing.assert_close(returns["unless-terminated"][:, untouched], theirs[:, untouched], rtol=1e-5, atol=1e-6)

@@ -250,6 +250,7 @@ RSL_RL = dict(
     lr_max=1e-2,
     adam_eps=1e-8,
     reward_norm=False,
+    timeout_bootstrap="every-timeout",
     grad_clip="per-network",
     shuffle="once",
     env_kwargs='{"final_obs": "pre_step"}',
