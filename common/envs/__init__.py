@@ -34,6 +34,10 @@ BUILTIN_ENVS: dict[str, type[TorchEnv]] = {
     cls.env_id: cls for cls in (CartPole, Pendulum, MountainCarContinuous, Acrobot, MountainCar, *MINATAR_ENVS)
 }
 ADAPTER_PREFIXES = ("gym", "envpool", "mjlab", "playground")
+CANNOT_RENDER = {  # adapters whose envs draw no frames (--capture-video), and why
+    "mjlab": "mjlab's offscreen renderer is not wired in",
+    "playground": "Playground renders trajectories after the fact, not a live batch",
+}
 
 __all__ = [
     "ADAPTER_PREFIXES",
@@ -122,21 +126,15 @@ def make_env(
             from common.envs.envpool_adapter import make_envpool_env
 
             return make_envpool_env(name, num_envs, device=device, seed=seed, render_mode=render_mode, **kwargs)
+        if render_mode is not None and prefix in CANNOT_RENDER:
+            raise ValueError(
+                f"{env_id}: this adapter cannot render frames ({CANNOT_RENDER[prefix]}); run without --capture-video"
+            )
         if prefix == "mjlab":
-            if render_mode is not None:
-                raise ValueError(
-                    f"{env_id}: this adapter cannot render frames (mjlab's offscreen renderer is not "
-                    f"wired in); run without --capture-video"
-                )
             from common.envs.mjlab_adapter import make_mjlab_env
 
             return make_mjlab_env(name, num_envs, device=device, seed=seed, **kwargs)
         if prefix == "playground":
-            if render_mode is not None:
-                raise ValueError(
-                    f"{env_id}: this adapter cannot render frames (Playground renders trajectories after the fact, "
-                    f"not a live batch); run without --capture-video"
-                )
             from common.envs.playground_adapter import make_playground_env
 
             return make_playground_env(name, num_envs, device=device, seed=seed, **kwargs)
