@@ -5,6 +5,7 @@ The run contract (resume, checkpoints, logging, NaN guard, torchrun, faults, err
 for every script in tests/test_scripts.py."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -194,6 +195,18 @@ def test_acting_and_replay_are_the_modules_steps_to_float_rounding(cell):
         assert not torch.allclose(agent.replay(x, state, torch.zeros_like(starts)), expected, rtol=1e-3, atol=1e-3)
 
 
+def called_name(fn) -> str:
+    """A function's name; a lambda's (the scripts' wiring, `lambda obs: env_step(acting, end_step, obs)`) is the
+    name of the function it calls."""
+    import inspect
+
+    name = getattr(fn, "__name__", getattr(getattr(fn, "func", None), "__name__", "?"))
+    if name == "<lambda>":
+        called = re.search(r"lambda[^:]*:\s*(\w+)\(", inspect.getsource(fn))
+        name = called.group(1) if called else name
+    return name
+
+
 def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatch):
     """Under --compile, the env step (acting, a built-in env's step, the end of the step) and the evaluation
     step are traced whole: 0 dynamo graph breaks in them (an nn.LSTM / nn.GRU in a traced function breaks the
@@ -209,10 +222,7 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
 
     def counting(compiled):
         def compiled_and_counted(run, fn):
-            fn_compiled, name = (
-                compiled(run, fn),
-                getattr(fn, "__name__", getattr(getattr(fn, "func", None), "__name__", "?")),
-            )
+            fn_compiled, name = compiled(run, fn), called_name(fn)
 
             def call(*args, **kwargs):
                 before = counters["graph_break"].total()
