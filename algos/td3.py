@@ -46,6 +46,7 @@ from common.nets import EnsembleLinear, agent_and_twin, mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd, normalize_groups  # noqa: E402
 from common.offpolicy import action_bounds, log_eval_save, new_stats, obs_dims, replay_capacity  # noqa: E402
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run  # noqa: E402
+from common.settings import fasttd3_settings  # noqa: E402
 from common.stats import add_to, episode_sums, record_env_log  # noqa: E402
 
 ALGO = "td3"
@@ -135,6 +136,7 @@ SETTINGS = {
         num_eval_envs=10,
         eval_interval=1563,
     ),
+    "task": fasttd3_settings,  # a Playground task: FastTD3's published settings (its Playground defaults, its tasks')
 }
 
 # Sizes resolved once the device is known: (on CUDA, elsewhere). The CUDA ones are FastTD3's; a CPU, where the env

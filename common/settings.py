@@ -187,6 +187,90 @@ def translate_brax_sac(config: dict, fields: set[str]) -> tuple[dict, list[str]]
     return values, named
 
 
+# ----------------------------------------------------------------------------------------------
+# td3.py on Playground: FastTD3's published settings (its hyperparams.py: MuJoCoPlaygroundArgs and the task classes)
+# ----------------------------------------------------------------------------------------------
+# FastTD3's values in its own units: buffer_size per env, learning_starts and total_timesteps in iterations (one step
+# of every env), networks by their first width (the actor halves it twice: 512, 256, 128; the critic 1024, 512, 256).
+FASTTD3_PLAYGROUND = dict(
+    num_envs=1024, num_eval_envs=1024, buffer_size=1024 * 10, batch_size=32768, gamma=0.97, tau=0.1, num_steps=1,
+    num_updates=2, policy_frequency=2, learning_starts=10, total_timesteps=1_500_000, eval_interval=10000,
+    critic_learning_rate=3e-4, actor_learning_rate=3e-4, std_min=0.001, std_max=0.4, policy_noise=0.001,
+    noise_clip=0.5, num_atoms=101, v_min=-10.0, v_max=10.0, actor_hidden_dim=512, critic_hidden_dim=1024,
+    init_scale=0.01, obs_normalization=True, amp=True, use_cdq=True, weight_decay=0.1, max_grad_norm=0.0,
+    use_domain_randomization=False, use_push_randomization=False,
+)  # fmt: skip
+FASTTD3_PLAYGROUND_TASKS = {
+    "G1JoystickFlatTerrain": dict(total_timesteps=100_000),
+    "G1JoystickRoughTerrain": dict(total_timesteps=100_000),
+    "T1JoystickFlatTerrain": dict(total_timesteps=100_000),
+    "T1JoystickRoughTerrain": dict(total_timesteps=100_000),
+    "T1LowDofJoystickFlatTerrain": dict(total_timesteps=1_000_000),
+    "T1LowDofJoystickRoughTerrain": dict(total_timesteps=1_000_000),
+    "CheetahRun": dict(num_steps=3, v_min=-500.0, v_max=500.0, std_min=0.1, policy_noise=0.1),  # its DM Control one
+    **{
+        task: dict(total_timesteps=50_000, std_min=0.2, std_max=0.8, policy_noise=0.2, num_updates=8)
+        for task in ("Go1JoystickFlatTerrain", "Go1JoystickRoughTerrain", "Go1Getup")
+    },
+    "LeapCubeReorient": dict(num_steps=3, policy_noise=0.2, v_min=-50.0, v_max=50.0, use_cdq=False),
+    "LeapCubeRotateZAxis": dict(num_steps=1, policy_noise=0.2, v_min=-10.0, v_max=10.0, use_cdq=False),
+}
+
+
+def fasttd3_settings(env_id: str, fields: set[str]):
+    """FastTD3's published MuJoCo Playground settings (its defaults for Playground, and its values for the tasks it
+    tuned), translated field by field"""
+    if not env_id.startswith("playground:"):
+        return {}, [f"no published FastTD3 settings for {env_id} here: the plain defaults"]
+    task = env_id.split(":", 1)[-1]
+    config = {**FASTTD3_PLAYGROUND, **FASTTD3_PLAYGROUND_TASKS.get(task, {})}
+    return translate_fasttd3(config, fields, _command_line_envs(int(config["num_envs"])))
+
+
+def translate_fasttd3(config: dict, fields: set[str], num_envs: int) -> tuple[dict, list[str]]:
+    """({flag: value}, [what has no flag here]) of FastTD3's settings for a run of `num_envs` envs per process: its
+    per-env buffer and its counts of iterations become transitions and env steps of this run's envs."""
+    values, named = {}, []
+    put = _setter(fields, values, named)
+
+    put("num_envs", int(config["num_envs"]), "num_envs")
+    put("num_eval_envs", int(config["num_eval_envs"]), "num_eval_envs")
+    put("buffer_size", int(config["buffer_size"]) * num_envs, "buffer_size (per env)")
+    put("batch_size", int(config["batch_size"]), "batch_size")
+    put("gamma", float(config["gamma"]), "gamma")
+    put("tau", float(config["tau"]), "tau")
+    put("n_step", int(config["num_steps"]), "num_steps")
+    put("num_updates", int(config["num_updates"]), "num_updates")
+    put("policy_frequency", int(config["policy_frequency"]), "policy_frequency")
+    put("learning_starts", int(config["learning_starts"]) * num_envs, "learning_starts (iterations)")
+    put("total_timesteps", int(config["total_timesteps"]) * num_envs, "total_timesteps (iterations)")
+    put("eval_interval", int(config["eval_interval"]), "eval_interval")
+    put("q_lr", float(config["critic_learning_rate"]), "critic_learning_rate")
+    put("policy_lr", float(config["actor_learning_rate"]), "actor_learning_rate")
+    for name in ("std_min", "std_max", "policy_noise", "noise_clip", "num_atoms", "v_min", "v_max"):
+        put(name, config[name], name)
+    put("distributional", True, "FastTD3's C51 critic")
+    width = int(config["actor_hidden_dim"])
+    put("hidden_sizes", (width, width // 2, width // 4), "actor_hidden_dim")
+    width = int(config["critic_hidden_dim"])
+    put("critic_hidden_sizes", (width, width // 2, width // 4), "critic_hidden_dim")
+    put("obs_norm", bool(config["obs_normalization"]), "obs_normalization")
+    put("bf16", bool(config["amp"]), "amp (bf16)")
+    if not config["use_cdq"]:
+        named.append(
+            "use_cdq=False (FastTD3 bootstraps each critic from its own target, its actor follows their mean; "
+            "the minimum of the two here)"
+        )
+    named.append(f"weight_decay={config['weight_decay']!r} (AdamW; Adam without weight decay here)")
+    named.append(f"init_scale={config['init_scale']!r} (the std of the actor's output layer; torch's init here)")
+    named.append(
+        f"use_domain_randomization={config['use_domain_randomization']!r}, "
+        f"use_push_randomization={config['use_push_randomization']!r} "
+        "(the task's randomizer applies here unless --env-kwargs '{\"randomize\": false}')"
+    )
+    return values, named
+
+
 def _get(cfg, name: str, default=None):
     if cfg is None:
         return default

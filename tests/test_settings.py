@@ -74,7 +74,7 @@ def test_settings_picks_a_set_for_another_family_and_an_unknown_name_is_one_line
     ppo = load_script("ppo")
     args = parse_args(ppo.Args, ["--env-id", "CartPole-v1", "--settings", "minatar"])
     assert (args.settings, args.num_envs, args.encoder) == ("minatar", 128, "minatar")
-    with pytest.raises(SystemExit, match=r"^error: --settings atari: td3.py has builtin, mujoco; see --help$"):
+    with pytest.raises(SystemExit, match=r"^error: --settings atari: td3.py has builtin, mujoco, task; see --help$"):
         parse_args(load_script("td3").Args, ["--settings", "atari"])
 
 
@@ -434,6 +434,43 @@ def test_max_iterations_counts_the_runs_envs_and_processes(monkeypatch):
     assert parse_args(ppo.Args, argv).total_timesteps == 64 * 24 * 100 * 2
     monkeypatch.setattr(common_args.sys, "argv", ["ppo.py", *argv, "--total-timesteps", "1000"])
     assert parse_args(ppo.Args, [*argv, "--total-timesteps", "1000"]).total_timesteps == 1000  # given: it wins
+
+
+def test_td3_on_a_playground_task_takes_fasttd3s_published_settings_in_this_runs_units(monkeypatch):
+    """td3.py's `task` set for a Playground id: FastTD3's Playground defaults and its values for the task where it has
+    them; its per-env buffer and its iteration counts become this run's transitions and env steps (the command line's
+    --num-envs); what has no flag is named; flags given win; another family's task id gets no values from it."""
+    td3 = load_script("td3")
+    argv = ["--env-id", "playground:Go1JoystickFlatTerrain"]
+    monkeypatch.setattr(common_args.sys, "argv", ["td3.py", *argv])
+    args = parse_args(td3.Args, argv)
+    assert args.settings == "task" and (args.num_envs, args.batch_size, args.gamma, args.tau) == (
+        1024,
+        32768,
+        0.97,
+        0.1,
+    )
+    assert (args.std_min, args.std_max, args.policy_noise, args.num_updates) == (0.2, 0.8, 0.2, 8)  # Go1's own
+    assert args.distributional and (args.v_min, args.v_max, args.num_atoms) == (-10.0, 10.0, 101)
+    assert args.hidden_sizes == (512, 256, 128) and args.critic_hidden_sizes == (1024, 512, 256)
+    assert (args.buffer_size, args.learning_starts, args.total_timesteps) == (10240 * 1024, 10 * 1024, 50_000 * 1024)
+    assert args.n_step == 1 and args.bf16 and args.obs_norm
+
+    argv = ["--env-id", "playground:CheetahRun", "--num-envs", "64", "--v-max", "400"]
+    monkeypatch.setattr(common_args.sys, "argv", ["td3.py", *argv])
+    args = parse_args(td3.Args, argv)
+    assert (args.n_step, args.v_min, args.v_max, args.std_min, args.policy_noise) == (3, -500.0, 400.0, 0.1, 0.1)
+    assert (args.num_envs, args.buffer_size, args.total_timesteps) == (64, 10240 * 64, 1_500_000 * 64)
+
+    values, named = settings.fasttd3_settings("playground:LeapCubeReorient", set(td3.Args.__dataclass_fields__))
+    assert values["n_step"] == 3 and values["v_max"] == 50.0
+    assert [n.split("=")[0] for n in named] == ["use_cdq", "weight_decay", "init_scale", "use_domain_randomization"]
+    values, named = settings.fasttd3_settings(
+        "mjlab:Mjlab-Velocity-Flat-Unitree-G1", set(td3.Args.__dataclass_fields__)
+    )
+    assert values == {} and named == [
+        "no published FastTD3 settings for mjlab:Mjlab-Velocity-Flat-Unitree-G1 here: the plain defaults"
+    ]
 
 
 # Isaac Lab's rsl_rl 2-3 runner config with a recurrent policy, as its to_dict() gives it (isaaclab_rl's
