@@ -30,17 +30,25 @@ def _numpy(x) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def task():
-    """Playground's own env of the task and config, and its step of one env alone, compiled once."""
+def tasks():
+    """{impl: Playground's own env of the task and config, and its step of one env alone}, each compiled once."""
     import jax
     from mujoco_playground import registry
 
-    env = registry.load(TASK, config_overrides=KWARGS)
-    return env, jax.jit(env.step)
+    def load(impl: str):
+        if impl not in loaded:
+            env = registry.load(TASK, config_overrides={**KWARGS, "impl": impl})
+            loaded[impl] = env, jax.jit(env.step)
+        return loaded[impl]
+
+    loaded = {}
+    return load
 
 
-@pytest.mark.parametrize("full_reset", [True, False])
-def test_steps_as_playgrounds_own_wrappers_and_keeps_the_true_final_observation(full_reset, task):
+# MJX both ways; MuJoCo Warp (Playground's default backend, whose data holds leaves all envs share) with the trainers'
+# full reset
+@pytest.mark.parametrize("impl, full_reset", [("jax", True), ("jax", False), ("warp", True)])
+def test_steps_as_playgrounds_own_wrappers_and_keeps_the_true_final_observation(impl, full_reset, tasks):
     """From the same seed and actions, every step's observations, rewards, dones and time-outs are those of
     Playground's own wrappers: its trainers' `wrap_for_brax_training(full_reset=True)` and, for full_reset=False, its
     torch wrapper RSLRLBraxWrapper (Playground's rsl_rl path). At a reset step ours also holds the last observation:
@@ -51,8 +59,8 @@ def test_steps_as_playgrounds_own_wrappers_and_keeps_the_true_final_observation(
 
     from common.envs import make_env
 
-    env, single_step = task
-    ours = make_env(f"playground:{TASK}", N, seed=SEED, full_reset=full_reset, **KWARGS)
+    env, single_step = tasks(impl)
+    ours = make_env(f"playground:{TASK}", N, seed=SEED, full_reset=full_reset, **{**KWARGS, "impl": impl})
     obs, _ = ours.reset(seed=SEED)
     if full_reset:  # the trainers' wrapper, reset from the keys the torch wrapper derives from SEED
         batched = wrapper.wrap_for_brax_training(env, episode_length=EPISODE, action_repeat=1, full_reset=True)
@@ -84,7 +92,8 @@ def test_steps_as_playgrounds_own_wrappers_and_keeps_the_true_final_observation(
         )  # (CartpoleBalance never fails)
         for i in np.flatnonzero(_numpy(terminated | truncated)):
             ends += 1
-            alone = single_step(jax.tree.map(lambda x: x[i], before), jax.numpy.asarray(action[i].clamp(-1, 1).numpy()))
+            one = jax.tree.map(lambda x: x[i] if x.ndim and x.shape[0] == N else x, before)  # Warp's shared leaves
+            alone = single_step(one, jax.numpy.asarray(action[i].clamp(-1, 1).numpy()))
             final = _numpy(info["final_obs"]["policy"][i])
             np.testing.assert_allclose(final, np.asarray(alone.obs), rtol=1e-6, atol=1e-6, err_msg=f"step {t} env {i}")
             assert not np.allclose(final, _numpy(obs["policy"][i])), "the final observation is the reset's"

@@ -208,10 +208,12 @@ def make_playground_env(
         adapter = copy.copy(_COMPILED[key])
         adapter._state, adapter._needs_reset = None, True
         return adapter
+    compiling = False
     try:
         with jax.default_device(jax_device), simulator_output_once():
             _quiet_warp()
             env = registry.load(task, config_overrides=config_overrides or None)
+            iterations = _without_iteration_warnings(env)
             adapter = PlaygroundEnv(
                 env,
                 env_id,
@@ -224,12 +226,15 @@ def make_playground_env(
                 randomizer=randomizer,
                 full_reset=full_reset,
             )
+            compiling = True  # a failure from here on is the simulator's, not the config's
             adapter.reset(seed=seed)  # compiles reset and step here, where their output is held back
             adapter.step(torch.zeros(num_envs, adapter.act_dim, device=torch_device))
             adapter._state, adapter._needs_reset = None, True
     except Exception as e:  # assets absent: Playground clones the menagerie with git at first use
         from mujoco_playground._src import mjx_env
 
+        if compiling:  # the simulator's own failure, with its traceback: not a bad input's one line (a ValueError's)
+            raise RuntimeError(f"{env_id}: the simulator failed while compiling its step: {type(e).__name__}") from e
         if task in registry.dm_control_suite.ALL_ENVS or mjx_env.MENAGERIE_PATH.exists():
             raise
 
@@ -241,8 +246,32 @@ def make_playground_env(
             f"mjx_env.ensure_menagerie_exists()\" once, or clone it there by hand; the DM Control suite's tasks "
             f"(CartpoleBalance, CheetahRun, ...) need no assets"
         ) from None
+    if iterations is not None:
+        _say_once(
+            f"playground: MuJoCo Warp's per-step warning that the solver reached its iteration limit is off (the "
+            f"task's config sets {iterations}); its buffer overflow warnings are kept"
+        )
     _COMPILED[key] = adapter
     return copy.copy(adapter)
+
+
+ITERATIONS_OVERFLOW = 1 << 9  # mujoco_warp's OverflowType.ITERATIONS: "solver iterations limit reached"
+
+
+def _without_iteration_warnings(env) -> int | None:
+    """MuJoCo Warp prints "solver iterations limit reached" from inside every step whose solver stops at the task's
+    iterations, which Playground's DM Control configs set low on purpose (1 for CartpoleBalance): thousands of lines
+    that bury the progress. That warning is turned off (its other overflows', the contact and constraint buffers', are
+    kept); returns the task's solver iterations where it was on, else None (MJX, or already off)."""
+    model = getattr(env, "_mjx_model", None)
+    impl = getattr(getattr(model, "opt", None), "_impl", None)
+    flags = getattr(impl, "warn_overflow", None)
+    if not isinstance(flags, int) or not flags & ITERATIONS_OVERFLOW:
+        return None
+    env._mjx_model = model.replace(
+        opt=model.opt.replace(_impl=impl.replace(warn_overflow=flags & ~ITERATIONS_OVERFLOW))
+    )
+    return int(env.mj_model.opt.iterations)
 
 
 def _quiet_warp() -> None:
@@ -355,6 +384,8 @@ class PlaygroundEnv:
         done = stepped.done > 0
 
         def where_done(new, old):
+            if new.ndim == 0 or new.shape[0] != done.shape[0]:  # a leaf all envs share (MuJoCo Warp's data has some)
+                return old
             return jp.where(done.reshape(done.shape + (1,) * (new.ndim - 1)), new, old)
 
         if self.full_reset:
