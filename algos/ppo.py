@@ -171,7 +171,8 @@ SETTINGS = {
         num_eval_envs=8,
         eval_interval=50,
     ),
-    # the README's MinAtar table; an evaluation on 16 envs every 10 iterations
+    # the MinAtar rows of the learning results (tests/benchmarks/results/README.md); an evaluation on 16 envs every 10
+    # iterations
     "minatar": dict(
         total_timesteps=655_360,  # the MinAtar tables' budget: 160 iterations of 128 x 32
         num_envs=128,

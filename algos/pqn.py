@@ -112,9 +112,9 @@ class Args(RunArgs):
 
 # Named settings (common.settings): the set of the env id's family unless --settings names another; flags given win.
 SETTINGS = {
-    # the README's MinAtar table, PQN's own MinAtar config (purejaxql): 128 envs x 32 steps, 32 minibatches, 2 epochs,
-    # Adam 5e-4, epsilon to 0.05 over the first 10%, unscaled rewards, MinAtar's one-conv network and one 128-unit
-    # layer; an evaluation on 16 envs every 10 iterations
+    # the MinAtar rows of the learning results (tests/benchmarks/results), PQN's own MinAtar config (purejaxql): 128
+    # envs x 32 steps, 32 minibatches, 2 epochs, Adam 5e-4, epsilon to 0.05 over the first 10%, unscaled rewards,
+    # MinAtar's one-conv network and one 128-unit layer; an evaluation on 16 envs every 10 iterations
     "minatar": dict(
         total_timesteps=655_360,  # the MinAtar tables' budget: 160 iterations of 128 x 32
         num_envs=128,
