@@ -100,6 +100,32 @@ def test_steps_as_playgrounds_own_wrappers_and_keeps_the_true_final_observation(
     assert ends >= 3 * N  # every env timed out three times
 
 
+def test_warps_per_step_solver_warning_is_off_and_said_once(capfd):
+    """MuJoCo Warp prints "solver iterations limit reached" from inside every step of CartpoleBalance (its config's
+    solver stops at 1 iteration): the adapter turns that warning off, says so at start, and keeps the rest."""
+    import ctypes
+
+    from common.envs import make_env
+    from common.envs import playground_adapter
+
+    playground_adapter._said.clear()  # the line is said once per process: this test's process may have said it
+    playground_adapter._COMPILED.clear()
+    envs = make_env(f"playground:{TASK}", N, seed=SEED, **{**KWARGS, "impl": "warp"})
+    from mujoco_playground import registry
+
+    loaded = registry.load(TASK, config_overrides={**KWARGS, "impl": "warp"})._mjx_model.opt._impl.warn_overflow
+    assert loaded & playground_adapter.ITERATIONS_OVERFLOW  # Playground's model warns
+    flags = envs.task._mjx_model.opt._impl.warn_overflow
+    assert flags == loaded & ~playground_adapter.ITERATIONS_OVERFLOW, "only the iterations warning is off"
+    said = capfd.readouterr().out
+    assert said.count("solver reached its iteration limit is off (the task's config sets 1)") == 1, said
+    envs.reset(seed=SEED)
+    for _ in range(2 * EPISODE):
+        envs.step(torch.zeros(N, 1))
+    ctypes.CDLL(None).fflush(None)  # Warp's kernels print through C's stdio
+    assert "limit reached" not in capfd.readouterr().out
+
+
 def test_contract_and_the_saved_state_continues_exactly():
     """Spaces, dtypes and devices of the contract; metrics as 0-d tensors; a state_dict restored into a new env steps
     on bit for bit as the env it came from."""
