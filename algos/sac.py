@@ -45,7 +45,7 @@ from common.buffer import ReplayBuffer  # noqa: E402
 from common.capture import acting_autocast, captured, compiled, timed  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
-from common.nets import EnsembleLinear, agent_and_twin, mlp  # noqa: E402
+from common.nets import EnsembleLayerNorm, EnsembleLinear, agent_and_twin, mlp  # noqa: E402
 from common.normalize import RewardNormalizer, RunningMeanStd, normalize_groups  # noqa: E402
 from common.offpolicy import action_bounds, log_eval_save, new_stats, obs_dims, replay_capacity  # noqa: E402
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run  # noqa: E402
@@ -106,6 +106,8 @@ class Args(RunArgs):
     """hidden layer sizes of the actor"""
     critic_hidden_sizes: Annotated[tuple[int, ...] | None, Ge(1)] = None
     """hidden layer sizes of each critic; default: --hidden-sizes"""
+    critic_layer_norm: bool = False
+    """a LayerNorm after each hidden layer of each critic, before its ReLU (brax SAC's q_network_layer_norm)"""
     asymmetric_critic: bool = True
     """feed the critics the env's 'critic' observations when it provides them"""
     obs_norm: bool = True
@@ -173,6 +175,7 @@ class Agent(nn.Module):
             1,
             args.critic_hidden_sizes or args.hidden_sizes,
             linear=functools.partial(EnsembleLinear, NUM_CRITICS),
+            norm=functools.partial(EnsembleLayerNorm, NUM_CRITICS) if args.critic_layer_norm else None,
         )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.register_buffer("action_scale", (high - low) / 2)

@@ -31,12 +31,15 @@ def mlp(
     activation: str = "relu",
     linear=nn.Linear,
     out_gain: float | None = None,
+    norm=None,
 ) -> nn.Sequential:
-    """An MLP of `linear(in, out)` layers; with `out_gain`, `layer_init` on each (the last with `out_gain`)."""
+    """An MLP of `linear(in, out)` layers; with `out_gain`, `layer_init` on each (the last with `out_gain`); with
+    `norm`, `norm(width)` after each hidden layer, before its activation (brax's `layer_norm`)."""
     layers, last = [], in_dim
     for h in hidden:
         layer = linear(last, h)
-        layers += [layer_init(layer) if out_gain is not None else layer, ACTIVATIONS[activation]()]
+        layers += [layer_init(layer) if out_gain is not None else layer, *([norm(h)] if norm else [])]
+        layers.append(ACTIVATIONS[activation]())
         last = h
     layer = linear(last, out_dim)
     layers.append(layer_init(layer, gain=out_gain) if out_gain is not None else layer)
@@ -57,6 +60,21 @@ class EnsembleLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.matmul(x, self.weight)  # broadcasts [B, in] over the members
         return out + self.bias.to(out.dtype)  # keeps bfloat16 under autocast
+
+
+class EnsembleLayerNorm(nn.Module):
+    """LayerNorm over the last dim of [E, B, dim] with each member's own scale and shift ([E, 1, dim], starting at 1
+    and 0, as nn.LayerNorm's): what `num` nn.LayerNorms, one per member of an EnsembleLinear stack, compute."""
+
+    def __init__(self, num: int, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num, 1, dim))
+        self.bias = nn.Parameter(torch.zeros(num, 1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.layer_norm(x, x.shape[-1:], eps=self.eps)
+        return out * self.weight.to(out.dtype) + self.bias.to(out.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -181,8 +181,12 @@ def translate_brax_sac(config: dict, fields: set[str]) -> tuple[dict, list[str]]
     put("total_timesteps", int(config["num_timesteps"]), "num_timesteps")
     put("n_step", 1, "brax's n_step")
     put("tau", 0.005, "brax's tau")
+    network = dict(config.get("network_factory") or {})
+    if "q_network_layer_norm" in network:
+        put("critic_layer_norm", bool(network.pop("q_network_layer_norm")), "network_factory.q_network_layer_norm")
     known = {"num_envs", "batch_size", "discounting", "grad_updates_per_step", "learning_rate", "max_replay_size"}
-    known |= {"min_replay_size", "normalize_observations", "num_timesteps"}
+    known |= {"min_replay_size", "normalize_observations", "num_timesteps", "network_factory"}
+    named.extend(f"network_factory.{name}={value!r}" for name, value in sorted(network.items()))
     named.extend(f"{name}={config[name]!r}" for name in sorted(set(config) - known))
     return values, named
 

@@ -4,8 +4,9 @@ settings or adds a branch to exercise (a copy without one runs with its original
 
 `CONTRACT[algo]["kwargs"]` are the tiny settings every contract test starts from (beside COMMON); each entry of
 `captures` is a layout the capture and compiled-vs-eager tests run too, so a script's other main branches ride on them
-at no added run: td3's MSE critic beside C51, ppo's discrete actions (Catch) beside continuous ones, ppo_lstm's GRU
-beside its LSTM, the adapters' eager env step beside the built-in env's captured one."""
+at no added run: td3's MSE critic beside C51, sac's layer-normed critics with a fixed temperature, ppo's discrete
+actions (Catch) beside continuous ones, ppo_lstm's GRU beside its LSTM, the adapters' eager env step beside the built-in
+env's captured one."""
 
 from __future__ import annotations
 
@@ -153,7 +154,11 @@ CONTRACT = {
             reward_norm=True,
             save_buffer=True,
         ),
-        captures=[dict(learning_starts=32), dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
+        captures=[
+            dict(learning_starts=32),
+            dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16),
+            dict(learning_starts=32, critic_layer_norm=True, autotune=False),  # brax SAC's critic, a fixed alpha
+        ],
         tags={
             "losses/q_loss",
             "losses/q_values",

@@ -125,6 +125,38 @@ def test_td3_categorical_projection_preserves_mass_and_matches_brute_force():
     torch.testing.assert_close(mean_out[:, inside], (rewards + bootstrap * mean_in)[:, inside], rtol=0, atol=1e-10)
 
 
+def test_sacs_critic_layer_norm_is_each_critics_own_layer_norm():
+    """--critic-layer-norm: each member of the ensemble critic computes what one nn.Linear -> nn.LayerNorm -> ReLU
+    stack per critic computes, its own scale and shift trained apart; without it the critic has no norm at all."""
+    from common.nets import EnsembleLayerNorm
+
+    sac = load_script("sac")
+    low, high = torch.tensor([-2.0]), torch.tensor([2.0])
+    agent = sac.Agent(3, None, low, high, sac.Args(critic_layer_norm=True, hidden_sizes=(16, 8)))
+    norms = [m for m in agent.critic if isinstance(m, EnsembleLayerNorm)]
+    assert [n.weight.shape for n in norms] == [(2, 1, 16), (2, 1, 8)]
+    plain = sac.Agent(3, None, low, high, sac.Args(hidden_sizes=(16, 8)))
+    assert not any(isinstance(m, EnsembleLayerNorm) for m in plain.critic)
+    g = torch.Generator().manual_seed(0)
+    for n in norms:  # members apart: each its own scale and shift
+        n.weight.data.uniform_(0.5, 1.5, generator=g)
+        n.bias.data.normal_(generator=g)
+    x = torch.randn(5, 4, generator=g)
+    out = agent.critic(x)  # [E, B, 1]
+    for k in range(2):
+        h = x
+        for m in agent.critic:
+            if isinstance(m, EnsembleLayerNorm):
+                ln = torch.nn.LayerNorm(m.weight.shape[-1])
+                ln.weight.data, ln.bias.data = m.weight[k, 0], m.bias[k, 0]
+                h = ln(h)
+            elif hasattr(m, "weight"):  # EnsembleLinear: member k's weight [in, out] and bias
+                h = h @ m.weight[k] + m.bias[k, 0]
+            else:
+                h = m(h)
+        torch.testing.assert_close(out[k], h, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_sizes_left_unset_take_the_devices_defaults(algo, tmp_path):
     """--num-envs and --batch-size left at None resolve to the CPU sizes (32 envs, batch 512); the

@@ -225,7 +225,8 @@ def test_task_sets_translate_playgrounds_configs_field_by_field():
     assert values["num_updates"] == sac_cfg.grad_updates_per_step and values["q_lr"] == sac_cfg.learning_rate
     assert values["learning_starts"] == sac_cfg.min_replay_size and values["buffer_size"] == sac_cfg.max_replay_size
     assert values["gamma"] == sac_cfg.discounting and values["n_step"] == 1
-    assert any(n.startswith("network_factory=") for n in named)
+    assert values["critic_layer_norm"] is sac_cfg.network_factory.q_network_layer_norm is True
+    assert not any(n.startswith("network_factory") for n in named), named  # its one field translated
 
 
 # Each script for a few iterations on the task, stopped and resumed, against a run never stopped; the same tiny sizes
