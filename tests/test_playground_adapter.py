@@ -301,3 +301,31 @@ def test_sac_learns_cartpole_balance_with_the_tasks_set_on_a_cpu(tmp_path, monke
     finally:
         torch.set_num_threads(threads)
     assert summary["best_eval_return"] >= SAC_TARGET and summary["global_step"] <= SAC_BUDGET, summary
+
+
+# ppo.py on a CPU: the `task` set is brax's PPO config of CartpoleBalance, sized for 2,048 envs and 60M steps on a GPU
+# (983,040 steps per update); cut to 64 envs it had not learned by 160,000 steps (docs/playground.md), so the CPU run
+# takes the plain defaults, `--settings builtin` (64 envs of 24 steps, 4 minibatches, 5 epochs, an adaptive rate).
+# Measured first (seed 1, one torch thread, a 2-core CPU; docs/playground.md, its command): eval returns 456, 823, 886
+# and 949 at 50,688, 101,376, 152,064 and 202,752 steps. Held: 700 within 100 iterations (it stops at 101,376).
+PPO_TARGET, PPO_BUDGET = 700.0, 100 * 64 * 24
+
+
+def test_ppo_learns_cartpole_balance_with_the_plain_defaults_on_a_cpu(tmp_path, monkeypatch):
+    from common.args import parse_args
+    from tests.helpers import load_script
+
+    ppo = load_script("ppo")
+    argv = ["--env-id", f"playground:{TASK}", "--device", "cpu", "--seed", "1", "--total-timesteps", str(PPO_BUDGET)]
+    argv += ["--settings", "builtin", "--num-envs", "64", "--num-eval-envs", "16", "--eval-interval", "33"]
+    argv += ["--target-return", str(PPO_TARGET), "--no-progress", "--output-dir", str(tmp_path), "--run-name", "run"]
+    monkeypatch.setattr(sys, "argv", ["ppo.py", *argv])
+    args = parse_args(ppo.Args, argv)
+    assert (args.num_steps, args.num_minibatches, args.update_epochs, args.lr_schedule) == (24, 4, 5, "adaptive")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = ppo.main(args)
+    finally:
+        torch.set_num_threads(threads)
+    assert summary["best_eval_return"] >= PPO_TARGET and summary["global_step"] <= PPO_BUDGET, summary
