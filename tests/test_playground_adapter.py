@@ -329,3 +329,46 @@ def test_ppo_learns_cartpole_balance_with_the_plain_defaults_on_a_cpu(tmp_path, 
     finally:
         torch.set_num_threads(threads)
     assert summary["best_eval_return"] >= PPO_TARGET and summary["global_step"] <= PPO_BUDGET, summary
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rsl_rl") is None, reason="needs rsl-rl-lib (the playground lane has it)")
+def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
+    """tests/benchmarks/playground.py end to end at tiny sizes: both env-only rows, algos/ppo.py and Playground's own
+    rsl_rl path (its torch wrapper under rsl_rl's runner) each measured, with the borrowed config's sizes on both."""
+    import json
+
+    from tests.benchmarks import playground as playground_bench
+
+    out = tmp_path / "playground.json"
+    argv = ["--device", "cpu", "--task", TASK, "--impl", "jax", "--num-envs", "8", "--iterations", "2"]
+    argv += ["--warmup-iterations", "1", "--env-steps", "3", "--env-warmup-steps", "1", "--repeats", "1"]
+    threads = torch.get_num_threads()
+    try:
+        code = playground_bench.main([*argv, "--threads", "1", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout[-3000:]
+    report = json.loads(out.read_text())
+    assert [r["learner"] for r in report["env_only"]] == [
+        "env only: RSLRLBraxWrapper",
+        "env only: adapter, full_reset=False",
+    ]
+    assert all(math.isfinite(r["sps"]) and r["sps"] > 0 for r in report["env_only"])
+    assert [r["learner"] for r in report["training"]] == [
+        "algos/ppo.py",
+        "Playground's rsl_rl path (RSLRLBraxWrapper + OnPolicyRunner)",
+    ]
+    for r in report["training"]:
+        assert r["status"] == "ok", r
+        for key in ("sps", "rollout_seconds", "update_seconds", "ratio_to_playground_rsl_rl"):
+            assert math.isfinite(r[key]) and r[key] > 0, (r["learner"], key, r.get(key))
+    sizes = report["config"]["sizes"]  # Go1's rsl_rl config, CartpoleBalance having none
+    assert report["config"]["rl_config_of"] == "Go1JoystickFlatTerrain" and sizes["hidden_sizes"] == [512, 256, 128]
+    ours = report["training"][0]["command"]
+    assert "--hidden-sizes 512 256 128" in ours and "--activation elu" in ours and "--num-steps 24" in ours, ours
+    assert "--settings builtin" in ours, ours
+    rows = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert (
+        rows[0] == "| learner | SPS | rollout/collection s | update s | x Playground's rsl_rl |" and len(rows) == 1 + 4
+    )

@@ -172,6 +172,30 @@ def wrap_mode(fn, mode: str):
     return fn
 
 
+def time_env(step, num_envs: int, act_dim: int, device: torch.device, steps: int, warmup: int, repeats: int) -> dict:
+    """Median over `repeats` windows of `steps` steps of `step(action)`, after `warmup` steps."""
+    gen = torch.Generator().manual_seed(0)
+    pool = [(torch.rand(num_envs, act_dim, generator=gen) * 2 - 1).to(device) for _ in range(8)]
+    for i in range(warmup):
+        step(pool[i % len(pool)])
+    seconds = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        for i in range(steps):
+            step(pool[i % len(pool)])
+        sync(device)
+        seconds.append(time.perf_counter() - start)
+    median = statistics.median(seconds)
+    return {
+        "sps": steps * num_envs / median,
+        "ms_per_step": 1e3 * median / steps,
+        "steps": steps,
+        "repeats": repeats,
+        "sps_all_windows": [steps * num_envs / s for s in seconds],
+    }
+
+
 def timed(device: torch.device, fn) -> float:
     """Seconds `fn()` takes, the device synchronised on both sides."""
     sync(device)
@@ -355,6 +379,13 @@ def discover_algos(requested: list[str] | None) -> tuple[dict, dict]:
             continue
         found[name] = args_cls
     return found, skipped
+
+
+def ppo_activations() -> tuple[str, ...]:
+    """The activations algos/ppo.py's --activation takes (its Args field's choices)."""
+    import typing
+
+    return typing.get_args(typing.get_type_hints(load_script("ppo").Args)["activation"])
 
 
 def flag_value(flags: list[str], name: str) -> str | None:

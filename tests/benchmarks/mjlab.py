@@ -51,10 +51,8 @@ import datetime
 import importlib.util
 import json
 import shlex
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +114,7 @@ def ours_flags(sizes: dict, final_obs: str) -> tuple[list[str], list[str]]:
         "1",
     ]
     notes = []
-    if sizes["activation"] in getattr(load_script("ppo"), "ACTIVATIONS", {}):
+    if sizes["activation"] in bench.ppo_activations():
         flags += ["--activation", sizes["activation"]]
     else:
         notes.append(f"algos/ppo.py has no activation {sizes['activation']!r}: ours runs with its default")
@@ -130,30 +128,6 @@ def ours_flags(sizes: dict, final_obs: str) -> tuple[list[str], list[str]]:
 # ----------------------------------------------------------------------------------------------
 # env only (in this process)
 # ----------------------------------------------------------------------------------------------
-def time_env(step, num_envs: int, act_dim: int, device: torch.device, steps: int, warmup: int, repeats: int) -> dict:
-    """Median over `repeats` windows of `steps` steps of `step(action)`, after `warmup` steps."""
-    gen = torch.Generator().manual_seed(0)
-    pool = [(torch.rand(num_envs, act_dim, generator=gen) * 2 - 1).to(device) for _ in range(8)]
-    for i in range(warmup):
-        step(pool[i % len(pool)])
-    seconds = []
-    for _ in range(repeats):
-        bench.sync(device)
-        start = time.perf_counter()
-        for i in range(steps):
-            step(pool[i % len(pool)])
-        bench.sync(device)
-        seconds.append(time.perf_counter() - start)
-    median = statistics.median(seconds)
-    return {
-        "sps": steps * num_envs / median,
-        "ms_per_step": 1e3 * median / steps,
-        "steps": steps,
-        "repeats": repeats,
-        "sps_all_windows": [steps * num_envs / s for s in seconds],
-    }
-
-
 def env_only_raw(task: str, num_envs: int, device: torch.device, steps: int, warmup: int, repeats: int) -> dict:
     from mjlab.envs import ManagerBasedRlEnv
     from mjlab.tasks.registry import load_env_cfg
@@ -165,7 +139,7 @@ def env_only_raw(task: str, num_envs: int, device: torch.device, steps: int, war
         env.reset()
     try:
         act_dim = int(env.single_action_space.shape[0])
-        return time_env(env.step, num_envs, act_dim, device, steps, warmup, repeats)
+        return bench.time_env(env.step, num_envs, act_dim, device, steps, warmup, repeats)
     finally:
         env.close()
 
@@ -179,7 +153,7 @@ def env_only_adapter(
         env = make_env(f"mjlab:{task}", num_envs, device=device, seed=0, final_obs=final_obs)
         env.reset()
     try:
-        return time_env(env.step, num_envs, int(env.single_action_space.shape[0]), device, steps, warmup, repeats)
+        return bench.time_env(env.step, num_envs, int(env.single_action_space.shape[0]), device, steps, warmup, repeats)
     finally:
         env.close()
 

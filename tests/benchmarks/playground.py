@@ -1,76 +1,415 @@
-"""Env steps per second of the playground: adapter beside Playground's own torch wrapper (RSLRLBraxWrapper, its rsl_rl
-path), the same task, envs, backend and device, in one command, after each has compiled and warmed up:
+"""algos/ppo.py on a MuJoCo Playground task next to Playground's own rsl_rl path, and the env alone, in one invocation
+on one device.
 
-    python -m tests.benchmarks.playground --task G1JoystickFlatTerrain --num-envs 4096 --device cuda
-    python -m tests.benchmarks.playground --task CartpoleBalance --num-envs 256 --impl jax --device cpu
+    python -m tests.benchmarks.playground [--task Go1JoystickFlatTerrain] [--num-envs 4096] [--device cuda]
+        [--impl warp|jax] [--full-reset] [--rl-config-of TASK] [--iterations 10] [--warmup-iterations 2]
+        [--env-steps 100] [--repeats 3] [--threads T] [--json PATH | --json -]
 
-Both step with uniform random actions made by torch on the device; each timed run ends with a device synchronisation.
-Prints one JSON line per env (`sps`: env steps of all envs per second) and their ratio. The adapter's step also
-keeps the true final observations (and, with --full-reset, restarts from a fresh reset); the wrapper's does neither."""
+    python -m tests.benchmarks.playground --device cpu --task CartpoleBalance --impl jax --num-envs 64 --iterations 3
+
+A benchmark, not a test: nothing here asserts a speed. It needs MuJoCo Playground (`pip install -e ".[playground]"`)
+and, for its last row, rsl-rl-lib 4 or newer (`pip install --no-deps rsl-rl-lib GitPython`); it stops with the cause
+when either is missing. Rows of the table:
+
+1. env only, Playground's torch wrapper: `RSLRLBraxWrapper.step` (brax's training wrappers: episode counter and
+   auto-reset back to each env's first state, DLPack both ways, each of the task's metrics read to the host at every
+   step), uniform random actions in [-1, 1] made by torch on the device;
+2. env only, the `playground:` adapter: the same task, config, envs and actions (`full_reset` as --full-reset says;
+   off by default, as the wrapper restarts); its step also keeps each finished env's last observation;
+3. algos/ppo.py: the script trained for W + K iterations in a subprocess (bench.run_training: SPS from the wall-clock
+   times of its TensorBoard events after the warm-up; rollout and update seconds per iteration, the medians of its
+   `charts/rollout_seconds` / `charts/update_seconds`);
+4. Playground's rsl_rl path: what Playground's `learning/train_rsl_rl.py` builds (the task loaded with its default
+   config, `RSLRLBraxWrapper` with the task's domain randomizer, rsl_rl's `OnPolicyRunner` with the task's
+   `rsl_rl_config`) trained for W + K iterations in a subprocess; SPS from the wall-clock times of rsl_rl's
+   per-iteration log call after the warm-up. Playground 0.2.0's configs are in rsl_rl 3's layout (one `policy`
+   ActorCritic); rsl_rl 4 and 5 take an `actor` and a `critic` model instead, so the worker writes the same fields in
+   that layout (rsl_rl_5_config): hidden sizes, activation, the scalar std's initial value, empirical normalization.
+
+Matched: both learners train with the task's rsl_rl config. A locomotion or manipulation task has its own, which ppo.py
+takes as its `task` set (the same field-by-field translation as for mjlab, with rsl_rl's update); a DM Control task
+has none (Playground trains those with brax), so both take the config of --rl-config-of (default
+Go1JoystickFlatTerrain's), ppo.py through its sizes: --num-steps, --update-epochs, --num-minibatches, --hidden-sizes and
+--activation. Both start every env at step 0 (`init_at_random_ep_len=False`, as Playground's script does). rsl_rl's
+runner runs with log_dir=None: no writer and no per-step episode bookkeeping; ours writes its TensorBoard scalars at
+its log interval. So logging favours rsl_rl's runner, if anything.
+
+The locomotion and manipulation tasks need mujoco_menagerie (docs/playground.md says where Playground looks for it): on
+a machine without internet, copy it there first."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.util
 import json
-import time
+import shlex
+import sys
+from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # runnable as `python -m tests.benchmarks.playground` or as a file
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from tests.benchmarks import bench  # noqa: E402
+from tests.benchmarks.rsl_rl import rsl_rl_version, time_runner  # noqa: E402
+from tests.helpers import load_script  # noqa: E402
+
+RESULT_MARKER = "BENCH_PLAYGROUND_RESULT "
+BORROWED_CONFIG = "Go1JoystickFlatTerrain"  # the rsl_rl config a DM Control task trains with here (it has none)
 
 
-def timed(step, actions, repeats: int, device: torch.device) -> float:
-    for a in actions[:5]:  # warm-up after the compile
-        step(a)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for i in range(repeats):
-        out = step(actions[i % len(actions)])
-    torch.as_tensor(out).sum().item()  # the last step done (JAX dispatches asynchronously)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+def require(rsl_rl: bool) -> None:
+    """Stop with the cause and the install line when Playground (or, for its rsl_rl path, rsl_rl) is missing."""
+    if importlib.util.find_spec("mujoco_playground") is None:
+        raise SystemExit('error: tests.benchmarks.playground needs MuJoCo Playground; pip install -e ".[playground]"')
+    if rsl_rl:
+        version = rsl_rl_version()
+        if importlib.util.find_spec("rsl_rl") is None or version is None:
+            raise SystemExit(
+                "error: tests.benchmarks.playground needs rsl-rl-lib for Playground's rsl_rl path; "
+                "pip install --no-deps rsl-rl-lib GitPython"
+            )
+        if int(version.split(".")[0]) < 4:
+            raise SystemExit(
+                f"error: rsl-rl-lib {version} found; this benchmark writes rsl_rl 4/5's actor/critic layout"
+            )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="CartpoleBalance")
-    parser.add_argument("--num-envs", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=200, help="timed steps of each")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--impl", default=None, help="the task config's backend: warp or jax (default: the task's)")
-    parser.add_argument("--full-reset", action="store_true", help="the adapter restarts from fresh resets")
-    args = parser.parse_args()
-    device = torch.device(args.device)
+def runner_config(task: str, borrowed: str) -> tuple[dict, str]:
+    """(the rsl_rl config both learners train with, as Playground ships it; the task it belongs to)."""
+    from common.envs.playground_adapter import configure_jax_memory
 
-    from common.envs import make_env
+    configure_jax_memory()
+    from mujoco_playground import registry
+    from mujoco_playground.config import locomotion_params, manipulation_params
 
-    overrides = {} if args.impl is None else {"impl": args.impl}
-    ours = make_env(f"playground:{args.task}", args.num_envs, device, seed=1, full_reset=args.full_reset, **overrides)
-    ours.reset(seed=1)
+    for envs, params in (
+        (registry.locomotion.ALL_ENVS, locomotion_params),
+        (registry.manipulation.ALL_ENVS, manipulation_params),
+    ):
+        if task in envs:
+            return params.rsl_rl_config(task).to_dict(), task
+    return locomotion_params.rsl_rl_config(borrowed).to_dict(), borrowed
+
+
+def config_sizes(rl_cfg: dict) -> dict:
+    """The batch and network settings of an rsl_rl config, in rsl_rl 3's layout (Playground's) or 4/5's."""
+    algorithm = rl_cfg["algorithm"]
+    if "policy" in rl_cfg:
+        policy = rl_cfg["policy"]
+        actor, critic, activation = policy["actor_hidden_dims"], policy["critic_hidden_dims"], policy["activation"]
+    else:
+        actor, critic = rl_cfg["actor"]["hidden_dims"], rl_cfg["critic"]["hidden_dims"]
+        activation = rl_cfg["actor"]["activation"]
+    return {
+        "num_steps": int(rl_cfg["num_steps_per_env"]),
+        "update_epochs": int(algorithm["num_learning_epochs"]),
+        "num_minibatches": int(algorithm["num_mini_batches"]),
+        "hidden_sizes": [int(h) for h in actor],
+        "critic_hidden_sizes": [int(h) for h in critic],
+        "activation": str(activation),
+    }
+
+
+def rsl_rl_5_config(rl_cfg: dict, asymmetric: bool, seed: int) -> dict:
+    """The runner config of Playground's train_rsl_rl.py (obs groups, seed) in rsl_rl 4/5's layout: its `policy`
+    ActorCritic written as an `actor` and a `critic` model of the same fields."""
+    cfg = {k: v for k, v in rl_cfg.items() if k not in ("policy", "runner_class_name", "resume", "load_run")}
+    cfg["seed"] = seed
+    cfg["obs_groups"] = {"actor": ["state"], "critic": ["privileged_state" if asymmetric else "state"]}
+    algorithm = dict(rl_cfg["algorithm"])
+    if algorithm.get("class_name") == "PPO":
+        algorithm["class_name"] = "rsl_rl.algorithms:PPO"
+    cfg["algorithm"] = algorithm
+    if "policy" in rl_cfg:
+        policy, normalize = rl_cfg["policy"], bool(rl_cfg.get("empirical_normalization", False))
+        model = {
+            "class_name": "rsl_rl.models:MLPModel",
+            "activation": policy["activation"],
+            "obs_normalization": normalize,
+        }
+        distribution = {
+            "class_name": "rsl_rl.modules.distribution:GaussianDistribution",
+            "init_std": float(policy.get("init_noise_std", 1.0)),
+            "std_type": "scalar",  # rsl_rl 3's ActorCritic: the std itself is the parameter
+        }
+        cfg["actor"] = {**model, "hidden_dims": list(policy["actor_hidden_dims"]), "distribution_cfg": distribution}
+        cfg["critic"] = {**model, "hidden_dims": list(policy["critic_hidden_dims"])}
+        cfg.pop("empirical_normalization", None)
+    return cfg
+
+
+def ours_flags(sizes: dict, own_config: bool, env_kwargs: dict) -> tuple[list[str], list[str]]:
+    """(flags for algos/ppo.py: the task set where the task has its own rsl_rl config, else the borrowed config's sizes;
+    notes on what could not be matched)."""
+    flags = ["--settings", "task" if own_config else "builtin", "--env-kwargs", json.dumps(env_kwargs)]
+    flags += ["--num-steps", str(sizes["num_steps"]), "--update-epochs", str(sizes["update_epochs"])]
+    flags += ["--num-minibatches", str(sizes["num_minibatches"]), "--num-eval-envs", "1"]
+    notes = []
+    if not own_config:
+        flags += ["--hidden-sizes", *map(str, sizes["hidden_sizes"])]
+        if sizes["activation"] in bench.ppo_activations():
+            flags += ["--activation", sizes["activation"]]
+        else:
+            notes.append(f"algos/ppo.py has no activation {sizes['activation']!r}: ours runs with its default")
+        if sizes["critic_hidden_sizes"] != sizes["hidden_sizes"]:
+            notes.append(f"the config's critic has hidden sizes {sizes['critic_hidden_sizes']}; ours the actor's")
+    return flags, notes
+
+
+def wrapper_env(task: str, num_envs: int, device: torch.device, seed: int, impl: str | None):
+    """Playground's torch wrapper as its train_rsl_rl.py builds it: the task's default config, its randomizer."""
+    from common.envs.playground_adapter import configure_jax_memory
+
+    configure_jax_memory()
     from mujoco_playground import registry
     from mujoco_playground._src.wrapper_torch import RSLRLBraxWrapper
 
-    config = registry.get_default_config(args.task)
-    env = registry.load(args.task, config_overrides=overrides or None)
-    randomizer = registry.get_domain_randomizer(args.task)
+    config = registry.get_default_config(task)
+    if impl is not None:
+        config.impl = impl
+    env = registry.load(task, config=config)
     rank = (device.index or 0) if device.type == "cuda" else None
-    theirs = RSLRLBraxWrapper(
-        env, args.num_envs, 1, config.episode_length, config.get("action_repeat", 1), randomizer, device_rank=rank
+    wrapped = RSLRLBraxWrapper(
+        env,
+        num_envs,
+        seed,
+        config.episode_length,
+        config.get("action_repeat", 1),
+        randomization_fn=registry.get_domain_randomizer(task),
+        device_rank=rank,
     )
-    theirs.reset()
-    generator = torch.Generator(device).manual_seed(0)
-    actions = torch.rand(16, args.num_envs, ours.act_dim, device=device, generator=generator) * 2 - 1
-    figures = {}
-    for name, step in (
-        ("playground_adapter", lambda a: ours.step(a)[1]),
-        ("RSLRLBraxWrapper", lambda a: theirs.step(a)[1]),
-    ):
-        seconds = timed(step, actions, args.steps, device)
-        figures[name] = args.steps * args.num_envs / seconds
-        print(json.dumps(dict(env=name, task=args.task, num_envs=args.num_envs, device=str(device), sps=figures[name])))
-    ratio = figures["playground_adapter"] / figures["RSLRLBraxWrapper"]
-    print(json.dumps(dict(ratio_adapter_over_wrapper=ratio, full_reset=args.full_reset, impl=args.impl)))
+    return wrapped, isinstance(env.observation_size, dict)
+
+
+def env_only(args, device: torch.device) -> list[dict]:
+    """Rows 1 and 2: the wrapper's step and the adapter's, the same actions, in this process."""
+    import contextlib
+
+    from common.envs import make_env
+
+    timing = (args.env_steps, args.env_warmup_steps, args.repeats)
+    with contextlib.redirect_stdout(sys.stderr):  # the wrapper's prints: not on the report's stdout
+        theirs, _ = wrapper_env(args.task, args.num_envs, device, args.seed, args.impl)
+        theirs.reset()
+    act_dim = int(theirs.num_actions)
+    rows = [
+        {
+            "learner": "env only: RSLRLBraxWrapper",
+            **bench.time_env(theirs.step, args.num_envs, act_dim, device, *timing),
+        }
+    ]
+    kwargs = {"full_reset": args.full_reset, **({} if args.impl is None else {"impl": args.impl})}
+    ours = make_env(f"playground:{args.task}", args.num_envs, device, seed=args.seed, **kwargs)
+    ours.reset(seed=args.seed)
+    learner = f"env only: adapter, full_reset={args.full_reset}"
+    rows.append({"learner": learner, **bench.time_env(ours.step, args.num_envs, act_dim, device, *timing)})
+    ours.close()
+    return rows
+
+
+def run_playground_worker(cfg: dict) -> dict:
+    """Row 4: Playground's rsl_rl path trained for warmup + iterations iterations in this process."""
+    require(rsl_rl=True)
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg["threads"])
+    from rsl_rl.runners import OnPolicyRunner
+
+    device = torch.device(cfg["device"])
+    env, asymmetric = wrapper_env(cfg["task"], cfg["num_envs"], device, cfg["seed"], cfg["impl"])
+    # rsl_rl 4/5's runner reads two attributes of its VecEnv that Playground 0.2.0's wrapper (written for rsl_rl 3)
+    # sets only on a GPU (device) or not at all (cfg); nothing of its step changes
+    env.cfg = getattr(env, "cfg", {})
+    env.device = getattr(env, "device", str(device))
+    rl_cfg, _ = runner_config(cfg["task"], cfg["rl_config_of"])
+    runner = OnPolicyRunner(env, rsl_rl_5_config(rl_cfg, asymmetric, cfg["seed"]), None, str(device))
+    steps_per_iteration = cfg["num_envs"] * int(rl_cfg["num_steps_per_env"])
+    figures = time_runner(
+        runner, device, cfg["warmup"], cfg["iterations"], steps_per_iteration, init_at_random_ep_len=False
+    )
+    return {"status": "ok", **figures}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="Go1JoystickFlatTerrain", help="a task of mujoco_playground.registry")
+    parser.add_argument("--num-envs", type=int, default=4096)
+    parser.add_argument("--device", default=None, help="cuda, cuda:K or cpu (default: cuda when there is one)")
+    parser.add_argument("--impl", default=None, choices=("warp", "jax"), help="the backend (default: the task's)")
+    parser.add_argument("--full-reset", action="store_true", help="the adapter restarts from fresh resets")
+    parser.add_argument(
+        "--rl-config-of", default=BORROWED_CONFIG, help="whose rsl_rl config a task without one trains with"
+    )
+    parser.add_argument("--iterations", type=int, default=10, help="timed training iterations after the warm-up")
+    parser.add_argument("--warmup-iterations", type=int, default=2, help="training iterations left out of the figures")
+    parser.add_argument("--env-steps", type=int, default=100, help="timed steps of each env-only window")
+    parser.add_argument("--env-warmup-steps", type=int, default=20, help="untimed steps before the env-only windows")
+    parser.add_argument("--repeats", type=int, default=3, help="env-only windows (median reported)")
+    parser.add_argument("--skip-env-only", action="store_true", help="only the training runs")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads, here and in the training runs")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a training run may take")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the figures as JSON ('-': stdout only)")
+    parser.add_argument("--worker", metavar="CONFIG", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is None and (args.iterations < 1 or args.warmup_iterations < 1 or args.repeats < 1):
+        parser.error("--iterations, --warmup-iterations and --repeats must be >= 1")
+    return args
+
+
+def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
+    require(rsl_rl=True)
+    from common.envs.playground_adapter import configure_jax_memory
+
+    configure_jax_memory()  # before anything imports JAX
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch sees no CUDA device; use --device cpu")
+    from importlib import metadata
+
+    from mujoco_playground import registry
+
+    if args.task not in registry.ALL_ENVS:
+        raise SystemExit(f"error: unknown Playground task {args.task!r}; its tasks: {', '.join(registry.ALL_ENVS)}")
+    rl_cfg, config_of = runner_config(args.task, args.rl_config_of)
+    sizes = config_sizes(rl_cfg)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    report = {
+        "benchmark": "tests.benchmarks.playground",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": bench.machine_info(device),
+        "load_average": {"start": bench.load_average(), "end": None},
+        "config": {
+            "task": args.task,
+            "num_envs": args.num_envs,
+            "device": str(device),
+            "impl": args.impl,
+            "full_reset": args.full_reset,
+            "rl_config_of": config_of,
+            "iterations": args.iterations,
+            "warmup_iterations": args.warmup_iterations,
+            "env_steps": args.env_steps,
+            "repeats": args.repeats,
+            "threads": args.threads,
+            "seed": args.seed,
+            "sizes": sizes,
+            "playground_version": metadata.version("playground"),
+            "jax_version": metadata.version("jax"),
+            "rsl_rl_version": rsl_rl_version(),
+        },
+        "commands": {"benchmark": shlex.join(["python", "-m", "tests.benchmarks.playground", *argv]), "runs": []},
+        "env_only": [],
+        "training": [],
+        "notes": bench.overload_notes(),
+    }
+    if config_of != args.task:
+        report["notes"].append(f"{args.task} has no rsl_rl config in Playground: both learners take {config_of}'s")
+    if not args.skip_env_only:
+        log(f"env only: RSLRLBraxWrapper and the playground: adapter, {args.task} x {args.num_envs}")
+        report["env_only"] = env_only(args, device)
+
+    env_kwargs = {"full_reset": args.full_reset, **({} if args.impl is None else {"impl": args.impl})}
+    flags, notes = ours_flags(sizes, config_of == args.task, env_kwargs)
+    report["notes"] += notes
+    log(f"algos/ppo.py: {args.warmup_iterations} + {args.iterations} iterations")
+    ours = bench.run_training(
+        "ppo",
+        load_script("ppo").Args,
+        f"playground:{args.task}",
+        args.num_envs,
+        str(device),
+        "eager",
+        args.iterations,
+        args.warmup_iterations,
+        extra_args=flags,
+        threads=args.threads,
+        timeout=args.timeout,
+        seed=args.seed,
+    )
+    ours["learner"] = "algos/ppo.py"
+    log(f"Playground's rsl_rl path: {args.warmup_iterations} + {args.iterations} iterations")
+    worker_cfg = {
+        "task": args.task,
+        "num_envs": args.num_envs,
+        "device": str(device),
+        "impl": args.impl,
+        "rl_config_of": args.rl_config_of,
+        "seed": args.seed,
+        "iterations": args.iterations,
+        "warmup": args.warmup_iterations,
+        "threads": args.threads,
+    }
+    record = {"learner": "Playground's rsl_rl path (RSLRLBraxWrapper + OnPolicyRunner)"}
+    theirs = bench.run_worker(
+        "tests.benchmarks.playground", worker_cfg, RESULT_MARKER, record, args.timeout, args.threads
+    )
+    report["training"] = [ours, theirs]
+    report["commands"]["runs"] = [ours["command"], theirs["command"]]
+    for r in report["training"]:
+        if r.get("status") != "ok":
+            log(f"  {r['learner']} failed: {r.get('error')}")
+        ok = theirs.get("status") == "ok"
+        r["ratio_to_playground_rsl_rl"] = bench.ratio(r.get("sps"), theirs.get("sps")) if ok else None
+    report["load_average"]["end"] = bench.load_average()
+    return report
+
+
+def markdown_table(report: dict) -> list[str]:
+    """The table: per iteration, medians after the warm-up; the ratio to Playground's rsl_rl path."""
+    rows = ["| learner | SPS | rollout/collection s | update s | x Playground's rsl_rl |", "|---|---|---|---|---|"]
+    for r in report["env_only"]:
+        rows.append(f"| {r['learner']} | {bench.fmt(r['sps'])} | - | - | - |")
+    for r in report["training"]:
+        if r.get("status") != "ok":
+            rows.append(f"| {r['learner']} | failed: {r.get('error')} | - | - | - |")
+            continue
+        rows.append(
+            f"| {r['learner']} | {bench.fmt(r.get('sps'))} | {bench.fmt(r.get('rollout_seconds'), '.3f')} | "
+            f"{bench.fmt(r.get('update_seconds'), '.3f')} | {bench.fmt_ratio(r.get('ratio_to_playground_rsl_rl'))} |"
+        )
+    return rows
+
+
+def print_report(report: dict) -> None:
+    cfg, m, s = report["config"], report["machine"], report["config"]["sizes"]
+    print(
+        f"playground:{cfg['task']} x {cfg['num_envs']} envs on {cfg['device']} ({bench.machine_label(m)}, torch "
+        f"{m['torch']}, {m['torch_threads']} threads); playground {cfg['playground_version']}, jax "
+        f"{cfg['jax_version']}, rsl-rl-lib {cfg['rsl_rl_version']}; {cfg['rl_config_of']}'s rsl_rl config: "
+        f"{s['num_steps']} steps x {s['update_epochs']} epochs x {s['num_minibatches']} minibatches, hidden "
+        f"{s['hidden_sizes']} {s['activation']}; {cfg['warmup_iterations']} + {cfg['iterations']} iterations; "
+        f"load average {report['load_average']['start']} -> {report['load_average']['end']}"
+    )
+    print()
+    print("\n".join(markdown_table(report)))
+    print()
+    print(
+        "SPS: env steps per second; seconds: per iteration, medians after the warm-up; env-only rows: "
+        f"{cfg['repeats']} windows of {cfg['env_steps']} steps, median"
+    )
+    for note in report["notes"]:
+        print(f"note: {note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.worker is not None:
+        result = run_playground_worker(json.loads(args.worker))
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+        return 0
+    report = run_benchmark(args, argv)
+    if args.json != "-":
+        print_report(report)
+    if args.json is not None:
+        bench.write_json(report, args.json)
+    return 1 if any(r.get("status") != "ok" for r in report["training"]) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
