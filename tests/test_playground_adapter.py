@@ -334,7 +334,8 @@ def test_ppo_learns_cartpole_balance_with_the_plain_defaults_on_a_cpu(tmp_path, 
 @pytest.mark.skipif(importlib.util.find_spec("rsl_rl") is None, reason="needs rsl-rl-lib (the playground lane has it)")
 def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     """tests/benchmarks/playground.py end to end at tiny sizes: both env-only rows, algos/ppo.py and Playground's own
-    rsl_rl path (its torch wrapper under rsl_rl's runner) each measured, with the borrowed config's sizes on both."""
+    rsl_rl path (its torch wrapper under rsl_rl's runner) each measured, with the borrowed config's sizes on both, and
+    td3.py with FastTD3's settings and the hours its SPS needs for FastTD3's budget."""
     import json
 
     from tests.benchmarks import playground as playground_bench
@@ -342,6 +343,7 @@ def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     out = tmp_path / "playground.json"
     argv = ["--device", "cpu", "--task", TASK, "--impl", "jax", "--num-envs", "8", "--iterations", "2"]
     argv += ["--warmup-iterations", "1", "--env-steps", "3", "--env-warmup-steps", "1", "--repeats", "1"]
+    argv += ["--td3-num-envs", "8", "--td3-args", "--batch-size 64"]  # FastTD3's 1,024 envs and 32,768 a batch: a GPU's
     threads = torch.get_num_threads()
     try:
         code = playground_bench.main([*argv, "--threads", "1", "--json", str(out)])
@@ -358,17 +360,23 @@ def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     assert [r["learner"] for r in report["training"]] == [
         "algos/ppo.py",
         "Playground's rsl_rl path (RSLRLBraxWrapper + OnPolicyRunner)",
+        "algos/td3.py, FastTD3's settings",
     ]
     for r in report["training"]:
         assert r["status"] == "ok", r
-        for key in ("sps", "rollout_seconds", "update_seconds", "ratio_to_playground_rsl_rl"):
+        keys = ("sps", "rollout_seconds", "update_seconds")
+        keys += ("hours_to_fasttd3_budget",) if "td3" in r["learner"] else ("ratio_to_playground_rsl_rl",)
+        for key in keys:
             assert math.isfinite(r[key]) and r[key] > 0, (r["learner"], key, r.get(key))
+    td3 = report["training"][2]
+    assert td3["fasttd3_iterations"] == 1_500_000 and "--settings task" in td3["command"], td3  # its Playground default
+    assert td3["hours_to_fasttd3_budget"] == pytest.approx(1_500_000 * 8 / td3["sps"] / 3600)
     sizes = report["config"]["sizes"]  # Go1's rsl_rl config, CartpoleBalance having none
     assert report["config"]["rl_config_of"] == "Go1JoystickFlatTerrain" and sizes["hidden_sizes"] == [512, 256, 128]
     ours = report["training"][0]["command"]
     assert "--hidden-sizes 512 256 128" in ours and "--activation elu" in ours and "--num-steps 24" in ours, ours
     assert "--settings builtin" in ours, ours
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
-    assert (
-        rows[0] == "| learner | SPS | rollout/collection s | update s | x Playground's rsl_rl |" and len(rows) == 1 + 4
-    )
+    assert rows[0] == "| learner | SPS | rollout/collection s | update s | x Playground's rsl_rl |", rows
+    assert len(rows) == 1 + 5 and rows[-1].startswith("| algos/td3.py, FastTD3's settings | "), rows
+    assert "h for FastTD3's budget of 1,500,000 iterations" in stdout, stdout[-2000:]

@@ -3,7 +3,8 @@ on one device.
 
     python -m tests.benchmarks.playground [--task Go1JoystickFlatTerrain] [--num-envs 4096] [--device cuda]
         [--impl warp|jax] [--full-reset] [--rl-config-of TASK] [--iterations 10] [--warmup-iterations 2]
-        [--env-steps 100] [--repeats 3] [--threads T] [--json PATH | --json -]
+        [--env-steps 100] [--repeats 3] [--no-td3] [--td3-num-envs N] [--td3-args "FLAGS"] [--threads T]
+        [--json PATH | --json -]
 
     python -m tests.benchmarks.playground --device cpu --task CartpoleBalance --impl jax --num-envs 64 --iterations 3
 
@@ -24,7 +25,11 @@ when either is missing. Rows of the table:
    `rsl_rl_config`) trained for W + K iterations in a subprocess; SPS from the wall-clock times of rsl_rl's
    per-iteration log call after the warm-up. Playground 0.2.0's configs are in rsl_rl 3's layout (one `policy`
    ActorCritic); rsl_rl 4 and 5 take an `actor` and a `critic` model instead, so the worker writes the same fields in
-   that layout (rsl_rl_5_config): hidden sizes, activation, the scalar std's initial value, empirical normalization.
+   that layout (rsl_rl_5_config): hidden sizes, activation, the scalar std's initial value, empirical normalization;
+5. algos/td3.py with its `task` set, FastTD3's published Playground settings (common/settings.py), at FastTD3's 1,024
+   envs (--td3-num-envs), W + K iterations as row 3; with the hours its SPS needs for FastTD3's budget of the task (its
+   `total_timesteps`, counted in iterations). FastTD3 reports its Playground runs as return against wall-clock curves
+   (arXiv 2505.22642), not a table: the hours are what to set beside them. --no-td3 leaves the row out.
 
 Matched: both learners train with the task's rsl_rl config. A locomotion or manipulation task has its own, which ppo.py
 takes as its `task` set (the same field-by-field translation as for mjlab, with rsl_rl's update); a DM Control task
@@ -249,6 +254,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--env-warmup-steps", type=int, default=20, help="untimed steps before the env-only windows")
     parser.add_argument("--repeats", type=int, default=3, help="env-only windows (median reported)")
     parser.add_argument("--skip-env-only", action="store_true", help="only the training runs")
+    parser.add_argument("--td3", action=argparse.BooleanOptionalAction, default=True, help="the td3.py row")
+    parser.add_argument("--td3-num-envs", type=int, default=None, help="td3.py's envs (default: FastTD3's, 1,024)")
+    parser.add_argument("--td3-args", default="", help="more flags for td3.py (e.g. a smaller --batch-size on a CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads, here and in the training runs")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a training run may take")
@@ -349,14 +357,46 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         "tests.benchmarks.playground", worker_cfg, RESULT_MARKER, record, args.timeout, args.threads
     )
     report["training"] = [ours, theirs]
-    report["commands"]["runs"] = [ours["command"], theirs["command"]]
+    for r in report["training"]:
+        ok = theirs.get("status") == "ok"
+        r["ratio_to_playground_rsl_rl"] = bench.ratio(r.get("sps"), theirs.get("sps")) if ok else None
+    if args.td3:
+        report["training"].append(td3_row(args, device, env_kwargs, log))
+    report["commands"]["runs"] = [r["command"] for r in report["training"]]
     for r in report["training"]:
         if r.get("status") != "ok":
             log(f"  {r['learner']} failed: {r.get('error')}")
-        ok = theirs.get("status") == "ok"
-        r["ratio_to_playground_rsl_rl"] = bench.ratio(r.get("sps"), theirs.get("sps")) if ok else None
     report["load_average"]["end"] = bench.load_average()
     return report
+
+
+def td3_row(args, device: torch.device, env_kwargs: dict, log) -> dict:
+    """Row 5: td3.py with FastTD3's settings for W + K iterations; the hours its SPS needs for FastTD3's budget."""
+    from common.settings import FASTTD3_PLAYGROUND, FASTTD3_PLAYGROUND_TASKS
+
+    fasttd3 = {**FASTTD3_PLAYGROUND, **FASTTD3_PLAYGROUND_TASKS.get(args.task, {})}
+    num_envs = args.td3_num_envs or int(fasttd3["num_envs"])
+    log(f"algos/td3.py, FastTD3's settings: {args.warmup_iterations} + {args.iterations} iterations")
+    flags = ["--settings", "task", "--env-kwargs", json.dumps(env_kwargs), "--num-eval-envs", "1"]
+    r = bench.run_training(
+        "td3",
+        load_script("td3").Args,
+        f"playground:{args.task}",
+        num_envs,
+        str(device),
+        "eager",
+        args.iterations,
+        args.warmup_iterations,
+        extra_args=flags + shlex.split(args.td3_args),
+        threads=args.threads,
+        timeout=args.timeout,
+        seed=args.seed,
+    )
+    r["learner"] = "algos/td3.py, FastTD3's settings"
+    r["fasttd3_iterations"] = int(fasttd3["total_timesteps"])  # FastTD3 counts its budget in iterations
+    if r.get("status") == "ok" and r.get("sps"):
+        r["hours_to_fasttd3_budget"] = r["fasttd3_iterations"] * num_envs / r["sps"] / 3600
+    return r
 
 
 def markdown_table(report: dict) -> list[str]:
@@ -392,6 +432,13 @@ def print_report(report: dict) -> None:
         "SPS: env steps per second; seconds: per iteration, medians after the warm-up; env-only rows: "
         f"{cfg['repeats']} windows of {cfg['env_steps']} steps, median"
     )
+    for r in report["training"]:
+        if r.get("hours_to_fasttd3_budget") is not None:
+            print(
+                f"td3.py at FastTD3's settings: {r['hours_to_fasttd3_budget']:.2f} h for FastTD3's budget of "
+                f"{r['fasttd3_iterations']:,} iterations at these SPS (FastTD3 reports its Playground runs as curves "
+                "of return against wall-clock time, arXiv 2505.22642)"
+            )
     for note in report["notes"]:
         print(f"note: {note}")
 
