@@ -480,12 +480,15 @@ def steady_state(scalars: dict, warmup: int, iterations_per_event: int = 1) -> d
 
 
 def subprocess_env(threads: int | None) -> dict:
+    """The environment of a measured subprocess: every learner of one command on the same torch thread count (the
+    given one, else this process's). Without it a script would choose its own from the load average
+    (common.settings.choose_threads), which the benchmark's previous subprocess has just raised: ours then ran on
+    fewer threads than the peer it is set beside."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("WANDB_MODE", None)
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
+    env["OMP_NUM_THREADS"] = str(threads if threads is not None else torch.get_num_threads())
     return env
 
 
