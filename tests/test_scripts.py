@@ -590,7 +590,9 @@ def test_bad_inputs_fail_with_a_clear_cause(algo, tmp_path, monkeypatch):
     corrupt.write_bytes(b"\x00" * 100)
     with pytest.raises(SystemExit, match="truncated or corrupt"):
         train(algo, out, resume=str(corrupt))
-    other = "pqn" if algo != "pqn" else "ppo"
+    # a foreign algorithm: another than the one this script runs (a copy of pqn.py runs pqn's), so the script answers
+    # with the foreign-algorithm error, not the copy-versus-original one
+    other = "pqn" if algo_of(algo) != "pqn" else "ppo"
     foreign = tmp_path / "foreign.pt"
     save_checkpoint({"format_version": FORMAT_VERSION, "algo": other, "env_id": "CartPole-v1"}, foreign)
     with pytest.raises(SystemExit, match=f"written by '{other}', not '{algo}'"):
