@@ -79,6 +79,30 @@ def check_written_by(run: Run, ckpt: dict, path) -> None:
         )
 
 
+# The entries a checkpoint of this format holds whatever wrote it: a dict without one is not a whole checkpoint
+REQUIRED_KEYS = (
+    "args",
+    "global_step",
+    "iteration",
+    "best_eval_return",
+    "world_size",
+    "model",
+    "optimizers",
+    "state",
+    "ranks",
+)
+
+
+def check_complete(ckpt: dict, path) -> None:
+    """That `ckpt` has every entry a resume or --init-from reads: one line naming those it lacks, else nothing."""
+    missing = [key for key in REQUIRED_KEYS if key not in ckpt]
+    if missing:
+        raise CheckpointError(
+            f"{path} is not a whole checkpoint: its format {ckpt.get('format_version')} dict has no "
+            f"{', '.join(missing)}; {_another_checkpoint(Path(path))}"
+        )
+
+
 def run_totals(run: Run) -> dict:
     """What a run's summary adds up over its processes (a run resumed k times has k + 1). Saved in every
     checkpoint; the next process starts from the one it resumes."""
@@ -512,6 +536,7 @@ def restore(run: Run, state: TrainingState, next_obs):
     with the same world size and --num-envs (else re-derived from the seed); its env snapshot, next observation and
     per-rank tensors only where the envs can be snapshotted (gym:, mjlab: start fresh). The run says what it leaves."""
     ckpt, args = run.checkpoint, run.args
+    run.held = state  # what a run whose directory is removed under it saves again (common.run)
     if ckpt is None:
         if run.init_checkpoint is not None:
             init_from(run, state)

@@ -172,6 +172,30 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+# What gloo and NCCL say when a collective's peer is gone: the backend's source path, a phrase of the transport
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def lost_peer(error: BaseException) -> str | None:
+    """The one line of a collective that failed because another rank of the job ended (a kill, a crash on that rank,
+    a lost node), else None. The backends raise a RuntimeError of several lines, prefixed with the path of their
+    source, which says less to a user than this rank's own account."""
+    if not is_distributed() or not isinstance(error, RuntimeError):
+        return None
+    text = str(error)
+    backend_error = isinstance(error, getattr(dist, "DistBackendError", ()))
+    if not backend_error and not any(phrase in text for phrase in _PEER_GONE):
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    if first.startswith("[") and "] " in first:  # "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+        first = first.split("] ", 1)[1]
+    cause = first.split(". ")[0].rstrip(".")
+    return (
+        f"error: rank {dist.get_rank()} of {dist.get_world_size()} lost another rank of the job in a collective "
+        f"({cause}): that rank ended (killed, failed or its node lost; its own output or the launcher's says why)"
+    )
+
+
 class PreemptionGuard:
     """Turns SIGTERM / SIGUSR1 / SIGINT into a request to stop after the current iteration (a second one exits at
     once). Scripts fold `received` into their per-iteration all-reduce: every rank stops after the same iteration."""

@@ -60,6 +60,7 @@ class Lock:
     stop: threading.Event
     beating: threading.Thread | None = None
     lost: str | None = None  # set by the heartbeat when another process holds the file now: the one-line error
+    vanished: bool = False  # the heartbeat found the run directory itself gone (common.run saves what it holds)
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,8 @@ def _judge(run_dir: Path, seen: _Seen, patient: bool = True, still: tuple[float,
         else ""
     )
     return _Verdict(
-        error=f"error: another process trains {run_dir}: {who} since {record.get('since')} (its heartbeat {age:.0f} s "
-        f"ago); one run has one writer. Stop it (kill -TERM {pid}{'' if here else ' on ' + str(host)}: it saves "
+        error=f"error: another process trains {run_dir}: {who} since {record.get('since')} ({_heartbeat_age(age)}); "
+        f"one run has one writer. Stop it (kill -TERM {pid}{'' if here else ' on ' + str(host)}: it saves "
         f"last.pt and exits) or let it end, then continue with --resume auto; or start another run with "
         f"--run-name NAME"
         + (
@@ -213,6 +214,14 @@ def _judge(run_dir: Path, seen: _Seen, patient: bool = True, still: tuple[float,
         )
         + shared
     )
+
+
+def _heartbeat_age(age: float) -> str:
+    """The heartbeat's age in words. A negative one (a clock set back since the holder's last beat, or a file touched
+    by hand) is said as what it is, not as a time ago."""
+    if age >= -WRITING_SECONDS / 5:
+        return f"its heartbeat {max(age, 0):.0f} s ago"
+    return f"its heartbeat dated {-age:.0f} s ahead of this host's clock"
 
 
 def lock_error(run_dir: Path) -> str | None:
@@ -383,17 +392,47 @@ def _heartbeat(lock: Lock, run_dir: Path) -> None:
         try:
             if not _holds(lock):
                 seen = _read(lock.path)
-                held = _parse(seen.data) if seen is not None else {}
-                lock.lost = (
-                    f"error: {lock.path} is held by pid {held.get('pid')} on host {held.get('host')} now, not by this "
-                    f"process (it judged this one gone): this process writes no more checkpoints to {run_dir}, so "
-                    "that the run keeps one writer"
-                )
+                if seen is None and _write_again(lock, run_dir):
+                    continue
+                lock.lost = _lost(lock, run_dir)
                 print(f"warning: {lock.lost.removeprefix('error: ')}", file=sys.stderr, flush=True)
                 return
             os.utime(lock.path)
         except OSError:
             pass  # a full or flaky disk: the next beat tries again
+
+
+def _write_again(lock: Lock, run_dir: Path) -> bool:
+    """The lock file is gone while this process holds the lock (deleted by hand): write it again, exclusively, so
+    that a process that starts now still finds the run taken. True when this process holds it again."""
+    if not run_dir.is_dir():
+        return False  # the whole run directory went: the run's next write says so (common.run)
+    try:
+        _write_new(lock.path, lock.data)
+    except FileExistsError:
+        return False  # another process created it since: it holds the run now
+    print(
+        f"warning: {lock.path} was deleted while this process held it (by hand?): written again; this process "
+        f"still trains {run_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
+
+
+def _lost(lock: Lock, run_dir: Path) -> str:
+    """The one line of a lock that is not this process's any more: what happened to its file, as far as it can tell."""
+    if not run_dir.is_dir():
+        lock.vanished = True
+        return f"error: the run directory {run_dir} was removed while this process trained it"
+    seen = _read(lock.path)
+    held = _parse(seen.data) if seen is not None else {}
+    who = f"pid {held.get('pid')} on host {held.get('host')}" if held else "another process"
+    return (
+        f"error: {lock.path} is held by {who} now, not by this process (its file was deleted or taken over since "
+        f"this process took it): this process writes no more checkpoints to {run_dir}, so that the run keeps one "
+        "writer"
+    )
 
 
 def release(lock: Lock) -> None:

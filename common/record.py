@@ -66,6 +66,9 @@ class Run:
     uploads: set = field(default_factory=set)  # with --track: checkpoints written since their last wandb artifact
     lock: Any = None  # rank 0 of a training run: the run directory's lock (common.run.take_lock)
     output_failed: bool = False  # a file of the run could not be written: the run ends with one line
+    made_dirs: list = field(default_factory=list)  # directories open_run made (deepest first), until training begins
+    removed_at: int | None = None  # the global step at which rank 0 found its run directory removed (made again)
+    held: Any = None  # the TrainingState of the run's last save: what a run whose directory vanished saves again
 
     def __post_init__(self):
         self.algorithm = self.algorithm or self.algo

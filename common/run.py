@@ -29,14 +29,16 @@ import itertools
 import json
 import logging
 import math
+import os
 import random
 import shutil
+import signal
 import sys
 import threading
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +62,7 @@ from common.checkpoint import (
     LAST,
     CheckpointError,
     OutputError,
+    check_complete,
     check_written_by,
     checkpoint_dir,
     checkpoints_without_last,
@@ -73,7 +76,7 @@ from common.checkpoint import (
 )
 from common.envs import draws_with_pygame, eval_env_kwargs, make_env
 from common.evaluation import eval_steps
-from common.lock import LOCK, lock_error, release_lock, take_lock
+from common.lock import LOCK, lock_lost, release, release_lock, take_lock
 from common.record import Run
 from common.stats import PROGRESS_SECONDS, Progress, closing_words, continue_command, plural
 
@@ -213,9 +216,11 @@ def _json_object(flag: str, text: str | None) -> dict:
 
 
 def open_run(run: Run) -> dict | None:
-    """Decide the run directory (one name across torchrun restarts, which resume) and load the checkpoint to resume
-    from, taking from it the flags the command line left alone. Writes nothing: a run that cannot start leaves no
-    directory behind (`begin_training` writes). A collective. Returns the checkpoint.
+    """Decide the run directory (one name across torchrun restarts, which resume), take its lock (rank 0 of a training
+    run, for the job), and load the checkpoint to resume from, taking from it the flags the command line left alone.
+    Writes nothing but the lock: a start that cannot go on leaves the directory as it found it (`close` releases the
+    lock and removes a directory this start made; `begin_training` writes the run). A collective. Returns the
+    checkpoint.
 
     An existing run directory is never written over (_existing_run_dir); one that a live process trains (its lock)
     stops any run of it but --eval-only."""
@@ -231,13 +236,17 @@ def open_run(run: Run) -> dict | None:
         except OSError:
             run_name = run_name or default  # reported when the directory is written
         later_group = later_group or elastic_restart_count() > 0
-        run_dir = Path(args.output_dir) / run_name
-        # --eval-only writes no run: it may read one that trains
-        error = (None if args.eval_only else lock_error(run_dir)) or _existing_run_dir(run_dir, args, later_group)
+        run.run_dir = Path(args.output_dir) / run_name
+        # The lock first, then the look: what this start decides (a new run, a resume and from which last.pt, an
+        # overwrite, a refusal) it decides from the run directory as no other process can change it any more. A start
+        # held up anywhere before this line sees what the run became meanwhile. --eval-only writes no run: it may
+        # read one that trains, and takes no lock.
+        error = None if args.eval_only else _lock_run_dir(run)
+        error = error or _existing_run_dir(run.run_dir, args, later_group)
     # rank 0 decides for all: after a node joined, the new node's agent counts no restart
     run_name, later_group, error = distributed.broadcast_object((run_name, later_group, error))
     if error:
-        raise SystemExit(error)
+        raise SystemExit(error)  # `closing` releases the lock and removes a directory this start made
     run.run_dir = Path(args.output_dir) / run_name
     if args.resume is None and later_group and not args.eval_only:
         args.resume = "auto"  # torchrun restarted or re-formed the worker group: continue from last.pt
@@ -250,6 +259,7 @@ def open_run(run: Run) -> dict | None:
         if run.resume_path is not None:
             run.checkpoint = load_checkpoint(run.resume_path)
             check_written_by(run, run.checkpoint, run.resume_path)
+            check_complete(run.checkpoint, run.resume_path)
             take_flags_from(run, run.checkpoint)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
@@ -275,6 +285,7 @@ def open_run(run: Run) -> dict | None:
         try:
             path = resolve_resume(args.init_from, run.run_dir)
             run.init_checkpoint = load_checkpoint(path)
+            check_complete(run.init_checkpoint, path)
         except CheckpointError as e:
             raise SystemExit(f"error: --init-from: {e}") from None
         run.init_path = path
@@ -313,13 +324,13 @@ def _start_without_last(run: Run) -> None:
             f"the same command and --resume {use} instead of --resume auto, or start the run over with --overwrite "
             f"(it removes them)"
         )
-    if run_dir.is_dir() and any(p.name != LOCK for p in run_dir.iterdir()):
+    if _run_files(run_dir):
         run.started_again = True
         run.say(
             f"--resume auto: {run_dir} has no checkpoint (its run ended before its first save): starting it again; "
             f"its earlier files move to {_earlier_dir(run_dir).name}/ beside it"
         )
-    elif not run_dir.exists():
+    elif run.made_dirs or not run_dir.exists():  # (rank 0 made it for its lock a moment ago)
         run.say(f"--resume auto: no run in {run_dir} yet: starting it")
 
 
@@ -345,16 +356,90 @@ def _move_earlier_files(run_dir: Path) -> None:
         entry.rename(aside / entry.name)
 
 
+def _lock_run_dir(run: Run) -> str | None:
+    """Rank 0 of a training run: make the run directory (noting the directories this start made, so that a start that
+    cannot go on removes them) and take its lock, before anything of the run is read. The one-line error when a live
+    process holds it, else None. A directory that cannot be made or locked (a full disk, no permission) ends the start
+    with the one line of an unwritable output (exit status 1)."""
+    run_dir = run.run_dir
+    try:
+        missing = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
+        for d in reversed(missing):
+            try:
+                d.mkdir()  # one at a time: only those this start made are removed again
+            except FileExistsError:
+                continue  # another start made it this moment: the lock says whose run it is
+            run.made_dirs.insert(0, d)
+        return take_lock(run)
+    except OSError as e:
+        run.output_failed = True  # a disk or a permission, not bad input: status 1
+        cause = f"{e.strerror or e}" + (f" [errno {e.errno}]" if e.errno else "")
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        _remove_made_dirs(run)
+        raise SystemExit(
+            f"error: cannot write the run directory {run_dir} ({cause}); nothing of the run was written. "
+            f"{'Free space' if full else 'Make it writable'} or choose --output-dir, then start it with: "
+            f"{continue_command(run)}"
+        ) from None
+
+
+def _remove_made_dirs(run: Run) -> None:
+    """A start that did not begin training: remove the directories it made, if nothing is in them (its lock is
+    released first), deepest first. A directory another process wrote into meanwhile stays."""
+    for d in run.made_dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            break  # not empty (another run's, or one that began), or not ours to remove: its parents stay too
+    run.made_dirs = []
+
+
+def _run_files(run_dir: Path) -> list[Path]:
+    """The entries of `run_dir` that belong to a run: all but the lock and its own temporary files."""
+    if not run_dir.is_dir():
+        return []
+    return [e for e in run_dir.iterdir() if e.name != LOCK and not e.name.startswith(LOCK + ".")]
+
+
+def _the_run_in(run_dir: Path) -> str:
+    """The run that `run_dir` holds, in a few words: its script, env, seed, step and how it ended, from its
+    summary.json and config.json (whatever of them can be read)."""
+
+    def read(name):
+        try:
+            value = json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    summary, config = read("summary.json"), read(CONFIG)
+    words = [f"{summary['algo']}.py" if summary.get("algo") else "a run"]
+    if env_id := summary.get("env_id") or config.get("env_id"):
+        words[0] += f" on {env_id}"
+    if "seed" in config:
+        words.append(f"seed {config['seed']}")
+    if isinstance(summary.get("global_step"), int):
+        reason = summary.get("stop_reason")
+        ended = {"total_timesteps": "finished", "error": "ended by an error"}.get(reason, f"stopped ({reason})")
+        words.append(f"at global step {summary['global_step']:,}, {ended}")
+    elif (checkpoint_dir(run_dir) / LAST).is_file():
+        words.append("with a last.pt")
+    else:
+        words.append("with no summary.json")
+    return ", ".join(words)
+
+
 def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
-    """The one-line error for a run that would write over an existing run directory, or None."""
+    """The one-line error for a run that would write over an existing run directory, or None. Judged with the lock
+    held: a run that finished while this start was on its way is named, and kept."""
     if args.overwrite and args.resume is not None:
         return "error: --overwrite starts the run over and --resume continues it: drop one of them"
     if args.eval_only or args.resume is not None or later_group or args.overwrite:
         return None
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if _run_files(run_dir):
         return (
-            f"error: the run directory {run_dir} exists; continue it with --resume auto, start another with "
-            f"--run-name NAME, or remove it with --overwrite"
+            f"error: the run directory {run_dir} holds a run ({_the_run_in(run_dir)}); nothing was written. Continue "
+            f"it with --resume auto, start another with --run-name NAME, or remove it with --overwrite"
         )
     return None
 
@@ -458,10 +543,11 @@ def _write_run_dir(run: Run) -> str | None:
     None."""
     args = run.args
     try:
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        error = take_lock(run)  # before any file of the run: a second process writes nothing, deletes nothing
+        # open_run took the lock; a run's own code that skips it takes it here, before any file of the run
+        error = lock_lost(run) if run.lock is not None else take_lock(run)
         if error:
             return error
+        run.made_dirs = []  # the run begins: its directory stays, whatever ends it
         if args.overwrite:
             _clear_run_dir(run.run_dir)  # held: no process that started meanwhile loses a file
         elif run.started_again:
@@ -489,14 +575,19 @@ def _write_run_dir(run: Run) -> str | None:
             sync_tensorboard=True,
             dir=str(run.run_dir),
         )
+    _open_writer(run)
+    return None
+
+
+def _open_writer(run: Run) -> None:
+    """The run's TensorBoard writer, a new event file, with the run's flags as its first record."""
     from torch.utils.tensorboard import SummaryWriter
 
     # purge_step: a resumed run drops the events logged after its checkpoint, so each curve
     # stays one line without the repeated steps of the work lost to a fault.
     run.writer = SummaryWriter(str(run.run_dir), purge_step=run.global_step + 1 if run.checkpoint else None)
-    table = "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+    table = "\n".join(f"|{k}|{v}|" for k, v in asdict(run.args).items())
     run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return None
 
 
 def _clear_run_dir(run_dir: Path) -> None:
@@ -540,14 +631,66 @@ class Due:
 
 
 def what_is_due(run: Run, final_iteration: bool) -> Due:
-    """This iteration's Due. Reads the run, changes nothing."""
+    """This iteration's Due, from the counters and flags. Before an iteration that writes, rank 0 looks that its run
+    directory is still there (`_run_dir_removed`)."""
     args, i = run.args, run.iteration
     evaluate = args.eval_interval > 0 and (i % args.eval_interval == 0 or final_iteration)
     last = final_iteration or i % args.save_interval == 0
     numbered = args.checkpoint_interval > 0 and i % args.checkpoint_interval == 0
-    return Due(
+    due = Due(
         log=i % args.log_interval == 0 or evaluate or last or numbered, eval=evaluate, last=last, numbered=numbered
     )
+    if due.log and run.is_main and run.lock is not None and run.removed_at is None and _run_dir_removed(run):
+        _make_run_dir_again(run)
+    return due
+
+
+def _run_dir_removed(run: Run) -> bool:
+    """Whether the run directory was removed under the run (its lock and config.json gone: one stat while it is
+    there). A lock deleted alone is the heartbeat's to write again (common.lock)."""
+    return not (run.run_dir / LOCK).is_file() and not (run.run_dir / CONFIG).is_file()
+
+
+def _make_run_dir_again(run: Run) -> None:
+    """Rank 0, its run directory removed while the run trains: make it again under the lock taken again, with
+    config.json and a new event file, and stop the run after this iteration as a signal would, so that every rank
+    saves last.pt of this step (`finish` then ends the run with the line that says so). Where it cannot be made
+    again, or another process holds it now, the run ends here with the line that says that nothing was saved."""
+    run_dir, step = run.run_dir, run.global_step
+    run.removed_at = step
+    gone = f"error: the run directory {run_dir} was removed while the run trained (at global step {step:,})"
+    release_lock_quietly(run.lock)
+    run.lock = None
+    _close_quietly(run)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        refused = take_lock(run)
+    except OSError as e:
+        run.output_failed = True
+        raise SystemExit(
+            f"{gone}, and cannot be made again ({e.strerror or e}): nothing was saved; the run's state at that step "
+            f"is lost. Once {run_dir} can be made, start the run again with: {continue_command(run)}"
+        ) from None
+    if refused:
+        run.output_failed = True
+        raise SystemExit(f"{gone}; another process holds it now: nothing was saved, the run there is that one's")
+    try:
+        _write_config(run)
+        _open_writer(run)
+    except OSError as e:
+        raise SystemExit(output_failed(run, getattr(e, "filename", None) or str(run_dir / CONFIG), e)) from None
+    run.say(f"notice: {gone.removeprefix('error: ')}: made it again; saving last.pt after this iteration and stopping")
+    run.guard.received = run.guard.received or "the removal of its run directory"
+
+
+def _close_quietly(run: Run) -> None:
+    """Close the run's TensorBoard writer, whose file is gone: its failures say nothing new."""
+    writer, run.writer = run.writer, None
+    try:
+        if writer is not None:
+            writer.close()
+    except Exception:  # noqa: BLE001 -- its file went with the directory
+        pass
 
 
 def checkpoints_to_write(run: Run, due: Due) -> list[str]:
@@ -574,13 +717,17 @@ def close(run: Run) -> None:
     if run.closed:
         return
     run.closed = True
+    _hold_signals(run)  # first: a signal that arrives while the run closes changes nothing of how it ends
     steps = [
-        ("signal handlers", run.guard.restore if run.guard is not None else None),
         ("TensorBoard writer", run.writer.close if run.writer is not None else None),
         ("wandb", run.wandb_run.finish if run.wandb_run is not None else None),
         ("run directory's lock", lambda: release_lock(run)),  # after the writers: nothing of this run writes now
+        ("directories of a start that did not begin", (lambda: _remove_made_dirs(run)) if run.made_dirs else None),
         ("CUDA graphs", lambda: release_graphs(run)),
         ("process group", distributed.cleanup),
+        # a run inside another program gives the program its own handlers back; a program keeps holding them until
+        # it exits, so that a signal after the teardown cannot turn a saved stop (0) into 143
+        ("signal handlers", run.guard.restore if run.guard is not None and not from_command_line(run.args) else None),
     ]
     for what, step in steps:
         if step is None:
@@ -592,6 +739,24 @@ def close(run: Run) -> None:
                 print(f"warning: closing the run's {what} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
+def _hold_signals(run: Run) -> None:
+    """From the end of training on (`finish`, `close`): SIGTERM, SIGUSR1 and SIGINT are said and ignored, so that a
+    repeated signal (a scheduler's, a second Ctrl-C) cannot change the exit status the run has reached: 0 after the
+    stop a first one asked for saved last.pt. The teardown takes seconds; kill -9 still ends it."""
+    if run.guard is None or getattr(run.guard, "held", False):
+        return
+    run.guard.held = True
+
+    def teardown(signum, frame):
+        if run.is_main:  # os.write: safe inside a handler that interrupts a print
+            name = signal.Signals(signum).name
+            os.write(2, f"{name}: the run is closing already; it ends as it was ending\n".encode())
+
+    for name in distributed.PreemptionGuard.SIGNALS:
+        if (sig := getattr(signal, name, None)) is not None:
+            signal.signal(sig, teardown)
+
+
 @contextmanager
 def closing(run: Run):
     """`with closing(run):` around a script's training: whatever ends it (a return, an error, Ctrl-C), the run is
@@ -601,15 +766,24 @@ def closing(run: Run):
     try:
         yield run
     except OSError as e:
+        if _vanished(run):
+            raise SystemExit(_saved_again(run)) from None
         what = _unwritten(run, e)
         if what is None:
             raise
         raise SystemExit(output_failed(run, what, e)) from None
     except SystemExit as e:  # bad input found before training began: a usage error's status, as a bad flag's (2)
+        if isinstance(e.code, str) and _vanished(run):  # the lock's heartbeat found the run directory gone
+            raise SystemExit(_saved_again(run)) from None
         bad_input = not run.output_failed  # a file that could not be written is not bad input: status 1
         if run.guard is None and isinstance(e.code, str) and e.code.startswith("error:") and bad_input:
             raise usage_error(e.code) from None  # the line on stderr and as the message, exit status 2
         raise
+    except RuntimeError as e:
+        if (line := distributed.lost_peer(e)) is None:
+            raise
+        last = _kept(run) if run.run_dir is not None and not run.args.eval_only else None
+        raise SystemExit(line + (f"; {last}. Continue with: {continue_command(run)}" if last else "")) from None
     finally:
         close(run)
 
@@ -640,13 +814,7 @@ def output_failed(run: Run, what: str, error: OSError) -> str:
             f"error: cannot write {what} ({cause}); {run.resume_path} is untouched. "
             f"{'Free space' if full else 'Make it writable'}, then run it again"
         )
-    last = checkpoint_dir(run.run_dir) / LAST
-    if LAST in run.saved:
-        kept = f"the last good checkpoint is {last} (global step {run.saved[LAST]:,})"
-    elif last.is_file():
-        kept = f"the last good checkpoint is {last} (of an earlier process)"
-    else:
-        kept = "no checkpoint was written yet"
+    kept = _kept(run)
     summary = run.run_dir / "summary.json"
     if what != str(summary):
         try:
@@ -658,6 +826,104 @@ def output_failed(run: Run, what: str, error: OSError) -> str:
         f"{'Free space' if full else 'Make it writable'} (or move the run directory and give its new --output-dir), "
         f"then continue with: {continue_command(run)}"
     )
+
+
+def _kept(run: Run) -> str:
+    """The run's checkpoints on disk now, in words: last.pt with its step, else the others with theirs. Only files
+    that exist are named."""
+    last = checkpoint_dir(run.run_dir) / LAST
+    if last.is_file():
+        if LAST in run.saved:
+            return f"the last good checkpoint is {last} (global step {run.saved[LAST]:,})"
+        return f"the last good checkpoint is {last} (of an earlier process)"
+    others = [(p, step) for p, step in checkpoints_without_last(run.run_dir) if step is not None]
+    if others:
+        named = ", ".join(f"{p.name} (global step {step:,})" for p, step in others)
+        return f"no {LAST} was written yet; the run's checkpoints in {checkpoint_dir(run.run_dir)}: {named}"
+    return "no checkpoint was written yet"
+
+
+def _vanished(run: Run) -> bool:
+    """Rank 0 of a run that began training: whether its run directory was removed under it (its lock's file is gone,
+    or the lock's heartbeat found the directory gone)."""
+    if not run.is_main or run.lock is None or run.guard is None or run.run_dir is None:
+        return False
+    return run.lock.vanished or not (run.run_dir / LOCK).is_file()
+
+
+class _NoEnvSnapshot:
+    """The envs of a checkpoint written after the fact: no snapshot, so a resume starts fresh episodes (the next
+    observation is the script's, out of reach here)."""
+
+    @staticmethod
+    def state_dict() -> dict:
+        return {}
+
+
+def _saved_again(run: Run) -> str:
+    """The run directory was removed while the run trained: make it again and save what this process holds (last.pt
+    of the model, optimizers and state at this step, config.json, a new event file), under the lock taken again, and
+    return the one line that says so; or the line that says exactly that nothing was saved."""
+    run_dir, step = run.run_dir, run.global_step
+    run.output_failed = True  # the writers of the removed files fail as they close: no warnings of theirs
+    old, run.lock = run.lock, None
+    release_lock_quietly(old)
+    _close_quietly(run)
+    gone = f"error: the run directory {run_dir} was removed while the run trained (at global step {step:,})"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        refused = take_lock(run)
+    except OSError as e:
+        return (
+            f"{gone}, and cannot be made again ({e.strerror or e}): nothing was saved. Make room for it, then start "
+            f"the run again with: {continue_command(run)}"
+        )
+    if refused:
+        return f"{gone}; another process holds it now: nothing was saved, the run there is that process's"
+    saved, missed = [], []
+    if run.held is not None and run.world_size == 1:
+        from common.checkpoint import save as save_checkpoints
+
+        try:
+            save_checkpoints(run, [LAST], replace(run.held, envs=_NoEnvSnapshot()), None)
+        except (OSError, RuntimeError) as e:
+            missed.append(f"{LAST} ({getattr(e, 'strerror', None) or e})")
+        if (checkpoint_dir(run_dir) / LAST).is_file():
+            saved.append(f"checkpoints/{LAST} (global step {step:,}; its envs start new episodes when resumed)")
+    elif run.held is not None:
+        missed.append(f"{LAST} (the state of {run.world_size} processes cannot be gathered once one has stopped)")
+    try:
+        _write_config(run)
+        saved.append(CONFIG)
+    except OSError as e:
+        missed.append(f"{CONFIG} ({e.strerror})")
+    try:
+        _open_writer(run)
+        run.writer.flush()
+        saved.append("a new event file")
+    except OSError as e:
+        missed.append(f"an event file ({e.strerror})")
+    try:
+        write_summary(run, summary_of(run, params_in_sync=None, error="the run directory was removed"))
+        saved.append("summary.json")
+    except OSError:
+        missed.append("summary.json")
+    if not saved:
+        return f"{gone}: made it again, but nothing was saved ({'; '.join(missed)})"
+    return (
+        f"{gone}: made it again with what this process held: {', '.join(saved)}"
+        + (f"; not saved: {'; '.join(missed)}" if missed else "")
+        + f". Continue with: {continue_command(run)}"
+    )
+
+
+def release_lock_quietly(lock) -> None:
+    """Stop a lock's heartbeat and let go of it (its file is gone with its directory)."""
+    if lock is not None:
+        try:
+            release(lock)  # the heartbeat stops first; the file it would remove is gone
+        except OSError:
+            pass
 
 
 def _quiet_writer_thread() -> None:
@@ -723,6 +989,7 @@ def write_summary(run: Run, summary: dict) -> None:
 def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
     """Check that the ranks' parameters agree, write summary.json, close the run. A collective. Returns the
     summary."""
+    _hold_signals(run)  # training is over: a repeated signal cannot change how the run ends
     in_sync = distributed.check_in_sync(model)  # averaged gradients keep every rank's weights bit-identical
     if not in_sync and run.is_main:
         print(
@@ -734,5 +1001,13 @@ def finish(run: Run, model: torch.nn.Module, extra: dict | None = None) -> dict:
     if run.is_main:
         write_summary(run, summary)
         run.say("\n".join(closing_words(run, summary)))
+    removed = run.removed_at is not None and run.is_main
     close(run)
+    if removed:  # made again and saved (_make_run_dir_again): the run did not end as asked, status 1
+        raise SystemExit(
+            f"error: the run directory {run.run_dir} was removed while the run trained (at global step "
+            f"{run.removed_at:,}): made it again with what this process held: {checkpoint_dir(run.run_dir) / LAST} "
+            f"(global step {run.saved.get(LAST, run.global_step):,}), {CONFIG}, a new event file and summary.json. "
+            f"Continue with: {continue_command(run)}"
+        )
     return summary

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,9 +20,9 @@ import torch
 from tensordict import TensorDictBase
 
 from common import distributed
-from common.args import RUN_FLAGS, as_flag, from_command_line
+from common.args import SITTING_FLAGS, as_flag, from_command_line, run_command
 from common.capture import read_timings
-from common.checkpoint import checkpoint_dir
+from common.checkpoint import LAST, checkpoint_dir, checkpoints_without_last
 
 if TYPE_CHECKING:
     from common.record import Run
@@ -276,9 +277,8 @@ class Progress:
             )
 
 
-# Run flags the command that continues a run does not repeat: it names the run directory and --resume auto itself;
-# the run's other flags come back from its checkpoint anyway (common.args.take_flags_from), the repeated ones
-# carry the sitting's own (--device, --max-wall-seconds) and the run's where it stopped before its first checkpoint
+# Flags of the sitting that the command which continues a run does not repeat: it names the run directory and how to
+# resume itself; the sitting's others that were given (--device, --max-wall-seconds) are repeated
 _NOT_REPEATED = {"resume", "overwrite", "run_name", "output_dir", "eval_only", "export", "progress"}
 
 
@@ -324,16 +324,22 @@ def _why_it_ended(run: Run, reason: str) -> str:
 
 
 def continue_command(run: Run) -> str:
-    """The command that continues this run from its last.pt: the same run directory, its run flags."""
+    """The command that continues this run, whether or not a checkpoint was written: the run's own flags (each whose
+    value is not the default of the set it was started with, as the "from the checkpoint" line has them, so that
+    where no checkpoint holds them the run starts again as it was), the sitting's flags that were given, its run
+    directory, and --resume auto; where the run has no last.pt but other checkpoints, --resume of its newest one."""
     args = run.args
     as_program = from_command_line(args)
-    flags = []
-    for name in sorted((run.given & RUN_FLAGS) - _NOT_REPEATED):
-        flags.append(as_flag(name, getattr(args, name)))  # quoted for a shell
+    own = run_command(run, {**run.foreign_flags, **asdict(args)}, SITTING_FLAGS)
+    sitting = [as_flag(name, getattr(args, name)) for name in sorted((run.given & SITTING_FLAGS) - _NOT_REPEATED)]
+    resume = "auto"
+    if not (checkpoint_dir(run.run_dir) / LAST).is_file():  # --resume auto would refuse: the newest other one
+        others = [(step, str(p)) for p, step in checkpoints_without_last(run.run_dir) if step is not None]
+        resume = max(others)[1] if others else resume
     return " ".join(
         [
             f"python {sys.argv[0] if as_program else f'algos/{run.algo}.py'}",
-            *flags,
-            f"--output-dir {args.output_dir} --run-name {run.run_dir.name} --resume auto",
+            *filter(None, [own, *sitting]),
+            f"--output-dir {args.output_dir} --run-name {run.run_dir.name} --resume {resume}",
         ]
     )
