@@ -3,14 +3,15 @@
     torchrun --nproc-per-node 8 algos/sac.py --env-id <task> --num-envs 1024 --batch-size 32768
     python algos/sac.py --env-id Pendulum-v1 --device cpu     # CPU defaults: 32 envs, batches of 512
 
-Top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob, Agent) -> the critic, actor
-and temperature losses and update steps -> the loop's pieces (the replay write, the delayed actor's schedule, when
-learning starts) -> train (setup; the iteration's steps: acting, the warm-up's random actions, the env step with its
-replay write, the updates; the block that compiles and captures them; the loop: warm-up or act, step, store -> the
-normalizers' fold -> update, the critic every step and the actor on its delay -> log, eval, save). An iteration
-is one step of every env (`--num-envs` per process) followed by `--num-updates` gradient updates on large replay
-batches. Continuous actions. common/offpolicy.py holds the plumbing sac.py and td3.py share (the replay's size and
-action-space checks, the observation sizes, the loop's log/eval/save).
+Top to bottom: Args -> networks (ensemble critics, the squashed Gaussian's log-prob, Agent) -> the TD target's inputs
+(n_step_batch: the n-step return, the bootstrap, the normalization, from the replay's windows) and the critic, actor
+and temperature losses -> the loop's pieces (the replay write, the delayed actor's schedule, when learning starts) ->
+train (setup; the iteration's functions: acting, the env step with its replay write and the normalizers' fold, the
+critic and actor steps, the update; the block that compiles and captures them in place; the loop: warm-up or act,
+step, store -> update, the critic every step and the actor on its delay -> log, eval, save). An iteration is one step
+of every env (`--num-envs` per process) followed by `--num-updates` gradient updates on large replay batches.
+Continuous actions. common/offpolicy.py holds the plumbing sac.py and td3.py share (the replay's size and action-space
+checks, the observation sizes, the loop's log/eval/save).
 References: Haarnoja et al. 2018 (SAC, and "SAC algorithms and applications": automatic entropy tuning);
 Fujimoto et al. 2018 (clipped double Q); Seo et al. 2025 (FastTD3 / FastSAC).
 """
@@ -42,12 +43,18 @@ from common.settings import brax_sac_settings
 from common import distributed  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import ReplayBuffer  # noqa: E402
-from common.capture import acting_autocast, captured, compiled, timed  # noqa: E402
+from common.capture import acting_autocast, captured, compiled, timed, unwrapped_calls  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
 from common.nets import EnsembleLayerNorm, EnsembleLinear, agent_and_twin, mlp  # noqa: E402
-from common.normalize import RewardNormalizer, RunningMeanStd, normalize_groups  # noqa: E402
-from common.offpolicy import action_bounds, log_eval_save, new_stats, obs_dims, replay_capacity  # noqa: E402
+from common.normalize import (  # noqa: E402
+    RewardNormalizer,
+    RunningMeanStd,
+    Unnormalized,
+    normalize_groups,
+    update_group_statistics,
+)
+from common.offpolicy import action_bounds, add_step, log_eval_save, new_stats, obs_dims, replay_capacity  # noqa: E402
 from common.run import begin_training, closing, finish, make_envs, open_run, start_run  # noqa: E402
 from common.stats import add_to, episode_sums, record_env_log  # noqa: E402
 
@@ -67,7 +74,7 @@ class Args(RunArgs):
     """store every rank's replay buffer in last.pt, so that --resume continues bit-exactly (large files)"""
     eval_interval: int = 500
     log_interval: int = 100
-    """iterations between log writes, NaN checks, stop checks and normalizer updates (the loop's host reads)"""
+    """iterations between log writes, NaN checks and stop checks (the loop's host reads); nothing else hangs on it"""
     bf16: bool = False
     """run the networks under bfloat16 autocast (losses, targets and parameters stay float32)"""
 
@@ -182,9 +189,9 @@ class Agent(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(args.alpha)), requires_grad=args.autotune)
         clip = args.obs_clip
-        self.obs_rms = RunningMeanStd(obs_dim, clip=clip) if args.obs_norm else nn.Identity()
+        self.obs_rms = RunningMeanStd(obs_dim, clip=clip) if args.obs_norm else Unnormalized()
         self.critic_obs_rms = (
-            RunningMeanStd(critic_obs_dim, clip=clip) if args.obs_norm and critic_obs_dim else nn.Identity()
+            RunningMeanStd(critic_obs_dim, clip=clip) if args.obs_norm and critic_obs_dim else Unnormalized()
         )
 
     normalize = normalize_groups  # each group through its own statistics (common.normalize)
@@ -217,8 +224,33 @@ class Agent(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Losses
+# The TD target's inputs and the losses
 # ----------------------------------------------------------------------------------------------
+def n_step_batch(agent: Agent, window: TensorDict, reward_normalizer: RewardNormalizer, args: Args) -> TensorDict:
+    """A batch of replay windows (common/buffer.py samples them as stored: the first transition's obs and action, the
+    n rewards and episode ends, `included`: the window up to its first episode end, `next_obs`: the observation after
+    the last included transition) as the critic's target reads it: the n-step return, the discounted sum of the
+    included rewards, scaled by the running std of the return with --reward-norm; the bootstrap factor
+    gamma ** (included steps), 0 where the window ends in a termination (a truncated episode still bootstraps from its
+    true last observation); both observations normalized with the statistics the policy acts with."""
+    included = window["included"]  # [B, n]
+    discounts = args.gamma ** torch.arange(included.shape[1], device=included.device).to(window["rewards"].dtype)
+    rewards = (window["rewards"] * discounts * included).sum(1)
+    if args.reward_norm:
+        rewards = reward_normalizer.normalize(rewards)
+    terminated = (window["terminated"] & included).any(1)  # the last included transition ended the episode so
+    bootstrap = args.gamma ** included.sum(1).to(discounts.dtype) * ~terminated
+    return TensorDict(
+        obs_n=agent.normalize(window["obs"]),
+        next_obs_n=agent.normalize(window["next_obs"]),
+        actions=window["actions"],
+        rewards=rewards,
+        bootstrap=bootstrap.float(),
+        batch_size=window.batch_size,
+        device=included.device,
+    )
+
+
 def critic_loss(agent: Agent, b: TensorDict, args: Args):
     """Regression of every critic on the soft n-step target; returns the loss and the mean Q."""
     with torch.no_grad(), torch.autocast(b.device.type, dtype=torch.bfloat16, enabled=args.bf16):
@@ -243,42 +275,6 @@ def actor_loss(agent: Agent, b: TensorDict, args: Args):
 def temperature_loss(agent: Agent, logp: torch.Tensor, target_entropy: float):
     """Gradient descent on alpha * (entropy - target): alpha grows while the entropy is below the target."""
     return -(agent.log_alpha * (logp.detach() + target_entropy)).mean()
-
-
-def critic_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict) -> torch.Tensor:
-    """One critic step on a batch (gradients averaged over ranks), then the soft target update;
-    returns its statistics by name, on the device."""
-    q_loss, q_mean = critic_loss(agent, b, args)
-    optimizer.zero_grad(set_to_none=False)
-    q_loss.backward()
-    distributed.all_reduce_gradients(agent.critic.parameters())
-    optimizer.step()
-    with torch.no_grad():
-        for p_target, p in zip(agent.critic_target.parameters(), agent.critic.parameters()):
-            p_target.lerp_(p, args.tau)
-    return {"q_loss": q_loss.detach(), "q_values": q_mean}
-
-
-def actor_step(
-    agent: Agent,
-    actor_optimizer: torch.optim.Optimizer,
-    alpha_optimizer: torch.optim.Optimizer,
-    target_entropy: float,
-    args: Args,
-    b: TensorDict,
-) -> torch.Tensor:
-    """One actor step, then one temperature step; returns their statistics by name."""
-    loss, logp, alpha = actor_loss(agent, b, args)
-    actor_optimizer.zero_grad(set_to_none=False)
-    loss.backward()
-    distributed.all_reduce_gradients(agent.actor.parameters())
-    actor_optimizer.step()
-    if args.autotune:
-        alpha_optimizer.zero_grad(set_to_none=False)
-        temperature_loss(agent, logp, target_entropy).backward()
-        distributed.all_reduce_gradients([agent.log_alpha])
-        alpha_optimizer.step()
-    return {"actor_loss": loss.detach(), "alpha": alpha, "entropy": -logp.detach().mean()}
 
 
 def check_args(args: Args) -> None:
@@ -352,16 +348,11 @@ def train(run, args: Args) -> dict:
     q_optimizer = torch.optim.Adam(agent.critic.parameters(), lr=args.q_lr, capturable=device.type == "cuda")
     alpha_optimizer = torch.optim.Adam([agent.log_alpha], lr=args.q_lr, capturable=device.type == "cuda")
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma, clip=args.reward_clip).to(device)
-    obs_normalizers = {
-        group: m
-        for group, m in (("policy", agent.obs_rms), ("critic", agent.critic_obs_rms))
-        if isinstance(m, RunningMeanStd)
-    }  # what the replay's statistics feed (none without --obs-norm)
     buffer = ReplayBuffer(args.num_envs, capacity, device, capturable=bool(args.cudagraphs))  # sampled in a graph
     ep_stats = torch.zeros(2, args.num_envs, device=device, dtype=torch.float64)  # running return, length
 
     # --- what the checkpoints hold besides the counters, restored in place ---
-    counters = {"update_count": 0, "last_fold": 0}  # critic updates so far; iteration of the last normalizer update
+    counters = {"update_count": 0}  # critic updates so far
     state = TrainingState(
         agent,
         {"actor": actor_optimizer, "critic": q_optimizer, "alpha": alpha_optimizer},
@@ -375,9 +366,9 @@ def train(run, args: Args) -> dict:
     if args.eval_only:
         return eval_only(run, eval_envs, agent_inference)
 
-    # --- one iteration's steps, each a function of tensors that live as long as the run (on CUDA each is captured
-    # whole); a step that calls a compiled or captured function is given it. `stats` gathers what the logs read ---
-    stats = new_stats(device, counters["update_count"])
+    # --- one iteration's functions, of tensors that live as long as the run (on CUDA each is captured whole); the
+    # compile-and-capture block below rebinds their names in place. `stats` gathers what the logs read ---
+    stats = new_stats(device)
 
     def act(obs: TensorDict) -> torch.Tensor:
         """A sample of the policy, in [-1, 1]."""
@@ -388,14 +379,19 @@ def train(run, args: Args) -> dict:
         """The warm-up's uniform random actions in [-1, 1]."""
         return torch.rand(args.num_envs, low.shape[0], device=device) * 2 - 1
 
-    def act_and_step(act, obs: TensorDict):
-        """`act`'s action and every env's step with it, scaled to the env's bounds."""
+    def act_and_step(obs: TensorDict):
+        """The policy's action and every env's step with it, scaled to the env's bounds."""
         action = act(obs)
         return action, *envs.step(agent.to_env(action))
 
-    def collect(act_and_step, obs: TensorDict) -> TensorDict:
-        """Act and step, store the transition by name. No host read. Returns the next observation."""
-        action, next_obs, reward, terminated, truncated, info = act_and_step(obs)
+    def step(obs: TensorDict, warmup: bool) -> TensorDict:
+        """One step of every env, with the warm-up's random actions or the policy's; the transition stored by name
+        and folded into the normalizers. No host read. Returns the next observation."""
+        if warmup:
+            action = random_act(obs)
+            next_obs, reward, terminated, truncated, info = envs.step(agent.to_env(action))
+        else:
+            action, next_obs, reward, terminated, truncated, info = act_and_step(obs)
         done = terminated | truncated
         real_next_obs = torch.where(done, info["final_obs"], next_obs)  # where an episode ended, next_obs has reset
         transition = TensorDict(
@@ -408,43 +404,64 @@ def train(run, args: Args) -> dict:
             batch_size=[args.num_envs],
         )
         store(run, buffer, ep_stats, stats, transition, info)
+        # the normalizers fold in every stored transition, on their own schedule (never the log's; a collective)
+        update_group_statistics(agent, obs)
+        if args.reward_norm:
+            reward_normalizer.update(transition["rewards"], done)
         return next_obs
 
-    normalize_rewards = reward_normalizer.normalize if args.reward_norm else None
+    def critic_step(batch: TensorDict) -> dict:
+        """One critic step (gradients averaged over ranks), then the soft target update; its statistics by name."""
+        q_loss, q_mean = critic_loss(agent, batch, args)
+        q_optimizer.zero_grad(set_to_none=False)
+        q_loss.backward()
+        distributed.all_reduce_gradients(agent.critic.parameters())
+        q_optimizer.step()
+        with torch.no_grad():
+            for p_target, p in zip(agent.critic_target.parameters(), agent.critic.parameters()):
+                p_target.lerp_(p, args.tau)
+        return {"q_loss": q_loss.detach(), "q_values": q_mean}
 
-    def update(critic_step, actor_step, actor_at: tuple[int, ...]) -> None:
-        """--num-updates critic steps, each on a fresh n-step batch (the discounted rewards of --n-step transitions,
-        cut at an episode's end; bootstrap the discount left, 0 where terminated; normalized observations), and an
-        actor (and temperature) step after the critic steps `actor_at`; their statistics, by name, into stats."""
+    def actor_step(batch: TensorDict) -> dict:
+        """One actor step, then one temperature step (--autotune); their statistics by name."""
+        loss, logp, alpha = actor_loss(agent, batch, args)
+        actor_optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        distributed.all_reduce_gradients(agent.actor.parameters())
+        actor_optimizer.step()
+        if args.autotune:
+            alpha_optimizer.zero_grad(set_to_none=False)
+            temperature_loss(agent, logp, target_entropy).backward()
+            distributed.all_reduce_gradients([agent.log_alpha])
+            alpha_optimizer.step()
+        return {"actor_loss": loss.detach(), "alpha": alpha, "entropy": -logp.detach().mean()}
+
+    def update(actor_at: tuple[int, ...]) -> None:
+        """--num-updates critic steps, each on a fresh batch of n-step windows, and an actor (and temperature) step
+        after the critic steps `actor_at`; their statistics, by name, and their steps, counted, into stats."""
         for i in range(args.num_updates):
-            batch = buffer.sample_targets(args.batch_size, args.n_step, args.gamma, agent.normalize, normalize_rewards)
-            add_to(stats["critic"], critic_step(batch))
+            batch = n_step_batch(agent, buffer.sample(args.batch_size, args.n_step), reward_normalizer, args)
+            add_step(stats["critic"], critic_step(batch))
             if i in actor_at:
-                add_to(stats["actor"], actor_step(batch))
+                add_step(stats["actor"], actor_step(batch))
 
-    # --- compile (--compile) and capture (--cudagraphs) the steps above, unchanged; each caller is built after what
-    # it calls is wrapped, and is given it ---
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged, each name rebound in place
+    # once: the functions that call it read the wrapped one through their closures (a warning names any that kept
+    # the function from before) ---
     whole_step = getattr(envs, "capturable", False)
     if whole_step:  # a built-in env steps inside the graph: acting, env step and replay write are one
-        policy_act_and_step = compiled(run, lambda obs: act_and_step(act, obs))  # (the random warm-up's: eager)
+        act_and_step = compiled(run, act_and_step)  # (the random warm-up's: eager)
     else:  # an adapter's simulator cannot be captured: it steps eagerly after the captured acting
-        acting = captured(run, "acting", compiled(run, act))
-        policy_act_and_step = lambda obs: act_and_step(acting, obs)  # noqa: E731
-    policy_step = captured(run, "step", lambda obs: collect(policy_act_and_step, obs), capture=whole_step)
-    random_step = captured(
-        run, "random step", lambda obs: collect(lambda o: act_and_step(random_act, o), obs), capture=whole_step
-    )
-    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))
-    actor_fn = compiled(
-        run, lambda batch: actor_step(agent, actor_optimizer, alpha_optimizer, target_entropy, args, batch)
-    )
+        act = captured(run, "acting", compiled(run, act))
+    policy_step = captured(run, "step", functools.partial(step, warmup=False), capture=whole_step)
+    random_step = captured(run, "random step", functools.partial(step, warmup=True), capture=whole_step)
+    critic_step, actor_step = compiled(run, critic_step), compiled(run, actor_step)
     actor_at, phases = actor_schedule(args.num_updates, args.policy_frequency)
-    update_step = {  # one graph per phase of the actor's schedule
-        phase: captured(
-            run, "update" if phases == 1 else f"update, phase {phase}", lambda at=at: update(critic_fn, actor_fn, at)
-        )
+    update_at_phase = {  # one graph per phase of the actor's schedule
+        phase: captured(run, "update" if phases == 1 else f"update, phase {phase}", functools.partial(update, at))
         for phase, at in actor_at.items()
     }
+    unwrapped_calls(run, locals())
     description = f"{args.num_updates} updates of batch {args.batch_size} per step; {capacity} buffer slots per env"
     graphs = "off"
     if args.cudagraphs:
@@ -454,12 +471,11 @@ def train(run, args: Args) -> dict:
             "the actor's schedule)"
         )
     begin_training(run, description, steps_per_iteration, graphs)
-    ready = replay_ready(run, buffer)
     # In env steps, not iterations: a run resumed with another world size still ends at --total-timesteps.
     while run.global_step + steps_per_iteration <= total_steps:
         run.iteration += 1
         final_iteration = run.global_step + 2 * steps_per_iteration > total_steps
-        # --- act, step, store: no host-device synchronisation here ---
+        # --- act, step, store (and fold into the normalizers): no host-device synchronisation here ---
         with timed(run, "rollout"), torch.no_grad():
             if run.global_step < args.learning_starts:  # the warm-up: uniform random actions
                 next_obs = random_step(next_obs)
@@ -468,23 +484,14 @@ def train(run, args: Args) -> dict:
         buffer.advance_host()  # the write ran on the device (a graph replay runs no Python)
         run.global_step += steps_per_iteration
 
-        # --- the normalizers fold in the transitions since their last fold, every --log-interval and as learning
-        # starts (so that the first update sees statistics of the data it learns from; a collective where it folds)
-        ready, was_ready = replay_ready(run, buffer), ready
-        if run.iteration % args.log_interval == 0 or (ready and not was_ready):
-            since = min(run.iteration - counters["last_fold"], len(buffer))
-            buffer.fold_into(since, obs_normalizers, reward_normalizer if args.reward_norm else None)
-            counters["last_fold"] = run.iteration
-
         # --- update: --num-updates critic steps, the actor and the temperature after every --policy-frequency-th ---
-        if ready:
+        if replay_ready(run, buffer):
             with timed(run, "update"):
-                update_step[counters["update_count"] % args.policy_frequency]()
+                update_at_phase[counters["update_count"] % args.policy_frequency]()
             counters["update_count"] += args.num_updates
 
         # --- once per log interval (and before evals and saves): one host read; evaluation, checkpoints, stop ---
-        updates = counters["update_count"], args.policy_frequency  # what the logged means divide by
-        if log_eval_save(run, final_iteration, stats, updates, eval_envs, agent_inference, state, next_obs):
+        if log_eval_save(run, final_iteration, stats, eval_envs, agent_inference, state, next_obs):
             break
     return finish(run, agent)
 

@@ -3,8 +3,6 @@ write fixes keys, shapes and dtypes (uint8 frames stay uint8); every later one i
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -94,7 +92,8 @@ class RolloutStorage:
 
 class ReplayBuffer:
     """Circular off-policy buffer, one ring per env: ``data`` has batch shape ``[num_envs, capacity]``; ``next_obs``
-    must be the TRUE next observation (``info["final_obs"]`` where an env just auto-reset).
+    must be the TRUE next observation (``info["final_obs"]`` where an env just auto-reset). ``sample`` draws n-step
+    windows as stored; the script computes its TD target from them.
 
     The pointer and fill level live twice: on the device (``device_ptr``, ``device_size``, advanced in place, so a
     write and a sample can run in a CUDA graph) and on the host (``ptr``, ``size``) for the host's decisions, which
@@ -102,8 +101,9 @@ class ReplayBuffer:
     ``capturable=True`` draws slots against the device fill level, so a graph captured while the buffer fills samples
     every written slot at each replay; the default draws against the host's, the random stream of earlier versions."""
 
-    # Keys read at the LAST transition of an n-step window; every other stored key is read at the first one.
-    END_KEYS = ("next_obs", "terminated", "truncated")
+    # Keys read at every transition of an n-step window ([B, n]); next_obs is read after the last one, every other
+    # stored key at the first one.
+    WINDOW_KEYS = ("rewards", "terminated", "truncated")
 
     def __init__(self, num_envs: int, capacity_per_env: int, device: torch.device | str, capturable: bool = False):
         if capacity_per_env < 1:
@@ -166,17 +166,15 @@ class ReplayBuffer:
                 # state_dict() flattens nested keys with "." as separator.
                 raise ValueError(f"ReplayBuffer.add: key {key!r} contains '.', which state_dict() reserves")
 
-    def sample(
-        self,
-        batch_size: int,
-        n_step: int = 1,
-        gamma: float = 0.99,
-        generator: torch.Generator | None = None,
-    ) -> TensorDict:
-        """Uniformly sample ``batch_size`` (n-step) transitions; no host-device sync. The ``n_step - 1`` newest slots
-        of each ring are never starts, so a window never runs into unwritten slots or across the wrap; it is cut after
-        the first episode end. ``discount`` is ``gamma ** effective_n``. ``generator`` must live on the buffer's device.
-        """
+    def sample(self, batch_size: int, n_step: int = 1, generator: torch.Generator | None = None) -> TensorDict:
+        """Uniformly sample ``batch_size`` windows of ``n_step`` consecutive transitions of one env, as stored; no
+        host-device sync. The ``n_step - 1`` newest slots of each ring are never starts, so a window never runs into
+        unwritten slots or across the wrap. Each key is read at the window's first transition (``obs``, ``actions``,
+        what else a script stores), but for ``rewards``, ``terminated`` and ``truncated``: ``[B, n]``, the window's
+        own, and ``next_obs``: the observation after the window's last ``included`` transition. ``included``
+        (``[B, n]`` bool) is the window cut after its first episode end: transition k counts iff none before it ended
+        the episode. The discounting, the bootstrap and any normalization are the script's (its TD target).
+        ``generator`` must live on the buffer's device."""
         if self.data is None:
             raise RuntimeError("ReplayBuffer.sample: the buffer is empty; add transitions first")
         num_starts = self.size - n_step + 1  # valid start slots per env
@@ -200,48 +198,17 @@ class ReplayBuffer:
         slots = (oldest + start.unsqueeze(1) + offsets) % self.capacity  # [B, n]
         rows = env.unsqueeze(1)  # [B, 1], broadcasts against slots
 
-        rewards = self.data["rewards"][rows, slots]  # [B, n]
-        done = (self.data["terminated"][rows, slots] | self.data["truncated"][rows, slots]).long()
-        # Transition k is included iff no earlier transition of the window ended the episode.
+        terminated, truncated = self.data["terminated"][rows, slots], self.data["truncated"][rows, slots]  # [B, n]
+        done = (terminated | truncated).long()
         included = (done.cumsum(dim=1) - done) == 0  # [B, n]; column 0 is always True
-        effective_n = included.sum(dim=1)  # [B], int64
-        powers = gamma ** offsets.to(rewards.dtype)
-        nstep_rewards = (rewards * powers * included).sum(dim=1)
-        last = slots.gather(1, (effective_n - 1).unsqueeze(1)).squeeze(1)
+        last = slots.gather(1, (included.sum(dim=1) - 1).unsqueeze(1)).squeeze(1)  # the last included slot
 
         # Gather each key once, at the slot it is read from (exclude/select are shallow views).
-        out = self.data.exclude("rewards", *self.END_KEYS)[env, slots[:, 0]]
-        out.update(self.data.select(*self.END_KEYS, strict=False)[env, last])
-        out["rewards"] = nstep_rewards
-        out["discount"] = gamma ** effective_n.to(rewards.dtype)
-        out["effective_n"] = effective_n
+        out = self.data.exclude(*self.WINDOW_KEYS, "next_obs")[env, slots[:, 0]]
+        out.update(self.data.select("next_obs", strict=False)[env, last])
+        out["rewards"] = self.data["rewards"][rows, slots]
+        out["terminated"], out["truncated"], out["included"] = terminated, truncated, included
         return out
-
-    def sample_targets(
-        self,
-        batch_size: int,
-        n_step: int,
-        gamma: float,
-        normalize_obs: Callable,
-        normalize_rewards: Callable | None = None,
-        generator: torch.Generator | None = None,
-    ) -> TensorDict:
-        """``sample``, ready for the TD target ``rewards + bootstrap * Q(next_obs_n)``; no host-device sync."""
-        b = self.sample(batch_size, n_step, gamma, generator)
-        rewards = b["rewards"].float()
-        if normalize_rewards is not None:
-            rewards = normalize_rewards(rewards)
-        return TensorDict(
-            {
-                "obs_n": normalize_obs(b["obs"]),
-                "next_obs_n": normalize_obs(b["next_obs"]),
-                "actions": b["actions"],
-                "rewards": rewards,
-                "bootstrap": (b["discount"] * ~b["terminated"]).float(),
-            },
-            batch_size=[batch_size],
-            device=self.device,
-        )
 
     def newest(self, k: int) -> TensorDict:
         """The newest ``k`` transitions of every env, oldest first: ``[num_envs, k]`` (a copy; no device read)."""

@@ -323,3 +323,90 @@ def peak_memory_mb(device: torch.device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def unwrapped_calls(run: Run, names: dict) -> list[str]:
+    """After a script's compile-and-capture block, `unwrapped_calls(run, locals())`: the script's functions (those
+    defined in the caller's file) that still hold a function the block wrapped in its unwrapped form, in a closure
+    cell, a default argument or a functools.partial, each said as a warning and returned. The block rebinds each name
+    in place (`act = captured(run, "acting", act)`), so a closure that reads the name sees the wrapped one through its
+    cell; one that kept the function from before (an alias, a default, a partial) would run it eagerly, or inside a
+    CUDA graph, uncompiled. What was wrapped is read from what compiled() and captured() returned among `names` (a
+    dict or list of them counts); where they return the function itself (no --compile, no --cudagraphs) nothing is
+    wrapped. A walk over a few closures: no tensor is touched."""
+    import sys
+    import types
+
+    own_file = sys._getframe(1).f_code.co_filename
+
+    def own(x) -> bool:
+        return isinstance(x, types.FunctionType) and x.__code__.co_filename == own_file
+
+    def key(x):  # a bound method is made anew at each attribute read: its function and its object name it
+        return (x.__func__, id(x.__self__)) if isinstance(x, types.MethodType) else id(x)
+
+    def function(x) -> bool:  # what may run a script's function: not a class, not a module (their calls are theirs)
+        return callable(x) and not isinstance(x, (type, torch.nn.Module))
+
+    def held(x) -> list:
+        """What a function holds: its closure cells and defaults; a partial's function and arguments."""
+        if isinstance(x, functools.partial):
+            return [("a partial", x.func), *(("a partial", a) for a in (*x.args, *x.keywords.values()))]
+        if not isinstance(x, types.FunctionType):
+            return []
+        cells = [
+            (f"cell {n}", c.cell_contents) for n, c in zip(x.__code__.co_freevars, x.__closure__ or ()) if _bound(c)
+        ]
+        defaults = (*(x.__defaults__ or ()), *(x.__kwdefaults__ or {}).values())
+        return cells + [("a default argument", d) for d in defaults]
+
+    def originals(wrapper, depth: int = 0) -> list:
+        """The script's functions a wrapper (compiled's, captured's, torch.compile's, a CUDA graph module) runs."""
+        if own(wrapper) or (isinstance(wrapper, types.MethodType) and own(wrapper.__func__)):
+            return [wrapper]
+        if depth > 6:
+            return []
+        if (inner := getattr(wrapper, "_torchdynamo_orig_callable", None)) is not None:  # torch.compile's wrapper
+            return originals(inner, depth + 1)
+        if type(wrapper).__name__ == "CudaGraphModule":
+            return originals(wrapper.module, depth + 1)
+        return [o for _, x in held(wrapper) if function(x) for o in originals(x, depth + 1)]
+
+    values = [
+        v for x in names.values() for v in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else [x])
+    ]
+    roots = [v for v in values if own(v)]
+    wrapped = {}  # the key of a function a wrapper runs -> the name the wrapper is bound to
+    for name, x in names.items():
+        for value in x.values() if isinstance(x, dict) else x if isinstance(x, list) else [x]:
+            if function(value) and not own(value) and not isinstance(value, functools.partial):  # a wrapper
+                for original in originals(value):
+                    wrapped[key(original)] = name
+                    roots.append(original)
+    found, seen = [], set()
+
+    def walk(fn, holder: str, depth: int = 0) -> None:
+        if id(fn) in seen or depth > 8:
+            return
+        seen.add(id(fn))
+        holder = fn.__name__ if own(fn) else holder
+        for what, x in held(fn):
+            for item in x if isinstance(x, (list, tuple)) else (x,):
+                if function(item) and key(item) in wrapped:
+                    found.append(f"{holder} holds {wrapped[key(item)]} unwrapped ({what})")
+                elif own(item) or isinstance(item, functools.partial):
+                    walk(item, holder, depth + 1)
+
+    for root in roots:
+        walk(root.__func__ if isinstance(root, types.MethodType) else root, "")
+    for line in dict.fromkeys(found):
+        run.say(f"warning: {line}: it runs the function from before the compile-and-capture block, not what wraps it")
+    return list(dict.fromkeys(found))
+
+
+def _bound(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet bound
+        return False
+    return True

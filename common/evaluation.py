@@ -1,7 +1,11 @@
 """Evaluation of a policy on the eval envs, within a step budget, with its video and export.
 
 The evaluated action is the policy's `evaluation_action(obs)` where it has one (pqn.py: epsilon-greedy, the DQN
-protocol), else its deterministic one, `deterministic(obs)`, which is also what --export writes."""
+protocol), else its deterministic one, `deterministic(obs)`, which is also what --export writes.
+
+An evaluation keeps the run's progress promise (a line at least every PROGRESS_SECONDS: the episodes done and the
+time left, said between two chunks) and answers a stop request (SIGINT, SIGTERM: the run's PreemptionGuard) at the
+next chunk: it ends there, says so, is not logged, and the run saves and stops after it."""
 
 from __future__ import annotations
 
@@ -16,11 +20,11 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import TensorDict
 
-from common import distributed, video
+from common import distributed, stats, video
 from common.capture import captured, compiled
 from common.checkpoint import export_run_policy
 from common.args import eval_seed
-from common.stats import plural, train_return
+from common.stats import duration, plural, train_return
 
 if TYPE_CHECKING:
     from common.record import Run
@@ -103,6 +107,39 @@ def seeded(seed: int, device: torch.device):
         yield
 
 
+def stop_requested(run: Run | None) -> str | None:
+    """The signal that asked the run to stop (the PreemptionGuard's, as the training loop reads it), else None."""
+    guard = getattr(run, "guard", None)
+    return None if guard is None else guard.received
+
+
+class Watch:
+    """Between two chunks of an evaluation: a progress line once PROGRESS_SECONDS have passed since the run's last line
+    (rank 0 with --progress: run.progress, whose clock it reads), and whether a stop was requested. No host read but
+    the progress line's own (the episodes done), one per PROGRESS_SECONDS at most."""
+
+    def __init__(self, run: Run | None, total_steps: int, envs: int, episodes: int):
+        self.run, self.total_steps, self.episodes = run, total_steps, envs * episodes
+        self.progress = getattr(run, "progress", None)
+        self.start = self.progress.clock() if self.progress is not None else 0.0
+
+    def after(self, steps: int, done_count: torch.Tensor, episodes: int) -> bool:
+        """After `steps` steps of each eval env: the progress line if due; True where a stop was requested."""
+        if self.progress is not None:
+            now = self.progress.clock()
+            if now - self.progress.last_line >= stats.PROGRESS_SECONDS:  # read here: a test may change it
+                done = int(done_count.clamp(max=episodes).sum())  # one host read per progress line
+                left = (now - self.start) / steps * (self.total_steps - steps)
+                print(
+                    f"evaluation at step {self.run.global_step:,}: {done} of {plural(self.episodes, 'episode')} done "
+                    f"after {duration(now - self.start)} ({steps:,} of at most {self.total_steps:,} steps each), at "
+                    f"most {duration(left)} left",
+                    flush=True,
+                )
+                self.progress.shown()
+        return stop_requested(self.run) is not None
+
+
 @torch.no_grad()
 def run_episodes(
     eval_envs,
@@ -119,7 +156,9 @@ def run_episodes(
 
     `max_steps` (whole chunks) is the budget of each eval env: where it runs out, the episodes still running count
     with their returns and lengths so far, as truncated ones (what a time limit does), and "unfinished" says how many
-    (over all ranks); those it never started do not count."""
+    (over all ranks); those it never started do not count. Between two chunks, a progress line where one is due
+    (Watch) and, where the run was asked to stop, the end of the evaluation: "interrupted" (any rank's) says so, the
+    episodes cut counted as the budget's are."""
     chunk, acc = _eval_chunk(run, eval_envs, model, episodes)
     for t in acc.values():
         t.zero_()
@@ -130,8 +169,10 @@ def run_episodes(
         recorded = list(range(min(record, eval_envs.num_envs)))
         frames = {i: [f] for i, f in zip(recorded, eval_envs.render(recorded))} if recorded else {}
         limit = (getattr(eval_envs, "max_episode_steps", None) or 10_000) * episodes + 1
-        done_count, finished = acc["done_count"], False
-        for start in range(0, limit if max_steps is None else min(limit, max_steps), EVAL_CHUNK):
+        limit = limit if max_steps is None else min(limit, max_steps)
+        watch = Watch(run, -(-limit // EVAL_CHUNK) * EVAL_CHUNK, eval_envs.num_envs, episodes)
+        done_count, finished, interrupted = acc["done_count"], False, False
+        for start in range(0, limit, EVAL_CHUNK):
             if not recorded:
                 obs = chunk(obs)
             else:
@@ -145,19 +186,24 @@ def run_episodes(
             if bool((done_count >= episodes).all()):  # one sync per chunk, not per step
                 finished = True
                 break
-    sums = torch.cat([acc["sums"], torch.zeros_like(acc["sums"][:1])])  # and the unfinished episodes
+            if watch.after(start + EVAL_CHUNK, done_count, episodes):
+                interrupted = True
+                break
+    sums = torch.cat([acc["sums"], torch.zeros_like(acc["sums"][:2])])  # the unfinished episodes, the interruption
     if not finished:
         running = acc["running"]
         cut = ((done_count < episodes) & (running[1] > 0)).double()
         sums[[0, 1, 2, 5]] += torch.stack([(running[0] * cut).sum(), (running[1] * cut).sum(), cut.sum(), cut.sum()])
-    ret, length, count, succ, rep, unfinished = distributed.all_reduce(sums).tolist()
+    sums[6] = float(interrupted)
+    ret, length, count, succ, rep, unfinished, stopped = distributed.all_reduce(sums).tolist()
     return {
-        "return": ret / count,
-        "length": length / count,
+        "return": ret / count if count else math.nan,
+        "length": length / count if count else math.nan,
         "success_rate": succ / rep if rep > 0 else None,
         "frames": [frame for i in sorted(frames) for frame in frames[i]],
         "episodes": int(count),
         "unfinished": int(unfinished),
+        "interrupted": stopped > 0,
     }
 
 
@@ -200,7 +246,10 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
         run=run,
         max_steps=budget,
     )
-    run.seconds["evaluation"] = run.seconds.get("evaluation", 0.0) + time.time() - t0  # ends with a host read
+    seconds = time.time() - t0
+    run.seconds["evaluation"] = run.seconds.get("evaluation", 0.0) + seconds  # ends with a host read
+    if result["interrupted"]:  # a stop requested on any rank: the same on every rank (a reduced flag)
+        return interrupted(run, result, seconds)
     ret = result["return"]
     if run.is_main:
         run.writer.add_scalar("eval/episodic_return", ret, run.global_step)
@@ -223,6 +272,21 @@ def evaluate(run: Run, eval_envs, model: torch.nn.Module) -> float:
     if args.target_return is not None and ret >= args.target_return:
         run.stop_reason = "target_return"
     return ret
+
+
+def interrupted(run: Run, result: dict, seconds: float) -> float:
+    """An evaluation a stop request cut short: said, not logged nor judged for best.pt (its episodes are partly
+    played); the run stops after it, saving last.pt, as after an iteration (its stop reason is the signal's). NaN."""
+    signal = stop_requested(run) or "a signal on another rank"
+    finished = result["episodes"] - result["unfinished"]
+    run.say(
+        f"{signal}: the evaluation at step {run.global_step:,} cut short after {seconds:.0f} s ({finished} of its "
+        f"episodes finished): not logged; saving last.pt and stopping"
+    )
+    if run.progress is not None:
+        run.progress.shown()
+    run.stop_reason = f"signal:{stop_requested(run) or 'peer'}"
+    return math.nan
 
 
 def eval_only(run: Run, eval_envs, model: torch.nn.Module) -> dict:

@@ -1,6 +1,6 @@
 """Tests of common/buffer.py: rollout storage layout and in-place writes, replay-buffer
-wraparound, uniform sampling over written slots, n-step targets against a brute-force
-reference, and exact state_dict round trips."""
+wraparound, uniform sampling over written slots, n-step windows as stored (and td3.py's and
+sac.py's n-step targets from them) against a brute-force reference, and exact state_dict round trips."""
 
 import io
 from collections import Counter
@@ -177,21 +177,40 @@ def test_replay_newest_and_fold_into_read_each_envs_last_steps_in_order_across_t
     assert untouched.count == 0
 
 
-def test_replay_sample_targets_is_sample_with_normalized_observations_and_the_bootstrap_factor():
+def n_step_batches(window: TensorDict, gamma: float, normalize=None, reward_norm=None) -> list[TensorDict]:
+    """td3.py's and sac.py's n_step_batch (the TD target's inputs, the script's) of a sampled window."""
+    from types import SimpleNamespace
+
+    from tests.helpers import load_script
+
+    agent = SimpleNamespace(normalize=normalize or (lambda obs: obs))
+    args = SimpleNamespace(gamma=gamma, reward_norm=reward_norm is not None)
+    return [load_script(algo).n_step_batch(agent, window, reward_norm, args) for algo in ("td3", "sac")]
+
+
+def test_the_scripts_n_step_batch_normalizes_the_observations_and_rewards_and_gives_the_bootstrap_factor():
+    """td3.py's and sac.py's n_step_batch on a sampled window: both observations through the normalizer, the n-step
+    return through the reward normalizer, the bootstrap gamma ** k, 0 where the window ends in a termination."""
+    from common.normalize import RewardNormalizer
+
     N, C = 2, 6
     buffer = ReplayBuffer(N, C, "cpu")
     for step in range(C):
         buffer.add(marker_transition(N, step, rewards=torch.ones(N), terminated=torch.tensor([step == 3, False])))
     normalize = lambda obs: obs.apply(lambda x: x * 2)  # noqa: E731
-    batch = buffer.sample_targets(64, 3, 0.5, normalize, lambda r: r / 4, generator=torch.Generator().manual_seed(0))
-    plain = buffer.sample(64, 3, 0.5, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(batch["obs_n", "policy"], 2 * plain["obs", "policy"])
-    assert torch.equal(batch["next_obs_n", "critic"], 2 * plain["next_obs", "critic"])
-    assert torch.equal(batch["actions"], plain["actions"]) and torch.equal(
-        batch["rewards"], plain["rewards"].float() / 4
-    )
-    assert torch.equal(batch["bootstrap"], (plain["discount"] * ~plain["terminated"]).float())
-    assert (batch["bootstrap"][plain["terminated"]] == 0).all() and plain["terminated"].any()
+    reward_norm = RewardNormalizer(N, 0.5)
+    reward_norm.update(torch.randn(5, N) * 4, torch.zeros(5, N, dtype=torch.bool))
+    window = buffer.sample(64, 3, generator=torch.Generator().manual_seed(0))
+    plain = n_step_batches(window, 0.5)[0]
+    for batch in n_step_batches(window, 0.5, normalize, reward_norm):
+        assert torch.equal(batch["obs_n", "policy"], 2 * window["obs", "policy"])
+        assert torch.equal(batch["next_obs_n", "critic"], 2 * window["next_obs", "critic"])
+        assert torch.equal(batch["actions"], window["actions"])
+        assert torch.equal(batch["rewards"], reward_norm.normalize(plain["rewards"]))
+        last = window["included"].sum(1) - 1
+        terminated = window["terminated"].gather(1, last.unsqueeze(1)).squeeze(1)
+        assert torch.equal(batch["bootstrap"], (0.5 ** (last + 1.0) * ~terminated).float())
+        assert (batch["bootstrap"][terminated] == 0).all() and terminated.any()
 
 
 def test_replay_add_is_in_place():
@@ -253,7 +272,7 @@ def test_replay_nstep_matches_brute_force(n_step, num_adds, capturable):
         history["terminated"].append(terminated.tolist())
         history["truncated"].append(truncated.tolist())
 
-    batch = buffer.sample(S, n_step=n_step, gamma=gamma, generator=torch.Generator().manual_seed(7))
+    batch = buffer.sample(S, n_step=n_step, generator=torch.Generator().manual_seed(7))
     env, start = decode(batch)
     oldest = max(0, num_adds - C)
     valid = {(e, t) for e in range(N) for t in range(oldest, num_adds - n_step + 1)}
@@ -265,11 +284,18 @@ def test_replay_nstep_matches_brute_force(n_step, num_adds, capturable):
 
     ref = [nstep_reference(**history, env=e, t=t, n=n_step, gamma=gamma) for e, t in zip(env.tolist(), start.tolist())]
     ref_rewards, ref_discount, ref_term, ref_trunc, ref_last, ref_n = map(list, zip(*ref))
-    torch.testing.assert_close(batch["rewards"], torch.tensor(ref_rewards, dtype=torch.float32))
-    torch.testing.assert_close(batch["discount"], torch.tensor(ref_discount, dtype=torch.float32))
-    assert batch["terminated"].tolist() == ref_term
-    assert batch["truncated"].tolist() == ref_trunc
-    assert batch["effective_n"].tolist() == ref_n
+    # the window as stored: n rewards and episode ends, cut after the first end; the TD target's inputs, the scripts'
+    assert batch["rewards"].shape == batch["included"].shape == (S, n_step)
+    effective_n = batch["included"].sum(1)
+    last = (effective_n - 1).unsqueeze(1)
+    assert batch["terminated"].gather(1, last).squeeze(1).tolist() == ref_term
+    assert batch["truncated"].gather(1, last).squeeze(1).tolist() == ref_trunc
+    assert effective_n.tolist() == ref_n
+    for target in n_step_batches(batch, gamma):
+        torch.testing.assert_close(target["rewards"], torch.tensor(ref_rewards, dtype=torch.float32))
+        torch.testing.assert_close(
+            target["bootstrap"], torch.tensor(ref_discount) * ~torch.tensor(ref_term), check_dtype=False
+        )
     assert (-batch["next_obs", "policy"][:, 1].long() - 1).tolist() == ref_last
     assert (-batch["next_obs", "critic"][:, 2].long() - 1).tolist() == ref_last
     assert (batch["next_obs", "policy"][:, 0].long() == env).all()
@@ -287,10 +313,21 @@ def test_replay_nstep_hand_example():
     for step, reward in enumerate([1.0, 2.0, 4.0, 8.0, 16.0]):
         flags = {key: torch.tensor([ends.get(step) == key]) for key in ("terminated", "truncated")}
         buffer.add(marker_transition(1, step, torch.tensor([reward]), **flags))
-    batch = buffer.sample(2000, n_step=3, gamma=0.5, generator=torch.Generator().manual_seed(0))
+    batch = buffer.sample(2000, n_step=3, generator=torch.Generator().manual_seed(0))
     _, start = decode(batch)
-    fields = ("rewards", "discount", "terminated", "truncated", "effective_n")
-    got = dict(zip(start.tolist(), zip(*(batch[key].tolist() for key in fields))))
+    target = n_step_batches(batch, 0.5)[0]  # the TD target's inputs: the script's
+    effective_n = batch["included"].sum(1)
+    last = (effective_n - 1).unsqueeze(1)
+    discount = 0.5 ** effective_n.float()
+    columns = (
+        target["rewards"],
+        discount,
+        batch["terminated"].gather(1, last).squeeze(1),
+        batch["truncated"].gather(1, last).squeeze(1),
+        effective_n,
+    )
+    got = dict(zip(start.tolist(), zip(*(column.tolist() for column in columns))))
+    assert torch.equal(target["bootstrap"], discount * ~columns[2])
     assert got == {
         0: (1 + 0.5 * 2, 0.25, False, True, 2),  # cut by the truncation at step 1, bootstraps
         1: (2.0, 0.5, False, True, 1),  # ends immediately
@@ -410,7 +447,7 @@ def test_replay_state_dict_round_trip(tmp_path):
     assert (restored.data == buffer.data).all()
 
     def samples(buf):
-        return buf.sample(64, n_step=3, gamma=0.9, generator=torch.Generator().manual_seed(42))
+        return buf.sample(64, n_step=3, generator=torch.Generator().manual_seed(42))
 
     assert (samples(restored) == samples(buffer)).all()
     # The resumed buffer keeps going exactly like the original one.
@@ -479,7 +516,7 @@ def test_no_host_reads_after_first_write():
         storage.flatten()
         for td in transitions:
             buffer.add(td)
-        buffer.sample(32, n_step=3, gamma=0.99, generator=gen)
+        buffer.sample(32, n_step=3, generator=gen)
     assert mode.calls == []
 
 
@@ -541,6 +578,6 @@ def test_no_host_device_sync_on_cuda():
         storage.flatten()
         for td in steps:
             buffer.add(td)
-        buffer.sample(256, n_step=3, gamma=0.99, generator=gen)
+        buffer.sample(256, n_step=3, generator=gen)
     finally:
         torch.cuda.set_sync_debug_mode("default")

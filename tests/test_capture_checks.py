@@ -263,20 +263,24 @@ def test_rnn_step_refuses_in_one_line_what_it_does_not_compute(module, refused):
 
 
 # A td3 copy whose captured update calls the critic step it kept from before the wrapping: under --compile and
-# --cudagraphs its graph would hold the eager critic step (what a caller built before compiled() reads by value).
+# --cudagraphs its graph would hold the eager critic step (what an alias taken before compiled() still reads).
 EAGER_CRITIC = [
     (
-        "    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))\n",
-        "    critic_eager = lambda batch: critic_step(agent, q_optimizer, args, batch)  # noqa: E731\n"
-        "    critic_fn = compiled(run, critic_eager)\n",
+        "    critic_step, actor_step = compiled(run, critic_step), compiled(run, actor_step)\n",
+        "    critic_eager = critic_step  # the function from before the wrapping\n"
+        "    critic_step, actor_step = compiled(run, critic_step), compiled(run, actor_step)\n",
     ),
-    ("lambda at=at: update(critic_fn, actor_fn, at)", "lambda at=at: update(critic_eager, actor_fn, at)"),
+    (
+        '            add_step(stats["critic"], critic_step(batch))\n',
+        '            add_step(stats["critic"], critic_eager(batch))\n',
+    ),
 ]
 
 
-def test_the_capture_contract_fails_a_captured_function_that_runs_a_compiled_body_eagerly(tmp_path, monkeypatch):
+def test_the_capture_contract_fails_a_captured_function_that_runs_a_compiled_body_eagerly(tmp_path, monkeypatch, capfd):
     """assert_runs_compiled names the captured update of a td3 copy that calls its critic step uncompiled; the copy
-    trains as td3 does on a CPU, so nothing else would show it."""
+    trains as td3 does on a CPU, so nothing else would show it but the run's own warning (common.capture's
+    unwrapped_calls, which td3.py calls after its compile-and-capture block)."""
     from tests.replay import assert_runs_compiled
     from tests.test_copies import copy_text
 
@@ -294,5 +298,70 @@ def test_the_capture_contract_fails_a_captured_function_that_runs_a_compiled_bod
         },
     )
     assert list(signatures.eager) == ["update"] and len(signatures.eager["update"]) == 1, signatures.eager
-    with pytest.raises(AssertionError, match=r"update: <lambda> \(line \d+\)$"):
+    with pytest.raises(AssertionError, match=r"update: critic_step \(line \d+\)$"):
         assert_runs_compiled(signatures)
+    said = capfd.readouterr().out
+    assert "warning: update holds critic_step unwrapped (cell critic_eager): it runs the function from before" in said
+
+
+def test_unwrapped_calls_names_each_closure_that_kept_a_function_from_before_its_wrapping(monkeypatch):
+    """common.capture.unwrapped_calls(run, names) after a block that rebinds names to what compiled() and captured()
+    return: a closure that reads a rebound name sees the wrapper (nothing said); one that kept the function itself in
+    an alias, a default argument or a functools.partial is named, once, through torch.compile's and captured()'s
+    wrappers alike; where neither wraps (no --compile, no --cudagraphs) nothing was wrapped and nothing is said."""
+    import functools
+    from types import SimpleNamespace
+
+    import common.capture
+    from common.capture import captured, compiled, unwrapped_calls
+
+    monkeypatch.setattr(common.capture, "lost_writes", lambda device: frozenset())  # no probe: nothing compiles here
+
+    def block(compile: bool):
+        said = []
+        run = SimpleNamespace(
+            args=SimpleNamespace(compile=compile, cudagraphs=False),
+            device=torch.device("cpu"),
+            say=said.append,
+            graphs=[],
+            compile_seconds={},
+        )
+
+        def loss_step(x):
+            return x + 1
+
+        def acting(x):
+            return x * 2
+
+        def update(x):  # reads the names: sees what they are rebound to
+            return loss_step(acting(x))
+
+        kept = loss_step
+
+        def with_alias(x):
+            return kept(x)
+
+        def with_default(x, step=acting):
+            return step(x)
+
+        partial = functools.partial(loss_step)
+
+        def with_partial(x):
+            return partial(x)
+
+        loss_step = compiled(run, loss_step)
+        acting = captured(run, "acting", compiled(run, acting))
+        update = captured(run, "update", update)
+        return unwrapped_calls(run, locals()), said
+
+    found, said = block(compile=True)
+    assert found == [
+        "with_alias holds loss_step unwrapped (cell kept)",
+        "with_default holds acting unwrapped (a default argument)",
+        "with_partial holds loss_step unwrapped (a partial)",
+    ], found
+    assert said == [
+        f"warning: {line}: it runs the function from before the compile-and-capture block, not what wraps it"
+        for line in found
+    ]
+    assert block(compile=False) == ([], [])

@@ -8,7 +8,8 @@ so a change to td3.py that moves one fails here loudly, not silently):
     2021, REDQ): the draw on the device inside the captured update, no host read;
   - --policy-noise-final: the target policy noise annealed linearly from --policy-noise over the run. The critic
     step is captured (td3.py's compile-and-capture block says so), so the noise is a 0-d tensor the loop changes in
-    place before the updates, never a Python float; it is held in the checkpoint with the run's other state.
+    place before the updates, never a Python float; it is held in the checkpoint with the run's other state, read by
+    train's critic step from train's scope (one call changed), and logged as charts/policy_noise.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from tests.helpers import load_script, run_main
 from tests.test_copies import copy_text
+from tests.test_scripts import scalars
 
 REDQ_COPY = [
     (
@@ -43,15 +45,9 @@ REDQ_COPY = [
         "        pair = torch.rand(NUM_CRITICS, device=b.device).argsort()[:2]\n"
         '        next_out = agent.q_out(agent.critic_target, b["next_obs_n"], next_action).index_select(0, pair)\n',
     ),
-    (
-        "def critic_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict) -> torch.Tensor:\n",
-        "def critic_step(\n"
-        "    agent: Agent, optimizer: torch.optim.Optimizer, args: Args, b: TensorDict, policy_noise: torch.Tensor\n"
-        ") -> torch.Tensor:\n",
-    ),
-    (
-        "    q_loss, q_mean = critic_loss(agent, b, args)\n",
-        "    q_loss, q_mean = critic_loss(agent, b, args, policy_noise)\n",
+    (  # the critic step, train's own, reads the noise from train's scope: this one call changes
+        "        q_loss, q_mean = critic_loss(agent, batch, args)\n",
+        "        q_loss, q_mean = critic_loss(agent, batch, args, policy_noise)\n",
     ),
     (
         "    noise_std = draw_noise_std(args, device)\n",
@@ -63,15 +59,16 @@ REDQ_COPY = [
         'replicated={"reward_normalizer": reward_normalizer, "counters": counters, "policy_noise": policy_noise}',
     ),
     (
-        "    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch))\n",
-        "    critic_fn = compiled(run, lambda batch: critic_step(agent, q_optimizer, args, batch, policy_noise))\n",
-    ),
-    (
         '            with timed(run, "update"):\n',
         "            # the target policy noise of this iteration's updates, linear in the env steps of the run\n"
         "            progress = min(run.global_step / total_steps, 1.0)\n"
         "            policy_noise.fill_(args.policy_noise + (args.policy_noise_final - args.policy_noise) * progress)\n"
         '            with timed(run, "update"):\n',
+    ),
+    (  # the schedule's value in the log, beside the losses (common/ untouched)
+        "        if log_eval_save(run, final_iteration, stats, eval_envs, agent_inference, state, next_obs):\n",
+        '        noise = {"charts/policy_noise": policy_noise}  # the schedule, logged as it is at the log\n'
+        "        if log_eval_save(run, final_iteration, stats, eval_envs, agent_inference, state, next_obs, noise):\n",
     ),
 ]
 # A direct run of the copy: 20 iterations of 8 envs, the updates from the first iteration on (1-step targets)
@@ -100,8 +97,9 @@ def test_a_td3_copy_with_redq_critics_and_annealed_policy_noise_is_live(tmp_path
     """The copy (REDQ_COPY, made from td3.py's text alone) passes every per-script contract test beside the README's
     copy (tests/test_copies.py::test_copies_made_as_a_researcher_would_pass_the_contract_tests: exact resume, compiled
     as eager, captured without a host read, the device-kernel guard with the pair's draw traced in the update). Here
-    a direct run shows the idea live: three critics and their targets in the checkpoint, and the noise where the
-    schedule puts it, mid-run and at the end."""
+    a direct run shows the idea live: three critics and their targets in the checkpoint, the noise where the
+    schedule puts it, mid-run and at the end, and its value at every log in the event file as charts/policy_noise
+    (log_eval_save takes the copy's own scalars)."""
     copy = tmp_path / "td3_redq.py"
     copy.write_text(copy_text("td3", REDQ_COPY, least=10))
     # the idea is live: three critics, and the noise annealed in place and checkpointed
@@ -120,3 +118,7 @@ def test_a_td3_copy_with_redq_critics_and_annealed_policy_noise_is_live(tmp_path
         noise = state["state"]["policy_noise"]
         expected = 0.2 + (0.05 - 0.2) * steps / (8 * 20)
         assert noise.shape == () and noise.item() == pytest.approx(expected, rel=1e-6), (stage, noise, expected)
+    # the schedule's value, logged by the copy as charts/policy_noise at every log (--log-interval 1): read back
+    logged = scalars(tmp_path / "end" / "run")["charts/policy_noise"]
+    assert [step for step, _ in logged] == list(range(8, 8 * 20 + 1, 8))
+    assert [value for _, value in logged] == pytest.approx([0.2 + (0.05 - 0.2) * s / (8 * 20) for s, _ in logged])

@@ -124,3 +124,78 @@ def test_the_settings_help_says_where_the_sets_are(capsys):
     assert "listed at the top of --help" in out and out.index("named settings (--settings NAME") < out.index(
         "--settings"
     )
+
+
+# An evaluation of 3 Pendulum episodes (200 steps each) on 4 envs: 10 chunks of 64 steps, at iteration 2 of 4
+LONG_EVAL = dict(TINY, env_id="Pendulum-v1", eval_interval=2, eval_episodes=3, hidden_sizes=(16,))
+
+
+def test_a_long_evaluation_says_it_is_alive_at_least_every_30_s(tmp_path, capsys, monkeypatch):
+    """Between two chunks of an evaluation, a line once PROGRESS_SECONDS have passed since the run's last one: the
+    episodes done, the time so far and the most that is left (its budget at the pace so far); the evaluation's own line
+    follows as before. A clock 20 s further on at each reading: a line every other chunk. None with --no-progress."""
+    import itertools
+
+    import common.evaluation
+
+    clock = itertools.count(0, 20)
+    monkeypatch.setattr(common.stats.Progress, "clock", staticmethod(lambda: next(clock)))
+    chunks = []
+    after = common.evaluation.Watch.after
+    monkeypatch.setattr(common.evaluation.Watch, "after", lambda self, *a: chunks.append(a[0]) or after(self, *a))
+    summary = ppo.main(ppo.Args(output_dir=str(tmp_path), progress=True, **LONG_EVAL))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("evaluation at step 256: ")]
+    assert chunks.count(64) == 2 and len(lines) >= 4, (chunks, out)  # 9 chunks per evaluation, every other says
+    pattern = (
+        r"evaluation at step 256: \d+ of 12 episodes done after \d+ (s|min) \([\d,]+ of at most 640 steps each\), "
+        r"at most \d+ (s|min) left"
+    )
+    assert all(re.fullmatch(pattern, line) for line in lines), lines
+    done = [int(line.split(": ")[1].split(" of ")[0]) for line in lines]
+    assert done == sorted(done) and done[0] < 12, done  # episodes end as the evaluation goes on
+    assert out.index(lines[-1]) < out.index("iteration 2 step 256: eval return ")  # then the evaluation's own line
+    assert summary["stop_reason"] == "total_timesteps" and summary["global_step"] == 512
+
+    chunks.clear()
+    ppo.main(ppo.Args(output_dir=str(tmp_path / "quiet"), progress=False, **LONG_EVAL))
+    assert chunks and "evaluation at step" not in capsys.readouterr().out
+
+
+def test_ctrl_c_during_an_evaluation_cuts_it_short_then_the_run_saves_and_stops(tmp_path, capsys, monkeypatch):
+    """A SIGINT during an evaluation is answered at its next chunk: the evaluation ends there and says so, is not
+    logged (its episodes are partly played), and the run saves last.pt and stops at once, with the command that
+    continues it, as a SIGINT during an iteration does; the continued run ends as planned."""
+    import os
+    import signal
+
+    import common.evaluation
+
+    chunks = []
+    after = common.evaluation.Watch.after
+
+    def interrupting(self, steps, *rest):
+        chunks.append(steps)
+        if len(chunks) == 2:  # Ctrl-C while the second chunk ran
+            os.kill(os.getpid(), signal.SIGINT)
+        return after(self, steps, *rest)
+
+    monkeypatch.setattr(common.evaluation.Watch, "after", interrupting)
+    flags = dict(LONG_EVAL, output_dir=str(tmp_path), progress=False)
+    summary = ppo.main(ppo.Args(**flags))
+    out = capsys.readouterr().out
+    assert chunks == [64, 128], chunks  # 2 of its 10 chunks
+    assert summary["stop_reason"] == "signal:SIGINT" and summary["global_step"] == 256, summary
+    assert re.search(
+        r"^SIGINT: the evaluation at step 256 cut short after \d+ s \(\d+ of its episodes finished\): "
+        r"not logged; saving last.pt and stopping$",
+        out,
+        re.M,
+    ), out
+    assert ": eval return " not in out and summary["best_eval_return"] is None, out
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+    assert "--resume auto" in out.splitlines()[-1], out
+
+    monkeypatch.setattr(common.evaluation.Watch, "after", after)
+    resumed = ppo.main(ppo.Args(**flags, resume="auto"))
+    assert resumed["stop_reason"] == "total_timesteps" and resumed["global_step"] == 512, resumed
