@@ -566,3 +566,122 @@ def test_exported_policies_are_not_tracked_by_git():
         ["git", "check-ignore", "-q", "exported/policy.onnx"], cwd=ROOT, env=subprocess_env(), capture_output=True
     )
     assert ignored.returncode == 0, "exported/ is not in .gitignore"
+
+
+# --------------------------------------------------------------------------------------------
+# a checkpoint dict without its model, a signal during teardown, a rank lost under torchrun
+# --------------------------------------------------------------------------------------------
+def test_a_checkpoint_without_its_model_or_state_is_one_line(tmp_path):
+    """A format-4 dict without "model" and "state" (written by hand, or by another tool): resuming it, starting from
+    it (--init-from) and evaluating it each stop in one line naming what it lacks, not a KeyError's traceback."""
+    train("ppo", tmp_path, total_timesteps=ITERATION)
+    whole = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    partial = tmp_path / "partial.pt"
+    torch.save({k: v for k, v in whole.items() if k not in ("model", "state")}, partial)
+    for flags in (dict(resume=str(partial), run_name="r"), dict(init_from=str(partial), run_name="i")):
+        with pytest.raises(SystemExit) as ended:
+            train("ppo", tmp_path / "again", total_timesteps=2 * ITERATION, **flags)
+        assert str(ended.value).startswith(
+            f"error: {'--init-from: ' if 'init_from' in flags else ''}{partial} is not a whole checkpoint: its format "
+            "4 dict has no model, state; "
+        ), ended.value
+    with pytest.raises(SystemExit, match=f"^error: {partial} is not a whole checkpoint"):
+        train("ppo", tmp_path, eval_only=True, resume=str(partial))
+    assert not (tmp_path / "again").exists()
+
+
+# One run of algos/ppo.py as a program that signals itself: SIGTERM at its 3rd env step (a saved stop), SIGTERM again
+# while it closes (in the lock's release, once the loop is over) and SIGINT after the script returned.
+SIGNALLED = r"""
+import os, runpy, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+import common.run
+
+real_make_env, real_release_lock = common.run.make_env, common.run.release_lock
+
+class Signalling:
+    def __init__(self, env):
+        self.env, self.steps = env, 0
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.env.step(action)
+
+def release_lock(run):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+    real_release_lock(run)
+
+common.run.make_env = lambda *a, **k: Signalling(real_make_env(*a, **k))
+common.run.release_lock = release_lock
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.3)
+"""
+
+
+def test_a_signal_repeated_while_the_run_closes_keeps_the_first_ones_exit_status(tmp_path):
+    """A SIGTERM stops the run after its iteration and last.pt is saved; a second SIGTERM during the teardown and a
+    SIGINT after it (a scheduler that signals again, a second Ctrl-C) are said and change nothing: exit status 0."""
+    args = cli_args("ppo", tmp_path, total_timesteps=units("ppo", 100))
+    result = run([sys.executable, "-c", SIGNALLED, str(ROOT), *args], timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "SIGTERM: stopping after this iteration" in result.stdout
+    assert "SIGTERM: the run is closing already; it ends as it was ending" in result.stdout
+    assert "SIGINT: the run is closing already" in result.stdout and "Traceback" not in result.stdout
+    assert load_checkpoint(run_dir_of(tmp_path) / "checkpoints" / "last.pt")["global_step"] == ITERATION
+
+
+# Two ranks of a gloo group, each in `closing` as a script is; rank 1 ends (os._exit, as a kill would) once both
+# are in the group, and rank 0's next collective finds it gone.
+SURVIVOR = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+from types import SimpleNamespace
+from common import distributed
+from common.record import Run
+from common.run import closing
+
+info = distributed.setup("cpu", timeout_seconds=30)
+run = Run(args=SimpleNamespace(eval_only=False), algo="ppo", rank=info.rank, world_size=info.world_size,
+          device=info.device, is_main=info.is_main)
+with closing(run):
+    distributed.barrier()
+    if info.rank == 1:
+        os._exit(9)
+    time.sleep(0.5)
+    distributed.all_reduce(torch.ones(1))
+"""
+
+
+def test_the_survivor_of_a_lost_rank_says_so_in_one_line(tmp_path):
+    """A two-rank group loses a rank: the survivor ends with one line (which rank, the transport's own cause, what
+    to look at), exit status 1, not the gloo error's multi-line traceback."""
+    from tests.helpers import free_port
+
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**subprocess_env(), "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", SURVIVOR, str(ROOT)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    said = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[1].returncode == 9
+    lines = [line for line in said[0].splitlines() if line.strip()]
+    assert procs[0].returncode == 1 and len(lines) == 1, said[0]
+    assert lines[0].startswith(
+        "error: rank 0 of 2 lost another rank of the job in a collective (Connection closed by peer"
+    ), lines[0]

@@ -284,10 +284,11 @@ def test_the_continue_line_without_last_pt_names_the_numbered_checkpoints_and_re
 def removed_at_iteration(monkeypatch, n: int, then=None) -> None:
     """The run directory is removed (rm -rf) just before iteration `n` decides what it writes; `then(run_dir)` after."""
     module = load_script("ppo")
-    real = module.what_is_due
+    real, done = module.what_is_due, []
 
     def what_is_due(run, final_iteration):
-        if run.iteration == n and run.run_dir.exists() and run.removed_at is None:
+        if run.iteration == n and not done:
+            done.append(n)
             shutil.rmtree(run.run_dir)
             if then is not None:
                 then(run.run_dir)

@@ -280,8 +280,8 @@ def test_a_second_launch_with_the_same_job_id_stops_while_the_first_trains(tmp_p
 def test_overwrite_takes_the_lock_before_it_clears_and_spares_a_run_that_starts_in_its_window(
     tmp_path, jobs, monkeypatch
 ):
-    """--overwrite checks the lock when it starts, and clears the run directory only once it holds the lock itself.
-    A run that starts between the two (here: a resume of the run, started from inside that window) takes the lock
+    """--overwrite clears the run directory only once it holds the lock itself. A run that starts while the
+    --overwrite is on its way to the lock (here: a resume of the run, started from inside that window) takes the lock
     first: the --overwrite stops in one line and that run loses no file; it trains on and finishes. An --overwrite
     that holds the lock clears everything of the old run but the lock."""
     from tests.test_scripts import cli_args
@@ -291,7 +291,7 @@ def test_overwrite_takes_the_lock_before_it_clears_and_spares_a_run_that_starts_
     (run_dir / "notes.txt").write_text("an old file")
     real_take_lock, window = common.run.take_lock, {}
 
-    def take_lock_late(run):  # the window: after open_run's check, before the lock
+    def take_lock_late(run):  # the window: the start's way to its lock (open_run takes it first thing)
         args = cli_args("ppo", tmp_path, total_timesteps=units("ppo", 40), save_interval=1, resume="auto")
         window["job"] = jobs([sys.executable, *args], tmp_path / "resumed.log")
         window["job"].wait_for(
@@ -353,3 +353,44 @@ def test_the_refusal_of_a_live_holder_on_another_host_says_when_to_run_again(tmp
     with pytest.raises(LockRefused) as refused:
         acquire(tmp_path / "a", print)
     assert str(refused.value).endswith(f"run this command again in {common.lock.LOCK_STALE_SECONDS - 20 + 1:.0f} s")
+
+
+def test_a_lock_file_deleted_by_hand_is_written_again_and_one_taken_meanwhile_is_said_so(tmp_path, short_lock, capsys):
+    """`.lock` deleted by hand while its process trains: the heartbeat writes it again (exclusively) and warns that it
+    was deleted; this process keeps the run. Deleted and created by another process before the heartbeat looks: the
+    warning names that process and says what happened to the file, not that the other judged this one gone."""
+    held = acquire(tmp_path, print)
+    (tmp_path / LOCK).unlink()
+    deadline = time.time() + 5
+    while not (tmp_path / LOCK).exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid() and held.lost is None
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path / LOCK} was deleted while this process held it (by hand?): written again" in err, err
+    release(held)
+    assert not (tmp_path / LOCK).exists()
+
+    held = acquire(tmp_path, print)
+    (tmp_path / LOCK).unlink()
+    write_record(tmp_path, age=0, host="node-7", pid=4242)
+    deadline = time.time() + 5
+    while held.lost is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert held.lost == (
+        f"error: {tmp_path / LOCK} is held by pid 4242 on host node-7 now, not by this process (its file was deleted "
+        f"or taken over since this process took it): this process writes no more checkpoints to {tmp_path}, so that "
+        "the run keeps one writer"
+    )
+    release(held)
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == 4242  # the other's, left in place
+
+
+def test_a_same_host_heartbeat_dated_in_the_future_is_not_a_negative_age(tmp_path):
+    """A live holder on this host whose heartbeat is dated an hour ahead (a clock set back, a file touched by hand):
+    the refusal says so, not "heartbeat -3600 s ago"."""
+    write_record(tmp_path / "a", age=-3600)  # this process: alive
+    error = common.lock.lock_error(tmp_path / "a")
+    assert "(its heartbeat dated 3600 s ahead of this host's clock); one run has one writer" in error, error
+    assert "-3" not in error
+    write_record(tmp_path / "b", age=7)
+    assert "(its heartbeat 7 s ago); one run has one writer" in common.lock.lock_error(tmp_path / "b")
