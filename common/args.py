@@ -267,14 +267,29 @@ def family(env_id: str) -> str | None:
     return next((name for name, (_, belongs) in FAMILIES.items() if belongs(env_id)), None)
 
 
-def resolve_settings(settings: dict, script: str, env_id: str, name: str | None, fields: set[str]):
-    """(name, {flag: value}, where they come from, a task config's fields that have no flag) for `env_id`."""
+def resolve_settings(
+    settings: dict, script: str, env_id: str, name: str | None, fields: set[str], device: str | None = None
+):
+    """(name, {flag: value}, where they come from, a task config's fields that have no flag) for `env_id` on --device
+    `device` (None: auto). A Playground task without CUDA gets the `cpu` set (common.settings) in place of its `task`
+    set, which is a GPU's; --settings task, or a CUDA device, gives the task's."""
+    from common import settings as named_sets
+
+    if named_sets.has_cpu_set(env_id, settings):  # a set of every script that has a `task` set, declared in common
+        task_set = settings["task"]
+        settings = {
+            **settings,
+            named_sets.CPU: lambda env_id, fields: named_sets.cpu_settings(env_id, fields, task_set),
+        }
     names = [BUILTIN, *settings]
     if name is not None and name not in names:
         raise usage_error(f"error: --settings {name}: {script}.py has {', '.join(names)}; see --help")
+    cpu = False
     if name is None:
         own = family(env_id)
         name = own if own in settings else BUILTIN
+        cpu = name == "task" and named_sets.CPU in settings and not named_sets.on_cuda(device)
+        name = named_sets.CPU if cpu else name
         origin = f"for {env_id}, {FAMILIES[own][0]}" if name != BUILTIN else "the plain defaults"
         if name != BUILTIN:
             origin += "; --settings builtin for the plain defaults"
@@ -283,6 +298,8 @@ def resolve_settings(settings: dict, script: str, env_id: str, name: str | None,
     values, untranslated = settings.get(name, {}), []
     if callable(values):
         values, untranslated = values(env_id, fields)
+    if cpu:
+        origin = named_sets.cpu_origin(env_id, script, values)
     unknown = sorted(set(values) - fields)
     if unknown:
         raise SystemExit(
@@ -302,6 +319,8 @@ def describe_settings(settings: dict, defaults: dict) -> str:
             continue
         flags = " ".join(f"{as_flag(k, v)}" for k, v in values.items() if v != defaults.get(k, object()))
         lines.append(f"  {name} ({what}): {flags or 'the defaults'}")
+    if "task" in settings:  # common.settings' set for a Playground task without CUDA
+        lines.append("  cpu (MuJoCo Playground tasks on a machine without CUDA, where task is a GPU's: a CPU's sizes)")
     return "\n".join(lines)
 
 
@@ -380,6 +399,7 @@ def parse_args(args_class, argv: list[str] | None = None):
         flag_value(argv, "env_id") or args_class.env_id,
         flag_value(argv, "settings"),
         {f.name for f in fields(args_class)},
+        flag_value(argv, "device") or args_class.device,
     )
     values["settings"] = name
     cli = make_dataclass(

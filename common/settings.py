@@ -192,6 +192,83 @@ def translate_brax_sac(config: dict, fields: set[str]) -> tuple[dict, list[str]]
 
 
 # ----------------------------------------------------------------------------------------------
+# A Playground task named on a machine without CUDA: sizes a CPU trains in minutes
+# ----------------------------------------------------------------------------------------------
+# The task's configs are a GPU's: brax's PPO config of CartpoleBalance runs 2,048 envs in 983,040-step iterations (an
+# hour and its first evaluation at 5.9M steps on a CPU), and cut to 64 envs it does not learn (docs/playground.md);
+# FastTD3's 1,024 envs and batches of 32,768 are a GPU's too. With no --settings and no CUDA, a Playground task gets
+# the `cpu` set instead, and the start line names the command of the task's own config.
+CPU = "cpu"
+# On-policy scripts: the plain defaults at 64 envs (ppo.py reaches 949 at 202,752 steps on CartpoleBalance, a 2-core
+# CPU, docs/playground.md), 16 eval envs, a budget of minutes (307,200 steps: whole iterations of 24 or 32 steps).
+CPU_ON_POLICY = dict(num_envs=64, num_eval_envs=16, total_timesteps=307_200)
+# Off-policy scripts: about 200,000 steps, an evaluation every 12,800 (counted in iterations of the run's envs). sac.py
+# keeps brax's SAC config of the task (128 envs, batches of 512: a CPU's sizes; it passes 500 on CartpoleBalance at
+# 128,000 steps); td3.py takes the plain defaults (its device defaults: 32 envs, batches of 512), not FastTD3's.
+CPU_OFF_POLICY_STEPS, CPU_OFF_POLICY_EVAL_STEPS = 204_800, 12_800
+# MJX, not MuJoCo Warp: on a CPU, MJX compiles CartpoleBalance in about 10 s (Warp about a minute) and steps faster
+CPU_ENV_KWARGS = {"impl": "jax"}
+
+
+def on_cuda(device: str | None) -> bool:
+    """Whether --device (`auto` where None) runs on CUDA: a named CUDA device, or auto on a machine that has one."""
+    if device in (None, "auto"):
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
+
+
+def has_cpu_set(env_id: str, sets: dict) -> bool:
+    """Whether `env_id` is a Playground task and the script has a `task` set: then it has the `cpu` set too."""
+    return env_id.startswith("playground:") and "task" in sets
+
+
+def cpu_settings(env_id: str, fields: set[str], task_set) -> tuple[dict, list[str]]:
+    """({flag: value}, []) of the `cpu` set of a script whose `task` set is `task_set`, for a Playground task."""
+    values = {}
+    if "update_epochs" in fields:  # on-policy: the plain defaults at a CPU's sizes
+        values.update(CPU_ON_POLICY)
+    else:  # off-policy: brax's SAC config where it is the script's task set, else the plain defaults
+        if task_set is brax_sac_settings:
+            values.update(task_set(env_id, fields)[0])
+        values.pop("total_timesteps", None)
+        num_envs = _command_line_envs(int(values.get("num_envs", 32)))
+        values["num_eval_envs"] = 16
+        values["total_timesteps"] = CPU_OFF_POLICY_STEPS
+        values["eval_interval"] = max(1, CPU_OFF_POLICY_EVAL_STEPS // num_envs)
+    if "impl" in _task_config_fields(env_id, "impl"):
+        values["env_kwargs"] = json.dumps(CPU_ENV_KWARGS)
+    return {k: v for k, v in values.items() if k in fields}, []
+
+
+def _task_config_fields(env_id: str, default: str) -> set[str]:
+    """The fields of a Playground task's config; {default} where Playground is missing or the task unknown (make_env
+    says which)."""
+    from common.envs.playground_adapter import configure_jax_memory
+
+    configure_jax_memory()  # the registry imports JAX: its allocator is set before
+    try:
+        from mujoco_playground import registry
+
+        return set(registry.get_default_config(env_id.split(":", 1)[-1]).keys())
+    except (ImportError, KeyError, ValueError):
+        return {default}
+
+
+def cpu_origin(env_id: str, script: str, values: dict) -> str:
+    """Where the `cpu` set comes from, and the command of the task's own config: the start line's words."""
+    from common.args import as_flag
+
+    shown = ("num_envs", "batch_size", "total_timesteps", "env_kwargs")
+    sizes = " ".join(as_flag(flag, values[flag]) for flag in shown if flag in values)
+    return (
+        f"for {env_id} on a machine without CUDA: a CPU's sizes, {sizes}; the task's own config, a GPU's: "
+        f"python algos/{script}.py --env-id {env_id} --settings task"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
 # td3.py on Playground: FastTD3's published settings (its hyperparams.py: MuJoCoPlaygroundArgs and the task classes)
 # ----------------------------------------------------------------------------------------------
 # FastTD3's values in its own units: buffer_size per env, learning_starts and total_timesteps in iterations (one step

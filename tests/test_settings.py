@@ -441,7 +441,7 @@ def test_td3_on_a_playground_task_takes_fasttd3s_published_settings_in_this_runs
     them; its per-env buffer and its iteration counts become this run's transitions and env steps (the command line's
     --num-envs); what has no flag is named; flags given win; another family's task id gets no values from it."""
     td3 = load_script("td3")
-    argv = ["--env-id", "playground:Go1JoystickFlatTerrain"]
+    argv = ["--env-id", "playground:Go1JoystickFlatTerrain", "--device", "cuda"]  # a CPU gets the cpu set (below)
     monkeypatch.setattr(common_args.sys, "argv", ["td3.py", *argv])
     args = parse_args(td3.Args, argv)
     assert args.settings == "task" and (args.num_envs, args.batch_size, args.gamma, args.tau) == (
@@ -456,7 +456,7 @@ def test_td3_on_a_playground_task_takes_fasttd3s_published_settings_in_this_runs
     assert (args.buffer_size, args.learning_starts, args.total_timesteps) == (10240 * 1024, 10 * 1024, 50_000 * 1024)
     assert args.n_step == 1 and args.bf16 and args.obs_norm
 
-    argv = ["--env-id", "playground:CheetahRun", "--num-envs", "64", "--v-max", "400"]
+    argv = ["--env-id", "playground:CheetahRun", "--num-envs", "64", "--v-max", "400", "--settings", "task"]
     monkeypatch.setattr(common_args.sys, "argv", ["td3.py", *argv])
     args = parse_args(td3.Args, argv)
     assert (args.n_step, args.v_min, args.v_max, args.std_min, args.policy_noise) == (3, -500.0, 400.0, 0.1, 0.1)
@@ -964,3 +964,48 @@ def test_a_run_by_the_env_name_alone_has_its_communitys_budget_in_whole_iteratio
         assert args.settings == family
         per = args.num_envs * args.num_steps if hasattr(args, "num_steps") else args.num_envs
         assert args.total_timesteps % per == 0 and budget - per < args.total_timesteps <= budget, (family, args)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "ppo_rnd", "ppo_lstm", "sac", "td3"])
+def test_a_playground_task_by_name_on_a_cpu_gets_a_cpus_sizes_and_its_task_set_on_cuda(algo, monkeypatch, capsys):
+    """A Playground task's `task` set is a GPU's (brax PPO's 2,048 envs in 983,040-step iterations, FastTD3's 1,024 envs
+    and batches of 32,768): without CUDA and without --settings the env id gives the `cpu` set instead, minutes on a
+    CPU, and the start line names the command of the task's own config. --settings task, --device cuda or a machine
+    with CUDA give the task set; another family's id (mjlab) is not touched. Resolved without Playground installed."""
+    module = load_script(algo)
+    task = "playground:CartpoleBalance"
+
+    def parsed(*argv, cuda=False):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(common_args.sys, "argv", [f"{algo}.py", "--env-id", task, *argv])
+        return parse_args(module.Args, ["--env-id", task, *argv])
+
+    args = parsed()
+    assert args.settings == "cpu" and args.total_timesteps <= settings.CPU_OFF_POLICY_STEPS * 2, args
+    origin, untranslated = args._settings_origin
+    assert origin.startswith(f"for {task} on a machine without CUDA: a CPU's sizes") and not untranslated, origin
+    assert origin.endswith(f"the task's own config, a GPU's: python algos/{algo}.py --env-id {task} --settings task")
+    assert json.loads(args.env_kwargs) == {"impl": "jax"}  # MJX: it compiles and steps faster than Warp on a CPU
+    assert args.num_eval_envs == 16 and given_flags(args) == {"env_id"}  # the set's values are defaults
+    if hasattr(args, "update_epochs"):  # on-policy: the plain defaults at 64 envs
+        plain = parse_args(module.Args, ["--settings", "builtin"])
+        assert (args.num_envs, args.total_timesteps) == (64, 307_200) and args.total_timesteps % (
+            64 * plain.num_steps
+        ) == 0
+        assert (args.num_steps, args.update_epochs, args.lr_schedule) == (
+            plain.num_steps,
+            plain.update_epochs,
+            plain.lr_schedule,
+        )
+    else:  # off-policy: an evaluation every 12,800 steps of the run's envs (td3 and sac here: 32 by the device)
+        envs = args.num_envs or module.DEVICE_DEFAULTS["num_envs"][1]
+        assert args.total_timesteps == 204_800 and args.eval_interval * envs == 12_800, (envs, args.eval_interval)
+        assert args.batch_size in (None, 512) and not getattr(args, "distributional", False)
+    for task_set in (parsed("--settings", "task"), parsed("--device", "cuda"), parsed(cuda=True)):
+        assert task_set.settings == "task", task_set.settings
+    assert parsed("--num-envs", "8").num_envs == 8  # a flag given wins over the set
+    assert parse_args(module.Args, ["--env-id", "mjlab:Mjlab-Velocity-Flat-Unitree-G1"]).settings == "task"
+    with pytest.raises(SystemExit):
+        parse_args(module.Args, ["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "cpu (MuJoCo Playground tasks on a machine without CUDA" in help_text
