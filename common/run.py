@@ -438,8 +438,8 @@ def _existing_run_dir(run_dir: Path, args, later_group: bool) -> str | None:
         return None
     if _run_files(run_dir):
         return (
-            f"error: the run directory {run_dir} holds a run ({_the_run_in(run_dir)}); nothing was written. Continue "
-            f"it with --resume auto, start another with --run-name NAME, or remove it with --overwrite"
+            f"error: the run directory {run_dir} exists; continue it with --resume auto, start another with "
+            f"--run-name NAME, or remove it with --overwrite (it holds {_the_run_in(run_dir)}; nothing was written)"
         )
     return None
 

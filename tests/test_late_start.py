@@ -97,9 +97,9 @@ def test_a_start_held_up_before_its_lock_refuses_the_run_that_finished_meanwhile
         train("ppo", tmp_path, seed=9, total_timesteps=units("ppo", 2))
     assert refused.value.code == 2
     assert str(refused.value) == (
-        f"error: the run directory {run_dir} holds a run (ppo.py on Pendulum-v1, seed 5, at global step "
-        f"{units('ppo', 2):,}, finished); nothing was written. Continue it with --resume auto, start another with "
-        f"--run-name NAME, or remove it with --overwrite"
+        f"error: the run directory {run_dir} exists; continue it with --resume auto, start another with --run-name "
+        f"NAME, or remove it with --overwrite (it holds ppo.py on Pendulum-v1, seed 5, at global step "
+        f"{units('ppo', 2):,}, finished; nothing was written)"
     )
     assert files_of(run_dir) == finished and not (run_dir / LOCK).exists()
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["args"]["seed"] == 5
@@ -147,7 +147,7 @@ def test_two_starts_of_one_run_name_at_once_leave_one_whole_run(tmp_path):
     errors = [line for line in said[loser].splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in said[loser], said[loser]
     assert errors[0].startswith(
-        (f"error: another process trains {tmp_path / 'run'}: ", f"error: the run directory {tmp_path / 'run'} holds")
+        (f"error: another process trains {tmp_path / 'run'}: ", f"error: the run directory {tmp_path / 'run'} exists")
     ), errors[0]
     run_dir, seed = tmp_path / "run", (5, 9)[winner]
     assert json.loads((run_dir / "config.json").read_text())["seed"] == seed
@@ -336,3 +336,39 @@ def test_a_removed_run_directory_that_cannot_be_made_again_says_nothing_was_save
         f"{units('ppo', 3):,}), and cannot be made again (File exists): nothing was saved; "
     ), line
     assert ".pt" not in line
+
+
+def test_a_run_directory_removed_during_a_write_is_saved_from_memory(tmp_path, monkeypatch, capsys):
+    """Removed while the iteration writes (here: its log, whose event file is gone at once): the run's error is the
+    write's, and the run saves what it holds then: last.pt of the model, optimizers and state at its step (its envs
+    start new episodes when resumed: their last observation is the script's), config.json, a new event file. The
+    line names only what exists; the command continues the run."""
+    import common.loop
+
+    run_dir, real, done = tmp_path / "run", common.loop.log_iteration, []
+
+    def log_iteration(run, *args, **kwargs):
+        if run.iteration == 3 and not done:
+            done.append(3)
+            shutil.rmtree(run.run_dir)
+            real(run, *args, **kwargs)
+            run.writer.flush()  # the event file's write fails now, not at some later call
+        return real(run, *args, **kwargs)
+
+    monkeypatch.setattr(common.loop, "log_iteration", log_iteration)
+    with pytest.raises(SystemExit) as ended:
+        train("ppo", tmp_path, total_timesteps=units("ppo", 6), save_interval=2)
+    line = ended.value.code
+    assert isinstance(line, str) and line.startswith(
+        f"error: the run directory {run_dir} was removed while the run trained (at global step {units('ppo', 3):,}): "
+        "made it again with what this process held: checkpoints/last.pt (global step "
+        f"{units('ppo', 3):,}; its envs start new episodes when resumed), config.json, a new event file, "
+        "summary.json. Continue with: python algos/ppo.py "
+    ), line
+    last = run_dir / "checkpoints" / "last.pt"
+    assert load_checkpoint(last)["global_step"] == units("ppo", 3) and not (run_dir / LOCK).exists()
+    monkeypatch.undo()
+    capsys.readouterr()
+    summary = train("ppo", tmp_path, total_timesteps=units("ppo", 6), resume="auto")
+    assert f"resumed from {last} at iteration 3" in capsys.readouterr().out
+    assert summary["global_step"] == units("ppo", 6)
