@@ -419,8 +419,13 @@ def _the_run_in(run_dir: Path) -> str:
     if "seed" in config:
         words.append(f"seed {config['seed']}")
     if isinstance(summary.get("global_step"), int):
-        reason = summary.get("stop_reason")
-        ended = {"total_timesteps": "finished", "error": "ended by an error"}.get(reason, f"stopped ({reason})")
+        reason = str(summary.get("stop_reason"))
+        ended = {
+            "total_timesteps": "finished",
+            "error": "ended by an error",
+            "max_wall_seconds": "stopped at --max-wall-seconds",
+            "target_return": "stopped at --target-return",
+        }.get(reason, f"stopped by {reason.partition(':')[2] or reason}")
         words.append(f"at global step {summary['global_step']:,}, {ended}")
     elif (checkpoint_dir(run_dir) / LAST).is_file():
         words.append("with a last.pt")
@@ -543,8 +548,11 @@ def _write_run_dir(run: Run) -> str | None:
     None."""
     args = run.args
     try:
-        # open_run took the lock; a run's own code that skips it takes it here, before any file of the run
-        error = lock_lost(run) if run.lock is not None else take_lock(run)
+        if run.lock is not None:  # taken by open_run, before anything of the run was read
+            error = lock_lost(run)
+        else:  # a run's own code that skipped open_run: before any file of the run
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            error = take_lock(run)
         if error:
             return error
         run.made_dirs = []  # the run begins: its directory stays, whatever ends it
@@ -640,7 +648,8 @@ def what_is_due(run: Run, final_iteration: bool) -> Due:
     due = Due(
         log=i % args.log_interval == 0 or evaluate or last or numbered, eval=evaluate, last=last, numbered=numbered
     )
-    if due.log and run.is_main and run.lock is not None and run.removed_at is None and _run_dir_removed(run):
+    watched = run.is_main and run.lock is not None and run.guard is not None and run.removed_at is None
+    if due.log and watched and _run_dir_removed(run):
         _make_run_dir_again(run)
     return due
 
@@ -666,11 +675,7 @@ def _make_run_dir_again(run: Run) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         refused = take_lock(run)
     except OSError as e:
-        run.output_failed = True
-        raise SystemExit(
-            f"{gone}, and cannot be made again ({e.strerror or e}): nothing was saved; the run's state at that step "
-            f"is lost. Once {run_dir} can be made, start the run again with: {continue_command(run)}"
-        ) from None
+        raise SystemExit(_cannot_make_again(run, gone, e)) from None
     if refused:
         run.output_failed = True
         raise SystemExit(f"{gone}; another process holds it now: nothing was saved, the run there is that one's")
@@ -681,6 +686,15 @@ def _make_run_dir_again(run: Run) -> None:
         raise SystemExit(output_failed(run, getattr(e, "filename", None) or str(run_dir / CONFIG), e)) from None
     run.say(f"notice: {gone.removeprefix('error: ')}: made it again; saving last.pt after this iteration and stopping")
     run.guard.received = run.guard.received or "the removal of its run directory"
+
+
+def _cannot_make_again(run: Run, gone: str, error: OSError) -> str:
+    """The line of a removed run directory that cannot be made again: nothing was saved, and what starts it again."""
+    run.output_failed = True
+    return (
+        f"{gone}, and cannot be made again ({error.strerror or error}): nothing was saved; the run's state at that "
+        f"step is lost. Once {run.run_dir} can be made, start the run again with: {continue_command(run)}"
+    )
 
 
 def _close_quietly(run: Run) -> None:
@@ -874,10 +888,7 @@ def _saved_again(run: Run) -> str:
         run_dir.mkdir(parents=True, exist_ok=True)
         refused = take_lock(run)
     except OSError as e:
-        return (
-            f"{gone}, and cannot be made again ({e.strerror or e}): nothing was saved. Make room for it, then start "
-            f"the run again with: {continue_command(run)}"
-        )
+        return _cannot_make_again(run, gone, e)
     if refused:
         return f"{gone}; another process holds it now: nothing was saved, the run there is that process's"
     saved, missed = [], []
@@ -886,12 +897,14 @@ def _saved_again(run: Run) -> str:
 
         try:
             save_checkpoints(run, [LAST], replace(run.held, envs=_NoEnvSnapshot()), None)
-        except (OSError, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001 -- whatever failed, the line says what is on disk
             missed.append(f"{LAST} ({getattr(e, 'strerror', None) or e})")
         if (checkpoint_dir(run_dir) / LAST).is_file():
             saved.append(f"checkpoints/{LAST} (global step {step:,}; its envs start new episodes when resumed)")
     elif run.held is not None:
         missed.append(f"{LAST} (the state of {run.world_size} processes cannot be gathered once one has stopped)")
+    else:
+        missed.append(f"{LAST} (the script restored no TrainingState, so none is in reach)")
     try:
         _write_config(run)
         saved.append(CONFIG)
