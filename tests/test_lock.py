@@ -391,6 +391,6 @@ def test_a_same_host_heartbeat_dated_in_the_future_is_not_a_negative_age(tmp_pat
     write_record(tmp_path / "a", age=-3600)  # this process: alive
     error = common.lock.lock_error(tmp_path / "a")
     assert "(its heartbeat dated 3600 s ahead of this host's clock); one run has one writer" in error, error
-    assert "-3" not in error
+    assert "heartbeat -" not in error
     write_record(tmp_path / "b", age=7)
     assert "(its heartbeat 7 s ago); one run has one writer" in common.lock.lock_error(tmp_path / "b")
