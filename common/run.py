@@ -2,11 +2,11 @@
 
     run = start_run(args, ALGO)              # torchrun's group and this rank's device; writes nothing
     with closing(run):                       # whatever ends the run: graphs, writers, group released
-        open_run(run)                        # the run dir's name, the checkpoint to resume (its flags taken)
+        open_run(run)                        # the run dir's lock (one writer), then the checkpoint to resume
         envs, eval_envs = make_envs(run)     # per-rank seeds, a clear error for a bad id or kwargs
         ... networks, optimizers, TrainingState; restore (common.checkpoint) ...
         ... the algorithm's functions, then one block that compiles and captures them (common.capture) ...
-        begin_training(run, "what runs")     # takes the run dir's lock (one writer), writes config.json, TensorBoard
+        begin_training(run, "what runs")     # writes config.json, TensorBoard; the signal handler
         while ...:
             ... rollout -> targets -> update ...
             due = what_is_due(run, final_iteration)                # decided once, from counters and flags
