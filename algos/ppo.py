@@ -4,8 +4,9 @@
     torchrun --nproc-per-node 8 algos/ppo.py --env-id Pendulum-v1 --num-envs 4096
 
 Args -> Agent -> GAE, the adaptive learning rate, the gradient clip's groups -> the PPO loss (rsl_rl's symmetry) ->
-targets -> update -> train (setup; the iteration's functions, the rollout among them; the block that compiles and
-captures them; the loop: rollout -> targets -> update -> log -> eval/save); the run around it is in common/.
+targets -> train (setup; the iteration's functions: the env step, the rollout, a minibatch's update, the update's
+epochs; the block that compiles and captures them in place; the loop: rollout -> targets -> update -> log ->
+eval/save); the run around it is in common/.
 `--num-envs` is per process, `--total-timesteps` counts env steps over all. An mjlab task's rsl_rl config brings
 rsl_rl's update (--kl-estimator, --lr-adapt, --lr-max, --grad-clip, --adam-eps, --shuffle, --std-type; the plain
 defaults are ours: docs/rsl_rl.md). References: Schulman et al. 2017 (PPO), 2016 (GAE); Huang et al. 2022, "The 37
@@ -35,7 +36,7 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import acting_autocast, captured, compiled, timed
+from common.capture import acting_autocast, captured, compiled, timed, unwrapped_calls
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
@@ -360,7 +361,7 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
     return loss, logged
 
 
-# --- One iteration: rollout (train's env_step and rollout_fn) -> targets -> update ---
+# --- One iteration: rollout (train's env_step and rollout_fn) -> targets -> update (train's update_fn) ---
 # Functions of tensors that live as long as the run, so that on CUDA they compile and capture whole.
 @torch.no_grad()
 def targets(
@@ -409,30 +410,6 @@ def targets(
         batch.update({key: data[key] for key in ("old_out", "old_std") if key in data.keys()})
     batch = TensorDict({**batch, "advantages": advantages, "returns": returns, **mirrored}, values.shape, values.device)
     return batch.reshape(-1), {"explained_variance": explained_variance(returns, values)}, nonfinite_counts
-
-
-def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
-    """Epochs of minibatches over the batch (--shuffle); the adaptive learning rate after each minibatch from the ranks'
-    mean KL (the same lr on every rank), or before its step (--lr-adapt before-step: update_minibatch adapts it). Adds
-    the mean losses, by name, to stats."""
-    batch_size = batch.shape[0]
-    minibatch_size = batch_size // args.num_minibatches
-    loss_sums, num_updates = {}, 0
-    for epoch in range(args.update_epochs):
-        if args.shuffle == "never":
-            perm = torch.arange(batch_size, device=batch.device)
-        elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch (rsl_rl's)
-            perm = torch.randperm(batch_size, device=batch.device)
-        for start in range(0, batch_size, minibatch_size):
-            losses = update_minibatch(batch[perm[start : start + minibatch_size]])
-            add_to(loss_sums, losses)
-            num_updates += 1
-            if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
-                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
-        if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
-            if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
-                break
-    loop.add_update_means(stats, loss_sums, num_updates)
 
 
 def main(args: Args) -> dict:
@@ -484,18 +461,19 @@ def train(run, args: Args) -> dict:
     # what the log reads, gathered on the device: episodes, losses, non-finite counts
     stats = loop.iteration_stats(device)
 
-    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
-    policy_step = agent_inference.act
+    # --- the iteration's functions: acting, the env step, the rollout, the targets, a minibatch's update, the update;
+    # the compile-and-capture block below rebinds their names in place ---
+    act = agent_inference.act  # the action, its log-prob and the distribution's output
 
     def final_value(final_obs: TensorDict) -> torch.Tensor:
         """V(final_obs), the time-out bootstrap, at the step (the targets' weights): stored in place of a frame."""
         with torch.no_grad(), acting_autocast(device, args.bf16):
             return agent_inference.value(agent_inference.normalize(final_obs))
 
-    def env_step(policy_step, final_value, obs: TensorDict):
-        """Act (policy_step) and step every env once: (next observation, the transition to store, the env's info)."""
+    def env_step(obs: TensorDict):
+        """Act and step every env once: (next observation, the transition to store, the env's info)."""
         with torch.no_grad(), acting_autocast(device, args.bf16):  # bf16 without a cache of cast weights
-            action, logprob, out = policy_step(obs)
+            action, logprob, out = act(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         transition = {
             "obs": obs,
@@ -514,6 +492,21 @@ def train(run, args: Args) -> dict:
         # Atari: a life is the learner's episode, the game's score is what is logged
         return next_obs, TensorDict(loop.with_game_score(transition, info), batch_size=[envs.num_envs]), info
 
+    def rollout_fn(obs: TensorDict) -> TensorDict:
+        """env_step --num-steps times, each transition into the storage at its step and the env's own metrics
+        recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
+        for step in range(args.num_steps):
+            obs, transition, info = env_step(obs)
+            storage.write(step, transition)
+            record_env_log(run, info)
+        return obs
+
+    def targets_fn(obs: TensorDict):
+        """The targets of the rollout in the storage (targets, above), from the run's state."""
+        return targets(
+            agent, reward_normalizer, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args
+        )
+
     def update_minibatch(mb: TensorDict):
         """One gradient step on a minibatch (gradients averaged over ranks); returns its losses."""
         loss, losses = ppo_loss(agent, mb, args, output_mirror)
@@ -527,43 +520,46 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return losses
 
-    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
-        """`env_step` --num-steps times, each transition into the storage at its step and the env's own metrics
-        recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
-        for step in range(args.num_steps):
-            obs, transition, info = env_step(obs)
-            storage.write(step, transition)
-            record_env_log(run, info)
-        return obs
-
-    def targets_fn(obs: TensorDict):
-        return targets(
-            agent, reward_normalizer, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args
-        )
-
-    def update_fn(targets_fn, update_minibatch, obs: TensorDict) -> None:
+    def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, rollout_stats, nonfinite_counts = targets_fn(obs)
         add_to(stats["losses"], rollout_stats)
         add_to(stats["nonfinite"], nonfinite_counts)
-        update(update_minibatch, batch, lr, stats, args)
+        # epochs of minibatches over the batch (--shuffle); the adaptive learning rate after each minibatch from the
+        # ranks' mean KL (the same lr on every rank), or before its step (--lr-adapt before-step: update_minibatch's)
+        size, loss_sums, num_updates = batch.shape[0], {}, 0
+        for epoch in range(args.update_epochs):
+            if args.shuffle == "never":
+                perm = torch.arange(size, device=batch.device)
+            elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch (rsl_rl's)
+                perm = torch.randperm(size, device=batch.device)
+            for start in range(0, size, minibatch_size):
+                losses = update_minibatch(batch[perm[start : start + minibatch_size]])
+                add_to(loss_sums, losses)
+                num_updates += 1
+                if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
+                    adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
+            if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured)
+                if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
+                    break
+        loop.add_update_means(stats, loss_sums, num_updates)
 
-    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
-    # what it calls is wrapped, and is given it ---
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged, each name rebound in place
+    # once: the functions that call it read the wrapped one through their closures (a warning names any that kept
+    # the function from before) ---
     if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
-        step = compiled(run, lambda obs: env_step(policy_step, final_value, obs))  # rollout is one
+        env_step = compiled(run, env_step)  # rollout is one
     else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
-        acting = captured(run, "acting", compiled(run, policy_step))
-        final_value_step = captured(run, "final value", compiled(run, final_value))
-        step = lambda obs: env_step(acting, final_value_step, obs)  # noqa: E731
-    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
+        act = captured(run, "acting", compiled(run, act))
+        final_value = captured(run, "final value", compiled(run, final_value))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch apart
-        targets_step = captured(run, "targets", targets_step)
-        minibatch_step = captured(run, "minibatch update", minibatch_step)
-    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
-    update_step = lambda obs: update_fn(targets_step, minibatch_step, obs)  # noqa: E731
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
-        update_step = captured(run, "update", update_step)
+        update_fn = captured(run, "update", update_fn)
+    unwrapped_calls(run, locals())
     graphs = "off"  # what the CUDA graphs hold, as the start line says it
     if args.cudagraphs:
         graphs = "the whole rollout, " if whole_rollout else "each acting step, "
@@ -577,11 +573,11 @@ def train(run, args: Args) -> dict:
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_step(next_obs)
+            next_obs = rollout_fn(next_obs)
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_step(next_obs)
+            update_fn(next_obs)
         # the log (one host read), evaluation and checkpoints that are due, the same on every rank
         due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
         if due.log:  # every --log-interval iterations, and before an evaluation or a save

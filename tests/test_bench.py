@@ -703,7 +703,7 @@ def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
     ), checks["ppo_tolist"]["syncs"]
     assert checks["ppo_tolist"]["python_state"] == [] and checks["ppo_counter"]["syncs"] == []
     assert checks["ppo_counter"]["python_state"][0].startswith(
-        "update: call 2 changes <lambda>.<update_fn>.<iterations_in_stats>"
+        "update: call 2 changes update_fn.<iterations_in_stats>"
     )
     assert {f.split(":")[0] for f in sections["checks"]["failures"]} == {"ppo_tolist", "ppo_counter"}
     acting = sections["parity"]["result"]["acting"]
