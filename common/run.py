@@ -244,7 +244,8 @@ def open_run(run: Run) -> dict | None:
         error = None if args.eval_only else _lock_run_dir(run)
         error = error or _existing_run_dir(run.run_dir, args, later_group)
     # rank 0 decides for all: after a node joined, the new node's agent counts no restart
-    run_name, later_group, error = distributed.broadcast_object((run_name, later_group, error))
+    decided = (run_name, later_group, error, run.output_failed)
+    run_name, later_group, error, run.output_failed = distributed.broadcast_object(decided)
     if error:
         raise SystemExit(error)  # `closing` releases the lock and removes a directory this start made
     run.run_dir = Path(args.output_dir) / run_name
@@ -376,11 +377,11 @@ def _lock_run_dir(run: Run) -> str | None:
         cause = f"{e.strerror or e}" + (f" [errno {e.errno}]" if e.errno else "")
         full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         _remove_made_dirs(run)
-        raise SystemExit(
+        return (  # said by every rank (open_run broadcasts it), exit status 1
             f"error: cannot write the run directory {run_dir} ({cause}); nothing of the run was written. "
             f"{'Free space' if full else 'Make it writable'} or choose --output-dir, then start it with: "
             f"{continue_command(run)}"
-        ) from None
+        )
 
 
 def _remove_made_dirs(run: Run) -> None:
