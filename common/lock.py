@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 #   record is still there, renames it to a unique name (the renamed file is checked to be the judged one, and put
 #   back if it is not) and creates .lock exclusively, which a process that starts at that moment may win instead.
 #
+# A lock file deleted while its holder lives (by hand) is written again by the holder's heartbeat, exclusively: a
+# process that created one in between keeps it, and the holder writes no more checkpoints (Lock.lost).
+#
 # A torchrun restart (new pids, the same job: --rdzv-id with SLURM's restart count) proves its earlier holder gone as
 # anyone does: torchrun stops the earlier workers first, so on the same host their pids are dead; on another host
 # rank 0 waits until the heartbeat is LOCK_STALE_SECONDS old. Two launches sharing a job id (one --rdzv-id for two
