@@ -352,8 +352,9 @@ def test_ppo_by_the_tasks_name_on_a_cpu_evaluates_within_a_minute_and_learns(tmp
 @pytest.mark.skipif(importlib.util.find_spec("rsl_rl") is None, reason="needs rsl-rl-lib (the playground lane has it)")
 def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     """tests/benchmarks/playground.py end to end at tiny sizes: both env-only rows, algos/ppo.py and Playground's own
-    rsl_rl path (its torch wrapper under rsl_rl's runner) each measured, with the borrowed config's sizes on both, and
-    td3.py with FastTD3's settings and the hours its SPS needs for FastTD3's budget."""
+    rsl_rl path (its torch wrapper under rsl_rl's runner) each measured, with the borrowed config's sizes on both,
+    brax's own PPO (ppo.train with the task's brax PPO config, cut to a CPU's batch), and td3.py with FastTD3's settings
+    and the hours its SPS needs for FastTD3's budget; the results under one folder (--out)."""
     import json
 
     from tests.benchmarks import playground as playground_bench
@@ -362,6 +363,9 @@ def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     argv = ["--device", "cpu", "--task", TASK, "--impl", "jax", "--num-envs", "8", "--iterations", "2"]
     argv += ["--warmup-iterations", "1", "--env-steps", "3", "--env-warmup-steps", "1", "--repeats", "1"]
     argv += ["--td3-num-envs", "8", "--td3-args", "--batch-size 64"]  # FastTD3's 1,024 envs and 32,768 a batch: a GPU's
+    # brax's config collects 983,040 steps per training step: 8 envs, 2 minibatches of 8 unrolls of 4 steps here
+    brax = {"batch_size": 8, "num_minibatches": 2, "unroll_length": 4, "num_updates_per_batch": 1}
+    argv += ["--brax-num-envs", "8", "--brax-overrides", json.dumps(brax), "--out", str(tmp_path / "results")]
     threads = torch.get_num_threads()
     try:
         code = playground_bench.main([*argv, "--threads", "1", "--json", str(out)])
@@ -378,15 +382,19 @@ def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     assert [r["learner"] for r in report["training"]] == [
         "algos/ppo.py",
         "Playground's rsl_rl path (RSLRLBraxWrapper + OnPolicyRunner)",
+        "brax's PPO (ppo.train + wrap_for_brax_training, brax_ppo_config)",
         "algos/td3.py, FastTD3's settings",
     ]
     for r in report["training"]:
         assert r["status"] == "ok", r
-        keys = ("sps", "rollout_seconds", "update_seconds")
+        keys = ("sps", "iteration_seconds") if "brax" in r["learner"] else ("sps", "rollout_seconds", "update_seconds")
         keys += ("hours_to_fasttd3_budget",) if "td3" in r["learner"] else ("ratio_to_playground_rsl_rl",)
         for key in keys:
             assert math.isfinite(r[key]) and r[key] > 0, (r["learner"], key, r.get(key))
-    td3 = report["training"][2]
+    brax_row = report["training"][2]  # brax's own loop: 64 env steps per training step, the overrides applied
+    assert brax_row["steps_per_iteration"] == 64 and brax_row["iterations_timed"] == 2, brax_row
+    assert brax_row["brax_config"]["reward_scaling"] == 10.0 and brax_row["num_envs"] == 8, brax_row
+    td3 = report["training"][3]
     assert td3["fasttd3_iterations"] == 1_500_000 and "--settings task" in td3["command"], td3  # its Playground default
     assert td3["hours_to_fasttd3_budget"] == pytest.approx(1_500_000 * 8 / td3["sps"] / 3600)
     sizes = report["config"]["sizes"]  # Go1's rsl_rl config, CartpoleBalance having none
@@ -396,5 +404,9 @@ def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     assert "--settings builtin" in ours, ours
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert rows[0] == "| learner | SPS | rollout/collection s | update s | x Playground's rsl_rl |", rows
-    assert len(rows) == 1 + 5 and rows[-1].startswith("| algos/td3.py, FastTD3's settings | "), rows
+    assert len(rows) == 1 + 6 and rows[-1].startswith("| algos/td3.py, FastTD3's settings | "), rows
+    assert rows[-2].startswith("| brax's PPO (ppo.train + wrap_for_brax_training, brax_ppo_config) | "), rows
+    results = tmp_path / "results"  # one folder: the report as printed and the figures
+    assert json.loads((results / "playground.json").read_text())["training"][2]["sps"] == brax_row["sps"]
+    assert "| brax's PPO (" in (results / "report.md").read_text()
     assert "h for FastTD3's budget of 1,500,000 iterations" in stdout, stdout[-2000:]

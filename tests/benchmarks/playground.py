@@ -3,8 +3,10 @@ on one device.
 
     python -m tests.benchmarks.playground [--task Go1JoystickFlatTerrain] [--num-envs 4096] [--device cuda]
         [--impl warp|jax] [--full-reset] [--rl-config-of TASK] [--iterations 10] [--warmup-iterations 2]
-        [--env-steps 100] [--repeats 3] [--no-td3] [--td3-num-envs N] [--td3-args "FLAGS"] [--threads T]
-        [--json PATH | --json -]
+        [--env-steps 100] [--repeats 3] [--no-brax] [--brax-num-envs N] [--brax-overrides JSON] [--no-td3]
+        [--td3-num-envs N] [--td3-args "FLAGS"] [--threads T] [--out DIR] [--json PATH | --json -]
+
+    bash tests/benchmarks/playground_gpu.sh [DIR]    # the GPU comparison: Go1, the three learners, under ten minutes
 
     python -m tests.benchmarks.playground --device cpu --task CartpoleBalance --impl jax --num-envs 64 --iterations 3
 
@@ -26,7 +28,15 @@ when either is missing. Rows of the table:
    per-iteration log call after the warm-up. Playground 0.2.0's configs are in rsl_rl 3's layout (one `policy`
    ActorCritic); rsl_rl 4 and 5 take an `actor` and a `critic` model instead, so the worker writes the same fields in
    that layout (rsl_rl_5_config): hidden sizes, activation, the scalar std's initial value, empirical normalization;
-5. algos/td3.py with its `task` set, FastTD3's published Playground settings (common/settings.py), at FastTD3's 1,024
+5. brax's own PPO, as Playground's `learning/train_jax_ppo.py` builds it: `brax.training.agents.ppo.train` with the
+   task's `brax_ppo_config` (its networks, `network_factory`), `wrap_for_brax_training` and the task's randomizer (as
+   for row 4; train_jax_ppo.py's --domain_randomization), in a subprocess; W + K training steps of brax's (each one
+   batch of batch_size x num_minibatches x unroll_length env steps and its update), one per epoch, no evaluation
+   (run_evals=False) and no host resets between them (num_resets_per_eval=0); SPS the median of brax's own
+   `training/sps` of the epochs after the warm-up. brax fuses collection and update in one compiled step: no split.
+   Its envs are the config's (--brax-num-envs sets them; --brax-overrides JSON any other field, e.g. a CPU's sizes).
+   --no-brax leaves the row out;
+6. algos/td3.py with its `task` set, FastTD3's published Playground settings (common/settings.py), at FastTD3's 1,024
    envs (--td3-num-envs), W + K iterations as row 3; with the hours its SPS needs for FastTD3's budget of the task (its
    `total_timesteps`, counted in iterations). FastTD3 reports its Playground runs as return against wall-clock curves
    (arXiv 2505.22642), not a table: the hours are what to set beside them. --no-td3 leaves the row out.
@@ -216,6 +226,102 @@ def env_only(args, device: torch.device) -> list[dict]:
     return rows
 
 
+def brax_ppo_config(task: str, impl: str | None):
+    """The task's brax PPO config as Playground's train_jax_ppo.py reads it (locomotion, manipulation, DM Control)."""
+    from mujoco_playground import registry
+    from mujoco_playground.config import dm_control_suite_params, locomotion_params, manipulation_params
+
+    for envs, params in (
+        (registry.locomotion.ALL_ENVS, locomotion_params),
+        (registry.manipulation.ALL_ENVS, manipulation_params),
+        (registry.dm_control_suite.ALL_ENVS, dm_control_suite_params),
+    ):
+        if task in envs:
+            return params.brax_ppo_config(task, impl)
+    raise SystemExit(f"error: Playground has no brax PPO config for {task}")
+
+
+def replicate_on_one_device() -> None:
+    """brax 0.14's ppo.train replicates its state with jax.device_put_replicated, which JAX 0.10 removed (it raises
+    AttributeError): a stand-in for the one device the worker trains on (max_devices_per_host=1), the leading axis
+    pmap maps over. Nothing where JAX still has it."""
+    import jax
+    import jax.numpy as jnp
+
+    try:
+        jax.device_put_replicated  # noqa: B018 (the deprecation raises on access)
+        return
+    except AttributeError:
+        pass
+
+    def device_put_replicated(x, devices):
+        if len(devices) != 1:
+            raise NotImplementedError("the stand-in replicates on one device (max_devices_per_host=1)")
+        return jax.device_put(jax.tree.map(lambda a: jnp.expand_dims(jnp.asarray(a), 0), x), devices[0])
+
+    jax.device_put_replicated = device_put_replicated
+
+
+def run_brax_worker(cfg: dict) -> dict:
+    """Row 5: brax's ppo.train as train_jax_ppo.py calls it, W + K training steps (one per epoch, no evaluation)."""
+    import functools
+    import os
+    import statistics
+
+    device = cfg["device"]
+    if device == "cpu":  # JAX on the device the other rows use: its CPU, or the GPU of that index alone
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    elif ":" in device:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":")[1]
+    from common.envs.playground_adapter import configure_jax_memory
+
+    configure_jax_memory()  # brax's update shares the GPU with nothing here, but as the other rows run
+    from brax.training.agents.ppo import networks as ppo_networks
+    from brax.training.agents.ppo import train as ppo
+    from mujoco_playground import registry, wrapper
+
+    replicate_on_one_device()
+
+    task, impl = cfg["task"], cfg["impl"]
+    params = brax_ppo_config(task, impl).to_dict()
+    params.update(cfg.get("overrides") or {})
+    if cfg.get("num_envs"):
+        params["num_envs"] = cfg["num_envs"]
+    network = params.pop("network_factory", {})
+    params.pop("num_eval_envs", None)
+    per_step = params["batch_size"] * params["num_minibatches"] * params["unroll_length"] * params["action_repeat"]
+    steps = cfg["warmup"] + cfg["iterations"]
+    params.update(num_timesteps=steps * per_step, num_evals=steps + 1, num_resets_per_eval=0)
+    env_cfg = registry.get_default_config(task)
+    if impl is not None:
+        env_cfg.impl = impl
+    env = registry.load(task, config=env_cfg)
+    epochs = []
+    ppo.train(
+        environment=env,
+        **params,
+        network_factory=functools.partial(ppo_networks.make_ppo_networks, **network),
+        seed=cfg["seed"],
+        wrap_env_fn=wrapper.wrap_for_brax_training,
+        randomization_fn=registry.get_domain_randomizer(task),
+        max_devices_per_host=1,
+        run_evals=False,
+        progress_fn=lambda step, metrics: epochs.append(float(metrics["training/sps"])),
+    )
+    timed = epochs[cfg["warmup"] :]
+    sps = statistics.median(timed)
+    return {
+        "status": "ok",
+        "sps": sps,
+        "iteration_seconds": per_step / sps,
+        "steps_per_iteration": per_step,
+        "num_envs": params["num_envs"],
+        "brax_config": {k: v for k, v in params.items() if k not in ("num_timesteps", "num_evals")},
+        "network_factory": network,
+        "iterations_timed": len(timed),
+    }
+
+
 def run_playground_worker(cfg: dict) -> dict:
     """Row 4: Playground's rsl_rl path trained for warmup + iterations iterations in this process."""
     require(rsl_rl=True)
@@ -254,6 +360,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--env-warmup-steps", type=int, default=20, help="untimed steps before the env-only windows")
     parser.add_argument("--repeats", type=int, default=3, help="env-only windows (median reported)")
     parser.add_argument("--skip-env-only", action="store_true", help="only the training runs")
+    parser.add_argument("--brax", action=argparse.BooleanOptionalAction, default=True, help="brax's own PPO row")
+    parser.add_argument("--brax-num-envs", type=int, default=None, help="brax's envs (default: its config's)")
+    parser.add_argument(
+        "--brax-overrides", default="{}", help="JSON object of brax PPO config fields (e.g. a CPU's batch sizes)"
+    )
     parser.add_argument("--td3", action=argparse.BooleanOptionalAction, default=True, help="the td3.py row")
     parser.add_argument("--td3-num-envs", type=int, default=None, help="td3.py's envs (default: FastTD3's, 1,024)")
     parser.add_argument("--td3-args", default="", help="more flags for td3.py (e.g. a smaller --batch-size on a CPU)")
@@ -261,6 +372,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a training run may take")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the figures as JSON ('-': stdout only)")
+    parser.add_argument("--out", metavar="DIR", default=None, help="write report.md and playground.json into DIR")
     parser.add_argument("--worker", metavar="CONFIG", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is None and (args.iterations < 1 or args.warmup_iterations < 1 or args.repeats < 1):
@@ -357,6 +469,8 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
         "tests.benchmarks.playground", worker_cfg, RESULT_MARKER, record, args.timeout, args.threads
     )
     report["training"] = [ours, theirs]
+    if args.brax:
+        report["training"].append(brax_row(args, device, log))
     for r in report["training"]:
         ok = theirs.get("status") == "ok"
         r["ratio_to_playground_rsl_rl"] = bench.ratio(r.get("sps"), theirs.get("sps")) if ok else None
@@ -370,8 +484,28 @@ def run_benchmark(args: argparse.Namespace, argv: list[str]) -> dict:
     return report
 
 
+def brax_row(args, device: torch.device, log) -> dict:
+    """Row 5: brax's own PPO with the task's brax PPO config, in a subprocess (run_brax_worker)."""
+    log(f"brax's PPO (ppo.train, brax_ppo_config): {args.warmup_iterations} + {args.iterations} training steps")
+    worker_cfg = {
+        "kind": "brax",
+        "task": args.task,
+        "device": str(device),
+        "impl": args.impl,
+        "num_envs": args.brax_num_envs,
+        "overrides": json.loads(args.brax_overrides),
+        "seed": args.seed,
+        "iterations": args.iterations,
+        "warmup": args.warmup_iterations,
+    }
+    record = {"learner": "brax's PPO (ppo.train + wrap_for_brax_training, brax_ppo_config)"}
+    return bench.run_worker(
+        "tests.benchmarks.playground", worker_cfg, RESULT_MARKER, record, args.timeout, args.threads
+    )
+
+
 def td3_row(args, device: torch.device, env_kwargs: dict, log) -> dict:
-    """Row 5: td3.py with FastTD3's settings for W + K iterations; the hours its SPS needs for FastTD3's budget."""
+    """Row 6: td3.py with FastTD3's settings for W + K iterations; the hours its SPS needs for FastTD3's budget."""
     from common.settings import FASTTD3_PLAYGROUND, FASTTD3_PLAYGROUND_TASKS
 
     fasttd3 = {**FASTTD3_PLAYGROUND, **FASTTD3_PLAYGROUND_TASKS.get(args.task, {})}
@@ -433,6 +567,14 @@ def print_report(report: dict) -> None:
         f"{cfg['repeats']} windows of {cfg['env_steps']} steps, median"
     )
     for r in report["training"]:
+        if r.get("brax_config") is not None and r.get("status") == "ok":
+            c = r["brax_config"]
+            print(
+                f"brax's PPO: {r['num_envs']:,} envs, {r['steps_per_iteration']:,} env steps per training step "
+                f"(batch_size {c['batch_size']} x num_minibatches {c['num_minibatches']} x unroll_length "
+                f"{c['unroll_length']}), {c['num_updates_per_batch']} epochs, {r['iteration_seconds']:.3f} s each "
+                f"(collection and update in one compiled step); networks {r['network_factory'] or 'brax defaults'}"
+            )
         if r.get("hours_to_fasttd3_budget") is not None:
             print(
                 f"td3.py at FastTD3's settings: {r['hours_to_fasttd3_budget']:.2f} h for FastTD3's budget of "
@@ -447,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker is not None:
-        result = run_playground_worker(json.loads(args.worker))
+        cfg = json.loads(args.worker)
+        result = run_brax_worker(cfg) if cfg.get("kind") == "brax" else run_playground_worker(cfg)
         print(RESULT_MARKER + json.dumps(result), flush=True)
         return 0
     report = run_benchmark(args, argv)
@@ -455,6 +598,17 @@ def main(argv: list[str] | None = None) -> int:
         print_report(report)
     if args.json is not None:
         bench.write_json(report, args.json)
+    if args.out is not None:  # the results of one command under one folder
+        import contextlib
+        import io
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        bench.write_json(report, str(out / "playground.json"))
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            print_report(report)
+        (out / "report.md").write_text(f"    {report['commands']['benchmark']}\n\n{text.getvalue()}")
     return 1 if any(r.get("status") != "ok" for r in report["training"]) else 0
 
 
