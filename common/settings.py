@@ -93,10 +93,16 @@ def playground_ppo_settings(task: str, fields: set[str]):
 
 # brax's ppo.train defaults that Playground's DM Control configs leave as they are, where ours differ
 BRAX_PPO_DEFAULTS = dict(clip_coef=0.3, lr_schedule="constant", activation="silu", std_type="scalar")
+# What brax's update does that ppo.py's does not (docs/playground.md's table; tests/test_brax_ppo.py holds each)
 BRAX_PPO_UNTRANSLATED = (
     "brax's networks: policy 4x32, value 5x256 (one --hidden-sizes here for both; ours kept)",
-    "brax's tanh-squashed Gaussian (a Gaussian clipped to the action bounds here)",
+    "brax's tanh-squashed Gaussian, its std the policy network's softplus output + 0.001, its log-prob with tanh's "
+    "Jacobian and its one-sample entropy (a Gaussian with a state-independent std, clipped to the action bounds here)",
     "brax's max_grad_norm=None, no gradient clip (--max-grad-norm here)",
+    "brax's GAE in each minibatch's loss over whole unrolls from the current critic, a time-out's step masked (GAE "
+    "once over the rollout here, a time-out bootstrapped with V(final observation))",
+    "brax's advantages over the minibatch's population std, its value loss 0.5 x 0.5 x (vs - V)^2 unclipped "
+    "(--vf-coef 1, --clip-vloss here)",
 )
 
 
