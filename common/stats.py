@@ -330,7 +330,10 @@ def continue_command(run: Run) -> str:
     directory, and --resume auto; where the run has no last.pt but other checkpoints, --resume of its newest one."""
     args = run.args
     as_program = from_command_line(args)
-    own = run_command(run, {**run.foreign_flags, **asdict(args)}, SITTING_FLAGS)
+    try:
+        own = run_command(run, {**run.foreign_flags, **asdict(args)}, SITTING_FLAGS)
+    except (Exception, SystemExit):  # noqa: BLE001 -- a set not resolvable here (an error's line must not fail)
+        own = " ".join(as_flag(name, getattr(args, name)) for name in sorted(run.given - SITTING_FLAGS))
     sitting = [as_flag(name, getattr(args, name)) for name in sorted((run.given & SITTING_FLAGS) - _NOT_REPEATED)]
     resume = "auto"
     if not (checkpoint_dir(run.run_dir) / LAST).is_file():  # --resume auto would refuse: the newest other one
