@@ -47,7 +47,7 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import captured, compiled, timed
+from common.capture import captured, compiled, timed, unwrapped_calls
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import observation_normalizer
@@ -260,21 +260,6 @@ def targets(student: Policy, data: TensorDict, ep_stats: torch.Tensor, episodes:
     ), nonfinite
 
 
-def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, stats: dict, args: Args):
-    """Epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden state.
-    Adds the mean losses, by name, to stats."""
-    num_envs = batch.shape[1]
-    envs_per_minibatch = num_envs // args.num_minibatches
-    loss_sums, num_updates = {}, 0
-    for epoch in range(args.update_epochs):
-        perm = torch.randperm(num_envs, device=batch.device)
-        for start in range(0, num_envs, envs_per_minibatch):
-            envs = perm[start : start + envs_per_minibatch]
-            add_to(loss_sums, update_minibatch(batch[:, envs], initial_state[:, envs]))
-            num_updates += 1
-    loop.add_update_means(stats, loss_sums, num_updates)
-
-
 # --- main and train ---
 def main(args: Args) -> dict:
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, allow_rnn():  # dynamo traces the cell
@@ -328,7 +313,8 @@ def train(run, args: Args) -> dict:
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
     stats = loop.iteration_stats(device)  # what the log reads, gathered on the device: episodes, losses, non-finite
 
-    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
+    # --- the iteration's functions: acting, the end of a step, the env step, the rollout, the targets, a minibatch's
+    # update, the update; the compile-and-capture block below rebinds their names in place ---
     @torch.no_grad()
     def policy_step(obs: TensorDict):
         """The student's action (or, with --teacher-action-prob, the teacher's), the teacher's target (its logits,
@@ -352,7 +338,7 @@ def train(run, args: Args) -> dict:
         carry_over(rnn_state, student_next, done)
         carry_over(teacher_state, teacher_next, done)
 
-    def env_step(policy_step, end_step, obs: TensorDict):
+    def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         action, target, student_next, teacher_next = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(action)
@@ -376,7 +362,7 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return losses
 
-    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
+    def rollout_fn(obs: TensorDict) -> TensorDict:
         """--num-steps env steps, each transition into the storage at its step; no host sync, so that a built-in
         env's whole rollout is one CUDA graph. Returns the observation after the last step."""
         initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
@@ -387,26 +373,37 @@ def train(run, args: Args) -> dict:
         return obs
 
     def targets_fn():
+        """The targets of the rollout in the storage (targets, above), from the run's state."""
         return targets(student, storage.data, ep_stats, stats["episodes"], args)
 
-    def update_fn(targets_fn, update_minibatch) -> None:
+    def update_fn() -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, nonfinite = targets_fn()
         add_to(stats["nonfinite"], nonfinite)
-        update(update_minibatch, batch, initial_state, stats, args)
+        # epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden state
+        num_envs, loss_sums, num_updates = batch.shape[1], {}, 0
+        envs_per_minibatch = num_envs // args.num_minibatches
+        for epoch in range(args.update_epochs):
+            perm = torch.randperm(num_envs, device=batch.device)
+            for start in range(0, num_envs, envs_per_minibatch):
+                mb_envs = perm[start : start + envs_per_minibatch]  # the minibatch's envs
+                add_to(loss_sums, update_minibatch(batch[:, mb_envs], initial_state[:, mb_envs]))
+                num_updates += 1
+        loop.add_update_means(stats, loss_sums, num_updates)
 
-    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
-    # what it calls is wrapped, and is given it ---
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged, each name rebound in place
+    # once: the functions that call it read the wrapped one through their closures (a warning names any that kept
+    # the function from before) ---
     if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
-        step = compiled(run, lambda obs: env_step(policy_step, end_step, obs))  # rollout is one
+        env_step = compiled(run, env_step)  # rollout is one
     else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
-        acting = captured(run, "acting", compiled(run, policy_step))
-        end_step_captured = captured(run, "end of step", compiled(run, end_step))
-        step = lambda obs: env_step(acting, end_step_captured, obs)  # noqa: E731
-    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        end_step = captured(run, "end of step", compiled(run, end_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     # the targets and every epoch of the update as one graph: the batch never leaves it
-    update_step = captured(run, "update", lambda: update_fn(targets_step, minibatch_step))
+    update_fn = captured(run, "update", update_fn)
+    unwrapped_calls(run, locals())
     # the start line: the teacher, the student, the batch as minibatches of envs
     teacher_said = f"teacher {args.teacher} ({'MLP' if teacher.rnn is None else 'recurrent'}, reads {teacher_key!r})"
     cell_said = "MLP" if args.cell == "none" else f"{args.cell} {args.rnn_layers}x{args.rnn_hidden_size}"
@@ -424,10 +421,10 @@ def train(run, args: Args) -> dict:
         )
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_step(next_obs)
+            next_obs = rollout_fn(next_obs)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_step()
+            update_fn()
         # the log when due (every --log-interval iterations, and before an evaluation or a save: one host read) of the
         # iterations since the last log, then the evaluation and checkpoints due; a stop, the same on every rank
         due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step

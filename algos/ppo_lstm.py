@@ -5,19 +5,18 @@
 
 algos/ppo.py with a memory. Top to bottom: Args -> networks (Agent: a recurrent cell shared by an actor and a critic
 head) -> the hidden state's carry-over and resets, the minibatch rule -> GAE, the adaptive learning rate, the PPO loss
-of a minibatch of sequences -> targets -> update -> main and train (setup, the hidden states and what the checkpoints
-hold; the iteration's functions, the rollout loop among them, then one block that compiles and captures them; the
-loop). Each env's hidden state lives through the rollouts, zeroed where its episode ends (carry_over); the update
-replays each env's rollout as one sequence from the state it started with (truncated BPTT over --num-steps), zeroed at
-the episode starts as the rollout did (episode_starts), minibatches being sets of envs with all their steps, so
---num-minibatches divides --num-envs (env_minibatches). The state of a batch of envs is one tensor
-[k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h rows, then the c rows; common.nets.rnn_step's
-layout), the batch at dim 1: a minibatch of envs is `state[:, envs]`, and the exported policy takes it so.
-Flags as ppo.py's, less those tests/test_flag_parity.py lists with the reason (--symmetry: a hidden state has no
-known mirror image; rsl_rl refuses symmetry with a recurrent policy too).
-References: Schulman et al. 2017 (PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability);
-Huang et al. 2022 ("The 37 implementation details of PPO", the LSTM details); Rudin et al. 2022 (rsl_rl).
-"""
+of a minibatch of sequences -> targets -> main and train (setup, the hidden states and what the checkpoints hold; the
+iteration's functions, the rollout loop and the update's epochs among them, then one block that compiles and captures
+them in place; the loop). Each env's hidden state lives through the rollouts, zeroed where its episode ends
+(carry_over); the update replays each env's rollout as one sequence from the state it started with (truncated BPTT
+over --num-steps), zeroed at the episode starts as the rollout did (episode_starts), minibatches being sets of envs
+with all their steps, so --num-minibatches divides --num-envs (env_minibatches). The state of a batch of envs is one
+tensor [k * rnn_layers, batch, rnn_hidden_size] (k = 2 for an LSTM: the h rows, then the c rows;
+common.nets.rnn_step's layout), the batch at dim 1: a minibatch of envs is `state[:, envs]`, and the exported policy
+takes it so. Flags as ppo.py's, less those tests/test_flag_parity.py lists with the reason (--symmetry: a hidden state
+has no known mirror image; rsl_rl refuses symmetry with a recurrent policy too). References: Schulman et al. 2017
+(PPO); Hausknecht & Stone 2015 (recurrent policies for partial observability); Huang et al. 2022 ("The 37
+implementation details of PPO", the LSTM details); Rudin et al. 2022 (rsl_rl)."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import acting_autocast, captured, compiled, timed
+from common.capture import acting_autocast, captured, compiled, timed, unwrapped_calls
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
@@ -420,26 +419,6 @@ def targets(
     return batch, {"explained_variance": explained_variance(returns, values)}, nonfinite_counts
 
 
-def update(update_minibatch, batch: TensorDict, initial_state: torch.Tensor, lr: torch.Tensor, stats: dict, args: Args):
-    """Epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden state; the adaptive
-    learning rate after each minibatch from the ranks' mean KL. Adds the mean losses, by name, to stats."""
-    num_envs, loss_sums, num_updates = batch.shape[1], {}, 0
-    envs_per_minibatch = num_envs // args.num_minibatches
-    for epoch in range(args.update_epochs):
-        if args.shuffle == "never":  # the envs in order (rsl_rl's recurrent minibatches)
-            perm = torch.arange(num_envs, device=batch.device)
-        elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch
-            perm = torch.randperm(num_envs, device=batch.device)
-        for start in range(0, num_envs, envs_per_minibatch):
-            envs = perm[start : start + envs_per_minibatch]
-            losses = update_minibatch(batch[:, envs], initial_state[:, envs])
-            add_to(loss_sums, losses)
-            num_updates += 1
-            if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
-                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
-    loop.add_update_means(stats, loss_sums, num_updates)
-
-
 # --- main and train ---
 def main(args: Args) -> dict:
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run, allow_rnn():  # dynamo traces the cell
@@ -492,8 +471,10 @@ def train(run, args: Args) -> dict:
     # what the log reads, gathered on the device: episodes, losses, non-finite counts
     stats = loop.iteration_stats(device)
 
-    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
+    # --- the iteration's functions: acting, the end of a step, the env step, the rollout, the targets, a minibatch's
+    # update, the update; the compile-and-capture block below rebinds their names in place ---
     def policy_step(obs: TensorDict):
+        """The action, its log-prob, the value, the cell's next state and the distribution's output."""
         with torch.no_grad(), acting_autocast(device, args.bf16):
             return agent_inference.act(obs, rnn_state)
 
@@ -506,7 +487,7 @@ def train(run, args: Args) -> dict:
         carry_over(rnn_state, state, done)
         return final_value
 
-    def env_step(policy_step, end_step, obs: TensorDict):
+    def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         action, logprob, value, state, out = policy_step(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
@@ -542,7 +523,7 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return losses
 
-    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
+    def rollout_fn(obs: TensorDict) -> TensorDict:
         """--num-steps env steps, each transition into the storage at its step; no host sync, so that a built-in
         env's whole rollout is one CUDA graph. Returns the observation after the last step."""
         initial_state.copy_(rnn_state)  # the hidden states the rollout starts from: the update replays from them
@@ -553,27 +534,45 @@ def train(run, args: Args) -> dict:
         return obs
 
     def targets_fn(obs: TensorDict):
+        """The targets of the rollout in the storage (targets, above), from the run's state."""
         return targets(agent, reward_normalizer, storage.data, obs, rnn_state, ep_stats, stats["episodes"], args)
 
-    def update_fn(targets_fn, update_minibatch, obs: TensorDict) -> None:
+    def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, rollout_stats, nonfinite = targets_fn(obs)
         add_to(stats["losses"], rollout_stats)
         add_to(stats["nonfinite"], nonfinite)
-        update(update_minibatch, batch, initial_state, lr, stats, args)
+        # epochs of minibatches of shuffled envs, each with its whole sequence and its initial hidden state; the
+        # adaptive learning rate after each minibatch from the ranks' mean KL
+        num_envs, loss_sums, num_updates = batch.shape[1], {}, 0
+        envs_per_minibatch = num_envs // args.num_minibatches
+        for epoch in range(args.update_epochs):
+            if args.shuffle == "never":  # the envs in order (rsl_rl's recurrent minibatches)
+                perm = torch.arange(num_envs, device=batch.device)
+            elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch
+                perm = torch.randperm(num_envs, device=batch.device)
+            for start in range(0, num_envs, envs_per_minibatch):
+                mb_envs = perm[start : start + envs_per_minibatch]  # the minibatch's envs
+                losses = update_minibatch(batch[:, mb_envs], initial_state[:, mb_envs])
+                add_to(loss_sums, losses)
+                num_updates += 1
+                if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
+                    adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
+        loop.add_update_means(stats, loss_sums, num_updates)
 
-    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
-    # what it calls is wrapped, and is given it ---
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged, each name rebound in place
+    # once: the functions that call it read the wrapped one through their closures (a warning names any that kept
+    # the function from before) ---
     if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
-        step = compiled(run, lambda obs: env_step(policy_step, end_step, obs))  # rollout is one
+        env_step = compiled(run, env_step)  # rollout is one
     else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
-        acting = captured(run, "acting", compiled(run, policy_step))
-        end_step_captured = captured(run, "end of step", compiled(run, end_step))
-        step = lambda obs: env_step(acting, end_step_captured, obs)  # noqa: E731
-    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
+        policy_step = captured(run, "acting", compiled(run, policy_step))
+        end_step = captured(run, "end of step", compiled(run, end_step))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     # the targets and every epoch of the update as one graph: the batch never leaves it
-    update_step = captured(run, "update", lambda obs: update_fn(targets_step, minibatch_step, obs))
+    update_fn = captured(run, "update", update_fn)
+    unwrapped_calls(run, locals())
     # the start line: the batch as minibatches of envs, then the cell
     said = (
         f"batch {global_batch} per iteration ({args.num_minibatches} minibatches of {envs_per_minibatch} envs x "
@@ -586,11 +585,11 @@ def train(run, args: Args) -> dict:
             lr.fill_(args.learning_rate * (1.0 - run.global_step / total_steps))
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_step(next_obs)
+            next_obs = rollout_fn(next_obs)
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_step(next_obs)
+            update_fn(next_obs)
 
         # the log when due (every --log-interval iterations, and before an evaluation or a save: one host read) of the
         # iterations since the last log, then the evaluation and checkpoints due; a stop, the same on every rank

@@ -38,7 +38,7 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop, nets, symmetry
 from common.args import Ge, Gt, Le, RunArgs, parse_args
 from common.buffer import RolloutStorage
-from common.capture import acting_autocast, captured, compiled, timed
+from common.capture import acting_autocast, captured, compiled, timed, unwrapped_calls
 from common.checkpoint import TrainingState, restore
 from common.evaluation import eval_only
 from common.normalize import RewardNormalizer, normalize_groups, observation_normalizer, update_group_statistics
@@ -425,29 +425,6 @@ def targets(
     return batch.reshape(-1), rollout_stats, charts, nonfinite_counts
 
 
-def update(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args: Args) -> None:
-    """Epochs of minibatches (--shuffle); the adaptive lr after each from the ranks' mean KL (or before its step:
-    update_minibatch); the mean losses into stats."""
-    batch_size = batch.shape[0]
-    minibatch_size = batch_size // args.num_minibatches
-    loss_sums, num_updates = {}, 0
-    for epoch in range(args.update_epochs):
-        if args.shuffle == "never":
-            perm = torch.arange(batch_size, device=batch.device)
-        elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch (rsl_rl's)
-            perm = torch.randperm(batch_size, device=batch.device)
-        for start in range(0, batch_size, minibatch_size):
-            losses = update_minibatch(batch[perm[start : start + minibatch_size]])
-            add_to(loss_sums, losses)
-            num_updates += 1
-            if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
-                adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
-        if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured whole)
-            if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
-                break
-    loop.add_update_means(stats, loss_sums, num_updates)
-
-
 def main(args: Args) -> dict:
     # on any exit, an error included: graphs released, then the process group left
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run:
@@ -516,8 +493,9 @@ def train(run, args: Args) -> dict:
     storage = RolloutStorage(args.num_steps, args.num_envs, device)
     stats = loop.iteration_stats(device, kinds=("losses", "charts"))  # what the log reads, gathered on the device
 
-    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
-    policy_step = agent_inference.act
+    # --- the iteration's functions: acting, the step's values, the env step, the rollout, the targets, a minibatch's
+    # update, the update; the compile-and-capture block below rebinds their names in place ---
+    act = agent_inference.act  # the action, its log-prob and the distribution's output
 
     def step_values(next_obs: TensorDict, final_obs: TensorDict, done: torch.Tensor):
         """At the step, with the weights and statistics the targets read: V_ext(final_obs), the time-out bootstrap, and
@@ -528,10 +506,10 @@ def train(run, args: Args) -> dict:
         novelty = torch.where(done, rnd_inference.novelty(final_obs, group), rnd_inference.novelty(next_obs, group))
         return final_value, novelty
 
-    def env_step(policy_step, step_values, obs: TensorDict):
+    def env_step(obs: TensorDict):
         """Act and step every env once: (next observation, the transition to store, the env's info)."""
         with acting_autocast(device, args.bf16):  # under no_grad (the rollout's); bf16 without a cache of cast weights
-            action, logprob, out = policy_step(obs)
+            action, logprob, out = act(obs)
         next_obs, reward, terminated, truncated, info = envs.step(agent_inference.to_env(action))
         final_value, novelty = step_values(next_obs, info["final_obs"], terminated | truncated)
         transition = {
@@ -568,7 +546,7 @@ def train(run, args: Args) -> dict:
         rnd_optimizer.step()
         return {**losses, "rnd_loss": rnd_loss.detach()}
 
-    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
+    def rollout_fn(obs: TensorDict) -> TensorDict:
         """The env step --num-steps times, each transition into the storage at its step and the env's own metrics
         recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
         for step in range(args.num_steps):
@@ -578,35 +556,53 @@ def train(run, args: Args) -> dict:
         return obs
 
     def targets_fn(obs: TensorDict):
+        """The targets of the rollout in the storage (targets, above), from the run's state."""
         normalizers = (reward_normalizer, int_normalizer)
         return targets(
             agent, rnd, normalizers, rnd_weight, storage.data, obs, data_augmentation, ep_stats, stats["episodes"], args
         )
 
-    def update_fn(targets_fn, update_minibatch, obs: TensorDict) -> None:
+    def update_fn(obs: TensorDict) -> None:
         """The targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, rollout_stats, charts, nonfinite_counts = targets_fn(obs)
         add_to(stats["losses"], rollout_stats)
         add_to(stats["charts"], charts)
         add_to(stats["nonfinite"], nonfinite_counts)
-        update(update_minibatch, batch, lr, stats, args)
+        # epochs of minibatches (--shuffle); the adaptive lr after each from the ranks' mean KL (or before its step:
+        # update_minibatch's)
+        size, loss_sums, num_updates = batch.shape[0], {}, 0
+        for epoch in range(args.update_epochs):
+            if args.shuffle == "never":
+                perm = torch.arange(size, device=batch.device)
+            elif epoch == 0 or args.shuffle == "every-epoch":  # "once": one permutation for every epoch (rsl_rl's)
+                perm = torch.randperm(size, device=batch.device)
+            for start in range(0, size, minibatch_size):
+                losses = update_minibatch(batch[perm[start : start + minibatch_size]])
+                add_to(loss_sums, losses)
+                num_updates += 1
+                if args.lr_schedule == "adaptive" and args.lr_adapt == "after-step":
+                    adapt_learning_rate(lr, distributed.all_reduce(losses["approx_kl"].clone(), "mean"), args)
+            if args.target_kl is not None:  # one host read per epoch, only when asked (the update is not captured)
+                if distributed.all_reduce(loss_sums["approx_kl"] / num_updates, "mean").item() > args.target_kl:
+                    break
+        loop.add_update_means(stats, loss_sums, num_updates)
 
-    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
-    # what it calls is wrapped, and is given it ---
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged, each name rebound in place
+    # once: the functions that call it read the wrapped one through their closures (a warning names any that kept
+    # the function from before) ---
     if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
-        step = compiled(run, lambda obs: env_step(policy_step, step_values, obs))  # rollout is one
+        env_step = compiled(run, env_step)  # rollout is one
     else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
-        acting = captured(run, "acting", compiled(run, policy_step))
-        step_values_captured = captured(run, "values and novelty", compiled(run, step_values))
-        step = lambda obs: env_step(acting, step_values_captured, obs)  # noqa: E731
-    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
+        act = captured(run, "acting", compiled(run, act))
+        step_values = captured(run, "values and novelty", compiled(run, step_values))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
     if args.target_kl is not None:  # the epoch loop reads the KL on the host: targets and each minibatch apart
-        targets_step = captured(run, "targets", targets_step)
-        minibatch_step = captured(run, "minibatch update", minibatch_step)
-    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
-    update_step = lambda obs: update_fn(targets_step, minibatch_step, obs)  # noqa: E731
+        targets_fn = captured(run, "targets", targets_fn)
+        update_minibatch = captured(run, "minibatch update", update_minibatch)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     if args.target_kl is None:  # the targets and every epoch of the update as one graph: the batch never leaves it
-        update_step = captured(run, "update", update_step)
+        update_fn = captured(run, "update", update_fn)
+    unwrapped_calls(run, locals())
     graphs = "off"  # what the CUDA graphs hold, as the start line says it
     if args.cudagraphs:
         graphs = "the whole rollout, " if whole_rollout else "each acting step, "
@@ -621,11 +617,11 @@ def train(run, args: Args) -> dict:
         rnd_weight.fill_(rnd_weight_at(run.global_step // (args.num_envs * run.world_size), args))
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_step(next_obs)
+            next_obs = rollout_fn(next_obs)
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_step(next_obs)
+            update_fn(next_obs)
         # the log (one host read), evaluation and checkpoints that are due, the same on every rank
         due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
         if due.log:  # every --log-interval iterations, and before an evaluation or a save

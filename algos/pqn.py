@@ -5,8 +5,9 @@
     torchrun --nproc-per-node 8 algos/pqn.py --env-id Acrobot-v1 --num-envs 4096
 
 The file, top to bottom: Args -> Q-network -> Q(lambda) targets -> the epsilon schedule -> an
-iteration's targets and update -> main and train (setup; the iteration's functions, the rollout among them; one
-block that compiles and captures them, two CUDA graphs on a GPU, the rollout and the targets with the update; then
+iteration's targets -> main and train (setup; the iteration's functions, the rollout and the update's epochs among
+them; one block that compiles and captures them in place, two CUDA graphs on a GPU, the rollout and the targets with
+the update; then
 the loop: epsilon-greedy rollout -> Q(lambda) targets -> epochs of minibatch regression -> log every
 --log-interval -> eval/save). No replay buffer and no target network:
 the many parallel envs decorrelate the data, and LayerNorm in the Q-network keeps the bootstrapped
@@ -39,7 +40,7 @@ if importlib.util.find_spec("common") is None:
 from common import distributed, loop  # noqa: E402
 from common.args import Ge, Gt, Le, RunArgs, parse_args  # noqa: E402
 from common.buffer import RolloutStorage  # noqa: E402
-from common.capture import captured, compiled, timed  # noqa: E402
+from common.capture import captured, compiled, timed, unwrapped_calls  # noqa: E402
 from common.checkpoint import TrainingState, restore  # noqa: E402
 from common.evaluation import eval_only  # noqa: E402
 from common.nets import ACTIVATIONS, agent_and_twin, group_encoder, layer_init  # noqa: E402
@@ -266,18 +267,6 @@ def targets(
     return batch.reshape(-1), nonfinite_counts
 
 
-def update(update_minibatch, batch: TensorDict, stats: dict, args: Args) -> None:
-    """Epochs of shuffled minibatches over the [T*N] batch; adds the mean losses, by name, to stats."""
-    batch_size = batch.shape[0]
-    minibatch_size = batch_size // args.num_minibatches
-    loss_sums = {}
-    for epoch in range(args.update_epochs):
-        perm = torch.randperm(batch_size, device=batch.device)
-        for start in range(0, batch_size, minibatch_size):
-            add_to(loss_sums, update_minibatch(batch[perm[start : start + minibatch_size]]))
-    loop.add_update_means(stats, loss_sums, args.update_epochs * args.num_minibatches)
-
-
 # ----------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     run = start_run(args, ALGO, {"log_interval": (10, 1)})
@@ -328,8 +317,9 @@ def train(run, args: Args) -> dict:
     # what the log reads, gathered on the device: episodes, losses, non-finite counts
     stats = loop.iteration_stats(device)
 
-    # --- the iteration's functions: acting, the env step, a minibatch's update, the rollout, targets, update ---
-    policy_step = qnet_inference.act
+    # --- the iteration's functions: acting, the env step, the rollout, the targets, a minibatch's update, the update;
+    # the compile-and-capture block below rebinds their names in place ---
+    act = qnet_inference.act  # epsilon-greedy
 
     @torch.no_grad()
     def final_q_max(final_obs: torch.Tensor) -> torch.Tensor:
@@ -338,9 +328,9 @@ def train(run, args: Args) -> dict:
         rollout."""
         return qnet_inference(qnet_inference.obs_rms(final_obs)).amax(-1)
 
-    def env_step(policy_step, final_q_max, obs: TensorDict):
+    def env_step(obs: TensorDict):
         """Act epsilon-greedily and step every env once: (next observation, the transition to store, the env's info)."""
-        action = policy_step(obs["policy"], epsilon)
+        action = act(obs["policy"], epsilon)
         next_obs, reward, terminated, truncated, info = envs.step(action)
         transition = {
             "obs": obs["policy"],
@@ -364,7 +354,7 @@ def train(run, args: Args) -> dict:
         optimizer.step()
         return {"td_loss": loss.detach(), "q_values": q.mean().detach()}
 
-    def rollout_fn(env_step, obs: TensorDict) -> TensorDict:
+    def rollout_fn(obs: TensorDict) -> TensorDict:
         """The env step --num-steps times, each transition into the storage at its step and the env's own metrics
         recorded: the observation after the last step. No host sync: with a built-in env, one CUDA graph."""
         for step in range(args.num_steps):
@@ -374,26 +364,33 @@ def train(run, args: Args) -> dict:
         return obs
 
     def targets_fn(obs: TensorDict):
+        """The Q(lambda) targets of the rollout in the storage (targets, above), from the run's state."""
         return targets(qnet, storage.data, obs, ep_stats, stats["episodes"], args)
 
-    def update_fn(targets_fn, update_minibatch, obs: TensorDict) -> None:
+    def update_fn(obs: TensorDict) -> None:
         """The Q(lambda) targets of the rollout, then the epochs of the update; their statistics into `stats`."""
         batch, nonfinite_counts = targets_fn(obs)
         add_to(stats["nonfinite"], nonfinite_counts)
-        update(update_minibatch, batch, stats, args)
+        loss_sums = {}
+        for epoch in range(args.update_epochs):  # epochs of shuffled minibatches over the [T*N] batch
+            perm = torch.randperm(batch.shape[0], device=batch.device)
+            for start in range(0, batch.shape[0], minibatch_size):
+                add_to(loss_sums, update_minibatch(batch[perm[start : start + minibatch_size]]))
+        loop.add_update_means(stats, loss_sums, args.update_epochs * args.num_minibatches)
 
-    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged; each caller is built after
-    # what it calls is wrapped, and is given it ---
+    # --- compile (--compile) and capture (--cudagraphs) the functions above, unchanged, each name rebound in place
+    # once: the functions that call it read the wrapped one through their closures (a warning names any that kept
+    # the function from before) ---
     if whole_rollout := getattr(envs, "capturable", False):  # a built-in env steps inside the graph: the whole
-        step = compiled(run, lambda obs: env_step(policy_step, final_q_max, obs))  # rollout is one
+        env_step = compiled(run, env_step)  # rollout is one
     else:  # an adapter's simulator cannot be captured: it steps eagerly between the captured acting steps
-        acting = captured(run, "acting", compiled(run, policy_step))
-        final_q_max_captured = captured(run, "final value", compiled(run, final_q_max))
-        step = lambda obs: env_step(acting, final_q_max_captured, obs)  # noqa: E731
-    minibatch_step, targets_step = compiled(run, update_minibatch), compiled(run, targets_fn)
-    rollout_step = captured(run, "rollout", lambda obs: rollout_fn(step, obs), capture=whole_rollout)
+        act = captured(run, "acting", compiled(run, act))
+        final_q_max = captured(run, "final value", compiled(run, final_q_max))
+    update_minibatch, targets_fn = compiled(run, update_minibatch), compiled(run, targets_fn)
+    rollout_fn = captured(run, "rollout", rollout_fn, capture=whole_rollout)
     # the targets and every epoch of the update as one graph: the batch never leaves it
-    update_step = captured(run, "update", lambda obs: update_fn(targets_step, minibatch_step, obs))
+    update_fn = captured(run, "update", update_fn)
+    unwrapped_calls(run, locals())
     graphs = "off"  # what the CUDA graphs hold, as the start line says it
     if args.cudagraphs:
         graphs = f"{'the whole rollout' if whole_rollout else 'each acting step'}, the targets and the whole update"
@@ -410,11 +407,11 @@ def train(run, args: Args) -> dict:
         torch.mul(eps_scale, eps_now, out=epsilon)
 
         with timed(run, "rollout"), torch.no_grad():
-            next_obs = rollout_step(next_obs)
+            next_obs = rollout_fn(next_obs)
         loop.say_storage_once(run, storage)
         run.global_step += global_batch
         with timed(run, "update"):
-            update_step(next_obs)
+            update_fn(next_obs)
         # the log (one host read), evaluation and checkpoints that are due, the same on every rank
         due = what_is_due(run, final_iteration=run.global_step >= run.final_step)  # begin_training set final_step
         if due.log:  # every --log-interval iterations, and before an evaluation or a save

@@ -92,24 +92,16 @@ def chunk_minibatches(args: Args) -> int:
                 chunk_states[step // args.seq_len].copy_(rnn_state)
 """,
     ),
-    (
-        """\
-        update(update_minibatch, batch, initial_state, lr, stats, args)
-""",
-        """\
-        update(update_minibatch, batch, chunk_states, lr, stats, args)
-""",
-    ),
     # the update: the [T, N] rollout as [seq_len, C * N] sequences, each with the state at its first step
     (
         """\
-    num_envs, loss_sums, num_updates = batch.shape[1], {}, 0
+        num_envs, loss_sums, num_updates = batch.shape[1], {}, 0
 """,
         """\
-    num_chunks = batch.shape[0] // args.seq_len  # per env
-    batch = batch.reshape(num_chunks, args.seq_len, -1).transpose(0, 1).reshape(args.seq_len, -1)  # chunk-major
-    initial_state = initial_state.transpose(0, 1).flatten(1, 2)  # [C, rows, N, H] -> [rows, C * N, H]
-    num_envs, loss_sums, num_updates = batch.shape[1], {}, 0  # the chunks, as the envs were
+        num_chunks = batch.shape[0] // args.seq_len  # per env
+        batch = batch.reshape(num_chunks, args.seq_len, -1).transpose(0, 1).reshape(args.seq_len, -1)  # chunk-major
+        initial_state = chunk_states.transpose(0, 1).flatten(1, 2)  # [C, rows, N, H] -> [rows, C * N, H]
+        num_envs, loss_sums, num_updates = batch.shape[1], {}, 0  # the chunks, as the envs were
 """,
     ),
     # its start line
