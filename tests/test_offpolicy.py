@@ -395,3 +395,55 @@ def test_cudagraphs_fill_the_buffer_step_by_step_and_train(algo, tmp_path):
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     for ret in (summary["last_train_return"], summary["best_eval_return"]):
         assert -16.3 * 50 <= ret <= 0, summary
+
+
+# A copy of td3.py with CleanRL SAC's actor schedule (the delay made up at once: policy_frequency actor steps after
+# every policy_frequency-th critic step) and a statistic of its actor steps that is 1 at every step
+EVERY_DELAY_AT_ONCE = [
+    (
+        '                add_step(stats["actor"], actor_step(batch))\n',
+        "                for _ in range(args.policy_frequency):  # CleanRL SAC's schedule: the delay made up at once\n"
+        '                    add_step(stats["actor"], {**actor_step(batch), "one": torch.ones((), device=device)})\n',
+    ),
+]
+
+
+def test_the_logged_actor_means_divide_by_the_actor_steps_counted_where_they_happen(tmp_path):
+    """The actor's logged means are over the actor steps the update made, counted in the update (add_step), not
+    derived from a schedule: a copy that steps its actor twice at every second critic step logs a statistic that is
+    1 at every actor step as 1, at the logs whose interval held actor steps and at no other."""
+    from tests.test_copies import copy_text
+    from tests.test_scripts import scalars
+
+    path = tmp_path / "td3_at_once.py"
+    path.write_text(copy_text("td3", EVERY_DELAY_AT_ONCE, least=2))
+    try:
+        module = load_script(path.stem, path)
+        run_main(
+            module,
+            device="cpu",
+            progress=False,
+            run_name="run",
+            output_dir=str(tmp_path / "out"),
+            env_id="Pendulum-v1",
+            num_envs=8,
+            batch_size=32,
+            buffer_size=240,
+            learning_starts=0,
+            n_step=1,
+            hidden_sizes=(32, 32),
+            num_eval_envs=4,
+            eval_interval=0,
+            save_interval=10_000,
+            num_updates=1,  # the actor steps at every second iteration
+            policy_frequency=2,
+            log_interval=1,
+            total_timesteps=8 * 8,
+        )
+    finally:
+        sys.modules.pop(path.stem, None)
+    logged = scalars(tmp_path / "out" / "run")
+    critic_steps = [step for step, _ in logged["losses/q_loss"]]
+    assert critic_steps == list(range(8, 8 * 8 + 1, 8))  # every iteration: one critic step
+    assert [step for step, _ in logged["losses/one"]] == critic_steps[1::2]  # the actor's: every second one
+    assert [value for _, value in logged["losses/one"]] == [1.0] * 4
