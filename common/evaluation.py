@@ -115,28 +115,28 @@ def stop_requested(run: Run | None) -> str | None:
 
 class Watch:
     """Between two chunks of an evaluation: a progress line once PROGRESS_SECONDS have passed since the run's last line
-    (rank 0 with --progress: run.progress, whose clock it reads), and whether a stop was requested. No host read but
-    the progress line's own (the episodes done), one per PROGRESS_SECONDS at most."""
+    (rank 0 with --progress: run.progress, whose clock decides it), and whether a stop was requested. No host read but
+    the progress line's own (the episodes done), one per PROGRESS_SECONDS at most; an evaluation that ends within its
+    first chunk reads no clock."""
 
     def __init__(self, run: Run | None, total_steps: int, envs: int, episodes: int):
         self.run, self.total_steps, self.episodes = run, total_steps, envs * episodes
         self.progress = getattr(run, "progress", None)
-        self.start = self.progress.clock() if self.progress is not None else 0.0
+        self.start = time.monotonic()  # for the time it has taken and the most that is left
 
     def after(self, steps: int, done_count: torch.Tensor, episodes: int) -> bool:
         """After `steps` steps of each eval env: the progress line if due; True where a stop was requested."""
-        if self.progress is not None:
-            now = self.progress.clock()
-            if now - self.progress.last_line >= stats.PROGRESS_SECONDS:  # read here: a test may change it
-                done = int(done_count.clamp(max=episodes).sum())  # one host read per progress line
-                left = (now - self.start) / steps * (self.total_steps - steps)
-                print(
-                    f"evaluation at step {self.run.global_step:,}: {done} of {plural(self.episodes, 'episode')} done "
-                    f"after {duration(now - self.start)} ({steps:,} of at most {self.total_steps:,} steps each), at "
-                    f"most {duration(left)} left",
-                    flush=True,
-                )
-                self.progress.shown()
+        if self.progress is not None and self.progress.clock() - self.progress.last_line >= stats.PROGRESS_SECONDS:
+            done = int(done_count.clamp(max=episodes).sum())  # one host read per progress line
+            spent = time.monotonic() - self.start
+            left = spent / steps * (self.total_steps - steps)
+            print(
+                f"evaluation at step {self.run.global_step:,}: {done} of {plural(self.episodes, 'episode')} done "
+                f"after {duration(spent)} ({steps:,} of at most {self.total_steps:,} steps each), at most "
+                f"{duration(left)} left",
+                flush=True,
+            )
+            self.progress.shown()
         return stop_requested(self.run) is not None
 
 
