@@ -102,10 +102,19 @@ def compiled(run: Run, fn: Callable) -> Callable:
         return fn
     lost = lost_writes(run.device)
     if not lost:
-        return torch.compile(fn)
-    return torch.compile(
-        fn, backend=functools.partial(_inductor_keeping_writes, run, getattr(fn, "__name__", "fn"), lost)
-    )
+        out = torch.compile(fn)
+    else:
+        out = torch.compile(
+            fn, backend=functools.partial(_inductor_keeping_writes, run, getattr(fn, "__name__", "fn"), lost)
+        )
+    return out if LOCKSTEP is None else LOCKSTEP(run, fn, out)
+
+
+# A test's hook, None in every run: `LOCKSTEP(run, fn, compiled_fn)` is what `compiled` returns instead of the
+# compiled function. The contract's compiled-vs-eager test (tests/lockstep.py) sets it to call each compiled function
+# once eagerly and once compiled from the same state, compare what the two return and write, and carry eager's state
+# on, so the comparison holds every call of every compiled function however a script wires them.
+LOCKSTEP: Callable[[Run, Callable, Callable], Callable] | None = None
 
 
 # The forms of an in-place write the probe makes, to a tensor of every kind below: each turns 1 into 1 * 2 + 3 = 5.
