@@ -1,6 +1,11 @@
 """The settings the contract tests (tests/test_scripts.py and the per-script tests that import it) run each script
-with, one entry per script: the table a copy reads, and extends with an entry of its own where its idea needs other
-settings or adds a branch to exercise (a copy without one runs with its original's entry).
+with, one entry per script. A copy in algos/ runs with its original's entry, merged with the settings it declares in
+its own file, where its idea needs other settings or adds a branch to exercise (copy_entry): a module-level literal
+
+    CONTRACT = {"kwargs": {"my_flag": 0.5}, "captures": [{}, {"my_flag": 0.0}]}
+
+whose "kwargs" go over its original's key by key and whose other keys replace its original's; a bool flag the copy adds
+runs turned from its default unless the copy sets it. This file stays as it is.
 
 `CONTRACT[algo]["kwargs"]` are the tiny settings every contract test starts from (beside COMMON); each entry of
 `captures` is a layout the capture and compiled-vs-eager tests run too, so a script's other main branches ride on them
@@ -268,10 +273,60 @@ def algo_of(script: str) -> str:
     return found.group(1) if found else script
 
 
-# A copy in algos/ without an entry of its own joins every test with the entry of the script it was copied from.
+def _module_literal(script: str, name: str):
+    """The value of a module-level `name = <literal>` in algos/<script>.py (None without one), read, not imported."""
+    import ast
+
+    for node in ast.parse((ROOT / "algos" / f"{script}.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError as error:
+                raise ValueError(
+                    f"algos/{script}.py: {name} must be a literal (dicts, lists, strings, numbers)"
+                ) from error
+    return None
+
+
+def args_defaults(script: str) -> dict[str, object]:
+    """The fields algos/<script>.py's own `class Args` declares, with their defaults where they are literals (else
+    None), read from its text."""
+    import ast
+
+    for node in ast.parse((ROOT / "algos" / f"{script}.py").read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == "Args":
+            fields = {}
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    try:
+                        fields[item.target.id] = ast.literal_eval(item.value) if item.value is not None else None
+                    except ValueError:
+                        fields[item.target.id] = None
+            return fields
+    return {}
+
+
+def added_flags(script: str) -> dict[str, object]:
+    """The fields a copy's Args has and its original's does not, with their defaults."""
+    original = args_defaults(algo_of(script))
+    return {name: default for name, default in args_defaults(script).items() if name not in original}
+
+
+def copy_entry(script: str) -> dict:
+    """A copy's entry: its original's, with the copy's own `CONTRACT = {...}` (a literal at the top level of its file)
+    merged over it (its "kwargs" key by key, any other key replaced), and every bool flag the copy adds turned from its
+    default in "kwargs" unless the copy sets it: an idea behind a flag that is off by default runs in every test."""
+    original, own = CONTRACT[algo_of(script)], _module_literal(script, "CONTRACT") or {}
+    flipped = {name: not default for name, default in added_flags(script).items() if isinstance(default, bool)}
+    return {**original, **own, "kwargs": {**original["kwargs"], **flipped, **own.get("kwargs", {})}}
+
+
+# A copy in algos/ (a script that keeps its original's ALGO) joins every test with its original's entry, merged with
+# the settings of its own that it declares in its file (copy_entry).
 CONTRACT.update(
-    {script: CONTRACT[algo_of(script)] for script in SCRIPTS if script not in CONTRACT and algo_of(script) in CONTRACT}
+    {script: copy_entry(script) for script in SCRIPTS if script not in CONTRACT and algo_of(script) in CONTRACT}
 )
+COPIES = [script for script in SCRIPTS if algo_of(script) != script]
 COMMON = dict(
     device="cpu",
     progress=False,
