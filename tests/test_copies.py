@@ -9,6 +9,7 @@ exactly once, so a change to ppo.py that moves an anchor fails here loudly, not 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 
 from common.args import Ge, Le, RunArgs, check_numbers, given_flags, parse_args
 from tests.helpers import ROOT, load_script, run, run_main, subprocess_env
+from tests.lockstep import lockstep_compiled
 from tests.test_scripts import assert_runs_alike, next_second, scalars
 
 # The copy's edits: (anchor in ppo.py, what replaces it)
@@ -103,17 +105,20 @@ def own_state(run_dir: Path, name: str = "adv_ema") -> torch.Tensor:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["state"][name]
 
 
-def test_a_copy_with_new_flags_a_statistic_and_state_compiles_as_it_runs_eagerly(copy, tmp_path, capfd):
-    """--compile: the flags are accepted, the new statistic is logged and non-zero, and the running 0-d
-    float64 tensor (whose in-place write torch.compile would drop on a CPU) ends non-zero and equal to
-    the eager run's, as does everything else the run holds and logs."""
+def test_a_copy_with_new_flags_a_statistic_and_state_compiles_as_it_runs_eagerly(copy, tmp_path, capfd, monkeypatch):
+    """--compile, in lockstep with eager (tests/lockstep.py: every call of every compiled function from eager's state,
+    compared): the flags are accepted, the new statistic is logged and non-zero, and the running 0-d float64 tensor
+    (whose in-place write torch.compile would drop on a CPU) is written as eager writes it at every call; the run ends
+    with the eager run's state and logs."""
     import torch._inductor.config
 
     module, out = copy
+    checked = lockstep_compiled(monkeypatch)
     with torch._inductor.config.patch(fallback_random=True):
         run_main(module, **TINY, output_dir=str(tmp_path), total_timesteps=3 * ITERATION, compile=True)
     said = "".join(capfd.readouterr())
     assert "compile on (compiling takes a minute or more on a CPU), CUDA graphs: off;" in said
+    assert len(checked.calls) >= 2, checked.calls
     eager, compiled = out / "eager" / "run", tmp_path / "run"
     assert own_state(compiled) != 0 and own_state(compiled) == pytest.approx(own_state(eager).item(), rel=1e-6)
     assert all(value != 0 for _, value in scalars(compiled)["losses/adv_abs"])
@@ -133,8 +138,8 @@ EMA_WRITES = {
 def test_compile_parity_fails_when_a_compiled_write_is_dropped(copy, tmp_path, monkeypatch):
     """Where the torch at hand drops an in-place write to a 0-d float64 CPU tensor (its probe says which
     forms: torch 2.13 drops method, augmented and out= writes; 2.14 none), the copy making its statistic's
-    write in such a form loses it without the guard of common.capture.compiled, and the parity check of
-    the contract tests names that entry."""
+    write in such a form loses it without the guard of common.capture.compiled, and the contract's compiled-vs-eager
+    check (in lockstep) fails at the first call of the function that drops it, naming the tensor."""
     import common.capture
     import torch._inductor.config
 
@@ -151,16 +156,48 @@ def test_compile_parity_fails_when_a_compiled_write_is_dropped(copy, tmp_path, m
     path.parent.mkdir()
     path.write_text(text.replace(EMA_WRITES["method"], EMA_WRITES[lost[0]]))
     monkeypatch.setattr(common.capture, "lost_writes", lambda device: frozenset())  # the guard off
+    lockstep_compiled(monkeypatch)
     try:
         with torch._inductor.config.patch(fallback_random=True):
-            run_main(
-                load_script(name, path), **TINY, output_dir=str(tmp_path), total_timesteps=3 * ITERATION, compile=True
-            )
+            with pytest.raises(
+                AssertionError,
+                match=r"^[\w ,]+ \(ppo_ema.py:\d+\), call 1: compiled differs from eager in adv_ema: 1 of 1 differ",
+            ):
+                run_main(
+                    load_script(name, path),
+                    **TINY,
+                    output_dir=str(tmp_path),
+                    total_timesteps=3 * ITERATION,
+                    compile=True,
+                )
     finally:
         sys.modules.pop(name, None)
-    assert own_state(tmp_path / "run") != own_state(out / "eager" / "run")  # the write was dropped
-    with pytest.raises(AssertionError, match=r"\['state'\]\['adv_ema'\]"):
-        assert_runs_alike(out / "eager" / "run", tmp_path / "run")
+
+
+def test_a_carried_tensor_left_out_of_the_checkpoint_is_named_with_the_line_that_writes_it(tmp_path):
+    """The copy with its running statistic not declared in TrainingState: exact resume would fail on a value that
+    drifts later (the best eval return); the contract's carry check (tests/carried.py) names the tensor and the line
+    of the copy that writes it."""
+    from tests.carried import carried_outside_the_checkpoint
+
+    text = (ROOT / "algos" / "ppo.py").read_text()
+    for anchor, replacement in EDITS[:-1]:  # every edit but the one that puts adv_ema in TrainingState
+        assert text.count(anchor) == 1, f"the copy's edit no longer applies to algos/ppo.py: {anchor!r}"
+        text = text.replace(anchor, replacement)
+    path = tmp_path / "ppo_forgets.py"
+    path.write_text(text)
+    line = text[: text.index("    adv_ema.mul_(0.9)")].count("\n") + 1
+    module = load_script("ppo_forgets", path)
+    try:
+        missing = carried_outside_the_checkpoint(
+            module,
+            lambda: run_main(module, **TINY, output_dir=str(tmp_path), total_timesteps=3 * ITERATION, log_interval=1),
+        )
+    finally:
+        sys.modules.pop("ppo_forgets", None)
+    assert len(missing) == 1 and re.match(
+        rf"adv_ema \(written at ppo_forgets.py:{line} \(\w+\) in iteration", missing[0]
+    ), missing
 
 
 def test_a_copy_resumes_its_own_state_exactly_and_starts_from_the_original_with_init_from(copy, tmp_path, capsys):
@@ -496,17 +533,29 @@ def copy_text(script: str, edits: list, least: int) -> str:
     return text
 
 
+def own_contract(kwargs: dict) -> tuple[str, str]:
+    """The edit that gives a copy contract settings of its own (tests/contract.py's copy_entry): values of the flags
+    it adds, so that its check runs them at other values than their defaults."""
+    anchor = 'if __name__ == "__main__":\n'
+    return anchor, f'CONTRACT = {{"kwargs": {kwargs!r}}}  # the settings of this copy\'s contract tests\n\n\n{anchor}'
+
+
 def run_contract_tests(checkout: Path, copies: dict[str, int]) -> list[str]:
     """Every test of the suite that finds the scripts in algos/ (PER_SCRIPT_TESTS), run once in `checkout` on its
     copies (`copies`: name -> capture layouts of its original) as the README's test command would run them (its own
     common/, not one installed from elsewhere), but for what runs the originals' code paths unchanged at a cost of
     minutes, which the originals' own runs check: the torchrun faults and two-process resume (SIGTERM, SIGKILL),
-    videos, and the compiled runs of the capture layouts past the plain one. Fails unless all passed, each file ran,
-    and ran on each copy where the copy is a parameter, among them its exact resume and its compiled run against its
-    eager one. Returns the passed tests' ids."""
+    videos, and the compiled runs and captured replays of the capture layouts past the plain one (another env
+    adapter, pixels: the originals' branches, which these copies leave as they are). Fails unless all passed, each
+    file ran, and ran on each copy where the copy is a parameter, among them its exact resume and its compiled run
+    against its eager one. Returns the passed tests' ids."""
     env = dict(subprocess_env(), PYTHONPATH=str(checkout))
     others = [
-        f"--deselect=tests/test_scripts.py::test_compiled_run_computes_what_eager_computes[{name}-{i}]"
+        f"--deselect=tests/test_scripts.py::{test}[{name}-{i}]"
+        for test in (
+            "test_compiled_run_computes_what_eager_computes",
+            "test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync",
+        )
         for name, layouts in copies.items()
         for i in range(1, layouts)
     ]
@@ -544,6 +593,8 @@ def run_contract_tests(checkout: Path, copies: dict[str, int]) -> list[str]:
         for tests in PER_SCRIPT_TESTS[:4]:
             assert any(test.startswith(f"{tests}::") and f"[{name}" in test for test in passed), (name, tests, passed)
         for test in (
+            f"test_every_flag_a_copy_adds_runs_at_a_value_of_its_own[{name}]",
+            f"test_every_tensor_an_iteration_carries_is_in_the_checkpoint[{name}]",
             f"test_resume_is_bit_identical_to_an_uninterrupted_run[{name}]",
             f"test_compiled_run_computes_what_eager_computes[{name}-0]",
             f"test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync[{name}-0]",
@@ -578,10 +629,10 @@ def test_copies_made_as_a_researcher_would_pass_the_contract_tests(tmp_path):
     for part in ("algos", "common", "tests"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    copies = {  # name: (its original, the idea, the least lines it adds)
-        "ppo_myidea": ("ppo", README_COPY, 20),
-        "td3_redq": ("td3", REDQ_COPY, 10),
-        "ppo_lstm_chunks": ("ppo_lstm", CHUNKS, 10),
+    copies = {  # name: (its original, the idea and the contract settings of its own, the least lines it adds)
+        "ppo_myidea": ("ppo", [*README_COPY, own_contract({"kl_coef": 0.5, "kl_target": 0.02})], 20),
+        "td3_redq": ("td3", [*REDQ_COPY, own_contract({"policy_noise_final": 0.05})], 10),
+        "ppo_lstm_chunks": ("ppo_lstm", [*CHUNKS, own_contract({"seq_len": 4})], 10),
     }
     for name, (script, edits, least) in copies.items():
         (tmp_path / "algos" / f"{name}.py").write_text(copy_text(script, edits, least))
@@ -622,3 +673,159 @@ def test_dynamos_notice_of_a_profiler_range_is_dropped_and_its_other_warnings_ar
             log.propagate = was
     said = [r.getMessage() for r in caplog.records]
     assert said == ["Graph break from something else"] * 2, said
+
+
+def test_a_copy_of_every_script_runs_the_flag_it_adds_in_its_check(tmp_path):
+    """A copy of each script in algos/ (pqn's among them), each with a new flag that is off by default and says at
+    start whether it is on, in algos/ of a fresh checkout: its check (`-k <copy>`) runs it turned on, finds that every
+    flag it adds is run (test_every_flag_a_copy_adds_runs_at_a_value_of_its_own), and treats a foreign algorithm's
+    checkpoint as foreign (a copy of pqn.py included). Kept to the cheap tests of a copy's check: one run each."""
+    import shutil
+
+    for part in ("algos", "common", "tests"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    originals = sorted(p.stem for p in (ROOT / "algos").glob("*.py") if load_script(p.stem).ALGO == p.stem)
+    flag = (
+        "class Args(RunArgs):\n",
+        'class Args(RunArgs):\n    new_idea: bool = False\n    """a copy\'s idea, off by default"""\n',
+    )
+    said = (
+        "def train(run, args: Args) -> dict:\n",
+        "def train(run, args: Args) -> dict:\n"
+        "    print(f\"{run.algo}: the new idea is {'on' if args.new_idea else 'off'}\", flush=True)\n",
+    )
+    for script in originals:
+        (tmp_path / "algos" / f"{script}_idea.py").write_text(copy_text(script, [flag, said], 3))
+    copies = " or ".join(f"{script}_idea" for script in originals)
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",  # one process, whose output -s shows
+            "tests/test_scripts.py",
+            "-k",
+            f"({copies}) and (another_network_shape or bad_inputs or every_flag_a_copy_adds)",
+        ],
+        timeout=900,
+        env=dict(subprocess_env(), PYTHONPATH=str(tmp_path)),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+    passed = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("PASSED ")}
+    for script in originals:
+        for test in (
+            "test_checkpoint_of_another_network_shape_is_a_clear_error",
+            "test_bad_inputs_fail_with_a_clear_cause",
+            "test_every_flag_a_copy_adds_runs_at_a_value_of_its_own",
+        ):
+            assert f"tests/test_scripts.py::{test}[{script}_idea]" in passed, (test, script, result.stdout[-4000:])
+        assert f"{script}_idea: the new idea is on" in result.stdout, (script, result.stdout[-4000:])
+        assert f"{script}_idea: the new idea is off" not in result.stdout, script
+
+
+# A CrossQ copy of sac.py (Bhatt et al. 2024): BatchNorm in the critics, one pass of the online critics over the batch
+# and the next observations together (the statistics of both), no target critics; the actor reads the critics with
+# their running statistics (eval mode). With dropout in the critics beside it (DroQ's), a flag of its own whose value
+# the copy's CONTRACT gives (a bool flag is turned on by itself; a number needs one).
+CROSSQ = [
+    (
+        "class Args(RunArgs):\n",
+        "class Args(RunArgs):\n"
+        "    critic_batch_norm: bool = False\n"
+        '    """CrossQ: BatchNorm after each hidden layer of the critics, no target critics"""\n'
+        "    critic_dropout: float = 0.0\n"
+        '    """dropout after each hidden layer of the critics (DroQ)"""\n',
+    ),
+    (
+        "NUM_CRITICS = 2  # clipped double Q (the minimum of the two)\n",
+        "NUM_CRITICS = 2  # clipped double Q (the minimum of the two)\n"
+        'CONTRACT = {"kwargs": {"critic_dropout": 0.1}}  # the copy\'s own contract settings (tests/contract.py)\n'
+        "\n\n"
+        "class EnsembleBatchNorm(nn.Module):\n"
+        '    """BatchNorm over [E, B, dim], each member its own statistics and affine, then dropout."""\n'
+        "\n"
+        "    def __init__(self, num: int, dim: int, dropout: float):\n"
+        "        super().__init__()\n"
+        "        self.norm = nn.BatchNorm1d(num * dim, momentum=0.01)\n"
+        "        self.dropout = nn.Dropout(dropout)\n"
+        "\n"
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+        "        e, b, d = x.shape\n"
+        "        y = self.norm(x.permute(1, 0, 2).reshape(b, e * d)).reshape(b, e, d).permute(1, 0, 2)\n"
+        "        return self.dropout(y)\n"
+        "\n\n"
+        "def critic_norm(args):\n"
+        "    if args.critic_batch_norm:\n"
+        "        return functools.partial(EnsembleBatchNorm, NUM_CRITICS, dropout=args.critic_dropout)\n"
+        "    if args.critic_dropout:\n"
+        "        return lambda dim: nn.Dropout(args.critic_dropout)\n"
+        "    return functools.partial(EnsembleLayerNorm, NUM_CRITICS) if args.critic_layer_norm else None\n",
+    ),
+    (
+        "            norm=functools.partial(EnsembleLayerNorm, NUM_CRITICS) if args.critic_layer_norm else None,\n",
+        "            norm=critic_norm(args),\n",
+    ),
+    (
+        '        next_q = agent.q(agent.critic_target, b["next_obs_n"], next_action).min(0).values\n'
+        '        target = b["rewards"] + b["bootstrap"] * (next_q - agent.log_alpha.exp() * next_logp)\n'
+        "    with torch.autocast(b.device.type, dtype=torch.bfloat16, enabled=args.bf16):\n"
+        '        q = agent.q(agent.critic, b["obs_n"], b["actions"])\n',
+        "    with torch.autocast(b.device.type, dtype=torch.bfloat16, enabled=args.bf16):\n"
+        "        if args.critic_batch_norm:  # one pass over both batches: BatchNorm's statistics of the two\n"
+        "            key = agent.critic_key\n"
+        '            now = torch.cat([b["obs_n", key], b["actions"]], -1)\n'
+        '            then = torch.cat([b["next_obs_n", key], next_action], -1)\n'
+        "            q, next_q = agent.critic(torch.cat([now, then])).squeeze(-1).float().chunk(2, dim=1)\n"
+        "            next_q = next_q.detach().min(0).values\n"
+        "        else:\n"
+        "            with torch.no_grad():\n"
+        '                next_q = agent.q(agent.critic_target, b["next_obs_n"], next_action).min(0).values\n'
+        '            q = agent.q(agent.critic, b["obs_n"], b["actions"])\n'
+        '        target = b["rewards"] + b["bootstrap"] * (next_q - agent.log_alpha.exp().detach() * next_logp)\n',
+    ),
+    (  # no target critics (their soft update left at no step)
+        "p_target.lerp_(p, args.tau)",
+        "p_target.lerp_(p, 0.0 if args.critic_batch_norm else args.tau)",
+    ),
+    (
+        '        q = agent.q(agent.critic, b["obs_n"], action).min(0).values\n',
+        "        agent.critic.eval()  # the running statistics (and no dropout) for the actor\n"
+        '        q = agent.q(agent.critic, b["obs_n"], action).min(0).values\n'
+        "        agent.critic.train()\n",
+    ),
+]
+
+
+def test_a_crossq_copy_with_dropout_critics_computes_compiled_what_it_computes_eagerly(tmp_path, monkeypatch):
+    """The CrossQ copy (BatchNorm critics on the joint batch, train and eval statistics, dropout) compiled in lockstep
+    with eager, as the contract's compiled-vs-eager test runs it: every compiled call returns and writes what eager
+    does at float32 rounding (its reorderings of the batch statistics no longer compound over the run). Its settings:
+    sac's first layout with what its check would give it (tests/contract.py's copy_entry: --critic-batch-norm turned
+    on, the --critic-dropout of its CONTRACT)."""
+    import torch._inductor.config
+
+    from tests.contract import COMMON, CONTRACT
+
+    path = tmp_path / "algos" / "sac_crossq.py"
+    path.parent.mkdir()
+    path.write_text(copy_text("sac", CROSSQ, 20))
+    module = load_script("sac_crossq", path)
+    settings = {**COMMON, **CONTRACT["sac"]["kwargs"], **CONTRACT["sac"]["captures"][0]}
+    settings.update(critic_batch_norm=True, critic_dropout=0.1, output_dir=str(tmp_path), total_timesteps=48)
+    checked = lockstep_compiled(monkeypatch)
+    try:
+        with torch._inductor.config.patch(fallback_random=True):
+            run_main(module, **settings, compile=True)
+    finally:
+        sys.modules.pop("sac_crossq", None)
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert any(k.endswith("norm.running_mean") for k in state), "the critics have no BatchNorm"
+    assert sum(checked.calls.values()) >= 6 and len(checked.calls) >= 3, checked.calls  # acting, critic, actor

@@ -35,7 +35,8 @@ from tests.helpers import (
 )
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.pixel_env import CATCH, Catch
-from tests.contract import CONTRACT, COMMON, SCRIPTS, algo_of
+from tests.contract import COPIES, CONTRACT, COMMON, SCRIPTS, algo_of
+from tests.lockstep import ATOL, RTOL, assert_close_at_scale, lockstep_compiled
 from tests.replay import (
     assert_keeps_python_state,
     assert_no_host_sync,
@@ -183,6 +184,27 @@ def test_every_script_in_algos_has_its_entry():
     missing = [algo for algo in SCRIPTS if algo not in CONTRACT]
     assert not missing, f"add an entry to CONTRACT in tests/contract.py for {missing} (see the comment above it)"
     assert set(CONTRACT) <= set(SCRIPTS), set(CONTRACT) - set(SCRIPTS)
+
+
+@pytest.mark.parametrize(
+    "algo", COPIES or [pytest.param("", marks=pytest.mark.skip(reason="no copy of a script in algos/"))]
+)
+def test_every_flag_a_copy_adds_runs_at_a_value_of_its_own(algo):
+    """A copy's check runs each flag the copy adds to its original's Args at a value other than its default at least
+    once: in its settings or in one of its layouts (tests/contract.py's copy_entry turns a new bool flag; a number or a
+    string needs a value in the copy's own CONTRACT)."""
+    import dataclasses
+
+    original = {f.name for f in dataclasses.fields(load_script(algo_of(algo)).Args)}
+    added = {f.name: f.default for f in dataclasses.fields(load_script(algo).Args) if f.name not in original}
+    kwargs = CONTRACT[algo]["kwargs"]
+    layouts = [kwargs, *({**kwargs, **layout} for layout in CONTRACT[algo]["captures"])]
+    unrun = [name for name, default in added.items() if all(layout.get(name, default) == default for layout in layouts)]
+    assert not unrun, (
+        f"algos/{algo}.py adds {', '.join('--' + name.replace('_', '-') for name in unrun)}, which its check never "
+        f'runs at a value other than its default: give one in the copy, e.g. CONTRACT = {{"kwargs": {{{unrun[0]!r}: '
+        "...}} at the top level of its file (tests/contract.py)"
+    )
 
 
 @pytest.mark.parametrize("algo", SCRIPTS)
@@ -404,37 +426,9 @@ def without_flags_and_clocks(ckpt: dict) -> dict:
     return {**ckpt, "last_train_return": totals["last_train_return"]}
 
 
-# Compiled and eager runs part by float32 rounding: inductor fuses and reorders reductions (a batch-norm's or a layer
-# norm's mean and variance, a matmul's sum), each a few ulps (float32's is 1.2e-7) of the values summed, and a few
-# iterations of updates carry that on. An element's error is then a share of its tensor's scale, not of itself: a
-# weight near 0 in a layer of weights near 0.5 moves as much as its neighbours (a CrossQ copy of sac.py, batch-norm
-# critics: 3.9e-5 on 1 of 96 actor weights). RTOL, about 840 ulps, is that share: the rounding of a few iterations.
-# What the comparison exists to catch moves far more: a dropped in-place write leaves a statistic at its old value, a
-# lost schedule update an lr off by a whole step, a stale buffer other transitions (tests/test_copies.py shows the
-# first failing here).
-RTOL, ATOL = 1e-4, 1e-5
-
-
-def assert_close_at_scale(y, x, what: str, rtol: float = RTOL, atol: float = ATOL) -> None:
-    """y is x up to rtol of each element and of x's scale (its largest magnitude), and atol."""
-    x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
-    assert x.shape == y.shape, f"{what}: shape {tuple(y.shape)} != {tuple(x.shape)}"
-    assert torch.equal(x.isnan(), y.isnan()), f"{what}: NaN at other entries"
-    finite = x.isfinite()
-    assert torch.equal(x[~finite & ~x.isnan()], y[~finite & ~x.isnan()]), f"{what}: infinities differ"
-    if not finite.any():
-        return
-    x, y = x[finite], y[finite]
-    scale = x.abs().max()
-    error, bound = (y - x).abs(), atol + rtol * (x.abs() + scale)
-    worst = int((error - bound).argmax())
-    assert (error <= bound).all(), (
-        f"{what}: {int((error > bound).sum())} of {error.numel()} differ beyond rounding at its scale "
-        f"{float(scale):.3g} (worst: {float(y[worst]):.8g} vs eager {float(x[worst]):.8g}, "
-        f"bound {float(bound[worst]):.3g})"
-    )
-
-
+# Two runs compared whole (assert_runs_alike; the contract's compiled-vs-eager test runs in lockstep instead, see
+# tests/lockstep.py) part by float32 rounding that a few iterations of updates carry on, each element by a share of its
+# tensor's scale: RTOL and ATOL of tests/lockstep.py.
 def assert_runs_alike(eager_dir: Path, compiled_dir: Path, rtol: float = RTOL, atol: float = ATOL) -> None:
     """Two runs of one script computed the same, up to float32 rounding at each tensor's scale (assert_close_at_scale):
     every value of their last.pt (model, optimizers, the script's own replicated and per-rank state, RNG, env state,
@@ -492,25 +486,105 @@ def test_runs_alike_accepts_rounding_at_a_tensors_scale_and_not_a_lost_write_sch
         assert_close_at_scale(torch.tensor([float("nan"), 1.0]), torch.tensor([0.0, 1.0]), "curve")
 
 
+def lockstep_pair(bug: str):
+    """An update of a running statistic, a schedule, a replay row and a loss, written as a script writes them, and its
+    'compiled' twin with `bug` (none: float32 rounding alone), in lockstep (tests/lockstep.py)."""
+    from tests.lockstep import Lockstep
+
+    net = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    ema = torch.zeros((), dtype=torch.float64)  # a copy's running 0-d float64 statistic
+    lr = torch.tensor(3e-4)  # a linear schedule, stepped in place
+    rows = torch.zeros(8, 3)  # storage, one row written per call
+    at = torch.zeros((), dtype=torch.int64)
+
+    def update(x: torch.Tensor):
+        loss = net(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ema.mul_(0.9).add_(0.1 * x.abs().mean())
+        lr.sub_(3e-4 / 256)
+        rows[at] = x[0]
+        at.add_(1)
+        return {"loss": loss.detach()}
+
+    def twin(x: torch.Tensor):
+        out = update(x)
+        if bug == "rounding":  # a reordered reduction: float32 ulps of each tensor's scale
+            out["loss"].add_(out["loss"].abs() * 3e-7)
+            with torch.no_grad():
+                net.weight.add_(net.weight.abs().max() * 2e-7)
+        elif bug == "dropped write":
+            ema.sub_(0.1 * x.abs().mean()).div_(0.9)
+        elif bug == "lost schedule step":
+            lr.add_(3e-4 / 256)
+        elif bug == "stale row":
+            rows[at - 1] = rows[at - 2] if int(at) > 1 else 0.0
+        elif bug == "dropped parameter step":
+            with torch.no_grad():
+                net.weight.add_(0.1 * net.weight.grad)
+        elif bug == "NaN":
+            out["loss"].fill_(float("nan"))
+        return out
+
+    class Run:
+        pass
+
+    return Lockstep()(Run(), update, twin), dict(ema=ema, lr=lr, rows=rows, net=net)
+
+
+def test_lockstep_passes_rounding_and_names_a_dropped_write_a_lost_step_a_stale_row_and_a_nan():
+    """tests/lockstep.py, the comparison the compiled-vs-eager test makes at every call: float32 rounding at a
+    tensor's scale passes and eager's values go on (rounding cannot compound); a statistic's write dropped, a schedule
+    step lost, a buffer row left stale, an optimizer's step of a parameter dropped, a NaN where eager had none fail at
+    the call, naming the tensor."""
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    step, state = lockstep_pair("rounding")
+    eager_step, eager_state = lockstep_pair("none")
+    eager_state["net"].load_state_dict(state["net"].state_dict())
+    for _ in range(3):
+        step(x), eager_step(x)
+    for name in ("ema", "lr", "rows"):
+        assert torch.equal(state[name], eager_state[name]), name  # eager's values, bit for bit
+    assert torch.equal(state["net"].weight, eager_state["net"].weight)
+    for bug, named in (
+        ("dropped write", r"ema: 1 of 1 differ"),
+        ("lost schedule step", r"lr: 1 of 1 differ"),
+        ("stale row", r"rows: 3 of 24 differ"),
+        ("dropped parameter step", r"net.weight: \d of 3 differ"),
+        ("NaN", r"<returned>\['loss'\]: NaN at other entries"),
+    ):
+        step, _ = lockstep_pair(bug)
+        with pytest.raises(
+            AssertionError, match=rf"^update \(test_scripts.py:\d+\), call 1: compiled differs .*{named}"
+        ):
+            step(x)
+
+
 @pytest.mark.parametrize(
     "algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(CONTRACT[algo]["captures"]))]
 )
-def test_compiled_run_computes_what_eager_computes(algo, variant, tmp_path):
-    """--compile on CPU, in each of the script's layouts of compiled functions (CONTRACT[algo]["captures"]):
-    with inductor drawing its random numbers as eager does (fallback_random), a run of a few
-    iterations ends with eager's whole TrainingState and logs the same statistics, up to float
-    rounding (assert_runs_alike). A compiled in-place write that is silently dropped shows here
-    (tests/test_copies.py shows it failing on such a write)."""
+def test_compiled_run_computes_what_eager_computes(algo, variant, tmp_path, monkeypatch):
+    """--compile on CPU, in each of the script's layouts of compiled functions (CONTRACT[algo]["captures"]), in
+    lockstep (tests/lockstep.py): every call of every compiled function (the evaluation's included) runs eagerly and
+    compiled from the same state, with inductor drawing its random numbers as eager does (fallback_random), and
+    returns and writes what eager does up to float32 rounding at each tensor's scale; eager's state goes on, so
+    rounding does not compound over the run. A compiled in-place write that is silently dropped fails here at the
+    call that drops it, by the tensor's name (tests/test_copies.py shows it)."""
     import torch._inductor.config
 
-    settings = dict(total_timesteps=units(algo, 2), **CONTRACT[algo]["captures"][variant])
-    eager = train(algo, tmp_path / "eager", compile=False, **settings)
+    # the evaluation's compiled step (the same code in every layout: common.evaluation) in the first layout
+    evaluates = variant == 0
+    settings = dict(total_timesteps=units(algo, 2), eval_interval=2 * CONTRACT[algo]["sync"] if evaluates else 0)
+    settings.update(CONTRACT[algo]["captures"][variant])
+    checked = lockstep_compiled(monkeypatch)
     with torch._inductor.config.patch(fallback_random=True):
-        compiled = train(algo, tmp_path / "compiled", compile=True, **settings)
+        compiled = train(algo, tmp_path, compile=True, **settings)
     assert compiled["compile"] and compiled["compile_seconds_by_function"]
-    assert_runs_alike(tmp_path / "eager" / "run", tmp_path / "compiled" / "run")
-    returns = eager["last_train_return"], compiled["last_train_return"]
-    assert returns[1] == (None if returns[0] is None else pytest.approx(returns[0], rel=1e-4))
+    assert len(checked.calls) >= 2, f"fewer compiled functions than a script's update and acting: {checked.calls}"
+    if evaluates:
+        assert any("evaluation.py" in name for name in checked.calls), f"no evaluation step compared: {checked.calls}"
 
 
 def test_a_second_run_in_one_process_compiles_its_own_functions(tmp_path):
@@ -557,6 +631,25 @@ def test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_
         assert_no_host_sync(name, calls)
         assert_keeps_python_state(name, calls)
     assert_runs_compiled(signatures)
+
+
+@pytest.mark.parametrize("algo", SCRIPTS)
+def test_every_tensor_an_iteration_carries_is_in_the_checkpoint(algo, tmp_path):
+    """Every tensor one iteration writes in place and a later one reads (tests/carried.py records them, op by op, in
+    an eager run) is held by the script's TrainingState or declared in its SCRATCH: a resume starts from the
+    checkpoint, and a carried tensor it lacks would start over. A miss is named with the line that writes it
+    (tests/test_copies.py shows a copy's EMA left out). The run logs every iteration: a checkpoint is written at a
+    log, and a logged statistic's sums, reset there, are carried no further."""
+    from tests.carried import carried_outside_the_checkpoint
+
+    missing = carried_outside_the_checkpoint(
+        load_script(algo), lambda: train(algo, tmp_path, total_timesteps=units(algo, 3), log_interval=1)
+    )
+    assert not missing, (
+        f"{algo}.py carries from one iteration to the next what its checkpoint does not hold (a resume would start it "
+        f"over): {'; '.join(missing)}. Put it in TrainingState (replicated= or per_rank=), or name it in SCRATCH "
+        "with why a fresh value is right"
+    )
 
 
 # --------------------------------------------------------------------------------------------
