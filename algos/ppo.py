@@ -16,6 +16,7 @@ implementation details of PPO"; Rudin et al. 2022 (rsl_rl); Mittal et al. 2024 (
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Annotated, Literal
 import gymnasium as gym
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from tensordict import TensorDict
 
 # ruff: noqa: E402
@@ -81,8 +83,9 @@ class Args(RunArgs):
     """GAE lambda"""
     timeout_bootstrap: Literal["unless-terminated", "every-timeout"] = "unless-terminated"
     """a step that both terminates and times out: no bootstrap (ours), or gamma * V like every time-out (rsl_rl's)"""
-    adv_norm: Literal["none", "minibatch", "batch"] = "minibatch"
-    """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all"""
+    adv_norm: Literal["none", "minibatch", "batch", "minibatch-population"] = "minibatch"
+    """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all;
+    minibatch-population: per minibatch over the population std (brax's jnp.std), not the unbiased one"""
     clip_coef: Annotated[float, Ge(0)] = 0.2
     """surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -94,8 +97,9 @@ class Args(RunArgs):
     of it)"""
     max_grad_norm: Annotated[float, Gt(0)] = 1.0
     """gradient-norm clip (--grad-clip: of what)"""
-    grad_clip: Literal["global", "per-network"] = "global"
-    """clip one norm over all the gradients, or the actor's (its std among them) and the critic's apart (rsl_rl 5)"""
+    grad_clip: Literal["global", "per-network", "none"] = "global"
+    """clip one norm over all the gradients, or the actor's (its std among them) and the critic's apart (rsl_rl 5), or
+    no clip (brax's max_grad_norm=None)"""
     adam_eps: Annotated[float, Gt(0)] = 1e-5
     """Adam's epsilon (CleanRL's 1e-5; rsl_rl's is torch's default, 1e-8)"""
     shuffle: Literal["every-epoch", "once", "never"] = "every-epoch"
@@ -104,7 +108,9 @@ class Args(RunArgs):
     target_kl: Annotated[float | None, Gt(0)] = None
     """stop the epoch loop early when the approximate KL exceeds this"""
     hidden_sizes: Annotated[tuple[int, ...], Ge(1)] = (64, 64)
-    """hidden layer sizes of the actor and the critic"""
+    """hidden layer sizes of the actor (and of the critic, unless --critic-hidden-sizes)"""
+    critic_hidden_sizes: Annotated[tuple[int, ...] | None, Ge(1)] = None
+    """hidden layer sizes of the critic, where they differ from the actor's (brax's: policy 4x32, value 5x256)"""
     activation: Literal["tanh", "elu", "relu", "silu"] = "tanh"
     """activation of the hidden layers"""
     encoder: Literal["nature", "impala", "minatar", "mlp"] = "nature"
@@ -114,6 +120,13 @@ class Args(RunArgs):
     std_type: Literal["log", "scalar"] = "log"
     """the Gaussian's state-independent std, learned as its log, or as the std itself, floored at 1e-6 (rsl_rl's
     "scalar")"""
+    policy_dist: Literal["gaussian", "tanh-normal"] = "gaussian"
+    """continuous actions: a Gaussian with a state-independent std (--std-type), its sample clipped to the bounds; or
+    brax's tanh-squashed Gaussian: the actor outputs the mean and the std's pre-softplus (std = softplus + 0.001, of
+    the state), the env gets tanh of the sample (scaled to the bounds), the log-prob counts tanh's Jacobian"""
+    entropy: Literal["analytic", "sampled"] = "analytic"
+    """the entropy bonus: the Gaussian's; or brax's one-sample estimate for --policy-dist tanh-normal, the Gaussian's
+    plus tanh's log-det-Jacobian at a sample"""
     shared_encoder: bool = False
     """one image encoder under both heads, trained by both losses (CleanRL's Atari agent); the critic reads 'policy'"""
     asymmetric_critic: bool = True
@@ -127,6 +140,14 @@ class Args(RunArgs):
     policy)"""
     reward_clip: Annotated[float, Gt(0)] = 10.0
     """clip normalized rewards to [-reward_clip, reward_clip]"""
+    reward_scale: Annotated[float, Gt(0)] = 1.0
+    """rewards times this before the targets, after --reward-norm (brax's reward_scaling)"""
+    gae: Literal["rollout", "in-loss"] = "rollout"
+    """GAE once per rollout from the rollout's values, a time-out bootstrapped with V(final observation); or brax's: in
+    each minibatch's loss from the current critic, over whole unrolls of --unroll-length steps (the minibatches are
+    unrolls), each unroll's end bootstrapped with V(next observation), a time-out's step masked out"""
+    unroll_length: Annotated[int | None, Ge(1)] = None
+    """--gae in-loss: the steps of one unroll, dividing --num-steps (default: --num-steps; brax's unroll_length)"""
     symmetry: Literal["none", "log", "augmentation", "mirror-loss", "both"] = "none"
     """rsl_rl's, by the env's mirror: each minibatch with its mirror images, a loss between the actor's output on mirror
     images and its mirrored output, both, or neither but logging mirror_loss and symmetry_error"""
@@ -203,15 +224,22 @@ class Agent(nn.Module):
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.critic_key = "critic" if critic_obs_shape is not None else "policy"
         act_dim = nets.action_size(action_space)
+        # --policy-dist tanh-normal: the actor's output is the mean and the std's pre-softplus
+        self.squashed = not self.discrete and args.policy_dist == "tanh-normal"
+        self.sampled_entropy = self.squashed and args.entropy == "sampled"
         net = dict(hidden=args.hidden_sizes, activation=args.activation, encoder=args.encoder)
-        self.actor = nets.group_mlp(obs_shape, act_dim, out_gain=0.01, max_value=pixel_high[0], **net)
+        out_dim = 2 * act_dim if self.squashed else act_dim
+        self.actor = nets.group_mlp(obs_shape, out_dim, out_gain=0.01, max_value=pixel_high[0], **net)
         critic_max = pixel_high[1] if critic_obs_shape is not None else pixel_high[0]
+        net["hidden"] = args.critic_hidden_sizes or args.hidden_sizes
         self.critic = nets.group_mlp(critic_obs_shape or obs_shape, 1, out_gain=1.0, max_value=critic_max, **net)
         self.shared_encoder = args.shared_encoder  # the critic's head on the actor's encoder (one module)
         if self.shared_encoder:
             nets.share_encoder(self.actor, self.critic, critic_obs_shape)
         self.std_type = args.std_type
-        if not self.discrete and args.std_type == "log":
+        if self.squashed:  # the std is the actor's
+            pass
+        elif not self.discrete and args.std_type == "log":
             self.log_std = nn.Parameter(torch.full((act_dim,), args.init_log_std))
         elif not self.discrete:  # rsl_rl's "scalar": the std itself is the parameter
             self.std = nn.Parameter(torch.full((act_dim,), args.init_log_std).exp())
@@ -231,12 +259,24 @@ class Agent(nn.Module):
         # validate_args=False: argument checks read tensors on the host, a sync on every step.
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
+        if self.squashed:  # brax's NormalTanhDistribution: of the action before tanh, its std the actor's
+            loc, pre = out.chunk(2, -1)
+            return torch.distributions.Normal(loc, F.softplus(pre) + 0.001, validate_args=False)
         std = self.action_std() if std is None else std  # another std: the one a rollout acted with
         return torch.distributions.Normal(out, std.expand_as(out), validate_args=False)
 
+    def log_prob(self, d: torch.distributions.Distribution, action: torch.Tensor) -> torch.Tensor:
+        """log pi(action) of each row; tanh-normal: of the stored pre-tanh action, with tanh's Jacobian (brax's)."""
+        if self.discrete:
+            return d.log_prob(action)
+        return (d.log_prob(action) - log_det_tanh(action) if self.squashed else d.log_prob(action)).sum(-1)
+
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.distribution(out)
-        return (d.log_prob(action), d.entropy()) if self.discrete else (d.log_prob(action).sum(-1), d.entropy().sum(-1))
+        entropy = d.entropy()
+        if self.sampled_entropy:  # brax's estimate: plus tanh's log-det-Jacobian at one sample of the Gaussian
+            entropy = entropy + log_det_tanh(d.loc + d.scale * torch.randn_like(d.loc))
+        return self.log_prob(d, action), entropy if self.discrete else entropy.sum(-1)
 
     def kl(self, old_out: torch.Tensor, old_std, out: torch.Tensor) -> torch.Tensor:
         """KL(old || new) of each row, exact: the distribution the rollout acted with (its output, its std) against the
@@ -244,21 +284,35 @@ class Agent(nn.Module):
         kl = torch.distributions.kl_divergence(self.distribution(old_out, old_std), self.distribution(out))
         return kl if self.discrete else kl.sum(-1)
 
-    to_env = nets.clip_to_bounds  # a Box's actions clipped to its bounds on their way to the env
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        """A Box's actions on their way to the env: clipped to its bounds, or (tanh-normal) tanh scaled to them."""
+        if not self.squashed:
+            return nets.clip_to_bounds(self, action)
+        squashed = torch.tanh(action)
+        if self.action_low.numel() == 0:
+            return squashed
+        return self.action_low + (squashed + 1.0) * 0.5 * (self.action_high - self.action_low)
 
     def deterministic(self, policy_obs: torch.Tensor) -> torch.Tensor:
         """The evaluated (and exported) policy on raw observations: the likeliest action, or the clipped mean."""
         out = self.actor(self.obs_rms(policy_obs)).float()
-        return out.argmax(-1) if self.discrete else self.to_env(out)
+        if self.discrete:
+            return out.argmax(-1)
+        return self.to_env(out.chunk(2, -1)[0] if self.squashed else out)
 
     def act(self, obs: TensorDict):
         """One acting step: normalize, sample; the action, its log-prob and the actor's output (the logits or mean)."""
         out = self.actor(self.obs_rms(obs["policy"])).float()  # float32 even under bf16 autocast
         action = nets.sample(d := self.distribution(out))
-        return action, (d.log_prob(action) if self.discrete else d.log_prob(action).sum(-1)), out
+        return action, self.log_prob(d, action), out
 
 
-# --- GAE with truncation bootstrapping; the adaptive learning rate; the gradient clip's groups ---
+def log_det_tanh(x: torch.Tensor) -> torch.Tensor:
+    """log |d tanh(x) / dx|, as brax's TanhBijector computes it: 2 (log 2 - x - softplus(-2x)), stable for large |x|."""
+    return 2.0 * (math.log(2.0) - x - F.softplus(-2.0 * x))
+
+
+# --- GAE with truncation bootstrapping (and brax's, of unrolls); the adaptive learning rate; the gradient clip's groups
 def compute_advantages(
     rewards,
     values,
@@ -287,6 +341,24 @@ def compute_advantages(
     return advantages, advantages + values
 
 
+def unroll_advantages(rewards, values, bootstrap, termination, truncation, gamma: float, lam: float):
+    """(value targets, advantages) of [M, U] unrolls as brax's compute_gae: a termination ends the future, a time-out's
+    step is masked out (no advantage, its target its own value, the chain cut there), each unroll's end bootstrapped
+    with V of its next observation. Without gradient (brax's stop_gradient)."""
+    with torch.no_grad():
+        mask = 1.0 - truncation
+        not_terminal = 1.0 - termination
+        next_values = torch.cat([values[:, 1:], bootstrap[:, None]], 1)
+        deltas = (rewards + gamma * not_terminal * next_values - values) * mask
+        acc, chain = torch.zeros_like(bootstrap), []
+        for t in reversed(range(values.shape[1])):
+            acc = deltas[:, t] + gamma * not_terminal[:, t] * mask[:, t] * lam * acc
+            chain.append(acc)
+        vs = torch.stack(chain[::-1], 1) + values
+        next_vs = torch.cat([vs[:, 1:], bootstrap[:, None]], 1)
+        return vs, (rewards + gamma * not_terminal * next_vs - values) * mask
+
+
 def adapt_learning_rate(lr: torch.Tensor, kl: torch.Tensor, args: Args) -> None:
     """rsl_rl's schedule, in place on the device: lr / 1.5 when a minibatch's KL is above 2x --desired-kl, lr * 1.5
     below half of it, kept in [1e-5, --lr-max]. Our cap is 5e-3, not rsl_rl's 1e-2, where a solved task's rate sits (its
@@ -303,6 +375,8 @@ def gradient_groups(agent: Agent, args: Args) -> list[list[nn.Parameter]]:
     """The parameters whose gradient norm is clipped to --max-grad-norm, group by group: all of them as one, or rsl_rl
     5's two models apart (--grad-clip per-network), the actor with the Gaussian's std and the critic (a shared encoder
     in both, as rsl_rl shares its CNN)."""
+    if args.grad_clip == "none":
+        return []
     if args.grad_clip == "global":
         return [list(agent.parameters())]
     actor = [p for name, p in agent.named_parameters() if not name.startswith("critic.")]
@@ -326,23 +400,37 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
             out, newvalue = agent.actor(obs_n["policy"]), agent.value(mb["obs_n"])
     out, newvalue = out.float(), newvalue.float()  # float32 even under bf16 autocast
     newlogprob, entropy = agent.log_prob_entropy(out[: mb.shape[0]], mb["actions"])
+    returns, adv = mb.get("returns", None), mb.get("advantages", None)
+    if args.gae == "in-loss":  # brax's: the minibatch's unrolls [M, U], from the critic as it is now
+        bootstrap = agent.value(mb["next_obs_n"]).float()
+        returns, adv = unroll_advantages(
+            mb["rewards"],
+            newvalue.detach(),
+            bootstrap,
+            mb["termination"],
+            mb["truncation"],
+            args.gamma,
+            args.gae_lambda,
+        )
     logratio = newlogprob - mb["logprobs"]
     ratio = logratio.exp()
     with torch.no_grad():
         if args.kl_estimator == "analytic":  # rsl_rl's: the distribution the rollout acted with against this one
-            approx_kl = agent.kl(mb["old_out"][:b], None if agent.discrete else mb["old_std"][:b], out[:b]).mean()
+            old_std = None if agent.discrete or agent.squashed else mb["old_std"][:b]
+            approx_kl = agent.kl(mb["old_out"][:b], old_std, out[:b]).mean()
         else:
             approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-    adv = mb["advantages"]
     if args.adv_norm == "minibatch":  # the originals' statistics (rsl_rl normalizes before it adds the mirror images)
         adv = (adv - adv[:b].mean()) / (adv[:b].std() + 1e-8)
+    elif args.adv_norm == "minibatch-population":  # brax's: jnp.std, ddof 0
+        adv = (adv - adv[:b].mean()) / (adv[:b].std(correction=0) + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * torch.max((newvalue - mb["returns"]) ** 2, (v_clipped - mb["returns"]) ** 2).mean()
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
     else:
-        v_loss = 0.5 * ((newvalue - mb["returns"]) ** 2).mean()
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
     entropy_loss = entropy[:b].mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     logged = {
@@ -391,6 +479,20 @@ def targets(
     if args.reward_norm:
         reward_normalizer.update(rewards, dones)
         rewards = reward_normalizer.normalize(rewards)
+    rewards = rewards * args.reward_scale  # brax's reward_scaling (1: none)
+    if args.gae == "in-loss":  # brax's: each minibatch's loss computes them, of whole unrolls
+        update_group_statistics(agent, data["obs"])
+        batch = unrolls(obs_n, agent.normalize(next_obs), data, rewards, values, args)
+        returns, advantages = unroll_advantages(
+            batch["rewards"],
+            batch["values"],
+            agent.value(batch["next_obs_n"]).float(),
+            batch["termination"],
+            batch["truncation"],
+            args.gamma,
+            args.gae_lambda,
+        )  # the rollout's, for the log
+        return batch, {"explained_variance": explained_variance(returns, batch["values"])}, nonfinite_counts
     advantages, returns = compute_advantages(
         rewards,
         values,
@@ -412,6 +514,46 @@ def targets(
     return batch.reshape(-1), {"explained_variance": explained_variance(returns, values)}, nonfinite_counts
 
 
+def unrolls(obs_n: TensorDict, next_obs_n: TensorDict, data: TensorDict, rewards, values, args: Args) -> TensorDict:
+    """--gae in-loss: the [T, N] rollout as [N x T / U] unrolls of U = --unroll-length steps (brax's minibatches are
+    unrolls), each with the normalized observation after its last step (the next unroll's first, or the rollout's
+    next), brax's termination (terminated) and truncation (a time-out that did not terminate) as floats."""
+    steps, n = rewards.shape
+    u = args.unroll_length or steps
+    following = torch.cat([obs_n[1:], next_obs_n.unsqueeze(0)], 0)[u - 1 :: u]  # [T / U, N]: after each unroll
+
+    def split(x):  # [T, N, ...] -> [N * T / U, U, ...], each env's steps in order
+        return x.transpose(0, 1).reshape(n * (steps // u), u, *x.shape[2:])
+
+    fields = {"actions": data["actions"], "logprobs": data["logprobs"], "values": values, "rewards": rewards}
+    fields["termination"] = data["terminated"].float()
+    fields["truncation"] = (data["truncated"] & ~data["terminated"]).float()
+    if args.kl_estimator == "analytic":
+        fields.update({key: data[key] for key in ("old_out", "old_std") if key in data.keys()})
+    batch = {key: split(x) for key, x in fields.items()}
+    batch["obs_n"] = obs_n.apply(split, batch_size=[n * (steps // u), u])
+    batch["next_obs_n"] = following.apply(
+        lambda x: x.transpose(0, 1).reshape(n * (steps // u), *x.shape[2:]), batch_size=[n * (steps // u)]
+    )
+    return TensorDict(batch, [n * (steps // u)], rewards.device)
+
+
+def check_unrolls(args: Args) -> None:
+    """--gae in-loss's one-line errors: unrolls that split neither the rollout nor the minibatches; what it excludes."""
+    if args.gae != "in-loss":
+        return
+    u = args.unroll_length or args.num_steps
+    count = args.num_envs * (args.num_steps // u)
+    if args.num_steps % u or count % args.num_minibatches:
+        raise SystemExit(
+            f"error: --gae in-loss: --unroll-length {u} must divide --num-steps {args.num_steps}, and its "
+            f"{count} unrolls (--num-envs x num_steps / unroll_length) must divide into --num-minibatches "
+            f"{args.num_minibatches}"
+        )
+    if args.symmetry != "none" or args.adv_norm == "batch":
+        raise SystemExit("error: --gae in-loss goes without --symmetry and with a per-minibatch (or no) --adv-norm")
+
+
 def main(args: Args) -> dict:
     # on any exit, an error included: graphs released, then the process group left
     with closing(start_run(args, ALGO, {"log_interval": (10, 1)})) as run:
@@ -428,6 +570,7 @@ def train(run, args: Args) -> dict:
             f"not divide into --num-minibatches {args.num_minibatches}; pick a divisor of {batch_size}"
         )
     minibatch_size = batch_size // args.num_minibatches
+    check_unrolls(args)
     global_batch = batch_size * run.world_size
     total_steps = max(args.total_timesteps, global_batch)  # at least one iteration
     envs, eval_envs = make_envs(run)
@@ -487,7 +630,7 @@ def train(run, args: Args) -> dict:
         # the distribution acted with: the update's KL(old || new) reads it (rsl_rl)
         if args.kl_estimator == "analytic":
             transition["old_out"] = out
-            if not agent_inference.discrete:
+            if not (agent_inference.discrete or agent_inference.squashed):  # tanh-normal: the std is in `out`
                 transition["old_std"] = agent_inference.action_std().expand_as(out)
         # Atari: a life is the learner's episode, the game's score is what is logged
         return next_obs, TensorDict(loop.with_game_score(transition, info), batch_size=[envs.num_envs]), info

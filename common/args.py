@@ -267,20 +267,28 @@ def family(env_id: str) -> str | None:
     return next((name for name, (_, belongs) in FAMILIES.items() if belongs(env_id)), None)
 
 
+def on_cuda(device: str | None) -> bool:
+    """Whether --device (`auto` where None) runs on CUDA: a named CUDA device, or auto on a machine that has one."""
+    if device in (None, "auto"):
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
+
+
+CPU_SET = "cpu"  # a Playground task's set without CUDA (common.settings.cpu_settings)
+
+
 def resolve_settings(
     settings: dict, script: str, env_id: str, name: str | None, fields: set[str], device: str | None = None
 ):
     """(name, {flag: value}, where they come from, a task config's fields that have no flag) for `env_id` on --device
-    `device` (None: auto). A Playground task without CUDA gets the `cpu` set (common.settings) in place of its `task`
-    set, which is a GPU's; --settings task, or a CUDA device, gives the task's."""
-    from common import settings as named_sets
-
-    if named_sets.has_cpu_set(env_id, settings):  # a set of every script that has a `task` set, declared in common
-        task_set = settings["task"]
-        settings = {
-            **settings,
-            named_sets.CPU: lambda env_id, fields: named_sets.cpu_settings(env_id, fields, task_set),
-        }
+    `device` (None: auto). A Playground task without CUDA gets the `cpu` set (its `task` set's `cpu_set`,
+    common.settings) in place of the `task` set, which is a GPU's; --settings task, or a CUDA device, gives the
+    task's."""
+    cpu_set = getattr(settings.get("task"), "cpu_set", None) if env_id.startswith("playground:") else None
+    if cpu_set is not None:  # a set of every script with a `task` set, declared in common.settings
+        settings = {**settings, CPU_SET: cpu_set}
     names = [BUILTIN, *settings]
     if name is not None and name not in names:
         raise usage_error(f"error: --settings {name}: {script}.py has {', '.join(names)}; see --help")
@@ -288,8 +296,8 @@ def resolve_settings(
     if name is None:
         own = family(env_id)
         name = own if own in settings else BUILTIN
-        cpu = name == "task" and named_sets.CPU in settings and not named_sets.on_cuda(device)
-        name = named_sets.CPU if cpu else name
+        cpu = name == "task" and cpu_set is not None and not on_cuda(device)
+        name = CPU_SET if cpu else name
         origin = f"for {env_id}, {FAMILIES[own][0]}" if name != BUILTIN else "the plain defaults"
         if name != BUILTIN:
             origin += "; --settings builtin for the plain defaults"
@@ -298,8 +306,14 @@ def resolve_settings(
     values, untranslated = settings.get(name, {}), []
     if callable(values):
         values, untranslated = values(env_id, fields)
-    if cpu:
-        origin = named_sets.cpu_origin(env_id, script, values)
+    if cpu:  # the start line's words: the sizes, and the command of the task's own config
+        sizes = " ".join(
+            as_flag(k, values[k]) for k in ("num_envs", "batch_size", "total_timesteps", "env_kwargs") if k in values
+        )
+        origin = (
+            f"for {env_id} on a machine without CUDA: a CPU's sizes, {sizes}; the task's own config, a GPU's: "
+            f"python algos/{script}.py --env-id {env_id} --settings task"
+        )
     unknown = sorted(set(values) - fields)
     if unknown:
         raise SystemExit(

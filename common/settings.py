@@ -4,6 +4,7 @@ field (`rsl_rl_settings`); and the torch threads a run takes on a busy CPU (`cho
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -91,32 +92,44 @@ def playground_ppo_settings(task: str, fields: set[str]):
     return {}, []  # an unknown task: make_env names the known ones
 
 
-# brax's ppo.train defaults that Playground's DM Control configs leave as they are, where ours differ
-BRAX_PPO_DEFAULTS = dict(clip_coef=0.3, lr_schedule="constant", activation="silu", std_type="scalar")
-# What brax's update does that ppo.py's does not (docs/playground.md's table; tests/test_brax_ppo.py holds each)
+# brax's PPO update, where ppo.py's defaults differ (tests/test_brax_ppo.py holds it on one batch against brax's loss,
+# gradients and optimizer step; docs/playground.md's table): its tanh-squashed Gaussian with its one-sample entropy,
+# GAE in each minibatch's loss over whole unrolls, advantages over the population std, its value loss, its Adam, and
+# ppo.train's defaults that Playground's DM Control configs leave as they are (clip 0.3, swish, a constant rate)
+BRAX_PPO_UPDATE = dict(
+    policy_dist="tanh-normal",
+    entropy="sampled",
+    gae="in-loss",
+    adv_norm="minibatch-population",  # normalize_advantage=True
+    vf_coef=0.5,  # vf_loss_coefficient: brax's 0.5 * 0.5 * (vs - V)^2, ours 0.5 * vf_coef * (R - V)^2
+    clip_vloss=False,  # clipping_epsilon_value=None
+    clip_coef=0.3,  # clipping_epsilon
+    adam_eps=1e-8,  # optax.adam's
+    lr_schedule="constant",
+    activation="silu",  # make_ppo_networks' linen.swish
+    reward_norm=False,  # reward_scaling instead: --reward-scale
+)
+BRAX_PPO_NETWORKS = dict(policy_hidden_layer_sizes=(32,) * 4, value_hidden_layer_sizes=(256,) * 5)  # their defaults
+# What brax's update does that ppo.py's does not (docs/playground.md's table)
 BRAX_PPO_UNTRANSLATED = (
-    "brax's networks: policy 4x32, value 5x256 (one --hidden-sizes here for both; ours kept)",
-    "brax's tanh-squashed Gaussian, its std the policy network's softplus output + 0.001, its log-prob with tanh's "
-    "Jacobian and its one-sample entropy (a Gaussian with a state-independent std, clipped to the action bounds here)",
-    "brax's max_grad_norm=None, no gradient clip (--max-grad-norm here)",
-    "brax's GAE in each minibatch's loss over whole unrolls from the current critic, a time-out's step masked (GAE "
-    "once over the rollout here, a time-out bootstrapped with V(final observation))",
-    "brax's advantages over the minibatch's population std, its value loss 0.5 x 0.5 x (vs - V)^2 unclipped "
-    "(--vf-coef 1, --clip-vloss here)",
+    "brax's observation normalizer: the statistics of every batch so far, updated with the batch before its epochs, "
+    "unclipped (here updated after them, clipped at --obs-clip)",
 )
 
 
 def translate_brax_ppo(config: dict, fields: set[str], num_envs: int, world_size: int = 1) -> tuple[dict, list[str]]:
     """({flag: value}, [what has no flag here]) of a brax PPO config of Playground (`brax_ppo_config`), for a run of
     `num_envs` envs per process. brax collects batch_size x num_minibatches unrolls of unroll_length steps per update:
-    so many steps over this run's envs are one iteration's --num-steps (GAE over the whole rollout, where brax
-    bootstraps each unroll's end). Every field is translated or named; brax's own defaults where ours differ too."""
+    so many steps over this run's envs are one iteration's --num-steps, cut into unrolls of --unroll-length, and its
+    update is brax's (BRAX_PPO_UPDATE: GAE of each minibatch's unrolls in its loss, its tanh-squashed Gaussian, ...).
+    Every field is translated or named; brax's own defaults where ours differ too."""
     values, named = {}, []
     put = _setter(fields, values, named)
 
     known = {"num_envs", "batch_size", "num_minibatches", "unroll_length", "num_updates_per_batch", "discounting"}
     known |= {"learning_rate", "entropy_cost", "normalize_observations", "num_timesteps", "num_evals"}
-    known |= {"reward_scaling", "episode_length", "action_repeat", "num_resets_per_eval"}
+    known |= {"reward_scaling", "episode_length", "action_repeat", "num_resets_per_eval", "network_factory"}
+    known |= {"unroll_length", "max_grad_norm"}
     put("num_envs", int(config["num_envs"]), "num_envs")
     per_update = int(config["batch_size"]) * int(config["num_minibatches"]) * int(config["unroll_length"])
     num_steps = max(1, round(per_update / (num_envs * world_size)))
@@ -136,9 +149,27 @@ def translate_brax_ppo(config: dict, fields: set[str], num_envs: int, world_size
     if config.get("num_evals"):
         iterations = max(1, int(config["num_timesteps"]) // (num_steps * num_envs * world_size))
         put("eval_interval", max(1, iterations // int(config["num_evals"])), "num_evals")
-    for flag, value in BRAX_PPO_DEFAULTS.items():
+    # brax's update: the unrolls, the networks, the reward scale, the gradient clip
+    if num_steps % int(config["unroll_length"]) == 0:
+        put("unroll_length", int(config["unroll_length"]), "unroll_length")
+    else:
+        named.append(f"unroll_length={config['unroll_length']!r} (does not divide --num-steps {num_steps})")
+    network = {**BRAX_PPO_NETWORKS, **dict(config.get("network_factory") or {})}
+    put("hidden_sizes", tuple(network.pop("policy_hidden_layer_sizes")), "network_factory.policy_hidden_layer_sizes")
+    put(
+        "critic_hidden_sizes",
+        tuple(network.pop("value_hidden_layer_sizes")),
+        "network_factory.value_hidden_layer_sizes",
+    )
+    named.extend(f"network_factory.{name}={value!r}" for name, value in sorted(network.items()))
+    put("reward_scale", float(config.get("reward_scaling", 1.0)), "reward_scaling")
+    if config.get("max_grad_norm") is None:
+        put("grad_clip", "none", "max_grad_norm=None")
+    else:
+        put("max_grad_norm", float(config["max_grad_norm"]), "max_grad_norm")
+        put("grad_clip", "global", "max_grad_norm")
+    for flag, value in BRAX_PPO_UPDATE.items():
         put(flag, value, f"brax's {flag}")
-    named.append(f"reward_scaling={config.get('reward_scaling')!r} (--reward-norm scales by the return's std here)")
     named.append(
         f"episode_length={config.get('episode_length')!r}, action_repeat={config.get('action_repeat')!r} "
         f"(the task config's; --env-kwargs sets them)"
@@ -204,7 +235,6 @@ def translate_brax_sac(config: dict, fields: set[str]) -> tuple[dict, list[str]]
 # hour and its first evaluation at 5.9M steps on a CPU), and cut to 64 envs it does not learn (docs/playground.md);
 # FastTD3's 1,024 envs and batches of 32,768 are a GPU's too. With no --settings and no CUDA, a Playground task gets
 # the `cpu` set instead, and the start line names the command of the task's own config.
-CPU = "cpu"
 # On-policy scripts: the plain defaults at 64 envs (ppo.py reaches 949 at 202,752 steps on CartpoleBalance, a 2-core
 # CPU, docs/playground.md), 16 eval envs, a budget of minutes (307,200 steps: whole iterations of 24 or 32 steps).
 CPU_ON_POLICY = dict(num_envs=64, num_eval_envs=16, total_timesteps=307_200)
@@ -216,22 +246,9 @@ CPU_OFF_POLICY_STEPS, CPU_OFF_POLICY_EVAL_STEPS = 204_800, 12_800
 CPU_ENV_KWARGS = {"impl": "jax"}
 
 
-def on_cuda(device: str | None) -> bool:
-    """Whether --device (`auto` where None) runs on CUDA: a named CUDA device, or auto on a machine that has one."""
-    if device in (None, "auto"):
-        import torch
-
-        return torch.cuda.is_available()
-    return device.startswith("cuda")
-
-
-def has_cpu_set(env_id: str, sets: dict) -> bool:
-    """Whether `env_id` is a Playground task and the script has a `task` set: then it has the `cpu` set too."""
-    return env_id.startswith("playground:") and "task" in sets
-
-
 def cpu_settings(env_id: str, fields: set[str], task_set) -> tuple[dict, list[str]]:
-    """({flag: value}, []) of the `cpu` set of a script whose `task` set is `task_set`, for a Playground task."""
+    """({flag: value}, []) of the `cpu` set of a script whose `task` set is `task_set`, for a Playground task (each task
+    set below carries it as its `cpu_set`, which common.args.resolve_settings takes without CUDA)."""
     values = {}
     if "update_epochs" in fields:  # on-policy: the plain defaults at a CPU's sizes
         values.update(CPU_ON_POLICY)
@@ -260,18 +277,6 @@ def _task_config_fields(env_id: str, default: str) -> set[str]:
         return set(registry.get_default_config(env_id.split(":", 1)[-1]).keys())
     except (ImportError, KeyError, ValueError):
         return {default}
-
-
-def cpu_origin(env_id: str, script: str, values: dict) -> str:
-    """Where the `cpu` set comes from, and the command of the task's own config: the start line's words."""
-    from common.args import as_flag
-
-    shown = ("num_envs", "batch_size", "total_timesteps", "env_kwargs")
-    sizes = " ".join(as_flag(flag, values[flag]) for flag in shown if flag in values)
-    return (
-        f"for {env_id} on a machine without CUDA: a CPU's sizes, {sizes}; the task's own config, a GPU's: "
-        f"python algos/{script}.py --env-id {env_id} --settings task"
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -312,6 +317,11 @@ def fasttd3_settings(env_id: str, fields: set[str]):
     task = env_id.split(":", 1)[-1]
     config = {**FASTTD3_PLAYGROUND, **FASTTD3_PLAYGROUND_TASKS.get(task, {})}
     return translate_fasttd3(config, fields, _command_line_envs(int(config["num_envs"])))
+
+
+# The `cpu` set of each task set (common.args.resolve_settings adds it for a Playground task)
+for _task_set in (rsl_rl_settings, brax_sac_settings, fasttd3_settings):
+    _task_set.cpu_set = functools.partial(cpu_settings, task_set=_task_set)
 
 
 def translate_fasttd3(config: dict, fields: set[str], num_envs: int) -> tuple[dict, list[str]]:

@@ -3,21 +3,20 @@ set is its `brax_ppo_config`), on one fixed batch with fixed weights: brax's own
 compute_ppo_loss` with the networks of `ppo.networks.make_ppo_networks`), its gradients and one step of its optimizer,
 against ours, term by term, at float32 rounding. docs/playground.md's table says what maps to what.
 
-Ours is `brax_update` below: what ppo.py computes with the flags that make its update brax's (BRAX_FLAGS), written here
-as the script will hold it. Where one of them is set back to ppo.py's default, the numbers part
-(test_each_difference_set_back_breaks_it): each is a difference, not a detail. Marked `playground`: brax comes with
-Playground's extra (the playground lane)."""
+Ours is algos/ppo.py with the flags that make its update brax's (BRAX_FLAGS, what the `task` set of a DM Control task
+sets): its targets, its loss and one Adam step (brax_update). Where one of them is set back to ppo.py's default, the
+numbers part (test_each_difference_set_back_breaks_it): each is a difference, not a detail. Marked `playground`: brax
+comes with Playground's extra (the playground lane)."""
 
 from __future__ import annotations
 
 import importlib.util
-import math
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 pytestmark = [
     pytest.mark.playground,
@@ -45,6 +44,7 @@ BRAX_FLAGS = dict(
     entropy="sampled",  # brax's entropy: the Gaussian's plus the tanh's log-det-Jacobian at one sample
     reward_scale=10.0,  # reward_scaling, with --no-reward-norm
     gae="in-loss",  # GAE of each minibatch's whole unrolls in its loss, from the current critic, truncations masked
+    unroll_length=None,  # the rollout's T steps are one unroll here
     adv_norm="minibatch-population",  # (A - mean) / (std + 1e-8) over the minibatch, jnp.std's ddof 0
     vf_coef=0.5,  # brax's 0.5 * vf_loss_coefficient (0.5) * (vs - V)^2, ours 0.5 * vf_coef * (R - V)^2
     clip_vloss=False,  # clipping_epsilon_value=None (at the rollout's own weights, as here, the clip changes nothing)
@@ -52,7 +52,7 @@ BRAX_FLAGS = dict(
     ent_coef=0.01,
     gamma=0.995,
     gae_lambda=0.95,
-    max_grad_norm=None,  # DM Control configs have no max_grad_norm: no clip
+    grad_clip="none",  # DM Control configs have no max_grad_norm: no clip
     adam_eps=1e-8,  # optax.adam's
 )
 # ppo.py's defaults for the same flags: each set back alone must break the match
@@ -64,8 +64,10 @@ PPO_DEFAULTS = dict(
     adv_norm="minibatch",
     vf_coef=1.0,
     clip_coef=0.2,
-    max_grad_norm=1.0,
+    grad_clip="global",
     adam_eps=1e-5,
+    critic_hidden_sizes=None,  # the actor's 4 x 32
+    activation="tanh",
 )
 
 
@@ -162,154 +164,106 @@ def brax_side():
 
 
 # ----------------------------------------------------------------------------------------------
-# Ours: ppo.py's update with the brax flags, as the script computes it
+# Ours: ppo.py's targets, loss and step with the brax flags, from brax's weights and normalized observations
 # ----------------------------------------------------------------------------------------------
-def mlp(sizes: tuple[int, ...], out: int, activation: str) -> nn.Sequential:
-    layers, last = [], OBS
-    for width in sizes:
-        layers += [nn.Linear(last, width), {"silu": nn.SiLU, "tanh": nn.Tanh, "elu": nn.ELU}[activation]()]
-        last = width
-    return nn.Sequential(*layers, nn.Linear(last, out))
-
-
-def load_flax(net: nn.Sequential, flax_params: dict) -> None:
-    """brax's Dense layers hidden_0.. (kernel [in, out]) into the Linear layers (weight [out, in])."""
-    linears = [m for m in net if isinstance(m, nn.Linear)]
+def load_flax(net: nn.Sequential, flax_params: dict, outputs: int | None = None) -> None:
+    """brax's Dense layers hidden_0.. (kernel [in, out]) into the Linear layers (weight [out, in]); `outputs`: the
+    last layer's first ones only (the mean half of brax's policy output, for a Gaussian actor). Shapes must fit."""
+    linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
     dense = flax_params["params"]
-    assert len(linears) == len(dense), (len(linears), list(dense))
-    with torch.no_grad():
-        for i, layer in enumerate(linears):
-            layer.weight.copy_(torch.from_numpy(np.asarray(dense[f"hidden_{i}"]["kernel"]).T.copy()))
-            layer.bias.copy_(torch.from_numpy(np.asarray(dense[f"hidden_{i}"]["bias"]).copy()))
-
-
-def log_det_tanh(x: torch.Tensor) -> torch.Tensor:
-    """log |d tanh(x) / dx|, as brax's TanhBijector computes it (stable for large |x|)."""
-    return 2.0 * (math.log(2.0) - x - F.softplus(-2.0 * x))
-
-
-def gae_in_unrolls(rewards, values, bootstrap, termination, truncation, gamma: float, lam: float):
-    """GAE over [B, T] unrolls as brax's compute_gae: a termination ends the future, a time-out's step is masked out
-    (no advantage, no value target of its own, the chain cut), the unroll's end bootstrapped with V(next obs)."""
-    mask = 1.0 - truncation
-    next_values = torch.cat([values[:, 1:], bootstrap[:, None]], 1)
-    deltas = (rewards + gamma * (1.0 - termination) * next_values - values) * mask
-    acc, vs_minus_v = torch.zeros_like(bootstrap), torch.zeros_like(values)
-    for t in reversed(range(values.shape[1])):
-        acc = deltas[:, t] + gamma * (1.0 - termination[:, t]) * mask[:, t] * lam * acc
-        vs_minus_v[:, t] = acc
-    vs = vs_minus_v + values
-    next_vs = torch.cat([vs[:, 1:], bootstrap[:, None]], 1)
-    advantages = (rewards + gamma * (1.0 - termination) * next_vs - values) * mask
-    return vs.detach(), advantages.detach()
-
-
-def brax_update(side: dict, flags: dict) -> dict:
-    """ppo.py's loss of the batch with `flags`, its gradients and one Adam step, from brax's weights and normalizer."""
-    flags = {**BRAX_FLAGS, **flags}
-    tanh_normal = flags["policy_dist"] == "tanh-normal"
-    actor = mlp(flags["hidden_sizes"], 2 * ACT if tanh_normal else ACT, flags["activation"])
-    critic = mlp(flags["critic_hidden_sizes"], 1, flags["activation"])
-    load_flax(critic, side["params"].value)
-    log_std = nn.Parameter(torch.zeros(ACT))  # the Gaussian's state-independent std (ppo.py's default)
-    if tanh_normal:
-        load_flax(actor, side["params"].policy)
-    else:  # brax's policy's loc half as the mean
-        load_flax_half(actor, side["params"].policy)
-    params = [*actor.parameters(), *critic.parameters(), *([] if tanh_normal else [log_std])]
-    mean, std = torch.tensor(side["mean"]), torch.tensor(side["std"])
-    obs_n = (torch.from_numpy(side["obs"]) - mean) / std  # brax's normalize: no clip
-    raw = torch.from_numpy(side["raw_action"])
-    rewards = torch.from_numpy(side["reward"]) * flags["reward_scale"]
-    termination, truncation = torch.from_numpy(side["termination"]), torch.from_numpy(side["truncation"])
-
-    out = actor(obs_n[:, :T])
-    values = critic(obs_n[:, :T]).squeeze(-1)
-    bootstrap = critic(obs_n[:, T]).squeeze(-1)
-    if tanh_normal:
-        loc, scale = out.chunk(2, -1)
-        scale = F.softplus(scale) + 0.001  # NormalTanhDistribution's min_std
-        dist = torch.distributions.Normal(loc, scale, validate_args=False)
-        logprob = (dist.log_prob(raw) - log_det_tanh(raw)).sum(-1)
-        entropy = dist.entropy()
-        if flags["entropy"] == "sampled":  # brax's: plus the log-det-Jacobian at a sample of the Gaussian
-            entropy = entropy + log_det_tanh(loc + scale * torch.from_numpy(side["noise"]))
-        entropy = entropy.sum(-1)
-    else:  # ppo.py's Gaussian of the clipped action, its analytic entropy
-        dist = torch.distributions.Normal(out, log_std.exp().expand_as(out), validate_args=False)
-        logprob, entropy = dist.log_prob(torch.tanh(raw)).sum(-1), dist.entropy().sum(-1)
-    if flags["gae"] == "in-loss":
-        returns, advantages = gae_in_unrolls(
-            rewards, values, bootstrap, termination, truncation, flags["gamma"], flags["gae_lambda"]
-        )
-    else:  # ppo.py's: a time-out bootstrapped with V(final obs) (here the next obs), its step kept
-        returns, advantages = rollout_gae(rewards, values, bootstrap, obs_n, critic, termination, truncation, flags)
-    if flags["adv_norm"] == "minibatch-population":
-        advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
-    else:  # ppo.py's minibatch normalization: torch's unbiased std
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    ratio = (logprob - torch.from_numpy(side["behaviour_log_prob"])).exp()
-    clip = flags["clip_coef"]
-    policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean()
-    if flags["clip_vloss"]:  # around the rollout's values: here the same weights, so the clip only bounds
-        v_clipped = values.detach() + (values - values.detach()).clamp(-clip, clip)
-        v_loss = 0.5 * torch.max((values - returns) ** 2, (v_clipped - returns) ** 2).mean()
-    else:
-        v_loss = 0.5 * ((values - returns) ** 2).mean()
-    entropy_loss = -flags["ent_coef"] * entropy.mean()
-    loss = policy_loss + flags["vf_coef"] * v_loss + entropy_loss
-    optimizer = torch.optim.Adam(params, lr=CONFIG["learning_rate"], eps=flags["adam_eps"])
-    optimizer.zero_grad()
-    loss.backward()
-    grads = {
-        "actor": [p.grad.clone() for p in actor.parameters()],
-        "critic": [p.grad.clone() for p in critic.parameters()],
-    }
-    if flags["max_grad_norm"] is not None:
-        nn.utils.clip_grad_norm_(params, flags["max_grad_norm"])
-    optimizer.step()
-    return {
-        "policy_loss": policy_loss.item(),
-        "v_loss": (flags["vf_coef"] * v_loss).item(),
-        "entropy_loss": entropy_loss.item(),
-        "total_loss": loss.item(),
-        "grads": grads,
-        "stepped": {"actor": [p.detach().clone() for p in actor.parameters()], "critic": list(critic.parameters())},
-    }
-
-
-def load_flax_half(net: nn.Sequential, flax_params: dict) -> None:
-    """brax's policy into an actor of ACT outputs: its last layer's loc half (the Gaussian's mean)."""
-    linears = [m for m in net if isinstance(m, nn.Linear)]
-    dense = flax_params["params"]
+    if len(linears) != len(dense):
+        raise ValueError(f"{len(linears)} layers here, {len(dense)} in brax's network")
     with torch.no_grad():
         for i, layer in enumerate(linears):
             kernel, bias = np.asarray(dense[f"hidden_{i}"]["kernel"]), np.asarray(dense[f"hidden_{i}"]["bias"])
-            if i == len(linears) - 1:
-                kernel, bias = kernel[:, :ACT], bias[:ACT]
+            if outputs is not None and i == len(linears) - 1:
+                kernel, bias = kernel[:, :outputs], bias[:outputs]
+            if layer.weight.shape != kernel.T.shape:
+                raise ValueError(f"layer {i}: {tuple(layer.weight.shape)} here, {kernel.T.shape} in brax's network")
             layer.weight.copy_(torch.from_numpy(kernel.T.copy()))
             layer.bias.copy_(torch.from_numpy(bias.copy()))
 
 
-def rollout_gae(rewards, values, bootstrap, obs_n, critic, termination, truncation, flags):
-    """ppo.py's GAE of the rollout (common to all minibatches, from the rollout's values): a time-out's reward gets
-    gamma * V(its final observation), the chain stops there."""
+def brax_update(side: dict, flags: dict) -> dict | None:
+    """ppo.py with BRAX_FLAGS over `flags`: its targets of the batch as a [T, B] rollout (B envs of one unroll each),
+    its loss of the whole batch as one minibatch (brax's minibatch: B unrolls), its gradients and one Adam step with its
+    gradient clip. The observations come normalized by brax's statistics (--no-obs-norm here); brax's draw for its
+    entropy is torch's randn_like's. None where brax's weights do not fit ppo.py's networks."""
+    import gymnasium as gym
+    from tensordict import TensorDict
+
+    from common.normalize import RewardNormalizer
     from tests.helpers import load_script
 
     ppo = load_script("ppo")
-    with torch.no_grad():
-        final_values = torch.where(truncation > 0, critic(obs_n[:, 1:]).squeeze(-1), torch.zeros_like(values))
-        advantages, returns = ppo.compute_advantages(
-            rewards.T,
-            values.detach().T,
-            bootstrap.detach(),
-            final_values.T,
-            (termination > 0).T,
-            (truncation > 0).T,
-            flags["gamma"],
-            flags["gae_lambda"],
-        )
-    return returns.T, advantages.T
+    fields = set(ppo.Args.__dataclass_fields__)
+    flags = {**BRAX_FLAGS, **flags}
+    args = ppo.Args(
+        **{k: v for k, v in flags.items() if k in fields},
+        num_envs=B,
+        num_steps=T,
+        num_minibatches=1,
+        obs_norm=False,
+        reward_norm=False,
+        lr_schedule="constant",
+        learning_rate=CONFIG["learning_rate"],
+    )
+    agent = ppo.Agent((OBS,), None, gym.spaces.Box(-1.0, 1.0, (ACT,)), args)
+    try:
+        load_flax(agent.critic, side["params"].value)
+        load_flax(agent.actor, side["params"].policy, None if agent.squashed else ACT)
+    except ValueError:
+        return None
+    obs_n = (torch.tensor(side["obs"]) - torch.tensor(side["mean"])) / torch.tensor(side["std"])  # brax's, unclipped
+    obs = obs_n.transpose(0, 1)  # [T + 1, B, OBS]: the rollout's layout
+    truncated, terminated = torch.tensor(side["truncation"]).T > 0, torch.tensor(side["termination"]).T > 0
+    with torch.no_grad():  # V(final observation) at the time-outs, as env_step stores it
+        final_values = agent.value(TensorDict({"policy": obs[1:]}, [T, B])) * truncated
+    data = TensorDict(
+        {
+            "obs": TensorDict({"policy": obs[:T]}, [T, B]),
+            "actions": torch.tensor(side["raw_action"]).transpose(0, 1),
+            "logprobs": torch.tensor(side["behaviour_log_prob"]).T,
+            "rewards": torch.tensor(side["reward"]).T,
+            "terminated": terminated,
+            "truncated": truncated & ~terminated,
+            "final_values": final_values,
+        },
+        [T, B],
+    )
+    next_obs = TensorDict({"policy": obs[T]}, [B])
+    episodes = torch.zeros(3, dtype=torch.float64)
+    batch, _, _ = ppo.targets(
+        agent,
+        RewardNormalizer(B, args.gamma),
+        data,
+        next_obs,
+        None,
+        torch.zeros(2, B, dtype=torch.float64),
+        episodes,
+        args,
+    )
+    noise = torch.tensor(side["noise"])  # brax's draw, [B, T, ACT] as the batch's unrolls hold it
+    with mock.patch.object(torch, "randn_like", lambda x: noise.reshape(x.shape)):
+        loss, logged = ppo.ppo_loss(agent, batch, args)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    optimizer.zero_grad()
+    loss.backward()
+    grads = {
+        "actor": [p.grad.clone() for p in agent.actor.parameters()],
+        "critic": [p.grad.clone() for p in agent.critic.parameters()],
+    }
+    for group in ppo.gradient_groups(agent, args):
+        nn.utils.clip_grad_norm_(group, args.max_grad_norm)
+    optimizer.step()
+    return {
+        "policy_loss": logged["policy_loss"].item(),
+        "v_loss": args.vf_coef * logged["value_loss"].item(),
+        "entropy_loss": -args.ent_coef * logged["entropy"].item(),
+        "total_loss": loss.item(),
+        "grads": grads,
+        "stepped": {"actor": list(agent.actor.parameters()), "critic": list(agent.critic.parameters())},
+    }
 
 
 def flat(tree) -> list[np.ndarray]:
@@ -346,6 +300,8 @@ def test_each_difference_set_back_breaks_it(brax_side, flag):
     """Every flag of BRAX_FLAGS that differs from ppo.py's default changes the loss terms or the step: set back alone,
     something no longer matches brax's."""
     ours = brax_update(brax_side, {flag: PPO_DEFAULTS[flag]})
+    if ours is None:  # brax's weights do not even fit ppo.py's networks (the critic's sizes)
+        return
     metrics = brax_side["metrics"]
     differs = [
         term
@@ -362,3 +318,23 @@ def test_each_difference_set_back_breaks_it(brax_side, flag):
         else []
     )
     assert differs, f"--{flag.replace('_', '-')} {PPO_DEFAULTS[flag]} still matches brax's update"
+
+
+def test_the_task_set_of_a_dm_control_task_sets_brax_update():
+    """ppo.py's `task` set for a Playground DM Control task (its brax_ppo_config) sets every flag above: the update this
+    file holds against brax's is the one a Playground user gets by the task's name (on CUDA, or with --settings task);
+    brax's 30-step unrolls cut the 480 steps of its 2,048 envs' iteration."""
+    from mujoco_playground.config import dm_control_suite_params
+
+    from common.settings import translate_brax_ppo
+    from tests.helpers import load_script
+
+    ppo = load_script("ppo")
+    config = dm_control_suite_params.brax_ppo_config("CartpoleBalance").to_dict()
+    values, _ = translate_brax_ppo(config, set(ppo.Args.__dataclass_fields__), num_envs=2048)
+    defaults = ppo.Args()
+    for flag, value in BRAX_FLAGS.items():
+        if flag != "unroll_length":  # the test's batch is one unroll per env; the config's 30 steps below
+            assert values.get(flag, getattr(defaults, flag)) == value, (flag, values.get(flag))
+    assert (values["num_steps"], values["unroll_length"], values["num_minibatches"]) == (480, 30, 32)
+    assert values["obs_norm"] is True and values["reward_norm"] is False

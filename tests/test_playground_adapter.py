@@ -202,7 +202,8 @@ def test_task_sets_translate_playgrounds_configs_field_by_field():
     assert values["ent_coef"] == brax.entropy_cost and values["obs_norm"] == brax.normalize_observations
     assert values["total_timesteps"] == brax.num_timesteps and values["lr_schedule"] == "constant"
     assert values["eval_interval"] == brax.num_timesteps // per_update // brax.num_evals
-    assert any(n.startswith(f"reward_scaling={brax.reward_scaling!r}") for n in named)
+    assert values["reward_scale"] == brax.reward_scaling and values["reward_norm"] is False  # brax's update too
+    assert (values["policy_dist"], values["gae"], values["unroll_length"]) == ("tanh-normal", "in-loss", 30)
     assert set(values) <= ppo_fields
     # another number of envs keeps brax's batch per update
     values, _ = translate_brax_ppo(brax.to_dict(), ppo_fields, num_envs=64)
