@@ -8,7 +8,9 @@ It records every aten op of a run on the CPU (a TorchDispatchMode, as tests/host
 - an in-place write (any op whose schema writes an argument, `out=` included) in iteration i >= 1 is remembered with
   the line of the project's code (algos/, common/ or the script's own file) that made it;
 - a read of that storage in a later iteration, before the storage is written again, is a carry;
-- a tensor an op returns starts a new history (its storage may be a freed one's memory).
+- a tensor an op returns starts a new history (its storage may be a freed one's memory); so does a storage of
+  another size at the same address (a tensor made where no op shows, `torch.tensor(...)`), and a storage that no name
+  reaches at the end of the run is a temporary's, not carried state.
 A value reset to a constant (`fill_`, `zero_`) is carried as a fresh start would make it: not counted. Storages are
 named by the paths of `tests/lockstep.reach` from the functions the script compiles and captures.
 """
@@ -63,7 +65,7 @@ class CarriedTensors(TorchDispatchMode):
         super().__init__()
         self.iteration = iteration
         self.own_files = own_files
-        self.last_write: dict[int, tuple[int, str, str]] = {}  # storage: (iteration, line, op)
+        self.last_write: dict[int, tuple[int, str, str, int]] = {}  # storage: (iteration, line, op, its bytes)
         self.carried: dict[int, tuple[str, int, int]] = {}
 
     def _line(self) -> str:
@@ -88,8 +90,9 @@ class CarriedTensors(TorchDispatchMode):
             ptr = _storage(t)
             if ptr in only_written or ptr not in self.last_write:
                 continue
-            when, line, op = self.last_write[ptr]
-            if when < now and op not in CONSTANT and ptr not in self.carried:
+            when, line, op, size = self.last_write[ptr]
+            reused = size != t.untyped_storage().nbytes()  # another tensor in the memory of a freed one
+            if when < now and op not in CONSTANT and not reused and ptr not in self.carried:
                 self.carried[ptr] = (line, when, now)
         inputs = {_storage(t) for t in _tensors((args, kwargs))}
         out = func(*args, **kwargs)
@@ -98,7 +101,7 @@ class CarriedTensors(TorchDispatchMode):
                 self.last_write.pop(_storage(t), None)
         if now >= 1:
             for t in written:
-                self.last_write[_storage(t)] = (now, self._line(), name)
+                self.last_write[_storage(t)] = (now, self._line(), name, t.untyped_storage().nbytes())
         return out
 
 
@@ -153,7 +156,9 @@ def carried_outside_the_checkpoint(module, run_training) -> list[str]:
     scratch = set(getattr(module, "SCRATCH", {}))
     missing = []
     for ptr, (line, written, read) in recorder.carried.items():
-        name = names.get(ptr, "a tensor reached by no name")
+        if ptr not in names:  # a temporary's memory, read again through a tensor made where no op shows
+            continue
+        name = names[ptr]
         root = name.replace("[", ".").split(".")[0]
         if ptr not in in_state and root not in scratch:
             missing.append(f"{name} (written at {line} in iteration {written}, read in iteration {read})")
