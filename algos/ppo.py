@@ -83,9 +83,10 @@ class Args(RunArgs):
     """GAE lambda"""
     timeout_bootstrap: Literal["unless-terminated", "every-timeout"] = "unless-terminated"
     """a step that both terminates and times out: no bootstrap (ours), or gamma * V like every time-out (rsl_rl's)"""
-    adv_norm: Literal["none", "minibatch", "batch", "minibatch-population"] = "minibatch"
-    """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all;
-    minibatch-population: per minibatch over the population std (brax's jnp.std), not the unbiased one"""
+    adv_norm: Literal["none", "minibatch", "batch"] = "minibatch"
+    """normalize advantages per minibatch (CleanRL), once over the whole batch (rsl_rl), or not at all"""
+    adv_std: Literal["unbiased", "population"] = "unbiased"
+    """the std --adv-norm divides by: torch's unbiased one, or the population's (brax's jnp.std)"""
     clip_coef: Annotated[float, Ge(0)] = 0.2
     """surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -96,10 +97,9 @@ class Args(RunArgs):
     """value loss coefficient (the value loss is 0.5 * (V - R)^2: rsl_rl's value_loss_coef, without the 0.5, is half
     of it)"""
     max_grad_norm: Annotated[float, Gt(0)] = 1.0
-    """gradient-norm clip (--grad-clip: of what)"""
-    grad_clip: Literal["global", "per-network", "none"] = "global"
-    """clip one norm over all the gradients, or the actor's (its std among them) and the critic's apart (rsl_rl 5), or
-    no clip (brax's max_grad_norm=None)"""
+    """gradient-norm clip (--grad-clip: of what); inf: none (brax's max_grad_norm=None), the gradients as they are"""
+    grad_clip: Literal["global", "per-network"] = "global"
+    """clip one norm over all the gradients, or the actor's (its std among them) and the critic's apart (rsl_rl 5)"""
     adam_eps: Annotated[float, Gt(0)] = 1e-5
     """Adam's epsilon (CleanRL's 1e-5; rsl_rl's is torch's default, 1e-8)"""
     shuffle: Literal["every-epoch", "once", "never"] = "every-epoch"
@@ -375,8 +375,6 @@ def gradient_groups(agent: Agent, args: Args) -> list[list[nn.Parameter]]:
     """The parameters whose gradient norm is clipped to --max-grad-norm, group by group: all of them as one, or rsl_rl
     5's two models apart (--grad-clip per-network), the actor with the Gaussian's std and the critic (a shared encoder
     in both, as rsl_rl shares its CNN)."""
-    if args.grad_clip == "none":
-        return []
     if args.grad_clip == "global":
         return [list(agent.parameters())]
     actor = [p for name, p in agent.named_parameters() if not name.startswith("critic.")]
@@ -422,9 +420,8 @@ def ppo_loss(agent: Agent, mb: TensorDict, args: Args, output_mirror=None):
             approx_kl = ((ratio[:b] - 1) - logratio[:b]).mean()  # k3 estimator: unbiased, always >= 0
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
     if args.adv_norm == "minibatch":  # the originals' statistics (rsl_rl normalizes before it adds the mirror images)
-        adv = (adv - adv[:b].mean()) / (adv[:b].std() + 1e-8)
-    elif args.adv_norm == "minibatch-population":  # brax's: jnp.std, ddof 0
-        adv = (adv - adv[:b].mean()) / (adv[:b].std(correction=0) + 1e-8)
+        std = adv[:b].std() if args.adv_std == "unbiased" else adv[:b].std(correction=0)  # brax's: jnp.std, ddof 0
+        adv = (adv - adv[:b].mean()) / (std + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
     if args.clip_vloss:
         v_clipped = mb["values"] + (newvalue - mb["values"]).clamp(-args.clip_coef, args.clip_coef)
@@ -505,7 +502,8 @@ def targets(
         args.timeout_bootstrap == "every-timeout",
     )
     if args.adv_norm == "batch":
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        std = advantages.std() if args.adv_std == "unbiased" else advantages.std(correction=0)
+        advantages = (advantages - advantages.mean()) / (std + 1e-8)
     update_group_statistics(agent, data["obs"])  # the next rollout's statistics come from this rollout only
     batch = {"obs_n": obs_n, "actions": data["actions"], "logprobs": data["logprobs"], "values": values}
     if args.kl_estimator == "analytic":  # the distribution the rollout acted with (env_step stored it)

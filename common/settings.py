@@ -100,7 +100,8 @@ BRAX_PPO_UPDATE = dict(
     policy_dist="tanh-normal",
     entropy="sampled",
     gae="in-loss",
-    adv_norm="minibatch-population",  # normalize_advantage=True
+    adv_norm="minibatch",  # normalize_advantage=True: per minibatch,
+    adv_std="population",  # over jnp.std (ddof 0)
     vf_coef=0.5,  # vf_loss_coefficient: brax's 0.5 * 0.5 * (vs - V)^2, ours 0.5 * vf_coef * (R - V)^2
     clip_vloss=False,  # clipping_epsilon_value=None
     clip_coef=0.3,  # clipping_epsilon
@@ -163,11 +164,13 @@ def translate_brax_ppo(config: dict, fields: set[str], num_envs: int, world_size
     )
     named.extend(f"network_factory.{name}={value!r}" for name, value in sorted(network.items()))
     put("reward_scale", float(config.get("reward_scaling", 1.0)), "reward_scaling")
-    if config.get("max_grad_norm") is None:
-        put("grad_clip", "none", "max_grad_norm=None")
-    else:
-        put("max_grad_norm", float(config["max_grad_norm"]), "max_grad_norm")
-        put("grad_clip", "global", "max_grad_norm")
+    # max_grad_norm=None: no clip, an infinite bound here (clip_grad_norm_ then scales by exactly 1)
+    put(
+        "max_grad_norm",
+        math.inf if config.get("max_grad_norm") is None else float(config["max_grad_norm"]),
+        "max_grad_norm",
+    )
+    put("grad_clip", "global", "max_grad_norm")
     for flag, value in BRAX_PPO_UPDATE.items():
         put(flag, value, f"brax's {flag}")
     named.append(

@@ -11,6 +11,7 @@ comes with Playground's extra (the playground lane)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from unittest import mock
 
 import numpy as np
@@ -45,14 +46,15 @@ BRAX_FLAGS = dict(
     reward_scale=10.0,  # reward_scaling, with --no-reward-norm
     gae="in-loss",  # GAE of each minibatch's whole unrolls in its loss, from the current critic, truncations masked
     unroll_length=None,  # the rollout's T steps are one unroll here
-    adv_norm="minibatch-population",  # (A - mean) / (std + 1e-8) over the minibatch, jnp.std's ddof 0
+    adv_norm="minibatch",  # (A - mean) / (std + 1e-8) over the minibatch,
+    adv_std="population",  # jnp.std's ddof 0
     vf_coef=0.5,  # brax's 0.5 * vf_loss_coefficient (0.5) * (vs - V)^2, ours 0.5 * vf_coef * (R - V)^2
     clip_vloss=False,  # clipping_epsilon_value=None (at the rollout's own weights, as here, the clip changes nothing)
     clip_coef=0.3,
     ent_coef=0.01,
     gamma=0.995,
     gae_lambda=0.95,
-    grad_clip="none",  # DM Control configs have no max_grad_norm: no clip
+    max_grad_norm=math.inf,  # DM Control configs have no max_grad_norm: no clip
     adam_eps=1e-8,  # optax.adam's
 )
 # ppo.py's defaults for the same flags: each set back alone must break the match
@@ -61,10 +63,10 @@ PPO_DEFAULTS = dict(
     entropy="analytic",
     reward_scale=1.0,
     gae="rollout",
-    adv_norm="minibatch",
+    adv_std="unbiased",
     vf_coef=1.0,
     clip_coef=0.2,
-    grad_clip="global",
+    max_grad_norm=1.0,
     adam_eps=1e-5,
     critic_hidden_sizes=None,  # the actor's 4 x 32
     activation="tanh",

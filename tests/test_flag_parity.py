@@ -18,6 +18,10 @@ SYMMETRY_OF_A_MEMORY = (
     "mirror: replayed from that state, or from zeros, the mirrored sequences are histories the env never produced "
     "(rsl_rl refuses symmetry with a recurrent policy too)"
 )
+BRAX_UPDATE = (
+    "brax's PPO update (Playground's trainer of its DM Control tasks), held against brax's own loss for ppo.py "
+    "(tests/test_brax_ppo.py); the task set that sets it is ppo.py's: not ported"
+)
 # (script, ppo.py's flag it leaves out): why
 DIFFERENCES = {
     ("ppo_lstm", "target_kl"): "not ported: ppo.py's way (targets and each minibatch captured alone, a host read of "
@@ -25,6 +29,11 @@ DIFFERENCES = {
     ("ppo_lstm", "shared_encoder"): "always shared: the policy group's encoder and the recurrent cell serve both heads",
     ("ppo_lstm", "symmetry"): SYMMETRY_OF_A_MEMORY,
     ("ppo_lstm", "mirror_loss_coef"): SYMMETRY_OF_A_MEMORY,
+    **{
+        (script, flag): BRAX_UPDATE
+        for script in PPO_FAMILY
+        for flag in ("policy_dist", "entropy", "critic_hidden_sizes", "reward_scale", "gae", "unroll_length", "adv_std")
+    },
 }
 
 

@@ -5,6 +5,8 @@ the same kernels on the same tensors without a host sync. A built-in env: no Pla
 
 from __future__ import annotations
 
+import math
+
 from tests.helpers import load_script
 from tests.lockstep import lockstep_compiled
 from tests.replay import (
@@ -24,10 +26,10 @@ BRAX = dict(
     reward_scale=10.0,
     reward_norm=False,
     gae="in-loss",
-    adv_norm="minibatch-population",
+    adv_std="population",
     vf_coef=0.5,
     clip_vloss=False,
-    grad_clip="none",
+    max_grad_norm=math.inf,
     adam_eps=1e-8,
 )
 
