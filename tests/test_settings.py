@@ -906,7 +906,10 @@ def resolved(module, argv: list[str]) -> dict:
 
 
 # Experiments first run with the named settings: what their committed runs recorded is their flags of today.
-NEW_EXPERIMENTS = {"td3:gym:Hopper-v5@500k"}
+NEW_EXPERIMENTS = {"td3:gym:Hopper-v5@500k"} | {  # td3 on Ant-v5, one change at a time from the mujoco set
+    f"td3:gym:Ant-v5@{name}"
+    for name in ("lr", "ls25k", "noise", "noobsnorm", "obs27", "set", "tau", "u16", "u32", "u32tau", "u8")
+}
 
 
 def test_every_experiment_had_long_flags_or_ran_with_the_settings():
