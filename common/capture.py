@@ -388,7 +388,10 @@ def unwrapped_calls(run: Run, names: dict) -> list[str]:
     wrapped = {}  # the key of a function a wrapper runs -> the name the wrapper is bound to
     for name, x in names.items():
         for value in x.values() if isinstance(x, dict) else x if isinstance(x, list) else [x]:
-            if function(value) and not own(value) and not isinstance(value, functools.partial):  # a wrapper
+            # a wrapper: not the script's function itself, nor a method of its own class bound to an object (the
+            # agent's `act` named before the block runs as it is: a name the block did not rebind wraps nothing)
+            is_method = isinstance(value, types.MethodType) and own(value.__func__)
+            if function(value) and not own(value) and not is_method and not isinstance(value, functools.partial):
                 for original in originals(value):
                     wrapped[key(original)] = name
                     roots.append(original)

@@ -333,6 +333,15 @@ def test_unwrapped_calls_names_each_closure_that_kept_a_function_from_before_its
         def acting(x):
             return x * 2
 
+        class Policy:  # a class of this file, as a script's Agent
+            def act(self, x):
+                return x - 1
+
+        act = Policy().act  # a bound method named before the block and never rebound: it wraps nothing
+
+        def step(x):  # compiled below; reads `act`, which the block left as it was: nothing to say
+            return act(x)
+
         def update(x):  # reads the names: sees what they are rebound to
             return loss_step(acting(x))
 
@@ -352,6 +361,7 @@ def test_unwrapped_calls_names_each_closure_that_kept_a_function_from_before_its
         loss_step = compiled(run, loss_step)
         acting = captured(run, "acting", compiled(run, acting))
         update = captured(run, "update", update)
+        step = compiled(run, step)
         return unwrapped_calls(run, locals()), said
 
     found, said = block(compile=True)
