@@ -34,8 +34,7 @@ from tests.pixel_env import CATCH
 #   other update schedules), every one of which the capture test checks;
 # - `tags`: the TensorBoard tags of its own (beyond charts/ and eval/ that every script logs);
 # - `per_read`: the flag that sets the env steps between two host reads (the rollout length, or
-#   the log interval); `log_interval_only_logs`: whether --log-interval changes the logs alone (not
-#   the training, as it does where it also paces the normalizer updates);
+#   the log interval); --log-interval changes the logs alone in every script (tests/test_log_interval.py);
 # - `wrong_actions`: an env of the action kind it cannot act in, and the script the error points to;
 # - `policy(module, args, obs_dim, action_space)`: its evaluated model as the export test rebuilds it; a
 #   recurrent one (with `recurrent_step(obs, state)` and `state_shape`) is stepped with its state fed back;
@@ -80,7 +79,6 @@ CONTRACT = {
         ],
         tags=PPO_TAGS,
         per_read="num_steps",
-        log_interval_only_logs=True,
         wrong_actions=None,
         policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args),
     ),
@@ -107,7 +105,6 @@ CONTRACT = {
             "charts/update_seconds",
         },
         per_read="num_steps",
-        log_interval_only_logs=True,
         wrong_actions=("Pendulum-v1", "ppo.py"),
         policy=lambda module, args, obs_dim, space: module.QNetwork(obs_dim, int(space.n), args),
     ),
@@ -141,7 +138,6 @@ CONTRACT = {
             "charts/update_seconds",
         },
         per_read="log_interval",
-        log_interval_only_logs=True,
         wrong_actions=("CartPole-v1", "pqn.py"),
         policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args),
     ),
@@ -174,7 +170,6 @@ CONTRACT = {
             "charts/update_seconds",
         },
         per_read="log_interval",
-        log_interval_only_logs=True,
         wrong_actions=("Acrobot-v1", "pqn.py"),
         policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, *box_bounds(space), args),
     ),
@@ -194,7 +189,6 @@ CONTRACT = {
         captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16, cell="gru"), PIXELS, dict(TERMS, cell="gru")],
         tags=PPO_TAGS,
         per_read="num_steps",
-        log_interval_only_logs=True,
         wrong_actions=None,
         policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args),
     ),
@@ -218,7 +212,6 @@ CONTRACT = {
         captures=[{}, dict(env_id="gym:Pendulum-v1", env_kwargs=GYM_16)],
         tags=PPO_TAGS | {"losses/rnd_loss", "charts/intrinsic_reward", "charts/rnd_weight"},
         per_read="num_steps",
-        log_interval_only_logs=True,
         wrong_actions=None,
         policy=lambda module, args, obs_dim, space: module.Agent(obs_dim, None, space, args),
     ),
@@ -248,7 +241,6 @@ CONTRACT["distill"] = dict(
         "charts/update_seconds",
     },
     per_read="num_steps",
-    log_interval_only_logs=True,
     wrong_actions=None,
     policy=lambda module, args, obs_dim, space: module.Policy(
         obs_dim,
