@@ -881,7 +881,10 @@ FOLDERS = {
         "are a loaded machine's (on the idle machine a short run of 6,400 steps gave 580 steps/s with the set's 4 "
         "updates, 107 with 32). The reference is CleanRL's TD3 on Ant-v4 at 1M steps, 4,917 ± 599 (the model card of "
         "huggingface.co/sdpkjc/Ant-v4-td3_continuous_action-seed4: 10 evaluation episodes of the trained model; "
-        "seed 3's card: 5,089 ± 106; CleanRL's docs table has no Ant row), not a figure at this budget.",
+        "seed 3's card: 5,089 ± 106; CleanRL's docs table has no Ant row), not a figure at this budget. How to read "
+        "the rows: an Ant that stands still through its 1,000 steps earns about 1,000 (the healthy reward) less its "
+        "control costs, so at this budget, a tenth of CleanRL's, the rows rank how the arms start, not what they reach "
+        "at 1M; one seed each, and one evaluation swings from the next by hundreds.",
     ),
 }
 # Why an experiment takes the flags it does, printed under the tables of every folder that has it.
