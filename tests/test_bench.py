@@ -702,9 +702,7 @@ def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
         re.fullmatch(r"tolist in \S+/ppo_tolist\.py:\d+ update_fn", s) for s in checks["ppo_tolist"]["syncs"]
     ), checks["ppo_tolist"]["syncs"]
     assert checks["ppo_tolist"]["python_state"] == [] and checks["ppo_counter"]["syncs"] == []
-    assert checks["ppo_counter"]["python_state"][0].startswith(
-        "update: call 2 changes update_fn.<iterations_in_stats>"
-    )
+    assert checks["ppo_counter"]["python_state"][0].startswith("update: call 2 changes update_fn.<iterations_in_stats>")
     assert {f.split(":")[0] for f in sections["checks"]["failures"]} == {"ppo_tolist", "ppo_counter"}
     acting = sections["parity"]["result"]["acting"]
     assert [(a["part"], a["status"]) for a in acting] == [
