@@ -273,10 +273,11 @@ class Agent(nn.Module):
 
     def log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor):
         d = self.distribution(out)
+        log_prob = self.log_prob(d, action)  # first: the order the graph is built in is the backward's sum order
         entropy = d.entropy()
         if self.sampled_entropy:  # brax's estimate: plus tanh's log-det-Jacobian at one sample of the Gaussian
             entropy = entropy + log_det_tanh(d.loc + d.scale * torch.randn_like(d.loc))
-        return self.log_prob(d, action), entropy if self.discrete else entropy.sum(-1)
+        return log_prob, entropy if self.discrete else entropy.sum(-1)
 
     def kl(self, old_out: torch.Tensor, old_std, out: torch.Tensor) -> torch.Tensor:
         """KL(old || new) of each row, exact: the distribution the rollout acted with (its output, its std) against the
