@@ -310,8 +310,9 @@ def test_sac_learns_cartpole_balance_with_the_tasks_set_on_a_cpu(tmp_path, monke
 # adaptive rate), 16 eval envs, MJX. Measured first (the plain command, seed 1, one torch thread, a 2-core CPU at a load
 # average of 7-8 from other work): its first evaluation 62 s after the command started (55 s of them imports and
 # compiles), eval returns 353, 367, 589, 314, 953, 1,000 at 15,360 to 92,160 steps. Held: the first evaluation within a
-# minute of the start, and 900 within 100 iterations (it stops at 76,800 steps).
-PPO_TARGET, PPO_BUDGET, FIRST_EVALUATION_SECONDS = 900.0, 100 * 64 * 24, 60.0
+# minute of the start (its first 10 iterations, the cpu set's evaluation interval), and 900 within 100 iterations (it
+# stops at 76,800 steps).
+PPO_TARGET, PPO_BUDGET, FIRST_EVALUATION_ITERATIONS = 900.0, 100 * 64 * 24, 10
 
 
 def test_ppo_by_the_tasks_name_on_a_cpu_evaluates_within_a_minute_and_learns(tmp_path, monkeypatch, capsys):
@@ -331,9 +332,9 @@ def test_ppo_by_the_tasks_name_on_a_cpu_evaluates_within_a_minute_and_learns(tmp
     assert args.settings == "cpu" and (args.num_envs, args.num_eval_envs, args.num_steps) == (64, 16, 24)
     evaluated, evaluate = [], common.loop.evaluate
 
-    def timed_evaluate(*a):  # the time its line is said
-        result = evaluate(*a)
-        evaluated.append(time.monotonic() - started)
+    def timed_evaluate(run, *a):  # the step and the time its line is said
+        result = evaluate(run, *a)
+        evaluated.append((run.global_step, time.monotonic() - started))
         return result
 
     monkeypatch.setattr(common.loop, "evaluate", timed_evaluate)
@@ -346,7 +347,10 @@ def test_ppo_by_the_tasks_name_on_a_cpu_evaluates_within_a_minute_and_learns(tmp
     start_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ppo on "))
     assert f"settings cpu (for playground:{TASK} on a machine without CUDA: a CPU's sizes" in start_line, start_line
     assert f"python algos/ppo.py --env-id playground:{TASK} --settings task)" in start_line, start_line
-    assert evaluated and evaluated[0] < FIRST_EVALUATION_SECONDS, evaluated  # the first one said in time...
+    # the first one said early: at most FIRST_EVALUATION_ITERATIONS iterations in, a count of work that the CPU figure
+    # above puts within a minute (the seconds are printed, not held: a test asserts no wall time)
+    print(f"first evaluation at {evaluated[0][0]:,} env steps, {evaluated[0][1]:.0f} s after the start")
+    assert evaluated and evaluated[0][0] <= FIRST_EVALUATION_ITERATIONS * 64 * 24, evaluated
     assert summary["best_eval_return"] >= PPO_TARGET and summary["global_step"] <= PPO_BUDGET, summary  # ...it learns
 
 
