@@ -4,11 +4,12 @@ weights.
 
 Each test registers a task in the CPU stand-in of mjlab (tests/fake_mjlab.py) whose runner config has mjlab 1.6's
 shape, and runs the script on it for one iteration with the command line a user types (the task set translated by
-common/settings.py). Where the script's train calls `update`, the test takes over: the rollout batch the script's
-targets made (observations, actions, old log-probs, the acting distribution's mean and std, values, returns,
-advantages) and the agent's initial weights go into rsl_rl's models and storage; rsl_rl's PPO.update runs on them, then
-the script's own update with the minibatch step its train built. Both draw the same minibatch permutation (torch's
-generator seeded alike before each: rsl_rl's generator draws one randperm per update, as --shuffle once does), and
+common/settings.py). Where the script's `targets` returns its batch, the test takes over: that rollout batch
+(observations, actions, old log-probs, the acting distribution's mean and std, values, returns, advantages) and the
+agent's initial weights go into rsl_rl's models and storage; rsl_rl's PPO.update runs on them, then the script's
+update_fn goes on with its own epochs of the minibatch step its train built. Both draw the same minibatch
+permutation (torch's generator seeded alike before each: rsl_rl's generator draws one randperm per update, as
+--shuffle once does), and
 the test compares, minibatch by minibatch, the losses, the KL and the learning rate each optimizer step ran at, then
 every weight after the update. Observation normalization is off on both sides (each normalizes with its own
 statistics, docs/rsl_rl.md); the value loss is compared as rsl_rl states it, without ours's 0.5 (the translation doubles
@@ -78,9 +79,13 @@ def task_config(symmetry=None, per_minibatch: bool = False, rnd: dict | None = N
     )
 
 
-def closure(fn) -> dict:
-    """The variables a nested function of train reads from it (the agent, its optimizer, ...), by name."""
-    return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in fn.__closure__)))
+def train_locals() -> dict:
+    """The variables of the script's train (the agent, its optimizer, the rate, ...), by name, from a function it
+    calls."""
+    frame = sys._getframe(1)
+    while frame.f_code.co_name != "train":
+        frame = frame.f_back
+    return frame.f_locals
 
 
 def rsl_rl_frame_losses(alg: PPO, record: list) -> None:
@@ -120,18 +125,21 @@ def run_both(monkeypatch, tmp_path, script: str, cfg: FakeRunnerCfg, extra: list
         return real_mirrors(envs, obs, args, device)
 
     monkeypatch.setattr(symmetry_module, "mirrors", keep_mirror)
-    update = module.update
+    targets, add_to = module.targets, module.add_to
+    ours = []  # a row per optimizer step of the script's update: the rate it ran at, then its minibatch's losses
 
-    def both_updates(update_minibatch, batch: TensorDict, lr: torch.Tensor, stats: dict, args) -> None:
-        held = closure(update_minibatch)
-        agent, optimizer = held["agent"], held["optimizer"]
+    def both_updates(*a, **k):
+        """The script's targets; then, on its batch from the same weights, rsl_rl's update; then the script's own
+        epochs go on (update_fn's), from the same generator state as rsl_rl's, every optimizer step recorded."""
+        batch, *rest = targets(*a, **k)
+        held = train_locals()
+        agent, optimizer, lr, args = held["agent"], held["optimizer"], held["lr"], held["args"]
         theirs = rsl_rl_ppo(cfg, agent, held.get("rnd"), batch, mirrors.get("env"))
         result["theirs"] = {"record": [], "alg": theirs}
         rsl_rl_frame_losses(theirs, result["theirs"]["record"])
         torch.manual_seed(SEED)
         theirs.update()
 
-        ours = []
         step = optimizer.step
 
         def recording_step(*a, **k):
@@ -139,17 +147,17 @@ def run_both(monkeypatch, tmp_path, script: str, cfg: FakeRunnerCfg, extra: list
             return step(*a, **k)
 
         optimizer.step = recording_step
-
-        def recording_minibatch(*a):
-            losses = update_minibatch(*a)
-            ours[-1].update({k: float(v) for k, v in losses.items()})
-            return losses
-
-        torch.manual_seed(SEED)
-        update(recording_minibatch, batch, lr, stats, args)
         result["ours"] = {"record": ours, "agent": agent, "rnd": held.get("rnd"), "args": args}
+        torch.manual_seed(SEED)  # the epochs' first permutation is the next draw
+        return (batch, *rest)
 
-    monkeypatch.setattr(module, "update", both_updates)
+    def recording_add_to(sums: dict, values: dict) -> None:  # update_fn sums each minibatch's losses after its step
+        if "approx_kl" in values and ours:
+            ours[-1].update({k: float(v) for k, v in values.items()})
+        add_to(sums, values)
+
+    monkeypatch.setattr(module, "targets", both_updates)
+    monkeypatch.setattr(module, "add_to", recording_add_to)
     argv = ["--env-id", "mjlab:Fake-Rsl", "--num-envs", str(NUM_ENVS), "--device", "cpu", "--no-progress"]
     argv += ["--output-dir", str(tmp_path), "--eval-interval", "0", "--num-eval-envs", "2", *extra]
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
