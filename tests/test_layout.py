@@ -164,8 +164,8 @@ def test_every_original_script_is_mostly_algorithm():
 # What a researcher changes, by the script that holds it (design.md, "What lives in a script"): each name is defined
 # in every script listed and nowhere in common/.
 IN_THE_SCRIPTS = {
-    "td3": ("random_act", "act_and_step", "store", "actor_schedule", "replay_ready"),
-    "sac": ("random_act", "act_and_step", "store", "actor_schedule", "replay_ready"),
+    "td3": ("random_act", "act_and_step", "store", "actor_schedule", "replay_ready", "n_step_batch"),
+    "sac": ("random_act", "act_and_step", "store", "actor_schedule", "replay_ready", "n_step_batch"),
     "ppo_lstm": ("carry_over", "episode_starts", "env_minibatches"),
     "distill": ("carry_over", "episode_starts", "env_minibatches"),
 }
