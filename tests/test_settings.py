@@ -906,7 +906,7 @@ def resolved(module, argv: list[str]) -> dict:
 
 
 # Experiments first run with the named settings: what their committed runs recorded is their flags of today.
-NEW_EXPERIMENTS = {"td3:gym:Hopper-v5@500k"}
+NEW_EXPERIMENTS = {"td3:gym:Hopper-v5@500k", "td3:gym:Ant-v5@1m", "td3:gym:Ant-v5@1mnoobsnorm"}
 
 
 def test_every_experiment_had_long_flags_or_ran_with_the_settings():

@@ -314,6 +314,12 @@ for arm, arm_flags in ANT_ARMS.items():
         at_steps=(25_000, 50_000, 75_000, 100_000),
         flags=[*ANT_EVAL, *arm_flags],
     )
+# Ant-v5 at CleanRL's budget (issue 78): the mujoco set (@1m) and the set without observation normalization
+# (@1mnoobsnorm), the best single change of the 100k arms, an eval every 1,563 iterations (the set's); 3 seeds each.
+for arm, arm_flags in {"1m": [], "1mnoobsnorm": ["--no-obs-norm"]}.items():
+    EXPERIMENTS[f"td3:gym:Ant-v5@{arm}"] = dict(
+        target=round(0.9 * 4917.0, 1), budget=1_000_000, reference=4917.0, at_steps=AT_STEPS, flags=arm_flags
+    )
 
 
 def split_name(name: str) -> tuple[str, str, str]:
