@@ -41,3 +41,10 @@ def pytest_make_collect_report(collector):
     report = outcome.get_result()
     if REQUIRE_SIMULATORS and report.skipped and isinstance(collector, pytest.Module):
         _as_failure(report, collector.nodeid)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long tests first (marked `slow`: learning runs and nested suites; `distributed`: torchrun launches), in
+    their order, then the rest: with `-n 2` a long test collected last would leave one worker running it alone while
+    the other has nothing left. An order of the run only (every worker collects it the same)."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") or item.get_closest_marker("distributed") else 1)

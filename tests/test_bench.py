@@ -648,8 +648,9 @@ def test_mjlab_benchmark_smoke(tmp_path, capsys):
     )  # the header and six learners
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
-    """python -m tests.benchmarks.gpu_check without a GPU: every script's iterations with the host-sync
+    """python -m tests.benchmarks.gpu_check without a GPU: ppo's and td3's iterations with the host-sync
     recorder and the Python-state check, the compiled acting step against eager and its own random
     numbers, torchrun with one rank (gloo) and its NaN-guard exit; the CUDA tests, the compiled runs
     and the speed sections listed as skipped. Beside the scripts, two copies of ppo.py with a mutation
@@ -664,7 +665,10 @@ def test_gpu_check_runs_its_cpu_part_and_names_what_needs_a_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("with a GPU the command runs its GPU part (minutes): run it by hand")
     out = tmp_path / "report"
-    scripts = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))
+    # one script of each loop: the command's own work (its sections, verdict and report) is the same for every script,
+    # and every script's captured functions are held to the same checks by tests/test_scripts.py's contract tests
+    scripts = ["ppo", "td3"]
+    assert all((ROOT / "algos" / f"{script}.py").is_file() for script in scripts)
     copies = [str(mutated_ppo(tmp_path, mutation)) for mutation in ("tolist", "counter")]
     result = subprocess.run(
         [

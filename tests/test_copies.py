@@ -607,6 +607,7 @@ def run_contract_tests(checkout: Path, copies: dict[str, int]) -> list[str]:
     return passed
 
 
+@pytest.mark.slow
 def test_copies_made_as_a_researcher_would_pass_the_contract_tests(tmp_path):
     """A fresh checkout (algos/, common/, tests/, pyproject.toml) and three copies in its algos/, each made from its
     script's text alone, common/ untouched: the README's (`cp algos/ppo.py algos/ppo_myidea.py` and 20+ lines of an
@@ -675,6 +676,7 @@ def test_dynamos_notice_of_a_profiler_range_is_dropped_and_its_other_warnings_ar
     assert said == ["Graph break from something else"] * 2, said
 
 
+@pytest.mark.slow
 def test_a_copy_of_every_script_runs_the_flag_it_adds_in_its_check(tmp_path):
     """A copy of each script in algos/ (pqn's among them), each with a new flag that is off by default and says at
     start whether it is on, in algos/ of a fresh checkout: its check (`-k <copy>`) runs it turned on, finds that every
