@@ -283,6 +283,7 @@ def test_every_script_trains_resumes_bit_identically_and_evaluates_on_a_playgrou
 SAC_TARGET, SAC_BUDGET = 500.0, 128_000
 
 
+@pytest.mark.slow
 def test_sac_learns_cartpole_balance_with_the_tasks_set_on_a_cpu(tmp_path, monkeypatch):
     from common.args import parse_args
     from tests.helpers import load_script
@@ -315,6 +316,7 @@ def test_sac_learns_cartpole_balance_with_the_tasks_set_on_a_cpu(tmp_path, monke
 PPO_TARGET, PPO_BUDGET, FIRST_EVALUATION_ITERATIONS = 900.0, 100 * 64 * 24, 10
 
 
+@pytest.mark.slow
 def test_ppo_by_the_tasks_name_on_a_cpu_evaluates_within_a_minute_and_learns(tmp_path, monkeypatch, capsys):
     import time
 
@@ -354,6 +356,7 @@ def test_ppo_by_the_tasks_name_on_a_cpu_evaluates_within_a_minute_and_learns(tmp
     assert summary["best_eval_return"] >= PPO_TARGET and summary["global_step"] <= PPO_BUDGET, summary  # ...it learns
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("rsl_rl") is None, reason="needs rsl-rl-lib (the playground lane has it)")
 def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     """tests/benchmarks/playground.py end to end at tiny sizes: both env-only rows, algos/ppo.py and Playground's own
