@@ -892,16 +892,6 @@ FOLDERS = {
         "control costs, so at this budget, a tenth of CleanRL's, the rows rank how the arms start, not what they reach "
         "at 1M; one seed each, and one evaluation swings from the next by hundreds.",
     ),
-    "ant-1m": dict(
-        title="Ant-v5 at 1M steps without observation normalization (td3)",
-        about="td3.py on `gym:Ant-v5` with its mujoco set and `--no-obs-norm` (`@1mnoobsnorm`), the best single "
-        "change of the section above, at CleanRL's budget: 1M env steps, seeds 1-3, an evaluation on 10 envs every "
-        "1,563 iterations (50,016 steps, the set's). The set itself at 1M (`@1m`) is defined and not run here. The "
-        "runs shared the 2-core machine with the CI runs of the same session at the lowest priority (nice 19), one "
-        "torch thread each, so their wall minutes are a loaded machine's. The reference is CleanRL's TD3 on Ant-v4 "
-        "at 1M steps, 4,917 ± 599 (see the section above), whose observation has Ant-v4's 27 numbers; the target is "
-        "90% of it.",
-    ),
 }
 # Why an experiment takes the flags it does, printed under the tables of every folder that has it.
 NOTES = {
