@@ -370,8 +370,8 @@ def test_playground_benchmark_measures_every_row_on_a_cpu(tmp_path, capsys):
     out = tmp_path / "playground.json"
     argv = ["--device", "cpu", "--task", TASK, "--impl", "jax", "--num-envs", "8", "--iterations", "2"]
     argv += ["--warmup-iterations", "1", "--env-steps", "3", "--env-warmup-steps", "1", "--repeats", "1"]
-    # FastTD3's 1,024 envs and 32,768 a batch are a GPU's; its log interval, 100 iterations, made this row 300 iterations
-    # of a 1,024-wide critic, most of this test's time on two cores: here 10 make one logged iteration
+    # FastTD3's 1,024 envs and 32,768 a batch are a GPU's; its log interval, 100 iterations, made this row 300
+    # iterations of a 1,024-wide critic, most of this test's time on two cores: here 10 make one logged iteration
     argv += ["--td3-num-envs", "8", "--td3-args", "--batch-size 64 --log-interval 10"]
     # brax's config collects 983,040 steps per training step: 8 envs, 2 minibatches of 8 unrolls of 4 steps here
     brax = {"batch_size": 8, "num_minibatches": 2, "unroll_length": 4, "num_updates_per_batch": 1}
