@@ -16,10 +16,12 @@ from tests.helpers import ROOT, load_script, run
 pqn = load_script("pqn")
 
 
-def script_env(threads: int = 2) -> dict:
+def script_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = str(threads)  # one process on the CI machine's two cores; 1 per rank under torchrun
+    # this test process's threads: 1 under `-n 2` (tests/conftest.py), where the other worker's tests hold the second
+    # core and two threads spin waiting for each other (the CartPole run below took 60 to 130 s with 2, 10 s with 1)
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
