@@ -652,7 +652,7 @@ def test_copies_made_as_a_researcher_would_pass_the_contract_tests(tmp_path):
     assert len(scalars(tmp_path / "idea" / "run")["losses/kl_penalty"]) == 2
 
 
-def test_dynamos_notice_of_a_profiler_range_is_dropped_and_its_other_warnings_are_not():
+def test_dynamos_notice_of_a_profiler_range_is_dropped_and_its_other_warnings_are_not(caplog):
     """torch.optim's step opens a profiler range that dynamo ignores, with a warning at every compiled run; a
     compiled run drops that warning at the loggers that make it, and only that one."""
     import logging
@@ -662,30 +662,22 @@ def test_dynamos_notice_of_a_profiler_range_is_dropped_and_its_other_warnings_ar
 
     from common.run import start_run
 
-    class Said(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.WARNING)
-            self.messages = []
-
-        def emit(self, record):
-            self.messages.append(record.getMessage())
-
     ppo = load_script("ppo")
     start_run(ppo.Args(device="cpu", compile=True, cudagraphs=False), "ppo")
-    said = Said()
-    # a handler on the logger itself: once torch's logging has set itself up in this process (any compiled run of an
-    # earlier test), torch._dynamo's logger no longer propagates to the root, where pytest's caplog listens
+    # caplog's handler on the logger itself: once torch's logging has set itself up in this process (any compiled run
+    # of an earlier test), torch._dynamo's logger no longer propagates to the root, where caplog listens
     for log in (ctx_manager.log, torch_variables.log):  # the loggers dynamo warns with
         level = log.level
-        log.addHandler(said)
+        log.addHandler(caplog.handler)
         log.setLevel(logging.WARNING)
         try:
             log.warning("Profiler record function %s will be ignored", "<class 'record_function'>")
             log.warning("Graph break from %s", "something else")
         finally:
-            log.removeHandler(said)
+            log.removeHandler(caplog.handler)
             log.setLevel(level)
-    assert said.messages == ["Graph break from something else"] * 2, said.messages
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["Graph break from something else"] * 2, said
 
 
 @pytest.mark.slow

@@ -4,30 +4,21 @@ The run contract (resume, checkpoints, logging, NaN guard, torchrun, faults, err
 for every script in tests/test_scripts.py."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.helpers import ROOT, load_script, run
+from tests.helpers import load_script, run
 
 pqn = load_script("pqn")
 
 
-def script_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    # this test process's threads: 1 under `-n 2` (tests/conftest.py), where the other worker's tests hold the second
-    # core and two threads spin waiting for each other (the CartPole run below took 60 to 130 s with 2, 10 s with 1)
-    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def script(*args, timeout=300) -> subprocess.CompletedProcess:
-    return run([sys.executable, "algos/pqn.py", *map(str, args)], timeout=timeout, env=script_env())
+    # tests/helpers.py's environment: one torch thread, as each `-n 2` worker has (tests/conftest.py); with two beside
+    # the other worker's tests, the threads spun waiting for each other (the CartPole run below: 60 to 130 s, not 10)
+    return run([sys.executable, "algos/pqn.py", *map(str, args)], timeout=timeout)
 
 
 def train(tmp_path, **overrides) -> dict:
