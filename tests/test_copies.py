@@ -664,18 +664,21 @@ def test_dynamos_notice_of_a_profiler_range_is_dropped_and_its_other_warnings_ar
 
     ppo = load_script("ppo")
     start_run(ppo.Args(device="cpu", compile=True, cudagraphs=False), "ppo")
-    # caplog's handler on the logger itself: once torch's logging has set itself up in this process (any compiled run
-    # of an earlier test), torch._dynamo's logger no longer propagates to the root, where caplog listens
+    # caplog's handler on the logger itself, and the logger's propagation off while the test speaks: whether records
+    # reach the root, where caplog listens, depends on the worker's earlier tests (once torch's logging has set itself
+    # up, in any compiled run, torch._dynamo's logger stops propagating); with both, each record came twice
     for log in (ctx_manager.log, torch_variables.log):  # the loggers dynamo warns with
-        level = log.level
+        level, propagate = log.level, log.propagate
         log.addHandler(caplog.handler)
         log.setLevel(logging.WARNING)
+        log.propagate = False
         try:
             log.warning("Profiler record function %s will be ignored", "<class 'record_function'>")
             log.warning("Graph break from %s", "something else")
         finally:
             log.removeHandler(caplog.handler)
             log.setLevel(level)
+            log.propagate = propagate
     said = [r.getMessage() for r in caplog.records]
     assert said == ["Graph break from something else"] * 2, said
 
