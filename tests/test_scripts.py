@@ -727,11 +727,16 @@ def summary_of(out: Path, run_name: str = "run") -> dict:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("algo", SCRIPTS)
+@pytest.mark.parametrize(
+    "algo", ["ppo", "td3"]
+)  # one script of each loop: the signal, the stop and the save are common/'s
 def test_sigterm_under_torchrun_saves_and_resumes_on_another_world_size(algo, tmp_path, jobs):
     """SIGTERM to every worker (what a scheduler does): the ranks agree to stop after the same
     iteration, save last.pt with both ranks' state and exit 0 with their parameters bit-identical.
-    The checkpoint then resumes in one process, which re-derives the env streams and says so."""
+    The checkpoint then resumes in one process, which re-derives the env streams and says so. The signal's flag rides
+    on the statistics' one reduction with --max-wall-seconds' (common.stats), and the save is common/'s: one script of
+    each loop here; each script's own state through a two-process checkpoint, and its resume in one process, are
+    test_two_process_resume_is_bit_identical's, for every script."""
     total = 2 * units(algo, 2000)  # far more than runs before the signal
     job = jobs(
         torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, eval_interval=4 * CONTRACT[algo]["sync"])),
@@ -790,23 +795,44 @@ def test_sigkill_of_a_worker_is_survived_by_an_elastic_restart(algo, tmp_path, j
 @pytest.mark.distributed
 @pytest.mark.parametrize("algo", SCRIPTS)
 def test_two_process_resume_is_bit_identical(algo, tmp_path):
-    """Under torchrun too, a run stopped and resumed ends bit-identical to one never stopped
-    (each rank's RNG, env, episode and buffer state goes through rank 0's checkpoint and back)."""
-    total = 2 * units(algo, 4)
-    full = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="full", total_timesteps=total)), timeout=240)
+    """Under torchrun too, a run resumed from its checkpoint after the first unit ends bit-identical to the run that
+    went on (each rank's RNG, env, episode and buffer state goes through rank 0's checkpoint and back); and the same
+    checkpoint resumes in one process, on another world size, which re-derives the env streams and says so. The run
+    itself writes that checkpoint mid-way (step_<step>.pt, the save of a stop's last.pt, as an elastic restart resumes
+    from), so that no stopped run is launched beside it; but where a replay buffer goes into last.pt alone
+    (--save-buffer), a run stopped after its first unit (a wall-time budget of 0 s) writes it."""
+    sync, total, first_unit = CONTRACT[algo]["sync"], 2 * units(algo, 4), units(algo, 2)  # a unit of 2 processes
+    buffer_in_last = CONTRACT[algo]["kwargs"].get("save_buffer", False)
+    numbered = dict(checkpoint_interval=0 if buffer_in_last else sync)
+    full = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="full", total_timesteps=total, **numbered)), 240)
     assert full.returncode == 0, full.stdout[-4000:]
-    cut = run(
-        torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, max_wall_seconds=0.0)),
-        timeout=240,
+    if buffer_in_last:
+        cut = run(
+            torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, max_wall_seconds=0.0)),
+            timeout=240,
+        )
+        assert cut.returncode == 0, cut.stdout[-4000:]
+        name, run_name = "last.pt", "cut"
+    else:
+        name, run_name = f"step_{first_unit}.pt", "full"
+    mid_way = tmp_path / run_name / "checkpoints" / name
+    state = checkpoint(tmp_path, name, run_name=run_name)
+    assert state["iteration"] == sync and state["global_step"] == first_unit and len(state["ranks"]) == 2
+    assert not torch.equal(*[r["next_obs"]["policy"] for r in state["ranks"]]), "the ranks share their env streams"
+
+    one = units(algo, 4)  # from the first unit of two processes (2 of one), two more units in one process
+    alone = run(
+        [sys.executable, *cli_args(algo, tmp_path, run_name="one", total_timesteps=one, resume=str(mid_way))], 240
     )
-    assert cut.returncode == 0 and checkpoint(tmp_path, run_name="cut")["iteration"] == CONTRACT[algo]["sync"], (
-        cut.stdout[-4000:]
-    )
-    resumed = run(
-        torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, resume="auto")), timeout=240
-    )
+    assert alone.returncode == 0, alone.stdout[-4000:]
+    assert "notice: checkpoint from 2 process(es)" in alone.stdout and f"global step {first_unit}" in alone.stdout
+    assert summary_of(tmp_path, "one")["global_step"] == one and summary_of(tmp_path, "one")["world_size"] == 1
+
+    resume = "auto" if buffer_in_last else str(mid_way)
+    resumed = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, resume=resume)), 240)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     a, b = checkpoint(tmp_path, run_name="full"), checkpoint(tmp_path, run_name="cut")
+    assert a["iteration"] == b["iteration"] == 4 * sync, (a["iteration"], b["iteration"])
     a, b = without_flags_and_clocks(a), without_flags_and_clocks(b)
     assert_same(a, b)
     assert summary_of(tmp_path, "full")["params_in_sync"] and summary_of(tmp_path, "cut")["params_in_sync"]
