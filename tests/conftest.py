@@ -48,3 +48,15 @@ def pytest_collection_modifyitems(config, items):
     their order, then the rest: with `-n 2` a long test collected last would leave one worker running it alone while
     the other has nothing left. An order of the run only (every worker collects it the same)."""
     items.sort(key=lambda item: 0 if item.get_closest_marker("slow") or item.get_closest_marker("distributed") else 1)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (-p no:xdist, a nested run) never called
+def pytest_xdist_make_scheduler(config, log):
+    """`-n 2` with its default `--dist load` schedules by work stealing: a worker whose queue runs out takes half of
+    the other's. With `load`, the tests left at the end stayed queued on one worker, which ran its last minutes alone
+    while the other had nothing (CPU idle 30 to 50% there, docs/tests.md). Another --dist given is kept."""
+    if config.getoption("dist") == "load":
+        from xdist.scheduler import WorkStealingScheduling
+
+        return WorkStealingScheduling(config, log)
+    return None
