@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_xdist_make_scheduler(config, log):
     """`-n 2` with its default `--dist load` schedules by work stealing: a worker whose queue runs out takes half of
     the other's. With `load`, the tests left at the end stayed queued on one worker, which ran its last minutes alone
-    while the other had nothing (CPU idle 30 to 50% there, docs/tests.md). Another --dist given is kept."""
+    while the other had nothing (CPU idle 26 to 50% there, docs/tests.md). Another --dist given is kept."""
     if config.getoption("dist") == "load":
         from xdist.scheduler import WorkStealingScheduling
 

@@ -727,9 +727,8 @@ def summary_of(out: Path, run_name: str = "run") -> dict:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(
-    "algo", ["ppo", "td3"]
-)  # one script of each loop: the signal, the stop and the save are common/'s
+# one script of each loop: the signal, the stop and the save are common/'s
+@pytest.mark.parametrize("algo", ["ppo", "td3"])
 def test_sigterm_under_torchrun_saves_and_resumes_on_another_world_size(algo, tmp_path, jobs):
     """SIGTERM to every worker (what a scheduler does): the ranks agree to stop after the same
     iteration, save last.pt with both ranks' state and exit 0 with their parameters bit-identical.
