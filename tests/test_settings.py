@@ -906,7 +906,12 @@ def resolved(module, argv: list[str]) -> dict:
 
 
 # Experiments first run with the named settings: what their committed runs recorded is their flags of today.
-NEW_EXPERIMENTS = {"td3:gym:Hopper-v5@500k", "td3:gym:Ant-v5@1m", "td3:gym:Ant-v5@1mnoobsnorm"}
+NEW_EXPERIMENTS = {
+    "td3:gym:Hopper-v5@500k",
+    "td3:gym:Ant-v5@1m",
+    "td3:gym:Ant-v5@1mnoobsnorm",
+    "td3:gym:Ant-v5@1mnoobsnorm27",
+}
 
 
 def test_every_experiment_had_long_flags_or_ran_with_the_settings():
