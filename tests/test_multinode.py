@@ -158,7 +158,10 @@ def test_two_nodes_run_one_job(algo, tmp_path, clusters):
 # --------------------------------------------------------------------------------------------
 # 2. a node dies, 3. a node joins
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("algo", ["ppo", OFF_POLICY])
+# On ppo alone: the elastic agents' re-rendezvous, resume and restart are common/'s. What a world-size change does to an
+# off-policy script's replay buffers (they stay behind, the updates wait for --learning-starts steps again) is held for
+# td3 and sac by tests/test_scripts.py's two-process resume, which resumes a two-process checkpoint in one process.
+@pytest.mark.parametrize("algo", ["ppo"])
 def test_a_node_dies_and_a_new_one_joins(algo, tmp_path, clusters):
     """`--nnodes 1:2 --max-restarts 3`: kill -9 of one node (agent and worker) mid-run. The
     survivor's worker leaves the broken collective in seconds (its peer's sockets close; the

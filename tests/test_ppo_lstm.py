@@ -212,10 +212,16 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     step are traced whole: 0 dynamo graph breaks in them (an nn.LSTM / nn.GRU in a traced function breaks the
     graph at each use unless dynamo's allow_rnn is on: 16 breaks per run before), and none anywhere from
     the recurrent module. The breaks that remain are the update's and the targets', the same as ppo.py's
-    (backward, the optimizer, the normalizers' updates kept out of compile): printed with the counts."""
+    (backward, the optimizer, the normalizers' updates kept out of compile): printed with the counts. The run is the
+    contract's first layout of ppo_lstm as tests/test_scripts.py's compiled-vs-eager test runs it (with inductor's
+    fallback_random as there): the same graphs, so that a worker that compiled one takes the other's from inductor's
+    disk cache instead of compiling another layout's kernels."""
     import collections
 
+    import torch._inductor.config
+
     import common.evaluation
+    from tests.contract import COMMON, CONTRACT
     from torch._dynamo.utils import counters
 
     per_function = collections.Counter()
@@ -238,18 +244,11 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     monkeypatch.setattr(ppo_lstm, "compiled", counting(ppo_lstm.compiled))  # train's compile-and-capture block
     monkeypatch.setattr(common.evaluation, "compiled", counting(common.evaluation.compiled))
     before = collections.Counter(counters["graph_break"])
-    train(
-        tmp_path,
-        env_id="CartPole-v1",
-        env_kwargs=MASKED,
-        num_envs=16,
-        num_steps=8,
-        rnn_hidden_size=16,
-        total_timesteps=16 * 8 * 2,
-        eval_interval=1,
-        num_eval_envs=4,
-        compile=True,
-    )
+    contract = CONTRACT["ppo_lstm"]
+    settings = {**COMMON, **contract["kwargs"], **contract["captures"][0], "output_dir": str(tmp_path)}
+    settings.update(total_timesteps=2 * contract["sync"] * contract["steps"], eval_interval=2 * contract["sync"])
+    with torch._inductor.config.patch(fallback_random=True):
+        run_main(ppo_lstm, **settings, compile=True)
     breaks = collections.Counter(counters["graph_break"]) - before
     print("graph breaks by compiled function:", dict(per_function))
     print(

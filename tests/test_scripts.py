@@ -826,6 +826,12 @@ def test_two_process_resume_is_bit_identical(algo, tmp_path):
     assert alone.returncode == 0, alone.stdout[-4000:]
     assert "notice: checkpoint from 2 process(es)" in alone.stdout and f"global step {first_unit}" in alone.stdout
     assert summary_of(tmp_path, "one")["global_step"] == one and summary_of(tmp_path, "one")["world_size"] == 1
+    if buffer_in_last:  # each rank's replay buffer holds its own envs' transitions: none fits a world of 1, so the
+        # buffer starts empty, and the updates resume once it holds --learning-starts steps again
+        envs = CONTRACT[algo]["kwargs"]["num_envs"]
+        assert f"notice: the checkpoint's replay buffers belong to 2 process(es) x {envs} envs" in alone.stdout
+        updated = [step for step, _ in scalars(tmp_path / "one")["losses/q_loss"]]
+        assert updated and updated[-1] == one and min(updated) > first_unit, updated
 
     resume = "auto" if buffer_in_last else str(mid_way)
     resumed = run(torchrun_cmd(2, cli_args(algo, tmp_path, run_name="cut", total_timesteps=total, resume=resume)), 240)
