@@ -596,14 +596,17 @@ def test_a_second_run_in_one_process_compiles_its_own_functions(tmp_path):
     eval step) are the same code objects in every run of a process: past the recompile limit (8; 1
     here) a later run would run them eagerly without a word. Each run starts from a clean dynamo
     state and compiles as many frames as the one before it (the first run of a process also
-    compiles torch's own lazily initialised helpers, so the second and third are compared)."""
+    compiles torch's own lazily initialised helpers, so the second and third are compared). The runs are pqn's first
+    layout as the compiled-vs-eager test runs it (with inductor's fallback_random as there): the same graphs, which a
+    worker that compiled one takes from inductor's disk cache."""
+    import torch._inductor.config
     from torch._dynamo.utils import counters
 
-    compiled = []
-    with torch._dynamo.config.patch(recompile_limit=1):
+    compiled, sync = [], CONTRACT["pqn"]["sync"]
+    with torch._dynamo.config.patch(recompile_limit=1), torch._inductor.config.patch(fallback_random=True):
         for name in ("first", "second", "third"):
             before = counters["frames"]["ok"]
-            train("pqn", tmp_path / name, total_timesteps=units("pqn", 2), eval_interval=1, compile=True)
+            train("pqn", tmp_path / name, total_timesteps=units("pqn", 2), eval_interval=2 * sync, compile=True)
             compiled.append(counters["frames"]["ok"] - before)
     assert compiled[1] > 0 and compiled[2] == compiled[1], compiled
 
