@@ -279,6 +279,9 @@ def record_captured(monkeypatch, script, before_call=None) -> Recorded:
         return call
 
     # where the capture happens: the script's own compile-and-capture block, and the evaluation's chunk of steps
+    # (4 steps here, not 64: the chunk repeats one step, so its replay holds or fails at any length, and recording four
+    # chunks of 64 steps op by op was most of a replay check's time)
+    monkeypatch.setattr(common.evaluation, "EVAL_CHUNK", 4)
     monkeypatch.setattr(script, "captured", recording)
     monkeypatch.setattr(script, "compiled", watched_compiled)
     monkeypatch.setattr(common.evaluation, "captured", recording)
