@@ -771,11 +771,15 @@ def test_sigkill_of_a_worker_is_survived_by_an_elastic_restart(algo, tmp_path, j
     """kill -9 of one worker under torchrun --max-restarts 1: the restarted group resumes from
     last.pt in the same run directory, finishes, and each TensorBoard step is logged once. What a restart does is
     common/'s (open_run's resume, the purge of the redone steps) and each script's own state through a two-process
-    checkpoint is test_two_process_resume_is_bit_identical's, for every script: one script of each loop here."""
+    checkpoint is test_two_process_resume_is_bit_identical's, for every script: one script of each loop here. The env
+    sleeps at each step (tests/fault_worker.py, as the multi-node tests' do), so that the run outlasts the kill by
+    seconds of sleep, not of the cores' time, which the other tests of a parallel run need."""
     sync, per_unit = CONTRACT[algo]["sync"], 2 * units(algo, 1)
-    total = 200 * per_unit
+    total, units_run = 40 * per_unit, 40
+    step_seconds = 0.01 if algo == "ppo" else 0.04  # a unit of either about 0.1-0.2 s asleep: 4-6 s a run at least
+    script = ["tests/fault_worker.py", "--step-seconds", str(step_seconds)]
     job = jobs(
-        torchrun_cmd(2, cli_args(algo, tmp_path, total_timesteps=total, save_interval=4 * sync), restarts=1),
+        torchrun_cmd(2, [*script, *cli_args(algo, tmp_path, total_timesteps=total, save_interval=4 * sync)], 1),
         tmp_path / "log",
     )
     last = tmp_path / "run" / "checkpoints" / "last.pt"
@@ -791,7 +795,7 @@ def test_sigkill_of_a_worker_is_survived_by_an_elastic_restart(algo, tmp_path, j
     summary = summary_of(tmp_path)
     assert summary["global_step"] == total and summary["params_in_sync"] is True
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["log", "run"]  # one run dir
-    assert logged_steps(tmp_path / "run") == [per_unit * i for i in range(1, 201)]  # one curve: redone steps purged
+    assert logged_steps(tmp_path / "run") == [per_unit * i for i in range(1, units_run + 1)]  # redone steps purged
 
 
 @pytest.mark.distributed
