@@ -551,16 +551,17 @@ def run_contract_tests(checkout: Path, copies: dict[str, int]) -> list[str]:
     copies (`copies`: name -> capture layouts of its original) as the README's test command would run them (its own
     common/, not one installed from elsewhere), but for what runs the originals' code paths unchanged at a cost of
     minutes, which the originals' own runs check: the torchrun faults and two-process resume (SIGTERM, SIGKILL),
-    videos, and the compiled runs and captured replays of the capture layouts past the plain one (another env
-    adapter, pixels: the originals' branches, which these copies leave as they are). Fails unless all passed, each
-    file ran, and ran on each copy where the copy is a parameter, among them its exact resume and its compiled run
-    against its eager one. Returns the passed tests' ids."""
+    videos, and the compiled runs, captured replays and device-kernel traces of the capture layouts past the plain
+    one (another env adapter, pixels: the originals' branches, which these copies leave as they are). Fails unless all
+    passed, each file ran, and ran on each copy where the copy is a parameter, among them its exact resume and its
+    compiled run against its eager one. Returns the passed tests' ids."""
     env = dict(subprocess_env(), PYTHONPATH=str(checkout))
     others = [
-        f"--deselect=tests/test_scripts.py::{test}[{name}-{i}]"
+        f"--deselect=tests/{test}[{name}-{i}]"
         for test in (
-            "test_compiled_run_computes_what_eager_computes",
-            "test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync",
+            "test_scripts.py::test_compiled_run_computes_what_eager_computes",
+            "test_scripts.py::test_captured_functions_replay_the_same_kernels_on_the_same_tensors_without_host_sync",
+            "test_device_kernels.py::test_compiled_and_captured_functions_hold_no_device_dispatched_kernel",
         )
         for name, layouts in copies.items()
         for i in range(1, layouts)
