@@ -775,13 +775,12 @@ def test_sigkill_of_a_worker_is_survived_by_an_elastic_restart(algo, tmp_path, j
     sleeps at each step (tests/fault_worker.py, as the multi-node tests' do), so that the run outlasts the kill by
     seconds of sleep, not of the cores' time, which the other tests of a parallel run need."""
     sync, per_unit = CONTRACT[algo]["sync"], 2 * units(algo, 1)
-    total, units_run = 40 * per_unit, 40
-    step_seconds = 0.01 if algo == "ppo" else 0.04  # a unit of either about 0.1-0.2 s asleep: 4-6 s a run at least
+    units_run = 40
+    total = units_run * per_unit
+    step_seconds = 0.01 if algo == "ppo" else 0.04  # a unit asleep 0.08 s (ppo), 0.16 s (td3): 3 to 6 s a run at least
     script = ["tests/fault_worker.py", "--step-seconds", str(step_seconds)]
-    job = jobs(
-        torchrun_cmd(2, [*script, *cli_args(algo, tmp_path, total_timesteps=total, save_interval=4 * sync)], 1),
-        tmp_path / "log",
-    )
+    args = cli_args(algo, tmp_path, total_timesteps=total, save_interval=4 * sync)
+    job = jobs(torchrun_cmd(2, [*script, *args], restarts=1), tmp_path / "log")
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     job.wait_for(last.is_file, what="the first checkpoint")
     saved_step = checkpoint(tmp_path)["global_step"]
