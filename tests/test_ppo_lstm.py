@@ -221,7 +221,8 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     import torch._inductor.config
 
     import common.evaluation
-    from tests.contract import COMMON, CONTRACT
+    from tests.contract import CONTRACT
+    from tests.test_scripts import train as contract_run, units
     from torch._dynamo.utils import counters
 
     per_function = collections.Counter()
@@ -244,11 +245,15 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     monkeypatch.setattr(ppo_lstm, "compiled", counting(ppo_lstm.compiled))  # train's compile-and-capture block
     monkeypatch.setattr(common.evaluation, "compiled", counting(common.evaluation.compiled))
     before = collections.Counter(counters["graph_break"])
-    contract = CONTRACT["ppo_lstm"]
-    settings = {**COMMON, **contract["kwargs"], **contract["captures"][0], "output_dir": str(tmp_path)}
-    settings.update(total_timesteps=2 * contract["sync"] * contract["steps"], eval_interval=2 * contract["sync"])
-    with torch._inductor.config.patch(fallback_random=True):
-        run_main(ppo_lstm, **settings, compile=True)
+    with torch._inductor.config.patch(fallback_random=True):  # the module is ppo_lstm above (load_script keeps one)
+        contract_run(
+            "ppo_lstm",
+            tmp_path,
+            compile=True,
+            total_timesteps=units("ppo_lstm", 2),
+            eval_interval=2 * CONTRACT["ppo_lstm"]["sync"],
+            **CONTRACT["ppo_lstm"]["captures"][0],
+        )
     breaks = collections.Counter(counters["graph_break"]) - before
     print("graph breaks by compiled function:", dict(per_function))
     print(

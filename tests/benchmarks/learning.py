@@ -317,7 +317,7 @@ for arm, arm_flags in ANT_ARMS.items():
 # Ant-v5 at CleanRL's budget (issue 78): the mujoco set (@1m) and the set without observation normalization
 # (@1mnoobsnorm), the best single change of the 100k arms, an eval every 1,563 iterations (the set's); 3 seeds each.
 # @1mnoobsnorm27: one change more, the 27 numbers of Ant-v4's observation that CleanRL's published runs observe (the
-# second best change at 100k), so that the task is the one its 4,917 was measured on but for v5's contact cost.
+# second best change at 100k), so that the task is the one its 4,917 was measured on but for v5's reward changes.
 # A run is 45 minutes to hours on one CPU core by the machine's load: a checkpoint every 10 minutes with the replay
 # buffer in it (--save-buffer, 0.88 GB at 1M transitions of Ant's 105 numbers) and --resume auto, so the same command,
 # stopped (SIGTERM) and run again with --reuse left out, goes on bit-identically where it stopped.
