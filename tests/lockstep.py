@@ -378,3 +378,23 @@ def lockstep_compiled(monkeypatch) -> Lockstep:
     hook = Lockstep()
     monkeypatch.setattr(common.capture, "LOCKSTEP", hook)
     return hook
+
+
+def inductor_settings(kernels: bool = True):
+    """The inductor configuration a run compiled in lockstep compiles under: random numbers drawn as eager draws them
+    (fallback_random), and with `kernels=False` no kernel of inductor's own: each op of its graph runs ATen's kernel
+    (fallback_by_default, inductor's "lite" mode), while dynamo's tracing, AOT autograd, the decompositions and
+    inductor's graph (its mutations written back, its buffers, its wrapper) stay as they are.
+
+    On a CPU, inductor's kernels are C++ built by g++ (1 to 2 s each, most of a cold compiled test's time), and they are
+    not the kernels a GPU run gets (Triton's). Each script's first capture layout compiles them in every torch lane
+    (tests/test_scripts.py), as do the tests about what inductor's kernels do (a dropped 0-d write, the CrossQ copy's
+    fused batch statistics); the layouts past the first hold the script's other branches (an env adapter, pixels, a
+    GRU, the mirror images, other update flags), which is what they exist to check, without building kernels again
+    for the same networks, losses and optimizer steps. A torch without the option compiles kernels everywhere."""
+    import torch._inductor.config as config
+
+    patch = {"fallback_random": True}
+    if not kernels and hasattr(config, "fallback_by_default"):
+        patch["fallback_by_default"] = True
+    return config.patch(**patch)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from tests.helpers import load_script
-from tests.lockstep import lockstep_compiled
+from tests.lockstep import inductor_settings, lockstep_compiled
 from tests.replay import (
     assert_keeps_python_state,
     assert_no_host_sync,
@@ -37,10 +37,8 @@ BRAX = dict(
 def test_brax_update_compiles_to_what_eager_computes(tmp_path, monkeypatch):
     """--compile in lockstep (tests/lockstep.py): every compiled call returns and writes what eager does, the sampled
     entropy's draw among them (inductor drawing as eager does)."""
-    import torch._inductor.config
-
     checked = lockstep_compiled(monkeypatch)
-    with torch._inductor.config.patch(fallback_random=True):
+    with inductor_settings(kernels=False):  # ppo's first layout builds its kernels (tests/lockstep.py)
         summary = train("ppo", tmp_path, compile=True, total_timesteps=units("ppo", 2), eval_interval=0, **BRAX)
     assert summary["compile"] and len(checked.calls) >= 2, checked.calls
 

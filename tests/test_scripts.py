@@ -36,7 +36,7 @@ from tests.helpers import (
 from tests.host_sync import SyncsOutsideTheOptimizer
 from tests.pixel_env import CATCH, Catch
 from tests.contract import COPIES, CONTRACT, COMMON, SCRIPTS, algo_of
-from tests.lockstep import ATOL, RTOL, assert_close_at_scale, lockstep_compiled
+from tests.lockstep import ATOL, RTOL, assert_close_at_scale, inductor_settings, lockstep_compiled
 from tests.replay import (
     assert_keeps_python_state,
     assert_no_host_sync,
@@ -575,15 +575,14 @@ def test_compiled_run_computes_what_eager_computes(algo, variant, tmp_path, monk
     compiled from the same state, with inductor drawing its random numbers as eager does (fallback_random), and
     returns and writes what eager does up to float32 rounding at each tensor's scale; eager's state goes on, so
     rounding does not compound over the run. A compiled in-place write that is silently dropped fails here at the
-    call that drops it, by the tensor's name (tests/test_copies.py shows it)."""
-    import torch._inductor.config
-
+    call that drops it, by the tensor's name (tests/test_copies.py shows it). The first layout builds inductor's C++
+    kernels; the others run its graphs on ATen's kernels (tests/lockstep.py's inductor_settings says why)."""
     # the evaluation's compiled step (the same code in every layout: common.evaluation) in the first layout
     evaluates = variant == 0
     settings = dict(total_timesteps=units(algo, 2), eval_interval=2 * CONTRACT[algo]["sync"] if evaluates else 0)
     settings.update(CONTRACT[algo]["captures"][variant])
     checked = lockstep_compiled(monkeypatch)
-    with torch._inductor.config.patch(fallback_random=True):
+    with inductor_settings(kernels=variant == 0):  # inductor's C++ kernels in the first layout (tests/lockstep.py)
         compiled = train(algo, tmp_path, compile=True, **settings)
     assert compiled["compile"] and compiled["compile_seconds_by_function"]
     assert len(checked.calls) >= 2, f"fewer compiled functions than a script's update and acting: {checked.calls}"
