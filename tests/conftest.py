@@ -9,8 +9,15 @@ pins: a lane of its own) are held so with REQUIRE_SIMULATORS=playground, the pla
 
 import os
 
-import pytest
-import torch
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # and compiles in its own process, as do the runs it starts (they inherit the environment): inductor's pool of
+    # compile processes, one per core, each importing torch (~9 CPU-s a process that compiles, measured on a cold
+    # compiled-vs-eager test), would only build the C++ kernels on the core the other worker uses. Set before torch's
+    # inductor reads it at import.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
