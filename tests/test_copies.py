@@ -21,7 +21,7 @@ import torch
 from common.args import Ge, Le, RunArgs, check_numbers, given_flags, parse_args
 from common.checkpoint import load_checkpoint
 from tests.helpers import ROOT, load_script, run, run_main, subprocess_env
-from tests.lockstep import lockstep_compiled
+from tests.lockstep import inductor_settings, lockstep_compiled
 from tests.test_scripts import assert_runs_alike, next_second, scalars
 
 # The copy's edits: (anchor in ppo.py, what replaces it)
@@ -111,11 +111,9 @@ def test_a_copy_with_new_flags_a_statistic_and_state_compiles_as_it_runs_eagerly
     compared): the flags are accepted, the new statistic is logged and non-zero, and the running 0-d float64 tensor
     (whose in-place write torch.compile would drop on a CPU) is written as eager writes it at every call; the run ends
     with the eager run's state and logs."""
-    import torch._inductor.config
-
     module, out = copy
     checked = lockstep_compiled(monkeypatch)
-    with torch._inductor.config.patch(fallback_random=True):
+    with inductor_settings():
         run_main(module, **TINY, output_dir=str(tmp_path), total_timesteps=3 * ITERATION, compile=True)
     said = "".join(capfd.readouterr())
     assert "compile on (compiling takes a minute or more on a CPU), CUDA graphs: off;" in said
@@ -142,7 +140,6 @@ def test_compile_parity_fails_when_a_compiled_write_is_dropped(copy, tmp_path, m
     write in such a form loses it without the guard of common.capture.compiled, and the contract's compiled-vs-eager
     check (in lockstep) fails at the first call of the function that drops it, naming the tensor."""
     import common.capture
-    import torch._inductor.config
 
     lost = [form for form in EMA_WRITES if (form, torch.float64, True) in common.capture.lost_writes("cpu")]
     if not lost:
@@ -159,7 +156,7 @@ def test_compile_parity_fails_when_a_compiled_write_is_dropped(copy, tmp_path, m
     monkeypatch.setattr(common.capture, "lost_writes", lambda device: frozenset())  # the guard off
     lockstep_compiled(monkeypatch)
     try:
-        with torch._inductor.config.patch(fallback_random=True):
+        with inductor_settings():
             with pytest.raises(
                 AssertionError,
                 match=r"^[\w ,]+ \(ppo_ema.py:\d+\), call 1: compiled differs from eager in adv_ema: 1 of 1 differ",
@@ -826,8 +823,6 @@ def test_a_crossq_copy_with_dropout_critics_computes_compiled_what_it_computes_e
     does at float32 rounding (its reorderings of the batch statistics no longer compound over the run). Its settings:
     sac's first layout with what its check would give it (tests/contract.py's copy_entry: --critic-batch-norm turned
     on, the --critic-dropout of its CONTRACT)."""
-    import torch._inductor.config
-
     from tests.contract import COMMON, CONTRACT
 
     path = tmp_path / "algos" / "sac_crossq.py"
@@ -838,7 +833,7 @@ def test_a_crossq_copy_with_dropout_critics_computes_compiled_what_it_computes_e
     settings.update(critic_batch_norm=True, critic_dropout=0.1, output_dir=str(tmp_path), total_timesteps=48)
     checked = lockstep_compiled(monkeypatch)
     try:
-        with torch._inductor.config.patch(fallback_random=True):
+        with inductor_settings():
             run_main(module, **settings, compile=True)
     finally:
         sys.modules.pop("sac_crossq", None)

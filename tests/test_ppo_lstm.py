@@ -218,10 +218,9 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     disk cache instead of compiling another layout's kernels."""
     import collections
 
-    import torch._inductor.config
-
     import common.evaluation
     from tests.contract import CONTRACT
+    from tests.lockstep import inductor_settings
     from tests.test_scripts import train as contract_run, units
     from torch._dynamo.utils import counters
 
@@ -245,7 +244,7 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     monkeypatch.setattr(ppo_lstm, "compiled", counting(ppo_lstm.compiled))  # train's compile-and-capture block
     monkeypatch.setattr(common.evaluation, "compiled", counting(common.evaluation.compiled))
     before = collections.Counter(counters["graph_break"])
-    with torch._inductor.config.patch(fallback_random=True):  # the module is ppo_lstm above (load_script keeps one)
+    with inductor_settings():  # the module is ppo_lstm above (load_script keeps one)
         contract_run(
             "ppo_lstm",
             tmp_path,

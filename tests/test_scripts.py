@@ -598,11 +598,11 @@ def test_a_second_run_in_one_process_compiles_its_own_functions(tmp_path):
     compiles torch's own lazily initialised helpers, so the second and third are compared). The runs are pqn's first
     layout as the compiled-vs-eager test runs it (with inductor's fallback_random as there): the same graphs, which a
     worker that compiled one takes from inductor's disk cache."""
-    import torch._inductor.config
+    import torch._dynamo
     from torch._dynamo.utils import counters
 
     compiled, sync = [], CONTRACT["pqn"]["sync"]
-    with torch._dynamo.config.patch(recompile_limit=1), torch._inductor.config.patch(fallback_random=True):
+    with torch._dynamo.config.patch(recompile_limit=1), inductor_settings():
         for name in ("first", "second", "third"):
             before = counters["frames"]["ok"]
             train("pqn", tmp_path / name, total_timesteps=units("pqn", 2), eval_interval=2 * sync, compile=True)
