@@ -923,10 +923,11 @@ FOLDERS = {
         about="td3.py on `gym:Ant-v5` as in the section above (`--no-obs-norm`) and one change more, the 27 numbers of "
         "Ant-v4's observation that CleanRL's published runs observe (`include_cfrc_ext_in_observation` false; "
         "`@1mnoobsnorm27`): the task CleanRL's 4,917 was measured on but for what v5 changed in the reward (a contact "
-        "cost always; the healthy reward only while healthy, gymnasium's version history). Seeds 1 and 2, 1M env "
+        "cost always; the healthy reward only while healthy, gymnasium's version history). Seeds 1 to 3, 1M env "
         "steps, an evaluation on 10 envs every 1,563 iterations, one torch thread on the 2-core machine beside "
-        "tests for part of their time (their wall-clock is a loaded machine's); the scripts of commit d0fadcd (seed 2 "
-        "ran on a later commit with the same scripts). Seed 3 is not run yet.",
+        "tests for part of their time (their wall-clock is a loaded machine's); the scripts of commit d0fadcd (seeds 2 "
+        "and 3 ran on later commits with the same scripts; seed 3 in two sittings, stopped near 50,000 steps and "
+        "resumed from its checkpoint with its replay buffer, `--resume auto`).",
     ),
 }
 # Why an experiment takes the flags it does, printed under the tables of every folder that has it.
