@@ -9,16 +9,20 @@ capturing"), and `assert_keeps_python_state` that no call after the first change
 (a replay runs no Python: a counter kept in a closure would stop counting after the capture), and
 `assert_runs_compiled` that no captured call ran the body of a function the script compiled outside its compiled
 form (a caller that kept the function from before the wrapping: a default argument, a functools.partial).
+The same calls are watched at torch's Python surface for DEVICE_KERNELS, ops that go to another fused kernel on each
+device (`Recorded.device_kernels`, `assert_no_device_kernels`).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import types
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.host_sync import SyncsOutsideTheOptimizer
@@ -58,6 +62,45 @@ class ReplaySignature(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.made |= {t.untyped_storage().data_ptr() for t in _tensor_leaves(out)}
         return out
+
+
+# The ops that go to another fused kernel on each device: the fused RNNs and their cells (torch.lstm, gru, rnn_tanh,
+# rnn_relu, lstm_cell, ...; nn.LSTM / nn.GRU call them), the CUDA cells they decompose to (_thnn_fused_*), and anything
+# named for cuDNN, oneDNN (mkldnn) or MIOpen. Such an op compiles and passes every parity test on a CPU and can fail
+# on a GPU, where the same call goes to another kernel: ppo_lstm's acting step through `torch.lstm` did (dynamo's
+# fake-tensor trace of it stopped on CUDA, torch 2.11, while the CPU suite passed). That failure cannot be reproduced on
+# a CPU (a fake CUDA `torch.lstm` on a CPU build gives the right shapes), so the captured functions' calls are checked
+# for the ops by name instead (tests/test_device_kernels.py).
+DEVICE_KERNELS = re.compile(r"^_?(quantized_)?(lstm|gru|rnn_tanh|rnn_relu)(_cell)?$|^_thnn_fused_|cudnn|mkldnn|miopen")
+
+
+def _libraries() -> tuple[str, ...]:
+    import tensordict
+
+    return tuple(str(Path(m.__file__).parent) for m in (torch, tensordict)) + (__file__,)
+
+
+_LIBRARIES = _libraries()
+
+
+class DeviceKernelCalls(TorchFunctionMode):
+    """The calls of DEVICE_KERNELS ops a call makes, each as `op (file:line)` of the first caller outside torch: seen at
+    torch's Python surface, where dynamo puts them in a compiled function's graph (nn.LSTM's forward calls
+    torch._VF.lstm there; torch.lstm, torch.lstm_cell and the vendors' functions are such calls themselves)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if DEVICE_KERNELS.search(name):
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+                frame = frame.f_back
+            where = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}" if frame is not None else "?"
+            self.found.add(f"{name} ({where})")
+        return func(*args, **(kwargs or {}))
 
 
 def _tensor_leaves(tree) -> list[torch.Tensor]:
@@ -205,12 +248,14 @@ def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
 
 
 class Recorded(dict):
-    """{captured function's name: its calls}, and `eager`: {captured function's name: the names of the compiled
-    functions whose bodies ran outside their compiled form during its calls}."""
+    """{captured function's name: its calls}, `eager`: {captured function's name: the names of the compiled
+    functions whose bodies ran outside their compiled form during its calls}, and `device_kernels`: {captured
+    function's name: the DEVICE_KERNELS calls its recorded calls made}."""
 
     def __init__(self):
         super().__init__()
         self.eager: dict[str, set[str]] = {}
+        self.device_kernels: dict[str, set[str]] = {}
 
 
 def _code_of(fn) -> types.CodeType | None:
@@ -270,9 +315,12 @@ def record_captured(monkeypatch, script, before_call=None) -> Recorded:
             sys.setprofile(eager_bodies(name))
             try:
                 with ReplaySignature((args, kwargs)) as sig, SyncsOutsideTheOptimizer() as syncs:
-                    out = fn(*args, **kwargs)
+                    with DeviceKernelCalls() as kernels:
+                        out = fn(*args, **kwargs)
             finally:
                 sys.setprofile(profile)
+            if kernels.found:
+                signatures.device_kernels.setdefault(name, set()).update(kernels.found)
             calls.append((sig.ops, sig.external, syncs.syncs, changes(before, python_state(fn, run))))
             return out
 
@@ -286,6 +334,14 @@ def record_captured(monkeypatch, script, before_call=None) -> Recorded:
     monkeypatch.setattr(script, "compiled", watched_compiled)
     monkeypatch.setattr(common.evaluation, "captured", recording)
     return signatures
+
+
+def assert_no_device_kernels(signatures: Recorded) -> None:
+    """No captured function called an op of DEVICE_KERNELS: on CUDA it would go to another kernel than the one the CPU
+    suite ran (the call is what dynamo traces into the function's graph under --compile)."""
+    assert not signatures.device_kernels, "device-dispatched kernels in captured functions: " + "; ".join(
+        f"{name}: {', '.join(sorted(calls))}" for name, calls in sorted(signatures.device_kernels.items())
+    )
 
 
 def assert_runs_compiled(signatures: Recorded) -> None:

@@ -152,7 +152,7 @@ def test_env_metrics_inside_a_capture_are_refused():
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_recurrent_step_compiles_on_cuda_to_the_modules_cudnn_step(cell):
     """common.nets.rnn_step compiled on CUDA (the recurrent scripts' acting and replay step, whose dynamo graphs
-    tests/test_device_kernels.py keeps free of fused RNN ops on the CPU) gives what the nn.LSTM / nn.GRU module
+    tests/replay.py's device-kernel guard keeps free of fused RNN ops on the CPU) gives what the nn.LSTM / nn.GRU module
     gives through cuDNN on the same weights, 2 layers, to float rounding (TF32 off on both sides)."""
     from common.nets import rnn_step
 
