@@ -911,6 +911,7 @@ NEW_EXPERIMENTS = {
     "td3:gym:Ant-v5@1m",
     "td3:gym:Ant-v5@1mnoobsnorm",
     "td3:gym:Ant-v5@1mnoobsnorm27",
+    "td3:gym:Ant-v5@1mnoobsnorm27u8",
 }
 
 
