@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from tests.contract import CONTRACT
 from tests.helpers import ROOT, load_script
 from tests.replay import assert_no_device_kernels, record_captured
@@ -48,8 +50,6 @@ def test_the_guard_names_a_fused_rnn_put_back_into_ppo_lstm(tmp_path, monkeypatc
     did before; both compile and agree with eager on a CPU) fails the guard, which names the op, the captured
     function and the copy's line: the rollout (acting), the update (the value of the next observation in its
     targets, torch.lstm; the replay of its minibatches, torch.lstm_cell) and the evaluation step."""
-    import pytest
-
     text = (ROOT / "algos" / "ppo_lstm.py").read_text()
     for old, new in FUSED_RNN:
         assert text.count(old) == 1, "algos/ppo_lstm.py changed: the fused-RNN copy no longer applies"
