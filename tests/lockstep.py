@@ -380,18 +380,20 @@ def lockstep_compiled(monkeypatch) -> Lockstep:
     return hook
 
 
-def inductor_settings(kernels: bool = True):
+def inductor_settings(*, kernels: bool):
     """The inductor configuration a run compiled in lockstep compiles under: random numbers drawn as eager draws them
     (fallback_random), and with `kernels=False` no kernel of inductor's own: each op of its graph runs ATen's kernel
     (fallback_by_default, inductor's "lite" mode), while dynamo's tracing, AOT autograd, the decompositions and
     inductor's graph (its mutations written back, its buffers, its wrapper) stay as they are.
 
     On a CPU, inductor's kernels are C++ built by g++ (1 to 2 s each, most of a cold compiled test's time), and they are
-    not the kernels a GPU run gets (Triton's). Each script's first capture layout compiles them in every torch lane
-    (tests/test_scripts.py), as do the tests about what inductor's kernels do (a dropped 0-d write, the CrossQ copy's
-    fused batch statistics); the layouts past the first hold the script's other branches (an env adapter, pixels, a
-    GRU, the mirror images, other update flags), which is what they exist to check, without building kernels again
-    for the same networks, losses and optimizer steps. A torch without the option compiles kernels everywhere."""
+    not the kernels a GPU run gets (Triton's). What a script's compiled run can get wrong, a write dropped from the
+    graph, a lost schedule step, a graph break, state read stale, is in the graph, which the lite mode keeps: the 0-d
+    float64 writes that torch 2.12 and 2.13 drop are dropped in either mode, and 2.14.1 and 2.15.0 drop none in
+    either (`common.capture.lost_writes("cpu")` under each setting). So the contract's compiled runs, in every capture
+    layout and torch lane, and the copies' compile in the lite mode; the tests about what inductor's kernels compute
+    build them (the CrossQ copy's fused batch statistics at float32 rounding, tests/test_copies.py; ppo's CartPole run
+    compiled at 4,096 envs, tests/test_ppo.py). A torch without the option compiles kernels everywhere."""
     import torch._inductor.config as config
 
     patch = {"fallback_random": True}

@@ -247,7 +247,7 @@ def test_target_kl_ends_the_epochs_early(tmp_path, compile):
     from tests.lockstep import inductor_settings
 
     iterations, minibatches = 4, 4
-    with inductor_settings(kernels=False):  # the compiled functions are counted here; ppo's first layout builds kernels
+    with inductor_settings(kernels=False):  # the compiled functions are counted here
         summary = train(tmp_path, target_kl=1e-12, num_minibatches=minibatches, update_epochs=5, compile=compile)
     adam = torch.load(summary["checkpoints"]["last"], weights_only=True)["optimizers"]["adam"]
     assert int(adam["state"][0]["step"]) == iterations * minibatches

@@ -38,7 +38,7 @@ def test_brax_update_compiles_to_what_eager_computes(tmp_path, monkeypatch):
     """--compile in lockstep (tests/lockstep.py): every compiled call returns and writes what eager does, the sampled
     entropy's draw among them (inductor drawing as eager does)."""
     checked = lockstep_compiled(monkeypatch)
-    with inductor_settings(kernels=False):  # ppo's first layout builds its kernels (tests/lockstep.py)
+    with inductor_settings(kernels=False):
         summary = train("ppo", tmp_path, compile=True, total_timesteps=units("ppo", 2), eval_interval=0, **BRAX)
     assert summary["compile"] and len(checked.calls) >= 2, checked.calls
 

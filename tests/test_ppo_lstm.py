@@ -213,9 +213,8 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     graph at each use unless dynamo's allow_rnn is on: 16 breaks per run before), and none anywhere from
     the recurrent module. The breaks that remain are the update's and the targets', the same as ppo.py's
     (backward, the optimizer, the normalizers' updates kept out of compile): printed with the counts. The run is the
-    contract's first layout of ppo_lstm as tests/test_scripts.py's compiled-vs-eager test runs it (with inductor's
-    fallback_random as there): the same graphs, so that a worker that compiled one takes the other's from inductor's
-    disk cache instead of compiling another layout's kernels."""
+    contract's first layout of ppo_lstm as tests/test_scripts.py's compiled-vs-eager test runs it (inductor's settings
+    as there): the same graphs, so that a worker that compiled one takes the other's from inductor's disk cache."""
     import collections
 
     import common.evaluation
@@ -244,7 +243,7 @@ def test_compiled_acting_and_evaluation_have_no_graph_break(tmp_path, monkeypatc
     monkeypatch.setattr(ppo_lstm, "compiled", counting(ppo_lstm.compiled))  # train's compile-and-capture block
     monkeypatch.setattr(common.evaluation, "compiled", counting(common.evaluation.compiled))
     before = collections.Counter(counters["graph_break"])
-    with inductor_settings():  # the module is ppo_lstm above (load_script keeps one)
+    with inductor_settings(kernels=False):  # the module is ppo_lstm above (load_script keeps one)
         contract_run(
             "ppo_lstm",
             tmp_path,

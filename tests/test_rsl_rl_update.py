@@ -57,7 +57,7 @@ def test_rsl_rls_update_compiles_as_it_runs_eagerly(tmp_path, monkeypatch):
     among them, up to float32 rounding at each tensor's scale."""
     checked = lockstep_compiled(monkeypatch)
     settings = dict(total_timesteps=units("ppo", 2), symmetry="both", **RSL_RL)
-    with inductor_settings(kernels=False):  # ppo's first layout builds its kernels (tests/lockstep.py)
+    with inductor_settings(kernels=False):
         compiled = train("ppo", tmp_path, compile=True, **settings)
     assert compiled["compile"] and compiled["compile_seconds_by_function"]
     assert len(checked.calls) >= 2, checked.calls

@@ -567,12 +567,6 @@ def test_lockstep_passes_rounding_and_names_a_dropped_write_a_lost_step_a_stale_
             step(x)
 
 
-# The scripts whose compiled code is another's with more of the same networks, whose first layout builds those ops'
-# kernels: ppo_rnd's is ppo's with RND's MLPs, distill's ppo_lstm's with a student's cell and heads. Their first layout
-# too runs inductor's graphs on ATen's kernels (a cold kernel build of theirs was 50 to 80 s of the suite's CPU).
-KERNELS_BUILT_BY = {"ppo_rnd": "ppo", "distill": "ppo_lstm"}
-
-
 @pytest.mark.parametrize(
     "algo, variant", [(algo, i) for algo in SCRIPTS for i in range(len(CONTRACT[algo]["captures"]))]
 )
@@ -582,16 +576,14 @@ def test_compiled_run_computes_what_eager_computes(algo, variant, tmp_path, monk
     compiled from the same state, with inductor drawing its random numbers as eager does (fallback_random), and
     returns and writes what eager does up to float32 rounding at each tensor's scale; eager's state goes on, so
     rounding does not compound over the run. A compiled in-place write that is silently dropped fails here at the
-    call that drops it, by the tensor's name (tests/test_copies.py shows it). The first layout builds inductor's C++
-    kernels (but where KERNELS_BUILT_BY names the script); the others run its graphs on ATen's kernels
-    (tests/lockstep.py's inductor_settings says why)."""
+    call that drops it, by the tensor's name (tests/test_copies.py shows it). Inductor's graphs run on ATen's kernels,
+    not C++ kernels of its own (tests/lockstep.py's inductor_settings says why)."""
     # the evaluation's compiled step (the same code in every layout: common.evaluation) in the first layout
     evaluates = variant == 0
     settings = dict(total_timesteps=units(algo, 2), eval_interval=2 * CONTRACT[algo]["sync"] if evaluates else 0)
     settings.update(CONTRACT[algo]["captures"][variant])
     checked = lockstep_compiled(monkeypatch)
-    kernels = variant == 0 and algo_of(algo) not in KERNELS_BUILT_BY  # in the first layout (tests/lockstep.py)
-    with inductor_settings(kernels=kernels):
+    with inductor_settings(kernels=False):
         compiled = train(algo, tmp_path, compile=True, **settings)
     assert compiled["compile"] and compiled["compile_seconds_by_function"]
     assert len(checked.calls) >= 2, f"fewer compiled functions than a script's update and acting: {checked.calls}"
@@ -611,7 +603,7 @@ def test_a_second_run_in_one_process_compiles_its_own_functions(tmp_path):
     from torch._dynamo.utils import counters
 
     compiled, sync = [], CONTRACT["pqn"]["sync"]
-    with torch._dynamo.config.patch(recompile_limit=1), inductor_settings():
+    with torch._dynamo.config.patch(recompile_limit=1), inductor_settings(kernels=False):
         for name in ("first", "second", "third"):
             before = counters["frames"]["ok"]
             train("pqn", tmp_path / name, total_timesteps=units("pqn", 2), eval_interval=2 * sync, compile=True)
