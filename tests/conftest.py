@@ -59,26 +59,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (-p no:xdist, a nested run) never called
 def pytest_xdist_make_scheduler(config, log):
-    """`-n 2` with its default `--dist load` schedules by work stealing, the collection dealt out like cards: a worker
-    whose queue runs out takes half of the other's. With `load`, the tests left at the end stayed queued on one worker,
-    which ran its last minutes alone while the other had nothing (CPU idle 26 to 50% there, docs/tests.md). Dealt, not
-    cut: xdist's work stealing gives each worker one contiguous part of the list and steals from a queue's end, so every
-    long test at the list's head went to the first worker (the playground lane's three, 323 s of its 534 worker-s, ran
-    one after the other there). Another --dist given is kept."""
-    if config.getoption("dist") != "load":
-        return None
-    from xdist.scheduler import WorkStealingScheduling
+    """`-n 2` with its default `--dist load` schedules by work stealing: a worker whose queue runs out takes half of
+    the other's. With `load`, the tests left at the end stayed queued on one worker, which ran its last minutes alone
+    while the other had nothing (CPU idle 26 to 50% there, docs/tests.md). Another --dist given is kept."""
+    if config.getoption("dist") == "load":
+        from xdist.scheduler import WorkStealingScheduling
 
-    class DealtWorkStealing(WorkStealingScheduling):
-        def check_schedule(self) -> None:
-            nodes = [node for node, pending in self.node2pending.items() if not node.shutting_down]
-            if self.collection is not None and len(self.pending) == len(self.collection) and len(nodes) > 1:
-                # the first distribution: worker i gets the tests i, i + n, i + 2n, ... of the list, in its order
-                for i, node in enumerate(nodes):
-                    dealt = self.pending[i :: len(nodes)]
-                    self.node2pending[node].extend(dealt)
-                    node.send_runtest_some(dealt)
-                self.pending.clear()
-            super().check_schedule()
-
-    return DealtWorkStealing(config, log)
+        return WorkStealingScheduling(config, log)
+    return None
