@@ -937,9 +937,9 @@ FOLDERS = {
         about="td3.py on `gym:Ant-v5` as in the section above (`--no-obs-norm`, Ant-v4's 27 numbers) and one change "
         "more, 8 updates of 256 per iteration of 32 envs instead of the set's 4 (`--num-updates 8`, 0.25 updates per "
         "transition, `@1mnoobsnorm27u8`): the issue's first hypothesis, more updates per transition, at the budget "
-        "CleanRL's 4,917 was measured at. Seeds 1 to 3, 1M env steps, an "
-        "evaluation on 10 envs every 1,563 iterations, one torch thread on a 2-core machine beside tests and the other "
-        "seed's run for part of their time (their wall-clock is a loaded machine's).",
+        "CleanRL's 4,917 was measured at. Seeds 1 to 3, 1M env steps, an evaluation on 10 envs every 1,563 "
+        "iterations, one torch thread on a 2-core machine beside tests and the other seed's run for part of their "
+        "time (their wall-clock is a loaded machine's).",
     ),
 }
 # Why an experiment takes the flags it does, printed under the tables of every folder that has it.
