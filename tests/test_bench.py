@@ -437,6 +437,39 @@ def committed_files() -> dict:
     return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in learning.COMMITTED.rglob("*") if p.is_file()}
 
 
+def test_collapse_names_the_step_a_critic_diverged_and_a_saturated_actor():
+    """tests/benchmarks/collapse.py: a mean Q that climbs smoothly (even 20-fold over a run) is no divergence, one that
+    leaps 10-fold within ten logs is, at its step; an actor whose pre-tanh outputs are large acts at the bounds."""
+    from tests.benchmarks.collapse import actor_at_the_end, first_jump
+
+    climb = [(1000 * i, 10.0 + 2.0 * i) for i in range(100)]  # 10 -> 208
+    assert first_jump(climb, 10.0) is None
+    leap = [*climb[:60], (60_000, 3_000.0), *climb[61:]]
+    assert first_jump(leap, 10.0) == 60_000
+    envs, capacity, dims, actions = 2, 8, 3, 2
+    generator = torch.Generator().manual_seed(0)
+    buffer = {
+        "ptr": 5,
+        "size": capacity,
+        "capacity": capacity,
+        "data": {"obs.policy": torch.randn(envs, capacity, dims, generator=generator)},
+    }
+    model = {
+        "actor.0.0.weight": torch.randn(4, dims, generator=generator),
+        "actor.0.0.bias": torch.zeros(4),
+        "actor.0.2.weight": torch.randn(actions, 4, generator=generator),
+        "actor.0.2.bias": torch.full((actions,), 100.0),
+    }
+    checkpoint = {"args": {"obs_norm": False}, "ranks": [{"buffer": buffer}], "model": model}
+    saturated = actor_at_the_end(checkpoint, steps=4)
+    assert saturated["observations"] == envs * 4 and saturated["share of actions within 1% of a bound"] == 1.0
+    assert saturated["mean sum of squared actions"] == pytest.approx(actions)
+    model["actor.0.2.bias"].zero_()
+    model["actor.0.2.weight"].mul_(1e-3)
+    assert actor_at_the_end(checkpoint, steps=4)["share of actions within 1% of a bound"] == 0.0
+    assert actor_at_the_end({**checkpoint, "args": {"obs_norm": True}}, steps=4).startswith("left out")
+
+
 def test_learning_results_command_writes_only_where_named(tmp_path, capsys):
     """No default directory, and the committed results (what the README shows) are rewritten only
     with --update-committed: the command stops with the cause before any run or any write."""

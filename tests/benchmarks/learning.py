@@ -328,6 +328,8 @@ for arm, arm_flags in {
     "1mnoobsnorm": ["--no-obs-norm"],
     "1mnoobsnorm27": ["--no-obs-norm", *ANT_ARMS["obs27"]],
     "1mnoobsnorm27u8": ["--no-obs-norm", *ANT_ARMS["obs27"], *ANT_ARMS["u8"]],
+    "1mnoobsnorm27u8tau": ["--no-obs-norm", *ANT_ARMS["obs27"], *ANT_ARMS["u8"], *ANT_ARMS["tau"]],
+    "1mnoobsnorm27u8lr": ["--no-obs-norm", *ANT_ARMS["obs27"], *ANT_ARMS["u8"], *ANT_ARMS["lr"]],
 }.items():
     EXPERIMENTS[f"td3:gym:Ant-v5@{arm}"] = dict(
         target=round(0.9 * 4917.0, 1),
@@ -939,7 +941,13 @@ FOLDERS = {
         "transition, `@1mnoobsnorm27u8`): the issue's first hypothesis, more updates per transition, at the budget "
         "CleanRL's 4,917 was measured at. Seeds 1 to 3, 1M env steps, an evaluation on 10 envs every 1,563 "
         "iterations, one torch thread on a 2-core machine beside tests and the other seed's run for part of their "
-        "time (their wall-clock is a loaded machine's).",
+        "time (their wall-clock is a loaded machine's). Why seeds fell (`python -m tests.benchmarks.collapse` on each "
+        "run's directory): in every seed the critic diverged once, its batches' mean Q, having climbed smoothly to "
+        "150-240, rising tenfold within ten logs at 387,200, 492,800 and 736,000 env steps (peaks of 26,582, 1,669 and "
+        "15.2 million, the critic loss 8.7e11 in seed 3's). Seeds 1 and 2 came back; seed 3's actor was left "
+        "saturated: on its replay buffer's newest 300 steps of every env, every action of its last.pt lies within 1% "
+        "of a bound (median pre-tanh output 37.6, where tanh passes no gradient back), so each step earns the healthy "
+        "reward of 1 less a control cost of 0.5 x 8 = 4, the -3,006 of its last evaluations.",
     ),
 }
 # Why an experiment takes the flags it does, printed under the tables of every folder that has it.
