@@ -2,15 +2,15 @@
 
     python -m tests.benchmarks.collapse runs/ant-1m-r/td3__gym:Ant-v5__1mnoobsnorm27u8__3
 
-For each run directory (td3's or sac's, with TensorBoard events and a last.pt written with --save-buffer):
+For each run directory of td3.py (TensorBoard events and a last.pt written with --save-buffer):
 
-- the critic: `losses/q_values` (the batch's mean Q of the first critic) and `losses/q_loss` at a few steps, and the
-  first step where the mean Q rose above `--jump` times the highest it had been ten logs before (a critic that
-  diverged rather than learned: it had climbed smoothly to there);
-- the actor of last.pt on the observations of its replay buffer's newest `--steps` steps of every env: the median
-  |pre-tanh| output and the share of actions within 1% of a bound (a saturated tanh passes no gradient back, so an
-  actor pushed there by a diverged critic stays), and the mean sum of squared actions (gymnasium's Ant pays 0.5 x
-  that per step, against a healthy reward of 1).
+- the critic: `losses/q_values` (the batch's mean Q of the first critic) and `losses/q_loss` at a few steps, their
+  highest, and the first step where the mean Q rose above `--jump` times the highest it had been ten logs before (a
+  critic that diverged rather than learned: it had climbed smoothly to there);
+- the deterministic tanh actor of last.pt on the observations of its replay buffer's newest `--steps` steps of every
+  env: the median |pre-tanh| output and the share of actions within 1% of a bound (a saturated tanh passes no
+  gradient back, so an actor pushed there by a diverged critic stays), and the mean sum of squared actions
+  (gymnasium's Ant pays 0.5 x that per step, against a healthy reward of 1).
 
 Runs with observation normalization are read as they are stored: the actor is given the normalized observations
 only where the checkpoint holds no normalizer (`--no-obs-norm`); otherwise its part is left out with a line saying so.
@@ -87,6 +87,11 @@ def main() -> None:
         )
         for (step, value), (_, critic_loss) in zip(q[:: max(1, len(q) // 10)], loss[:: max(1, len(loss) // 10)]):
             print(f"  step {step:>9,}: mean Q {value:14,.1f}  critic loss {critic_loss:18,.1f}")
+        peak, peak_loss = max(q, key=lambda e: abs(e[1])), max(loss, key=lambda e: e[1])
+        print(
+            f"  highest |mean Q| {abs(peak[1]):,.1f} at step {peak[0]:,}; highest critic loss {peak_loss[1]:.3g} at "
+            f"step {peak_loss[0]:,}"
+        )
         jump = first_jump(q, args.jump)
         print(
             f"  mean Q rose {args.jump:g}x above its highest of ten logs before at step {jump:,}"

@@ -944,12 +944,12 @@ FOLDERS = {
         "CleanRL's 4,917 was measured at. Seeds 1 to 3, 1M env steps, an evaluation on 10 envs every 1,563 "
         "iterations, one torch thread on a 2-core machine beside tests and the other seed's run for part of their "
         "time (their wall-clock is a loaded machine's). Why seeds fell (`python -m tests.benchmarks.collapse` on each "
-        "run's directory): in every seed the critic diverged once, its batches' mean Q, having climbed smoothly to "
-        "150-240, rising tenfold within ten logs at 387,200, 492,800 and 736,000 env steps (peaks of 26,582, 1,669 and "
-        "15.2 million, the critic loss 8.7e11 in seed 3's). Seeds 1 and 2 came back; seed 3's actor was left "
-        "saturated: on its replay buffer's newest 300 steps of every env, every action of its last.pt lies within 1% "
-        "of a bound (median pre-tanh output 37.6, where tanh passes no gradient back), so each step earns the healthy "
-        "reward of 1 less a control cost of 0.5 x 8 = 4, the -3,006 of its last evaluations.",
+        "run's directory): in every seed the critic diverged once, its batches' mean Q, having climbed smoothly for "
+        "hundreds of thousands of steps, rising tenfold within ten logs at 387,200, 492,800 and 736,000 env steps "
+        "(peaks of 26,582, 1,669 and 15.2 million, the critic loss 8.74e11 in seed 3's). Seeds 1 and 2 came back; "
+        "seed 3's actor was left saturated: on its replay buffer's newest 300 steps of every env, every action of its "
+        "last.pt lies within 1% of a bound (median pre-tanh output 37.6, where tanh passes no gradient back), so each "
+        "step earns the healthy reward of 1 less a control cost of 0.5 x 8 = 4, the -3,006 of its last evaluations.",
     ),
     "ant-1m-27u8tau": dict(
         title="Ant-v5 at 1M steps, 8 updates, the target critics at CleanRL's tau (td3)",
