@@ -912,6 +912,8 @@ NEW_EXPERIMENTS = {
     "td3:gym:Ant-v5@1mnoobsnorm",
     "td3:gym:Ant-v5@1mnoobsnorm27",
     "td3:gym:Ant-v5@1mnoobsnorm27u8",
+    "td3:gym:Ant-v5@1mnoobsnorm27u8tau",
+    "td3:gym:Ant-v5@1mnoobsnorm27u8lr",
 }
 
 
