@@ -459,15 +459,17 @@ def test_collapse_names_the_step_a_critic_diverged_and_a_saturated_actor():
         "actor.0.0.bias": torch.zeros(4),
         "actor.0.2.weight": torch.randn(actions, 4, generator=generator),
         "actor.0.2.bias": torch.full((actions,), 100.0),
+        "action_scale": torch.ones(actions),
     }
-    checkpoint = {"args": {"obs_norm": False}, "ranks": [{"buffer": buffer}], "model": model}
+    args = {"obs_norm": False, "hidden_sizes": (4,)}
+    checkpoint = {"args": args, "ranks": [{"buffer": buffer}], "model": model}
     saturated = actor_at_the_end(checkpoint, steps=4)
     assert saturated["observations"] == envs * 4 and saturated["share of actions within 1% of a bound"] == 1.0
     assert saturated["mean sum of squared actions"] == pytest.approx(actions)
     model["actor.0.2.bias"].zero_()
     model["actor.0.2.weight"].mul_(1e-3)
     assert actor_at_the_end(checkpoint, steps=4)["share of actions within 1% of a bound"] == 0.0
-    assert actor_at_the_end({**checkpoint, "args": {"obs_norm": True}}, steps=4).startswith("left out")
+    assert actor_at_the_end({**checkpoint, "args": {**args, "obs_norm": True}}, steps=4).startswith("left out")
 
 
 def test_learning_results_command_writes_only_where_named(tmp_path, capsys):

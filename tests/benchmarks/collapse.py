@@ -12,8 +12,8 @@ For each run directory of td3.py (TensorBoard events and a last.pt written with 
   gradient back, so an actor pushed there by a diverged critic stays), and the mean sum of squared actions
   (gymnasium's Ant pays 0.5 x that per step, against a healthy reward of 1).
 
-Runs with observation normalization are read as they are stored: the actor is given the normalized observations
-only where the checkpoint holds no normalizer (`--no-obs-norm`); otherwise its part is left out with a line saying so.
+The actor's part needs a run without observation normalization (`--no-obs-norm`: the buffer holds what the actor
+sees); for another run it is left out with a line saying so.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
+from common.nets import mlp
+from tests.benchmarks.bench import read_scalars
+
 
 def q_values(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(step, mean Q) and (step, critic loss) as logged."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars("losses/q_values")], [
-        (e.step, e.value) for e in acc.Scalars("losses/q_loss")
+    scalars = read_scalars(run_dir)
+    return [(step, v) for _, step, v in scalars["losses/q_values"]], [
+        (step, v) for _, step, v in scalars["losses/q_loss"]
     ]
 
 
@@ -55,17 +55,16 @@ def actor_at_the_end(checkpoint: dict, steps: int) -> dict | str:
     obs = buffer["data"]["obs.policy"]  # (envs, capacity, dims)
     newest = (buffer["ptr"] - 1 - torch.arange(min(steps, buffer["size"]))) % buffer["capacity"]
     x = obs[:, newest].reshape(-1, obs.shape[-1]).float()
-    model = checkpoint["model"]
-    layers = sorted(
-        {int(k.split(".")[2]) for k in model if k.startswith("actor.0.") and k.endswith(".weight")},
+    args = checkpoint["args"]
+    net = mlp(obs.shape[-1], checkpoint["model"]["action_scale"].numel(), tuple(args["hidden_sizes"]))
+    net.load_state_dict(
+        {k.removeprefix("actor.0."): v for k, v in checkpoint["model"].items() if k.startswith("actor.0.")}
     )
-    for i, layer in enumerate(layers):
-        x = x @ model[f"actor.0.{layer}.weight"].T + model[f"actor.0.{layer}.bias"]
-        if i < len(layers) - 1:
-            x = torch.relu(x)
+    with torch.no_grad():
+        x = net(x)  # the actor before its tanh
     action = torch.tanh(x)
     return {
-        "observations": x.shape[0],
+        "observations": action.shape[0],
         "median |pre-tanh|": x.abs().median().item(),
         "share of actions within 1% of a bound": (action.abs() > 0.99).float().mean().item(),
         "mean sum of squared actions": (action**2).sum(-1).mean().item(),
