@@ -914,6 +914,10 @@ NEW_EXPERIMENTS = {
     "td3:gym:Ant-v5@1mnoobsnorm27u8",
     "td3:gym:Ant-v5@1mnoobsnorm27u8tau",
     "td3:gym:Ant-v5@1mnoobsnorm27u8lr",
+    "td3:gym:Ant-v5@1mnoobsnorm27u16tau",
+    "td3:gym:Hopper-v5@noobsnormu8tau",
+    "td3:gym:Walker2d-v5@noobsnormu8tau",
+    "td3:gym:HalfCheetah-v5@noobsnormu8tau",
 }
 
 
