@@ -348,7 +348,7 @@ MUJOCO_CANDIDATE = ["--no-obs-norm", "--num-updates", "8", "--tau", "0.005"]
 LONG_RUN = ["--save-buffer", "--save-interval-seconds", "600", "--resume", "auto"]
 # Humanoid-v5 beside them, against CleanRL's TD3 on Humanoid-v4: 5,035.36 ± 21.67 (its docs/rl-algorithms/td3.md,
 # 3 seeds); v5's 348 numbers are v4's 376 less 28 that are always zero (the world body's inertia, velocity and
-# external force, the free joint's actuator force), and v5 charges the contact cost that v4 computed as zero.
+# external force, the free joint's actuator force), and v5 charges again the contact cost that v4 left out.
 for task, published in {**CLEANRL["td3"], "Humanoid-v5": 5035.36}.items():
     EXPERIMENTS[f"td3:gym:{task}@noobsnormu8tau"] = dict(
         target=round(0.9 * published, 1),
