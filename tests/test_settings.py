@@ -47,7 +47,8 @@ def test_the_family_set_is_the_default_and_every_flag_given_wins():
     td3 = load_script("td3")
     args = parse_args(td3.Args, ["--env-id", "gym:Hopper-v5"])
     assert args.settings == "mujoco"
-    assert (args.num_envs, args.batch_size, args.num_updates, args.n_step) == (32, 256, 4, 1)
+    assert (args.num_envs, args.batch_size, args.num_updates, args.n_step) == (32, 256, 8, 1)
+    assert (args.tau, args.obs_norm) == (0.005, False)
     assert (args.q_lr, args.policy_lr) == (1e-3, 1e-3)
     assert (args.num_eval_envs, args.eval_interval) == (10, 1563)
     assert given_flags(args) == {"env_id"}  # the set's values are defaults: a checkpoint's win over them on resume
@@ -922,16 +923,33 @@ NEW_EXPERIMENTS = {
 }
 
 
+# td3's mujoco set before issue 78's runs gave it 8 updates, tau 0.005 and no observation normalization, as flags over
+# the plain defaults: the set under which the td3 MuJoCo experiments committed before then ran.
+TD3_MUJOCO_BEFORE_78 = shlex.split(
+    "--num-envs 32 --batch-size 256 --num-updates 4 --n-step 1 --q-lr 1e-3 --policy-lr 1e-3 --num-eval-envs 10 "
+    "--eval-interval 1563"
+)
+
+
 def test_every_experiment_had_long_flags_or_ran_with_the_settings():
-    from tests.benchmarks.learning import ANT_ARMS, COMMITTED, EXPERIMENTS
+    from tests.benchmarks.learning import ANT_ARMS, COMMITTED, EXPERIMENTS, split_name
 
     # and td3 on Ant-v5, one change at a time from the mujoco set: every arm the benchmark defines
     new_experiments = NEW_EXPERIMENTS | {f"td3:gym:Ant-v5@{arm}" for arm in ANT_ARMS}
     assert set(EXPERIMENTS) == set(OLD_FLAGS) | new_experiments and not set(OLD_FLAGS) & new_experiments
+    td3, checked_over_the_old_set = load_script("td3"), 0
     for path in COMMITTED.rglob("learning.json"):
         for name, spec in json.loads(path.read_text())["experiments"].items():
-            if name in new_experiments:
-                assert spec["flags"] == EXPERIMENTS[name]["flags"], f"{path}: {name} ran with other flags"
+            if name not in new_experiments or spec["flags"] == EXPERIMENTS[name]["flags"]:
+                continue
+            # a td3 MuJoCo run under the set of before issue 78: its flags over that set give the Args of today's
+            algo, env_id, _ = split_name(name)
+            assert algo == "td3" and env_id.startswith("gym:"), f"{path}: {name} ran with other flags"
+            common = ["--env-id", env_id, "--seed", "1", "--total-timesteps", str(spec["budget"])]
+            then = resolved(td3, ["--settings", "builtin", *common, *TD3_MUJOCO_BEFORE_78, *spec["flags"]])
+            assert then == resolved(td3, [*common, *EXPERIMENTS[name]["flags"]]), f"{path}: {name}"
+            checked_over_the_old_set += 1
+    assert checked_over_the_old_set >= 10  # Hopper@500k and the Ant arms that ran
 
 
 @pytest.mark.parametrize("name", sorted(OLD_FLAGS))

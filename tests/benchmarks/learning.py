@@ -276,7 +276,8 @@ for algo in ("td3", "sac"):
             EXPERIMENTS[f"{algo}:gym:{task}"],
             flags=[*OFF_POLICY_MUJOCO, *(TD3_TWO_UPDATES if algo == "td3" else [])],
         )
-# td3 with its mujoco set of today (4 updates of 256 per step) and nothing else: the README's td3 line, 500k steps
+# td3 with its mujoco set of then (4 updates of 256 per step, tau 0.1, observation normalization) and nothing else,
+# 500k steps
 EXPERIMENTS["td3:gym:Hopper-v5@500k"] = dict(
     target=2500.0,
     budget=500_000,
@@ -285,7 +286,8 @@ EXPERIMENTS["td3:gym:Hopper-v5@500k"] = dict(
     flags=[],
 )
 
-# Ant-v5 below CleanRL's TD3 per env step at 1M (issue 78): td3's mujoco set with one thing at a time changed toward
+# Ant-v5 below CleanRL's TD3 per env step at 1M (issue 78): td3's mujoco set of then (4 updates of 256 per iteration,
+# tau 0.1, observation normalization) with one thing at a time changed toward
 # CleanRL's td3_continuous_action.py (1 update of 256 per transition from one env; tau 0.005; exploration noise 0.1;
 # no observation normalization; Adam at 3e-4; 25,000 random steps), one seed, 100k env steps, an eval every 313
 # iterations (10,016 steps) for the curve. @set: the mujoco set itself; @u8/@u16/@u32: 8/16/32 updates of 256 per
@@ -361,6 +363,23 @@ EXPERIMENTS["td3:gym:Ant-v5@1mnoobsnorm27u16tau"] = dict(
     EXPERIMENTS["td3:gym:Ant-v5@1mnoobsnorm27u8tau"],
     flags=["--no-obs-norm", *ANT_ARMS["obs27"], *ANT_ARMS["u16"], *ANT_ARMS["tau"], *LONG_RUN],
 )
+
+
+def td3_mujoco_set_before_78(flags: list[str]) -> list[str]:
+    """An experiment's flags over td3's mujoco set as it was when the experiment ran, before issue 78's runs gave it 8
+    updates, tau 0.005 and no observation normalization: the flags, then the old set's values of the three that they
+    leave to the set (4 updates of 256, tau 0.1, observation normalization)."""
+    return [
+        *flags,
+        *([] if "--num-updates" in flags else ["--num-updates", "4"]),
+        *([] if "--tau" in flags else ["--tau", "0.1"]),
+        *([] if "--no-obs-norm" in flags else ["--obs-norm"]),
+    ]
+
+
+for name, spec in EXPERIMENTS.items():
+    if name.startswith("td3:gym:"):  # every td3 MuJoCo experiment: those that name all three keep their flags
+        spec["flags"] = td3_mujoco_set_before_78(spec["flags"])
 
 
 def split_name(name: str) -> tuple[str, str, str]:
@@ -896,7 +915,9 @@ FOLDERS = {
     "td3-hopper": dict(
         title="td3 on Hopper-v5 by its name alone",
         about="`python algos/td3.py --env-id gym:Hopper-v5 --total-timesteps 500000 --seed N`, no other flag: td3's"
-        " mujoco settings of today (32 envs, 4 updates of 256 per step, 1-step returns, Adam at 1e-3). Seeds "
+        " mujoco settings then (32 envs, 4 updates of 256 per step, 1-step returns, Adam at 1e-3, tau 0.1, "
+        "observation normalization; issue 78's runs changed three of them since: the mujoco-set section), which the "
+        "flags shown now name. Seeds "
         "1 and 3 were the seeds tried while choosing 4 updates of 256 (with the set's 2 of 512, seed 3 stood "
         "near 400 to 300k steps: the previous section); seeds 2, 4 and 5 were not. Every run is that command "
         "with `--num-updates 4 --batch-size 256` given (the set's values today), made just before the set "
@@ -915,7 +936,8 @@ FOLDERS = {
     "ant": dict(
         title="What moves Ant-v5 (td3, one change at a time toward CleanRL's)",
         about="td3.py on `gym:Ant-v5`, seed 1, 100,000 env steps per run, an evaluation on 10 envs every 313 "
-        "iterations (10,016 steps): its mujoco set (`@set`) and the set with one change toward CleanRL's "
+        "iterations (10,016 steps): its mujoco set of then (`@set`: 4 updates of 256 per iteration, tau 0.1, "
+        "observation normalization, the values the flags shown name) and the set with one change toward CleanRL's "
         "`td3_continuous_action.py` (1 env, 1 update of 256 per transition, tau 0.005, exploration noise 0.1, no "
         "observation normalization, Adam at 3e-4, 25,000 random steps; Ant-v4's 27-dim observation). `@u8`, `@u16`, "
         "`@u32`: 8, 16, 32 updates of 256 per iteration of 32 envs (0.25, 0.5, 1 per transition; the set's 4: "
@@ -935,7 +957,8 @@ FOLDERS = {
     ),
     "ant-1m": dict(
         title="Ant-v5 at 1M steps without observation normalization (td3)",
-        about="td3.py on `gym:Ant-v5` with its mujoco set and `--no-obs-norm` (`@1mnoobsnorm`), the best single "
+        about="td3.py on `gym:Ant-v5` with its mujoco set of then (4 updates, tau 0.1) and `--no-obs-norm` "
+        "(`@1mnoobsnorm`), the best single "
         "change of the section above, at CleanRL's budget: 1M env steps, seeds 1 to 3, an evaluation on 10 envs "
         "every 1,563 iterations (50,016 steps, the set's). The set itself at 1M (`@1m`) is defined and not run here. "
         "The runs used the scripts of commit b299af0 (algos/ and common/ unchanged since), one torch thread each on "
