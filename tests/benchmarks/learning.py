@@ -1021,6 +1021,19 @@ FOLDERS = {
         "evaluation on 10 envs every 1,563 iterations, one torch thread beside that section's seed 1 on the 2-core "
         "machine. `python -m tests.benchmarks.collapse` on the run: the mean Q never rose tenfold within ten logs.",
     ),
+    "mujoco-set": dict(
+        title="td3's mujoco set of today: 8 updates, tau 0.005, no observation normalization",
+        about="td3.py by the env's name with the flags that are its mujoco set since issue 78 (`@noobsnormu8tau`: "
+        "`--no-obs-norm --num-updates 8 --tau 0.005` over the set of then; given, so that the rows stay what they "
+        "ran), 1M env steps, an evaluation on 10 envs every 1,563 iterations: the Ant-v5 runs of the tau section above "
+        "less their Ant-only change of observation, on the tasks where the set of then led or neared CleanRL's TD3. "
+        "The reference is CleanRL's TD3 on the v4 task (its docs/rl-algorithms/td3.md: 3 seeds, returns of the "
+        "training episodes); ours are greedy evaluations of 10 episodes, the last fifth's mean. Against the set of "
+        "then: the `mujoco` section's `@n1lr` rows (2 updates of 512, tau 0.1, observation normalization) and the "
+        "td3-hopper section (4 of 256, 500k steps). One torch thread per run, two runs at a time on the 2-core "
+        "machine (a few minutes of tests beside them). `python -m tests.benchmarks.collapse` on each run: the mean Q "
+        "never rose tenfold within ten logs.",
+    ),
 }
 # Why an experiment takes the flags it does, printed under the tables of every folder that has it.
 NOTES = {
