@@ -1082,8 +1082,10 @@ HEADLINES = [
     ("minatar", "pqn:MinAtar/Breakout-v1"),
     ("minatar", "ppo:MinAtar/Breakout-v1"),
     ("pong", "ppo:envpool:Pong-v5"),
-    ("td3-hopper", "td3:gym:Hopper-v5@500k"),
-    ("mujoco", "td3:gym:HalfCheetah-v5@n1lr"),
+    ("mujoco-set", "td3:gym:Hopper-v5@noobsnormu8tau"),
+    ("mujoco-set", "td3:gym:Walker2d-v5@noobsnormu8tau"),
+    ("mujoco-set", "td3:gym:HalfCheetah-v5@noobsnormu8tau"),
+    ("ant-1m-27u8tau", "td3:gym:Ant-v5@1mnoobsnorm27u8tau"),
     ("mujoco", "sac:gym:HalfCheetah-v5@n1lr"),
     ("mujoco", "ppo:gym:HalfCheetah-v5"),
 ]
