@@ -342,9 +342,10 @@ for arm, arm_flags in {
         at_steps=AT_STEPS,
         flags=[*arm_flags, "--save-buffer", "--save-interval-seconds", "600", "--resume", "auto"],
     )
-# A candidate for td3's mujoco set (issue 78): Ant-v5's best at 1M (@1mnoobsnorm27u8tau) less its Ant-only change of
-# observation, on the three tasks the set leads or nears CleanRL on: no observation normalization, 8 updates of 256 per
-# iteration of 32 envs (0.25 per transition), tau 0.005. The set replaces today's only if these tasks keep their lead.
+# td3's mujoco set since issue 78, given as flags (rows that stay what they ran): Ant-v5's best at 1M
+# (@1mnoobsnorm27u8tau) less its Ant-only change of observation, on the three tasks the set of then led or neared
+# CleanRL on: no observation normalization, 8 updates of 256 per iteration of 32 envs (0.25 per transition), tau
+# 0.005. It became the set when these tasks kept their lead (the mujoco-set section).
 # @1mnoobsnorm27u16tau: Ant-v5 with 16 updates (0.5 per transition), the next step toward CleanRL's 1.
 MUJOCO_CANDIDATE = ["--no-obs-norm", "--num-updates", "8", "--tau", "0.005"]
 LONG_RUN = ["--save-buffer", "--save-interval-seconds", "600", "--resume", "auto"]
