@@ -327,6 +327,7 @@ for arm, arm_flags in ANT_ARMS.items():
 # A run is 45 minutes to hours on one CPU core by the machine's load: a checkpoint every 10 minutes with the replay
 # buffer in it (--save-buffer, 0.88 GB at 1M transitions of Ant's 105 numbers) and --resume auto, so the same command,
 # stopped (SIGTERM) and run again with --reuse left out, goes on bit-identically where it stopped.
+LONG_RUN = ["--save-buffer", "--save-interval-seconds", "600", "--resume", "auto"]
 for arm, arm_flags in {
     "1m": [],
     "1mnoobsnorm": ["--no-obs-norm"],
@@ -340,15 +341,14 @@ for arm, arm_flags in {
         budget=1_000_000,
         reference=4917.0,
         at_steps=AT_STEPS,
-        flags=[*arm_flags, "--save-buffer", "--save-interval-seconds", "600", "--resume", "auto"],
+        flags=[*arm_flags, *LONG_RUN],
     )
 # td3's mujoco set since issue 78, given as flags (rows that stay what they ran): Ant-v5's best at 1M
 # (@1mnoobsnorm27u8tau) less its Ant-only change of observation, on the three tasks the set of then led or neared
 # CleanRL on: no observation normalization, 8 updates of 256 per iteration of 32 envs (0.25 per transition), tau
 # 0.005. It became the set when these tasks kept their lead (the mujoco-set section).
 # @1mnoobsnorm27u16tau: Ant-v5 with 16 updates (0.5 per transition), the next step toward CleanRL's 1.
-MUJOCO_CANDIDATE = ["--no-obs-norm", "--num-updates", "8", "--tau", "0.005"]
-LONG_RUN = ["--save-buffer", "--save-interval-seconds", "600", "--resume", "auto"]
+MUJOCO_CANDIDATE = ["--no-obs-norm", *ANT_ARMS["u8"], *ANT_ARMS["tau"]]
 # Humanoid-v5 beside them, against CleanRL's TD3 on Humanoid-v4: 5,035.36 ± 21.67 (its docs/rl-algorithms/td3.md,
 # 3 seeds); v5's 348 numbers are v4's 376 less 28 that are always zero (the world body's inertia, velocity and
 # external force, the free joint's actuator force), and v5 charges again the contact cost that v4 left out.
