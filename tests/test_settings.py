@@ -920,6 +920,7 @@ NEW_EXPERIMENTS = {
     "td3:gym:Walker2d-v5@noobsnormu8tau",
     "td3:gym:HalfCheetah-v5@noobsnormu8tau",
     "td3:gym:Humanoid-v5@noobsnormu8tau",
+    "td3:gym:Ant-v5@noobsnormu8tau",
 }
 
 
