@@ -366,6 +366,24 @@ EXPERIMENTS["td3:gym:Ant-v5@1mnoobsnorm27u16tau"] = dict(
     flags=["--no-obs-norm", *ANT_ARMS["obs27"], *ANT_ARMS["u16"], *ANT_ARMS["tau"], *LONG_RUN],
 )
 
+# ppo.py's mujoco set by the env's name alone (CleanRL's ppo_continuous_action.py: 1 env x 2048 steps, 488 iterations)
+# on the five tasks, against CleanRL's PPO on the v4 tasks at 1M steps, 3 seeds (its docs/benchmark/
+# ppo_continuous_action.md, tag pr-424). It publishes none on Ant.
+for task, published in {
+    "Hopper-v5": 2382.86,
+    "Walker2d-v5": 2287.95,
+    "HalfCheetah-v5": CLEANRL["ppo"]["HalfCheetah-v5"],
+    "Ant-v5": None,
+    "Humanoid-v5": 716.11,
+}.items():
+    EXPERIMENTS[f"ppo:gym:{task}@set"] = dict(
+        target=math.inf if published is None else round(0.9 * published, 1),
+        budget=1_000_000,
+        reference=published,
+        at_steps=AT_STEPS,
+        flags=[],
+    )
+
 
 def td3_mujoco_set_before_78(flags: list[str]) -> list[str]:
     """An experiment's flags over td3's mujoco set as it was when the experiment ran, before issue 78's runs gave it 8
