@@ -921,7 +921,7 @@ NEW_EXPERIMENTS = {
     "td3:gym:HalfCheetah-v5@noobsnormu8tau",
     "td3:gym:Humanoid-v5@noobsnormu8tau",
     "td3:gym:Ant-v5@noobsnormu8tau",
-    "td3:gym:Humanoid-v5@obsnormu8tau",
+    *(f"td3:gym:{task}-v5@obsnormu8tau" for task in ["Hopper", "Walker2d", "HalfCheetah", "Ant", "Humanoid"]),
     *(f"ppo:gym:{task}-v5@set" for task in ["Hopper", "Walker2d", "HalfCheetah", "Ant", "Humanoid"]),
 }
 
