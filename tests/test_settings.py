@@ -922,6 +922,8 @@ NEW_EXPERIMENTS = {
     "td3:gym:Humanoid-v5@noobsnormu8tau",
     "td3:gym:Ant-v5@noobsnormu8tau",
     *(f"td3:gym:{task}-v5@obsnormu8tau" for task in ["Hopper", "Walker2d", "HalfCheetah", "Ant", "Humanoid"]),
+    "sac:gym:Ant-v5@set",
+    "sac:gym:Humanoid-v5@set",
     *(f"ppo:gym:{task}-v5@set" for task in ["Hopper", "Walker2d", "HalfCheetah", "Ant", "Humanoid"]),
 }
 
