@@ -907,6 +907,7 @@ def resolved(module, argv: list[str]) -> dict:
 
 
 # Experiments first run with the named settings: what their committed runs recorded is their flags of today.
+FIVE_MUJOCO = ("Hopper", "Walker2d", "HalfCheetah", "Ant", "Humanoid")
 NEW_EXPERIMENTS = {
     "td3:gym:Hopper-v5@500k",
     "td3:gym:Ant-v5@1m",
@@ -921,10 +922,10 @@ NEW_EXPERIMENTS = {
     "td3:gym:HalfCheetah-v5@noobsnormu8tau",
     "td3:gym:Humanoid-v5@noobsnormu8tau",
     "td3:gym:Ant-v5@noobsnormu8tau",
-    *(f"td3:gym:{task}-v5@obsnormu8tau" for task in ["Hopper", "Walker2d", "HalfCheetah", "Ant", "Humanoid"]),
+    *(f"td3:gym:{task}-v5@obsnormu8tau" for task in FIVE_MUJOCO),
     "sac:gym:Ant-v5@set",
     "sac:gym:Humanoid-v5@set",
-    *(f"ppo:gym:{task}-v5@set" for task in ["Hopper", "Walker2d", "HalfCheetah", "Ant", "Humanoid"]),
+    *(f"ppo:gym:{task}-v5@set" for task in FIVE_MUJOCO),
 }
 
 

@@ -355,14 +355,19 @@ for arm, arm_flags in {
 # @obsnormu8tau: the same with observation normalization on. Without it on Humanoid-v5 the actor's tanh saturated
 # within 20k steps (every episode 16 steps long from there to 186k, shorter than a random policy's 24, seed 1): v5's
 # 78 contact forces reach thousands (v4's were all zero) and its actuator forces 120.
+
+
+def at_cleanrl_budget(published: float | None, flags: list[str]) -> dict:
+    """An experiment at CleanRL's 1M MuJoCo steps against its published mean (target 90% of it; none where it
+    publishes none)."""
+    target = math.inf if published is None else round(0.9 * published, 1)
+    return dict(target=target, budget=1_000_000, reference=published, at_steps=AT_STEPS, flags=flags)
+
+
 for task, published in {**CLEANRL["td3"], "Humanoid-v5": 5035.36, "Ant-v5": 4917.0}.items():
     for arm, obs_norm in [("noobsnormu8tau", "--no-obs-norm"), ("obsnormu8tau", "--obs-norm")]:
-        EXPERIMENTS[f"td3:gym:{task}@{arm}"] = dict(
-            target=round(0.9 * published, 1),
-            budget=1_000_000,
-            reference=published,
-            at_steps=AT_STEPS,
-            flags=[obs_norm, *ANT_ARMS["u8"], *ANT_ARMS["tau"], *LONG_RUN],
+        EXPERIMENTS[f"td3:gym:{task}@{arm}"] = at_cleanrl_budget(
+            published, [obs_norm, *ANT_ARMS["u8"], *ANT_ARMS["tau"], *LONG_RUN]
         )
 EXPERIMENTS["td3:gym:Ant-v5@1mnoobsnorm27u16tau"] = dict(
     EXPERIMENTS["td3:gym:Ant-v5@1mnoobsnorm27u8tau"],
@@ -379,24 +384,12 @@ for task, published in {
     "Ant-v5": None,
     "Humanoid-v5": 716.11,
 }.items():
-    EXPERIMENTS[f"ppo:gym:{task}@set"] = dict(
-        target=math.inf if published is None else round(0.9 * published, 1),
-        budget=1_000_000,
-        reference=published,
-        at_steps=AT_STEPS,
-        flags=[],
-    )
+    EXPERIMENTS[f"ppo:gym:{task}@set"] = at_cleanrl_budget(published, [])
 
 # sac.py's mujoco set by name on the two tasks its table lacks: Humanoid-v5 against CleanRL's SAC on Humanoid-v4 at 1M,
 # 4,996.29 ± 686.40 (its docs/benchmark/sac.md, tag pr-424, 3 seeds); it publishes none on Ant.
 for task, published in {"Ant-v5": None, "Humanoid-v5": 4996.29}.items():
-    EXPERIMENTS[f"sac:gym:{task}@set"] = dict(
-        target=math.inf if published is None else round(0.9 * published, 1),
-        budget=1_000_000,
-        reference=published,
-        at_steps=AT_STEPS,
-        flags=LONG_RUN,
-    )
+    EXPERIMENTS[f"sac:gym:{task}@set"] = at_cleanrl_budget(published, LONG_RUN)
 
 
 def td3_mujoco_set_before_78(flags: list[str]) -> list[str]:
